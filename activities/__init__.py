@@ -1,0 +1,1 @@
+"""Activity implementations: classes that receive the asyncpg pool in their constructor."""

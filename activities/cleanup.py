@@ -1,0 +1,171 @@
+"""Activities of the renewal-deadline cleanup.
+
+Each is safe under at-least-once delivery: run twice, after a renewal, for an old version, or
+retried on another node after its COMMIT, it leaves exactly one effect per (account, version).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from core import failpoints
+from core.cleanup_targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_partition_batch
+from core.models import (
+    AccountRenewalCheck,
+    ClaimCleanupInput,
+    ClaimResult,
+    CleanupPartitionInput,
+    CleanupSettlement,
+    PartitionCheckpoint,
+    PartitionCounts,
+    PartitionReport,
+    SettleCleanupInput,
+)
+from core.queries import load
+
+SQL = load("cleanup.sql")
+
+
+class CleanupActivities:
+    """Holds the pool and the compiled cleanup statement; one instance per worker process."""
+
+    def __init__(self, pool: asyncpg.Pool, partition_batch_sql: str) -> None:
+        self.pool = pool
+        self.partition_batch_sql = partition_batch_sql
+
+    @classmethod
+    async def create(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CleanupActivities:
+        """Check the declared targets against the live schema, then compile them once."""
+        tables = [t.table for t in targets.target] + [
+            t.archive_table for t in targets.target if t.archive_table
+        ]
+        rows = await pool.fetch(SCHEMA_CHECK, tables)
+        columns = {r["table_name"]: list(r["columns"]) for r in rows}
+        check_against_schema(targets, columns)
+        return cls(pool, compile_partition_batch(targets, columns))
+
+    @activity.defn
+    async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
+        """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
+
+        Re-running it claims nothing new and reports the same claim, read back from the database.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            skipped_renewed = skipped_stale = 0
+            if input.account_id is None:
+                await conn.execute(SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions)
+                skipped_renewed = await conn.fetchval(SQL.cohort_renewed_count, input.deadline)
+            else:
+                await conn.execute(
+                    SQL.claim_account,
+                    input.cleanup_id,
+                    input.account_id,
+                    input.deadline,
+                    input.expected_version,
+                )
+                state = await conn.fetchrow(SQL.account_state, input.account_id)
+                if state is None:
+                    raise ApplicationError(f"unknown account {input.account_id}", non_retryable=True)
+                if state["claimed_by"] != input.cleanup_id:
+                    renewed = state["status"] == "renewed" or (
+                        state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
+                    )
+                    skipped_renewed, skipped_stale = (1, 0) if renewed else (0, 1)
+            per_partition = [0] * input.partitions
+            for row in await conn.fetch(SQL.claims_per_partition, input.cleanup_id):
+                per_partition[row["partition_no"]] = row["claimed"]
+        failpoints.hit("claim_cleanup.after_commit")
+        return ClaimResult(
+            claimed_per_partition=per_partition,
+            skipped_renewed=skipped_renewed,
+            skipped_stale=skipped_stale,
+        )
+
+    @activity.defn
+    async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:
+        """The signal says "renewed"; the database decides whether it is true."""
+        state = await self.pool.fetchrow(SQL.account_state, input.account_id)
+        if state is None:
+            raise ApplicationError(f"unknown account {input.account_id}", non_retryable=True)
+        return bool(state["cleanup_version"] != input.expected_version and state["status"] != "cleaning")
+
+    @activity.defn
+    async def cleanup_partition(self, input: CleanupPartitionInput) -> PartitionReport:
+        """Clean one partition in keyset-paged batches, one statement and one transaction per batch.
+
+        The heartbeat carries the cursor, so a retry on another node resumes after the last batch
+        it knows of; a batch that committed without being heartbeated is judged 'already applied'.
+        """
+        details = activity.info().heartbeat_details
+        checkpoint = (
+            PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
+        )
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(
+                    self.partition_batch_sql,
+                    input.cleanup_id,
+                    input.partition_no,
+                    checkpoint.last_account_id,
+                    input.batch_size,
+                )
+            assert row is not None
+            if row["batch_rows"] == 0:
+                break
+            failpoints.hit("cleanup_partition.after_commit")
+            checkpoint = PartitionCheckpoint(
+                last_account_id=row["last_account_id"],
+                counts=checkpoint.counts
+                + PartitionCounts(
+                    cleaned=row["cleaned"],
+                    skipped_renewed=row["skipped_renewed"],
+                    skipped_stale=row["skipped_stale"],
+                    already_applied=row["already_applied"],
+                ),
+                batches=checkpoint.batches + 1,
+            )
+            activity.heartbeat(checkpoint.model_dump(mode="json"))
+            if row["batch_rows"] < input.batch_size:
+                break
+        c = checkpoint.counts
+        await self.pool.execute(
+            SQL.record_partition_report,
+            input.cleanup_id,
+            input.partition_no,
+            c.cleaned,
+            c.skipped_renewed,
+            c.skipped_stale,
+            c.already_applied,
+        )
+        return PartitionReport(partition_no=input.partition_no, counts=c, batches=checkpoint.batches)
+
+    @activity.defn
+    async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:
+        """Record the cohort's result once; a re-delivery returns the row written the first time."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            missing = await conn.fetch(SQL.unreported_partitions, input.cleanup_id)
+            if missing:
+                # The workflow's join makes this unreachable; the database check makes it provable.
+                raise ApplicationError(
+                    f"partitions {[r[0] for r in missing]} have not reported; refusing to settle",
+                    type="JoinIncomplete",
+                )
+            totals = PartitionCounts()
+            for report in input.reports:
+                totals = totals + report.counts
+            await conn.execute(
+                SQL.settle_cleanup,
+                input.cleanup_id,
+                input.deadline,
+                input.account_id,
+                input.partitions,
+                input.claim.skipped_renewed + totals.skipped_renewed,
+                input.claim.skipped_stale + totals.skipped_stale,
+                totals.already_applied,
+            )
+            row = await conn.fetchrow(SQL.get_settlement, input.cleanup_id)
+        failpoints.hit("settle_cleanup.after_commit")
+        assert row is not None
+        return CleanupSettlement.model_validate(dict(row))

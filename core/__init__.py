@@ -1,0 +1,1 @@
+"""Shared plumbing: configuration, models, database access, embedded services."""

@@ -1,0 +1,118 @@
+"""Declarative cleanup targets, and the one set-based statement they compile into."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.queries import load
+
+DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "cleanup_targets.toml"
+IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
+
+
+class CleanupTarget(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: str = Field(pattern=IDENTIFIER)
+    match_column: str = Field(default="account_id", pattern=IDENTIFIER)
+    action: Literal["delete", "archive"]
+    archive_table: str | None = Field(default=None, pattern=IDENTIFIER)
+
+    @model_validator(mode="after")
+    def _archive_needs_table(self) -> CleanupTarget:
+        if self.action == "archive" and not self.archive_table:
+            raise ValueError(f"target {self.table!r}: action 'archive' needs archive_table")
+        if self.action == "delete" and self.archive_table:
+            raise ValueError(f"target {self.table!r}: archive_table is only for action 'archive'")
+        return self
+
+
+class CleanupTargets(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: list[CleanupTarget] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_tables(self) -> CleanupTargets:
+        names = [t.table for t in self.target]
+        if len(names) != len(set(names)):
+            raise ValueError("each table may appear in only one target")
+        return self
+
+
+def load_targets(path: Path | None = None) -> CleanupTargets:
+    path = path or Path(os.environ.get("CLEANUP_TARGETS_FILE") or DEFAULT_TARGETS_FILE)
+    with open(path, "rb") as f:
+        return CleanupTargets.model_validate(tomllib.load(f))
+
+
+def _q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str]]) -> str:
+    """Build the partition batch statement: claim check, idempotency record, every target, outbox.
+
+    `columns` maps each table to its column names (from the live schema); archive moves copy the
+    source columns by name.
+    """
+    ctes: list[str] = []
+    counts: list[str] = []
+    for i, t in enumerate(targets.target):
+        table, match = _q(t.table), _q(t.match_column)
+        if t.action == "delete":
+            ctes.append(
+                f"t{i} AS (DELETE FROM {table} t USING applied p "
+                f"WHERE t.{match} = p.account_id RETURNING 1)"
+            )
+        else:
+            assert t.archive_table is not None
+            cols = ", ".join(_q(c) for c in columns[t.table])
+            ctes.append(
+                f"t{i}_moved AS (DELETE FROM {table} t USING applied p "
+                f"WHERE t.{match} = p.account_id RETURNING t.*)"
+            )
+            ctes.append(
+                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) "
+                f"SELECT {cols} FROM t{i}_moved RETURNING 1)"
+            )
+        counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
+    template = load("cleanup.sql").cleanup_partition_batch
+    return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
+        "/*target_counts*/", ", " + ", ".join(counts)
+    )
+
+
+SCHEMA_CHECK = """
+SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
+FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = ANY($1::text[])
+GROUP BY table_name
+"""
+
+
+def check_against_schema(targets: CleanupTargets, columns: dict[str, list[str]]) -> None:
+    """Fail at worker start-up, with the entry's name, instead of at the deadline."""
+    problems: list[str] = []
+    for t in targets.target:
+        if t.table not in columns:
+            problems.append(f"table {t.table!r} does not exist")
+            continue
+        if t.match_column not in columns[t.table]:
+            problems.append(f"table {t.table!r} has no column {t.match_column!r}")
+        if t.archive_table:
+            if t.archive_table not in columns:
+                problems.append(f"archive table {t.archive_table!r} does not exist")
+            else:
+                missing = set(columns[t.table]) - set(columns[t.archive_table])
+                if missing:
+                    problems.append(
+                        f"archive table {t.archive_table!r} lacks columns {sorted(missing)} of {t.table!r}"
+                    )
+    if problems:
+        raise ValueError("cleanup targets do not match the database: " + "; ".join(problems))

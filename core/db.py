@@ -1,0 +1,50 @@
+"""Postgres access: the pool and idempotent, concurrency-safe migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+
+from core.queries import SQL_DIR
+
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+# Any constant works; it only has to be the same for every process that migrates this database.
+_MIGRATION_LOCK = 7_261_002
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=300)
+    assert pool is not None
+    return pool
+
+
+def migration_files() -> list[Path]:
+    return sorted(MIGRATIONS_DIR.glob("*.sql"))
+
+
+async def migrate(conn: asyncpg.Connection) -> list[str]:
+    """Apply the migrations not yet applied; safe when several workers start at once."""
+    applied_now: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+        for path in migration_files():
+            if path.name in done:
+                continue
+            await conn.execute(path.read_text())
+            await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", path.name)
+            applied_now.append(path.name)
+    return applied_now
+
+
+async def migrate_url(url: str) -> list[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        return await migrate(conn)
+    finally:
+        await conn.close()

@@ -1,0 +1,311 @@
+"""What the CLI does, as functions the tests call too: start, renew, inspect cleanups."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ValidationError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from core import search_attributes as sa
+from core.envelope import ensure_within_envelope
+from core.errors import InputError
+from core.models import (
+    MAX_PARTITIONS,
+    CleanupResult,
+    CleanupStatus,
+    RenewalCleanupInput,
+    RenewalSignal,
+    account_cleanup_id,
+    cohort_cleanup_id,
+    is_account_id,
+)
+from core.queries import load
+from workflows.renewal_cleanup import RenewalCleanupWorkflow
+
+SQL = load("cleanup.sql")
+SEED = load("seed.sql")
+
+
+def _validation_message(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
+
+
+def parse_deadline(text: str) -> datetime:
+    """An ISO-8601 instant with an explicit offset; a naive time is ambiguous, so it is refused."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"not an ISO-8601 datetime: {text!r} (example: 2026-11-01T09:00:00Z)") from None
+    if value.tzinfo is None:
+        raise InputError(f"datetime {text!r} has no timezone; add 'Z' or an offset such as +02:00")
+    return value.astimezone(UTC)
+
+
+def check_account_id(value: str) -> str:
+    if not is_account_id(value):
+        raise InputError(f"malformed account ID {value!r}: expected acct_ followed by 1-60 of [A-Za-z0-9_-]")
+    return value
+
+
+class StartedCleanup(BaseModel):
+    workflow_id: str
+    run_id: str | None
+    started: bool
+    deadline: datetime
+    account_id: str | None
+    accounts_in_scope: int
+
+
+async def start_cleanup(
+    client: Client,
+    pool: asyncpg.Pool,
+    task_queue: str,
+    *,
+    deadline: datetime | None = None,
+    account_id: str | None = None,
+    partitions: int = 16,
+    max_parallel_partitions: int = 8,
+    batch_size: int = 1000,
+    heartbeat_timeout_seconds: float = 30.0,
+    note: str = "",
+    allow_empty: bool = False,
+) -> StartedCleanup:
+    """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key."""
+    if (deadline is None) == (account_id is None):
+        raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InputError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    expected_version: int | None = None
+    if account_id is not None:
+        check_account_id(account_id)
+        state = await pool.fetchrow(SQL.account_state, account_id)
+        if state is None:
+            raise InputError(f"unknown account {account_id!r}")
+        if state["status"] in ("cleaning", "cleaned"):
+            raise InputError(f"account {account_id} is already {state['status']}")
+        deadline = state["renewal_deadline"]
+        expected_version = state["cleanup_version"]
+        partitions = 1
+        in_scope = 1
+        workflow_id = account_cleanup_id(account_id, deadline)
+    else:
+        assert deadline is not None
+        if deadline.tzinfo is None:
+            raise InputError("deadline has no timezone")
+        in_scope = await pool.fetchval(
+            "SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active'", deadline
+        )
+        if in_scope == 0 and not allow_empty:
+            raise InputError(
+                f"no active account has renewal deadline {deadline.isoformat()}; "
+                "check the instant (it must match exactly) or pass --allow-empty"
+            )
+        workflow_id = cohort_cleanup_id(deadline)
+    try:
+        input = RenewalCleanupInput(
+            cleanup_id=workflow_id,
+            deadline=deadline,
+            account_id=account_id,
+            expected_version=expected_version,
+            partitions=partitions,
+            max_parallel_partitions=min(max_parallel_partitions, partitions),
+            batch_size=batch_size,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            note=note,
+        )
+    except ValidationError as err:
+        raise InputError(_validation_message(err)) from None
+    ensure_within_envelope(client, input)
+
+    existing = await _describe(client, workflow_id)
+    if existing is not None:
+        return StartedCleanup(
+            workflow_id=workflow_id,
+            run_id=existing.run_id,
+            started=False,
+            deadline=input.deadline,
+            account_id=account_id,
+            accounts_in_scope=in_scope,
+        )
+    attrs = [sa.CLEANUP_DEADLINE.value_set(input.deadline), sa.CLEANUP_PHASE.value_set("sleeping")]
+    if account_id is not None:
+        attrs.append(sa.CLEANUP_ACCOUNT_ID.value_set(account_id))
+    try:
+        handle = await client.start_workflow(
+            RenewalCleanupWorkflow.run,
+            input,
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes(attrs),
+            memo={"partitions_done": 0, "note": note},
+            static_summary=(
+                f"cleanup of {account_id}" if account_id else f"cleanup of cohort {input.deadline.isoformat()}"
+            ),
+        )
+        run_id = handle.result_run_id
+    except WorkflowAlreadyStartedError as err:  # a closed run with this ID: never make a second one
+        run_id = err.run_id
+        return StartedCleanup(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            started=False,
+            deadline=input.deadline,
+            account_id=account_id,
+            accounts_in_scope=in_scope,
+        )
+    return StartedCleanup(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        started=True,
+        deadline=input.deadline,
+        account_id=account_id,
+        accounts_in_scope=in_scope,
+    )
+
+
+async def _describe(client: Client, workflow_id: str) -> Any:
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+class RenewalOutcome(BaseModel):
+    account_id: str
+    in_time: bool
+    status_seen: str
+    version_after: int
+    old_deadline: datetime
+    new_deadline: datetime | None
+    claimed_by: str | None
+    signalled: list[str]
+    restarted_cleanup: str | None = None
+
+
+async def renew(
+    client: Client,
+    pool: asyncpg.Pool,
+    task_queue: str,
+    account_id: str,
+    until: datetime | None = None,
+    *,
+    now: datetime | None = None,
+) -> RenewalOutcome:
+    """Commit the renewal in the database first (the source of truth), then signal the cleanups."""
+    check_account_id(account_id)
+    if until is not None:
+        if until.tzinfo is None:
+            raise InputError("--until has no timezone")
+        if until <= (now or datetime.now(UTC)):
+            raise InputError(f"--until {until.isoformat()} is in the past; a renewal extends the deadline")
+    row = await pool.fetchrow(SQL.renew_account, account_id, until)
+    if row is None:
+        raise InputError(f"unknown account {account_id!r}")
+    in_time = row["outcome"] == "in_time"
+    outcome = RenewalOutcome(
+        account_id=account_id,
+        in_time=in_time,
+        status_seen=row["status_seen"],
+        version_after=row["version_after"],
+        old_deadline=row["old_deadline"],
+        new_deadline=until,
+        claimed_by=row["claimed_by"],
+        signalled=[],
+    )
+    if not in_time:
+        return outcome
+    signal = RenewalSignal(account_id=account_id, version_after=row["version_after"], new_deadline=until)
+    own_cleanup = account_cleanup_id(account_id, row["old_deadline"])
+    for workflow_id in (own_cleanup, cohort_cleanup_id(row["old_deadline"])):
+        with contextlib.suppress(RPCError):
+            handle = client.get_workflow_handle(workflow_id)
+            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await handle.signal(RenewalCleanupWorkflow.renewed, signal)
+                outcome.signalled.append(workflow_id)
+    if until is not None and own_cleanup in outcome.signalled:
+        started = await start_cleanup(client, pool, task_queue, account_id=account_id)
+        outcome.restarted_cleanup = started.workflow_id
+    return outcome
+
+
+async def seed_accounts(
+    pool: asyncpg.Pool,
+    *,
+    prefix: str,
+    deadline: datetime,
+    count: int,
+    game: str = "arena",
+    saves: int = 2,
+    items: int = 5,
+    matches: int = 5,
+) -> dict[str, int]:
+    row = await pool.fetchrow(SEED.seed_accounts, prefix, game, deadline, count, saves, items, matches)
+    assert row is not None
+    return dict(row)
+
+
+async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -> dict[str, Any]:
+    """What an operator asks: sleeping until when, partitions k/P, settled, counts."""
+    desc = await _describe(client, workflow_id)
+    if desc is None:
+        raise InputError(f"no cleanup with workflow ID {workflow_id!r}")
+    out: dict[str, Any] = {
+        "workflow_id": workflow_id,
+        "run_id": desc.run_id,
+        "temporal_status": desc.status.name if desc.status else None,
+        "deadline": desc.typed_search_attributes.get(sa.CLEANUP_DEADLINE),
+        "account_id": desc.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
+        "phase": desc.typed_search_attributes.get(sa.CLEANUP_PHASE),
+    }
+    handle = client.get_workflow_handle(workflow_id)
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        live: CleanupStatus = await handle.query(RenewalCleanupWorkflow.status)
+        out.update(live.model_dump(mode="json"))
+        if live.phase == "sleeping":
+            out["sleeping_until"] = live.deadline.isoformat()
+    elif desc.status == WorkflowExecutionStatus.COMPLETED:
+        result: CleanupResult = await handle.result()
+        out["outcome"] = result.outcome
+    reports = await pool.fetch(
+        "SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied "
+        "FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no",
+        workflow_id,
+    )
+    partitions_with_work = await pool.fetchval(
+        "SELECT count(DISTINCT partition_no) FROM cleanup_claims WHERE cleanup_id = $1", workflow_id
+    )
+    settlement = await pool.fetchrow(SQL.get_settlement, workflow_id)
+    out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
+    out["settled"] = settlement is not None
+    if settlement is not None:
+        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()}
+    return out
+
+
+async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    async for wf in client.list_workflows("WorkflowType = 'RenewalCleanupWorkflow'", limit=limit):
+        memo = await wf.memo()
+        deadline = wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE)
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "status": wf.status.name if wf.status else None,
+                "phase": wf.typed_search_attributes.get(sa.CLEANUP_PHASE),
+                "deadline": deadline.isoformat() if deadline else None,
+                "account_id": wf.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
+                "partitions_done": memo.get("partitions_done"),
+            }
+        )
+    return rows

@@ -1,0 +1,89 @@
+"""Run a worker: `python worker.py`. Start as many as you like, on as many nodes as you like."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+import asyncpg
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.cleanup import CleanupActivities
+from core import db, embedded
+from core.cleanup_targets import load_targets
+from core.config import Settings
+from core.temporal import connect
+from workflows import ALL_WORKFLOWS
+
+log = logging.getLogger("worker")
+
+
+async def build_activities(pool: asyncpg.Pool) -> list[object]:
+    cleanup = await CleanupActivities.create(pool, load_targets())
+    return [
+        cleanup.claim_cleanup,
+        cleanup.check_account_renewed,
+        cleanup.cleanup_partition,
+        cleanup.settle_cleanup,
+    ]
+
+
+def build_worker(
+    client: Client, task_queue: str, activities: Sequence[object], *, max_concurrent_activities: int = 16
+) -> Worker:
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=ALL_WORKFLOWS,
+        activities=list(activities),  # type: ignore[arg-type]
+        max_concurrent_activities=max_concurrent_activities,
+    )
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    settings = embedded.resolve(settings)
+    assert settings.database_url is not None
+    await db.migrate_url(settings.database_url)
+    pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
+    try:
+        client = await connect(settings)
+        worker = build_worker(
+            client,
+            settings.task_queue,
+            await build_activities(pool),
+            max_concurrent_activities=settings.max_concurrent_activities,
+        )
+        log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
+        async with worker:
+            await (stop or asyncio.Event()).wait()
+    finally:
+        await pool.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
+    parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
+    parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = Settings.from_env(
+        task_queue=args.task_queue, temporal_address=args.temporal_address, database_url=args.database_url
+    )
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(settings, stop)
+
+    asyncio.run(_run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""RenewalCleanupWorkflow: sleep to the renewal deadline, claim, clean in partitions, join, settle.
+
+Deterministic by construction: time comes from `workflow.now()`, all I/O is in activities, and
+activities are called by name so this module never imports asyncpg (see DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from core import search_attributes as sa
+    from core.models import (
+        AccountRenewalCheck,
+        ClaimCleanupInput,
+        ClaimResult,
+        CleanupOutcome,
+        CleanupPartitionInput,
+        CleanupPhase,
+        CleanupResult,
+        CleanupSettlement,
+        CleanupStatus,
+        PartitionCounts,
+        PartitionReport,
+        RenewalCleanupInput,
+        RenewalSignal,
+        SettleCleanupInput,
+    )
+
+_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=["ValidationError"],
+)
+
+
+@workflow.defn
+class RenewalCleanupWorkflow:
+    @workflow.init
+    def __init__(self, input: RenewalCleanupInput) -> None:
+        self._input = input
+        self._phase: CleanupPhase = "sleeping"
+        self._renewal_signals: list[RenewalSignal] = []
+        self._signals_checked = 0
+        self._claim: ClaimResult | None = None
+        self._reports: dict[int, PartitionReport] = {}
+        self._settlement: CleanupSettlement | None = None
+
+    @workflow.run
+    async def run(self, input: RenewalCleanupInput) -> CleanupResult:
+        if await self._sleep_until_deadline():
+            await self._settle(ClaimResult(claimed_per_partition=[], skipped_renewed=1, skipped_stale=0))
+            return self._result("renewed")
+
+        self._set_phase("claiming")
+        claim = await workflow.execute_activity(
+            "claim_cleanup",
+            ClaimCleanupInput(
+                cleanup_id=input.cleanup_id,
+                deadline=input.deadline,
+                account_id=input.account_id,
+                expected_version=input.expected_version,
+                partitions=input.partitions,
+            ),
+            result_type=ClaimResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=_RETRY,
+        )
+        self._claim = claim
+
+        self._set_phase("cleaning")
+        limit = asyncio.Semaphore(input.max_parallel_partitions)
+        busy = [p for p, n in enumerate(claim.claimed_per_partition) if n > 0]
+        # The join: settlement starts only after every partition with claimed accounts has reported.
+        await asyncio.gather(*(self._clean_partition(p, limit) for p in busy))
+
+        await self._settle(claim)
+        if claim.claimed > 0:
+            return self._result("cleaned")
+        if input.account_id is not None:
+            return self._result("renewed" if claim.skipped_renewed else "stale")
+        return self._result("nothing_to_clean")
+
+    async def _sleep_until_deadline(self) -> bool:
+        """Sleep durably; for one account, wake on a renewal signal and let the database confirm it."""
+        single = self._input.account_id is not None
+        while True:
+            remaining = self._input.deadline - workflow.now()
+            if remaining <= timedelta(0):
+                return False
+            try:
+                await workflow.wait_condition(
+                    lambda: single and len(self._renewal_signals) > self._signals_checked,
+                    timeout=remaining,
+                    timeout_summary="renewal deadline",
+                )
+            except TimeoutError:
+                return False
+            self._signals_checked = len(self._renewal_signals)
+            assert self._input.account_id is not None and self._input.expected_version is not None
+            renewed = await workflow.execute_activity(
+                "check_account_renewed",
+                AccountRenewalCheck(
+                    account_id=self._input.account_id, expected_version=self._input.expected_version
+                ),
+                result_type=bool,
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=_RETRY,
+            )
+            if renewed:
+                self._set_phase("renewed")
+                return True
+
+    async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            report = await workflow.execute_activity(
+                "cleanup_partition",
+                CleanupPartitionInput(
+                    cleanup_id=self._input.cleanup_id,
+                    partition_no=partition_no,
+                    batch_size=self._input.batch_size,
+                ),
+                result_type=PartitionReport,
+                start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
+                retry_policy=_RETRY,
+                summary=f"partition {partition_no}",
+            )
+        self._reports[partition_no] = report
+        workflow.upsert_memo({"partitions_done": len(self._reports)})
+
+    async def _settle(self, claim: ClaimResult) -> None:
+        self._set_phase("settling")
+        self._settlement = await workflow.execute_activity(
+            "settle_cleanup",
+            SettleCleanupInput(
+                cleanup_id=self._input.cleanup_id,
+                deadline=self._input.deadline,
+                account_id=self._input.account_id,
+                partitions=self._input.partitions,
+                claim=claim,
+                reports=[self._reports[p] for p in sorted(self._reports)],
+            ),
+            result_type=CleanupSettlement,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=_RETRY,
+        )
+        if self._phase != "renewed":
+            self._set_phase("settled")
+
+    def _set_phase(self, phase: CleanupPhase) -> None:
+        self._phase = phase
+        workflow.upsert_search_attributes([sa.CLEANUP_PHASE.value_set(phase)])
+
+    def _result(self, outcome: CleanupOutcome) -> CleanupResult:
+        return CleanupResult(cleanup_id=self._input.cleanup_id, outcome=outcome, settlement=self._settlement)
+
+    @workflow.signal
+    def renewed(self, signal: RenewalSignal) -> None:
+        self._renewal_signals.append(signal)
+
+    @workflow.query
+    def status(self) -> CleanupStatus:
+        counts = PartitionCounts()
+        for report in self._reports.values():
+            counts = counts + report.counts
+        claim = self._claim
+        return CleanupStatus(
+            cleanup_id=self._input.cleanup_id,
+            phase=self._phase,
+            deadline=self._input.deadline,
+            account_id=self._input.account_id,
+            partitions_total=sum(1 for n in claim.claimed_per_partition if n) if claim else self._input.partitions,
+            partitions_done=len(self._reports),
+            settled=self._settlement is not None,
+            renewal_signals=len(self._renewal_signals),
+            counts=counts,
+            claimed=claim.claimed if claim else None,
+        )
