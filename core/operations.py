@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -134,9 +134,12 @@ async def start_cleanup(
             account_id=account_id,
             accounts_in_scope=in_scope,
         )
-    attrs = [sa.CLEANUP_DEADLINE.value_set(input.deadline), sa.CLEANUP_PHASE.value_set("sleeping")]
+    attrs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
+        SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
+    ]
     if account_id is not None:
-        attrs.append(sa.CLEANUP_ACCOUNT_ID.value_set(account_id))
+        attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, account_id))
     try:
         handle = await client.start_workflow(
             RenewalCleanupWorkflow.run,
@@ -268,7 +271,7 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
         "account_id": desc.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
         "phase": desc.typed_search_attributes.get(sa.CLEANUP_PHASE),
     }
-    handle = client.get_workflow_handle(workflow_id)
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, workflow_id)
     if desc.status == WorkflowExecutionStatus.RUNNING:
         live: CleanupStatus = await handle.query(RenewalCleanupWorkflow.status)
         out.update(live.model_dump(mode="json"))
@@ -277,6 +280,7 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome
+        out["phase"] = out["phase"] or ("renewed" if result.outcome == "renewed" else "settled")
     reports = await pool.fetch(
         "SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied "
         "FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no",

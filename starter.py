@@ -1,0 +1,234 @@
+"""The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
+
+Exit codes: 0 success, 2 bad input (nothing was started), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import date, datetime
+from typing import Any
+
+from core import db, embedded
+from core.config import Settings
+from core.errors import InputError
+from core.operations import (
+    cleanup_status,
+    list_cleanups,
+    parse_deadline,
+    renew,
+    start_cleanup,
+)
+from core.temporal import connect
+
+Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
+EXIT_INPUT = 2
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
+    if getattr(args, "json", False) or human is None:
+        print(json.dumps(data, default=_default, indent=2))
+    else:
+        print(human(data))
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(none)"
+    columns = columns or list(rows[0])
+    cells = [[("" if r.get(c) is None else str(_default(r[c]) if not isinstance(r[c], str | int) else r[c]))
+              for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
+    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+
+
+def key_values(data: dict[str, Any]) -> str:
+    width = max(len(k) for k in data)
+    return "\n".join(f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items())
+
+
+class Context:
+    """Opens what a command needs (embedded services, pool, client) and closes it after."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = embedded.resolve(settings)
+
+    async def __aenter__(self) -> Context:
+        assert self.settings.database_url is not None
+        await db.migrate_url(self.settings.database_url)
+        self.pool = await db.create_pool(self.settings.database_url, max_size=4)
+        self.client = await connect(self.settings)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.close()
+
+
+async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
+    settings = embedded.resolve(settings)
+    assert settings.database_url is not None
+    applied = await db.migrate_url(settings.database_url)
+    emit(args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+
+
+async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
+    deadline = parse_deadline(args.deadline) if args.deadline else None
+    async with Context(settings) as ctx:
+        started = await start_cleanup(
+            ctx.client,
+            ctx.pool,
+            ctx.settings.task_queue,
+            deadline=deadline,
+            account_id=args.account,
+            partitions=args.partitions,
+            max_parallel_partitions=args.max_parallel,
+            batch_size=args.batch_size,
+            note=args.note,
+            allow_empty=args.allow_empty,
+        )
+        data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
+    emit(
+        args,
+        data,
+        lambda d: (
+            f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
+            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope\n{d['ui']}"
+        ),
+    )
+
+
+async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
+    until = parse_deadline(args.until) if args.until else None
+    async with Context(settings) as ctx:
+        outcome = await renew(ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until)
+
+    def human(d: dict[str, Any]) -> str:
+        if d["in_time"]:
+            text = f"renewed in time: {d['account_id']} is now at cleanup version {d['version_after']}"
+            if d["signalled"]:
+                text += f"\nsignalled: {', '.join(d['signalled'])}"
+            if d["restarted_cleanup"]:
+                text += f"\nnew cleanup for the new deadline: {d['restarted_cleanup']}"
+            return text
+        return (
+            f"too late: {d['account_id']} was already {d['status_seen']} by {d['claimed_by']}; "
+            "the renewal is recorded but the cleanup stands"
+        )
+
+    emit(args, outcome.model_dump(mode="json"), human)
+    if not outcome.in_time:
+        sys.exit(3)
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
+    async with Context(settings) as ctx:
+        data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
+        data["ui"] = ctx.settings.workflow_url(args.workflow_id)
+    emit(args, data, key_values)
+
+
+async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
+    async with Context(settings) as ctx:
+        rows = await list_cleanups(ctx.client, limit=args.limit)
+    emit(args, rows, table)
+
+
+async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
+    from core.demo import run_demo
+
+    async with Context(settings) as ctx:
+        result = await run_demo(ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers)
+    emit(args, result, lambda d: str(d.pop("report")))
+
+
+async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+    server = embedded.DevServer(settings.state_dir)
+    if args.action == "down":
+        server.stop()
+        print("embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)")
+    else:
+        resolved = embedded.resolve(settings)
+        emit(args, {"temporal": resolved.temporal_address, "ui": resolved.ui_url(),
+                    "database_url": resolved.database_url}, key_values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="starter.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
+    parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
+    parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or 'deadline-cleanup'")
+    parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Handler, help: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        p.set_defaults(handler=handler)
+        return p
+
+    command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+
+    p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
+    scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
+    p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
+    p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
+    p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
+    p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
+    p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
+
+    p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
+    p.add_argument("account_id")
+    p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
+
+    p = command("status", cmd_status, "show one cleanup: phase, sleeping until, partitions k/P, settled, counts")
+    p.add_argument("workflow_id")
+
+    p = command("list", cmd_list, "list cleanups with their phase and progress")
+    p.add_argument("--limit", type=int, default=50)
+
+    p = command("demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results")
+    p.add_argument("--accounts", type=int, default=3000)
+    p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
+    p.add_argument("--workers", type=int, default=2, help="worker processes to run")
+
+    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
+    p.add_argument("action", choices=["up", "down"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings.from_env(
+        temporal_address=args.temporal_address,
+        temporal_namespace=args.namespace,
+        task_queue=args.task_queue,
+        database_url=args.database_url,
+    )
+    try:
+        asyncio.run(args.handler(args, settings))
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
