@@ -48,8 +48,13 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     if not rows:
         return "(none)"
     columns = columns or list(rows[0])
-    cells = [[("" if r.get(c) is None else str(_default(r[c]) if not isinstance(r[c], str | int) else r[c]))
-              for c in columns] for r in rows]
+    cells = [
+        [
+            ("" if r.get(c) is None else str(_default(r[c]) if not isinstance(r[c], str | int) else r[c]))
+            for c in columns
+        ]
+        for r in rows
+    ]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
@@ -58,7 +63,9 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
 
 def key_values(data: dict[str, Any]) -> str:
     width = max(len(k) for k in data)
-    return "\n".join(f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items())
+    return "\n".join(
+        f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items()
+    )
 
 
 class Context:
@@ -82,7 +89,9 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     applied = await db.migrate_url(settings.database_url)
-    emit(args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+    emit(
+        args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
+    )
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -151,7 +160,9 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     from core.demo import run_demo
 
     async with Context(settings) as ctx:
-        result = await run_demo(ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers)
+        result = await run_demo(
+            ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers
+        )
     emit(args, result, lambda d: str(d.pop("report")))
 
 
@@ -162,13 +173,21 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
         print("embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)")
     else:
         resolved = embedded.resolve(settings)
-        emit(args, {"temporal": resolved.temporal_address, "ui": resolved.ui_url(),
-                    "database_url": resolved.database_url}, key_values)
+        emit(
+            args,
+            {
+                "temporal": resolved.temporal_address,
+                "ui": resolved.ui_url(),
+                "database_url": resolved.database_url,
+            },
+            key_values,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="starter.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="starter.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or 'deadline-cleanup'")
@@ -184,29 +203,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", cmd_migrate, "apply the database schema (idempotent)")
 
-    p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+    p = command(
+        "cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)"
+    )
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
-    scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
+    scope.add_argument(
+        "--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)"
+    )
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
     p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
-    p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
+    p.add_argument(
+        "--allow-empty", action="store_true", help="start even if no active account has that deadline"
+    )
 
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
 
-    p = command("status", cmd_status, "show one cleanup: phase, sleeping until, partitions k/P, settled, counts")
+    p = command(
+        "status", cmd_status, "show one cleanup: phase, sleeping until, partitions k/P, settled, counts"
+    )
     p.add_argument("workflow_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=int, default=50)
 
-    p = command("demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results")
+    p = command(
+        "demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results"
+    )
     p.add_argument("--accounts", type=int, default=3000)
-    p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
+    p.add_argument(
+        "--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline"
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes to run")
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")

@@ -99,9 +99,7 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         details = activity.info().heartbeat_details
-        checkpoint = (
-            PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
-        )
+        checkpoint = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(

@@ -67,8 +67,7 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
         table, match = _q(t.table), _q(t.match_column)
         if t.action == "delete":
             ctes.append(
-                f"t{i} AS (DELETE FROM {table} t USING applied p "
-                f"WHERE t.{match} = p.account_id RETURNING 1)"
+                f"t{i} AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING 1)"
             )
         else:
             assert t.archive_table is not None

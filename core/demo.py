@@ -55,10 +55,17 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
     procs = [spawn_worker(settings, str(settings.state_dir / f"demo-worker-{i}.log")) for i in range(workers)]
     try:
         started = await start_cleanup(client, pool, settings.task_queue, deadline=deadline, partitions=8)
-        print(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True)
+        print(
+            f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True
+        )
 
-        ids = [r["account_id"] for r in await pool.fetch(
-            "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id", f"acct_{prefix}_%")]
+        ids = [
+            r["account_id"]
+            for r in await pool.fetch(
+                "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id",
+                f"acct_{prefix}_%",
+            )
+        ]
         to_renew = random.Random(deadline.timestamp()).sample(ids, int(len(ids) * renew_share))
         limit = asyncio.Semaphore(16)
 
@@ -67,7 +74,9 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
                 return (await renew(client, pool, settings.task_queue, account_id)).in_time
 
         renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
-        print(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True)
+        print(
+            f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True
+        )
         t0 = time.monotonic()
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         result: CleanupResult = await handle.result()
@@ -105,8 +114,10 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
     report = "\n".join(
         [f"\nResult of {started.workflow_id} ({result.outcome})", "-" * (width + 12)]
         + [f"{k.ljust(width)}  {v}" for k, v in rows]
-        + [f"\nBrowse it in the Temporal UI: {settings.workflow_url(started.workflow_id)}",
-           "Stop the embedded Temporal server with: python starter.py dev down"]
+        + [
+            f"\nBrowse it in the Temporal UI: {settings.workflow_url(started.workflow_id)}",
+            "Stop the embedded Temporal server with: python starter.py dev down",
+        ]
     )
     return {
         "workflow_id": started.workflow_id,

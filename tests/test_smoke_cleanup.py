@@ -1,0 +1,34 @@
+"""End to end: a cohort cleanup on real Temporal and real Postgres, with an in-process worker."""
+
+from __future__ import annotations
+
+from core.models import CleanupResult
+from core.operations import renew, start_cleanup
+from tests.helpers import deadline_in, effect_counts, seed
+from workflows.renewal_cleanup import RenewalCleanupWorkflow
+
+
+async def test_cohort_cleanup_cleans_unrenewed_accounts_once(client, pool, task_queue, worker):
+    deadline = deadline_in(3)
+    accounts = await seed(pool, deadline, 500)
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
+    renewed = accounts[:50]
+    for account_id in renewed:
+        assert (await renew(client, pool, task_queue, account_id)).in_time
+
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+    result: CleanupResult = await handle.result()
+
+    assert result.outcome == "cleaned"
+    assert result.settlement is not None
+    assert result.settlement.cleaned == 450
+    assert result.settlement.skipped_renewed == 50
+    counts = await effect_counts(pool)
+    assert counts["applied"] == 450
+    assert counts["reminders"] == 450
+    assert counts["duplicate_reminders"] == 0
+    assert counts["archived_matches"] == 450 * 5
+    assert counts["settlements"] == 1
+    left = await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = ANY($1::text[])", renewed)
+    assert left == 50 * 2, "renewed accounts keep their data"
+    assert await pool.fetchval("SELECT count(*) FROM cloud_saves") == 50 * 2
