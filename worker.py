@@ -10,13 +10,14 @@ from collections.abc import Sequence
 
 import asyncpg
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities
 from core import db, embedded
 from core.cleanup_targets import load_targets
 from core.config import Settings
-from core.temporal import connect
+from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("worker")
@@ -33,12 +34,17 @@ async def build_activities(pool: asyncpg.Pool) -> list[object]:
 
 
 def build_worker(
-    client: Client, task_queue: str, activities: Sequence[object], *, max_concurrent_activities: int = 16
+    client: Client,
+    task_queue: str,
+    activities: Sequence[object],
+    *,
+    max_concurrent_activities: int = 16,
+    extra_workflows: Sequence[type] = (),
 ) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=ALL_WORKFLOWS,
+        workflows=[*ALL_WORKFLOWS, *extra_workflows],
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
     )
@@ -51,6 +57,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
     try:
         client = await connect(settings)
+        try:
+            added = await ensure_search_attributes(client, settings.temporal_namespace)
+            if added:
+                log.info("registered search attributes %s", added)
+        except RPCError as err:  # e.g. no operator permission on a managed cluster
+            log.warning("could not check search attributes: %s", err.message)
         worker = build_worker(
             client,
             settings.task_queue,

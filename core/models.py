@@ -50,6 +50,7 @@ class RenewalCleanupInput(Model):
     max_parallel_partitions: int = Field(default=8, ge=1, le=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
 
 

@@ -79,6 +79,7 @@ async def start_cleanup(
     max_parallel_partitions: int = 8,
     batch_size: int = 1000,
     heartbeat_timeout_seconds: float = 30.0,
+    step_timeout_seconds: float = 300.0,
     note: str = "",
     allow_empty: bool = False,
 ) -> StartedCleanup:
@@ -123,6 +124,7 @@ async def start_cleanup(
             max_parallel_partitions=min(max_parallel_partitions, partitions),
             batch_size=batch_size,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            step_timeout_seconds=step_timeout_seconds,
             note=note,
         )
     except ValidationError as err:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from core import search_attributes as sa
 from core.config import Settings
 
 
@@ -16,3 +19,20 @@ async def connect(settings: Settings) -> Client:
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
     )
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Register the project's custom search attributes where they are missing; returns those added."""
+    existing = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.ValueType(key.indexed_value_type)
+        for key in sa.ALL
+        if key.name not in existing.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+    return sorted(missing)

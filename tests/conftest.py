@@ -31,6 +31,8 @@ from temporalio.worker import Worker
 from core import db, embedded
 from core import search_attributes as sa
 from core.config import PROJECT_ROOT, Settings
+from core.temporal import ensure_search_attributes
+from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
 STATE_DIR = PROJECT_ROOT / ".state" / "tests"
@@ -102,13 +104,30 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironme
             dev_server_log_level="error",
         )
     elif choice == "time-skipping":
-        environment = await WorkflowEnvironment.start_time_skipping(
-            data_converter=pydantic_data_converter,
-            test_server_existing_path=embedded.test_server_path(),
-        )
+        environment = await start_time_skipping()
     else:
         client = await Client.connect(choice, data_converter=pydantic_data_converter)
         environment = WorkflowEnvironment.from_client(client)
+    yield environment
+    await environment.shutdown()
+
+
+async def start_time_skipping() -> WorkflowEnvironment:
+    environment = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=embedded.test_server_path(),
+    )
+    await ensure_search_attributes(environment.client, "default")
+    return environment
+
+
+@pytest_asyncio.fixture(scope="session")
+async def time_skipping_env(env: WorkflowEnvironment) -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping server, whatever --workflow-environment says (for deadlines days away)."""
+    if env.supports_time_skipping:
+        yield env
+        return
+    environment = await start_time_skipping()
     yield environment
     await environment.shutdown()
 
@@ -138,7 +157,9 @@ def settings(temporal_address: str, db_url: str, task_queue: str, tmp_path: Path
 @pytest_asyncio.fixture
 async def worker(client: Client, pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
     """An in-process worker with the real activities against the test's own database."""
-    w = build_worker(client, task_queue, await build_activities(pool))
+    w = build_worker(
+        client, task_queue, await build_activities(pool), extra_workflows=[RedeliverActivityWorkflow]
+    )
     async with w:
         yield w
 

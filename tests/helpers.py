@@ -7,10 +7,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
+from pydantic import BaseModel
+from temporalio.client import Client
 
 from core.operations import seed_accounts
+from tests.redelivery import RedeliverActivityWorkflow, Redelivery
 
 
 def deadline_in(seconds: float) -> datetime:
@@ -53,3 +57,19 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+async def redeliver(
+    client: Client, task_queue: str, activity: str, arg: BaseModel, times: int = 2
+) -> list[Any]:
+    """Deliver the same activity task `times` times through Temporal; returns each result."""
+    return await client.execute_workflow(
+        RedeliverActivityWorkflow.run,
+        Redelivery(activity=activity, arg=arg.model_dump(mode="json"), times=times),
+        id=f"redeliver-{activity}-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue,
+    )
+
+
+async def workflow_ids(client: Client, task_queue: str) -> list[str]:
+    return [wf.id async for wf in client.list_workflows(f"TaskQueue = '{task_queue}'")]

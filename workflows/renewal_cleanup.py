@@ -50,6 +50,7 @@ class RenewalCleanupWorkflow:
         self._claim: ClaimResult | None = None
         self._reports: dict[int, PartitionReport] = {}
         self._settlement: CleanupSettlement | None = None
+        self._step_timeout = timedelta(seconds=input.step_timeout_seconds)
 
     @workflow.run
     async def run(self, input: RenewalCleanupInput) -> CleanupResult:
@@ -68,7 +69,7 @@ class RenewalCleanupWorkflow:
                 partitions=input.partitions,
             ),
             result_type=ClaimResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=self._step_timeout,
             retry_policy=_RETRY,
         )
         self._claim = claim
@@ -109,7 +110,7 @@ class RenewalCleanupWorkflow:
                     account_id=self._input.account_id, expected_version=self._input.expected_version
                 ),
                 result_type=bool,
-                start_to_close_timeout=timedelta(minutes=1),
+                start_to_close_timeout=self._step_timeout,
                 retry_policy=_RETRY,
             )
             if renewed:
@@ -147,7 +148,7 @@ class RenewalCleanupWorkflow:
                 reports=[self._reports[p] for p in sorted(self._reports)],
             ),
             result_type=CleanupSettlement,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=self._step_timeout,
             retry_policy=_RETRY,
         )
         if self._phase != "renewed":

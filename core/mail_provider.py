@@ -1,0 +1,440 @@
+"""A small local mail provider: a real HTTP/1.1 server for the demo and the tests.
+
+    python -m core.mail_provider --port 8025            # token from $MAIL_PROVIDER_TOKEN
+    python -m core.mail_provider --port 8025 --share-5xx 0.1 --share-429 0.05 --seed 7
+
+Endpoints:
+  POST /v1/messages   send one message. Needs `Authorization: Bearer <token>` and an
+                      `Idempotency-Key`. A key seen before is acknowledged (200, "duplicate") but not
+                      delivered to the customer again. 202 "accepted" for a first delivery; 422 for a
+                      bad event (no template for its kind, no account); 401 for a wrong token.
+  GET  /stats         what it received: requests, unique keys, customer deliveries, duplicates by key,
+                      responses by status, injected faults.
+  GET  /messages      the customer's mailbox, newest last (`?limit=N`).
+  POST /admin/faults  (bearer token) change the fault shares, or script faults for given keys:
+                      {"share_429": 0.1, "keys": {"KEY": {"status": 503, "times": 2}}}
+  POST /admin/reset   (bearer token) forget everything received.
+
+Faults, drawn from a seeded RNG for a configurable share of send requests (or scripted per key):
+  429 with Retry-After, 5xx (503), 4xx (422), or a timeout. A timeout delivers the message and then
+  never answers (the worst case for a sender: it must resend, and the key deduplicates it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger("mail_provider")
+
+TEMPLATES = frozenset({"renewal_reminder"})
+MAX_HEADER_BYTES = 16 * 1024
+MAX_BODY_BYTES = 1024 * 1024
+REASONS = {
+    200: "OK",
+    202: "Accepted",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+@dataclass
+class ScriptedFault:
+    """Answer `status` (None: time out) to the next `times` sends of one key (-1: always)."""
+
+    status: int | None
+    times: int = 1
+    retry_after: str | None = None
+    body: str | None = None
+
+
+@dataclass
+class FaultShares:
+    share_429: float = 0.0
+    share_5xx: float = 0.0
+    share_4xx: float = 0.0
+    share_timeout: float = 0.0
+    retry_after: str = "1"
+    hang_seconds: float = 30.0
+
+
+@dataclass
+class _Response:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    hang: bool = False
+
+
+class MailProvider:
+    """The provider's state and request handling; serve it with `start()` or `ProviderThread`."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        share_429: float = 0.0,
+        share_5xx: float = 0.0,
+        share_4xx: float = 0.0,
+        share_timeout: float = 0.0,
+        retry_after: str = "1",
+        hang_seconds: float = 30.0,
+        seed: int = 0,
+    ) -> None:
+        if not token:
+            raise ValueError("the mail provider needs a bearer token")
+        self._token = token
+        self.shares = FaultShares(share_429, share_5xx, share_4xx, share_timeout, retry_after, hang_seconds)
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.port: int | None = None
+        self.reset()
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        with self._lock:
+            self.scripted: dict[str, ScriptedFault] = {}
+            self.received = 0
+            self.received_by_key: Counter[str] = Counter()
+            self.first_received_at: dict[str, float] = {}
+            self.request_times: dict[str, list[float]] = {}
+            self.mailbox: list[dict[str, Any]] = []
+            self.delivered_keys: dict[str, str] = {}
+            self.duplicates_by_key: Counter[str] = Counter()
+            self.responses: Counter[int] = Counter()
+            self.faults: Counter[str] = Counter()
+            self.unauthorized = 0
+
+    def script(self, key: str, fault: ScriptedFault) -> None:
+        with self._lock:
+            self.scripted[key] = fault
+
+    def configure(self, **shares: Any) -> None:
+        with self._lock:
+            for name, value in shares.items():
+                if not hasattr(self.shares, name):
+                    raise ValueError(f"unknown fault setting {name!r}")
+                setattr(self.shares, name, type(getattr(self.shares, name))(value))
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "received": self.received,
+                "unauthorized": self.unauthorized,
+                "unique_keys": len(self.received_by_key),
+                "delivered": len(self.mailbox),
+                "duplicates": sum(self.duplicates_by_key.values()),
+                "duplicates_by_key": dict(self.duplicates_by_key),
+                "responses": {str(k): v for k, v in sorted(self.responses.items())},
+                "faults": dict(self.faults),
+            }
+
+    def messages(self, limit: int | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.mailbox[-limit:] if limit else self.mailbox)
+
+    def times_for(self, key: str) -> list[float]:
+        """Wall-clock times (time.time()) of every send request for this key."""
+        with self._lock:
+            return list(self.request_times.get(key, []))
+
+    # -- handling ----------------------------------------------------------------------------------
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        given = headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode())
+
+    def _pick_fault(self, key: str) -> ScriptedFault | None:
+        scripted = self.scripted.get(key)
+        if scripted is not None and scripted.times != 0:
+            scripted.times -= 1 if scripted.times > 0 else 0
+            return scripted
+        s = self.shares
+        r = self._rng.random()
+        for share, fault in (
+            (s.share_429, ScriptedFault(429, retry_after=s.retry_after)),
+            (s.share_5xx, ScriptedFault(503)),
+            (s.share_4xx, ScriptedFault(422, body="rejected: recipient refused (fault injection)")),
+            (s.share_timeout, ScriptedFault(None)),
+        ):
+            if r < share:
+                return fault
+            r -= share
+        return None
+
+    def _deliver(self, key: str, message: dict[str, Any]) -> _Response:
+        """Called with the lock held: dedup by key, else put the message in the customer's mailbox."""
+        kind, account_id = message.get("kind"), message.get("account_id")
+        if kind not in TEMPLATES:
+            return _Response(422, {"error": f"no template for kind {kind!r}"})
+        if not isinstance(account_id, str) or not account_id:
+            return _Response(422, {"error": "message has no account_id"})
+        if key in self.delivered_keys:
+            self.duplicates_by_key[key] += 1
+            return _Response(200, {"status": "duplicate", "message_id": self.delivered_keys[key]})
+        message_id = f"msg_{len(self.mailbox) + 1}"
+        self.delivered_keys[key] = message_id
+        self.mailbox.append(
+            {
+                "message_id": message_id,
+                "idempotency_key": key,
+                "kind": kind,
+                "account_id": account_id,
+                "delivered_at": time.time(),
+            }
+        )
+        return _Response(202, {"status": "accepted", "message_id": message_id})
+
+    def _send(self, headers: dict[str, str], body: bytes) -> _Response:
+        with self._lock:
+            if not self._authorized(headers):
+                self.unauthorized += 1
+                return _Response(401, {"error": "unauthorized: bad or missing bearer token"})
+            key = headers.get("idempotency-key", "").strip()
+            if not key:
+                return _Response(400, {"error": "missing Idempotency-Key header"})
+            now = time.time()
+            self.received += 1
+            self.received_by_key[key] += 1
+            self.request_times.setdefault(key, []).append(now)
+            try:
+                message = json.loads(body or b"null")
+            except ValueError:
+                return _Response(400, {"error": "body is not JSON"})
+            if not isinstance(message, dict):
+                return _Response(400, {"error": "body must be a JSON object"})
+            fault = self._pick_fault(key)
+            if fault is None:
+                return self._deliver(key, message)
+            if fault.status is None:
+                self.faults["timeout"] += 1
+                response = self._deliver(key, message)
+                response.hang = True
+                return response
+            self.faults[str(fault.status)] += 1
+            headers_out = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+            return _Response(
+                fault.status, {"error": fault.body or REASONS.get(fault.status, "error")}, headers_out
+            )
+
+    def _admin(self, path: str, headers: dict[str, str], body: bytes) -> _Response:
+        if not self._authorized(headers):
+            with self._lock:
+                self.unauthorized += 1
+            return _Response(401, {"error": "unauthorized"})
+        if path == "/admin/reset":
+            self.reset()
+            return _Response(200, {"status": "reset"})
+        try:
+            data = json.loads(body or b"{}")
+            keys = data.pop("keys", {})
+            self.configure(**data)
+            for key, spec in keys.items():
+                self.script(key, ScriptedFault(**spec))
+        except (ValueError, TypeError) as err:
+            return _Response(400, {"error": f"bad fault settings: {err}"})
+        return _Response(200, {"status": "configured"})
+
+    def _route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> _Response:
+        url = urlsplit(target)
+        if url.path == "/v1/messages":
+            return self._send(headers, body) if method == "POST" else _Response(405, {"error": "use POST"})
+        if url.path == "/stats" and method == "GET":
+            return _Response(200, self.stats())
+        if url.path == "/messages" and method == "GET":
+            limit = parse_qs(url.query).get("limit", ["0"])[0]
+            return _Response(200, {"messages": self.messages(int(limit) if limit.isdigit() else None)})
+        if url.path in ("/admin/faults", "/admin/reset") and method == "POST":
+            return self._admin(url.path, headers, body)
+        return _Response(404, {"error": f"no route {method} {url.path}"})
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            while True:  # keep-alive: requests one after another on the same connection
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, version = (lines[0].split(" ", 2) + ["", ""])[:3]
+                headers: dict[str, str] = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        name, _, value = line.partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", "0") or 0)
+                if length > MAX_BODY_BYTES:
+                    response = _Response(413, {"error": "body too large"})
+                    body = b""
+                else:
+                    body = await reader.readexactly(length) if length else b""
+                    response = self._route(method, target, headers, body)
+                with self._lock:
+                    self.responses[response.status] += 1
+                if response.hang:
+                    await asyncio.sleep(self.shares.hang_seconds)
+                    return  # never answer; the connection closes
+                payload = json.dumps(response.body).encode()
+                close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+                out = [
+                    f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
+                    "Content-Type: application/json",
+                    f"Content-Length: {len(payload)}",
+                    f"Connection: {'close' if close else 'keep-alive'}",
+                    *(f"{k}: {v}" for k, v in response.headers.items()),
+                ]
+                writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + payload)
+                await writer.drain()
+                if close:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
+        self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEADER_BYTES)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self._server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class ProviderThread:
+    """Runs a MailProvider on its own event loop in a daemon thread (tests, demo)."""
+
+    def __init__(self, provider: MailProvider, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.provider = provider
+        self.host = host
+        self.port = port
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stopped: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="mail-provider", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.provider.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def main() -> None:
+            self._stopped = asyncio.Event()
+            try:
+                await self.provider.start(self.host, self.port)
+            except BaseException as err:
+                self._error = err
+                self._ready.set()
+                return
+            self._ready.set()
+            await self._stopped.wait()
+            await self.provider.stop()
+
+        self._loop.run_until_complete(main())
+        self._loop.close()
+
+    def __enter__(self) -> ProviderThread:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._stopped is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        self._thread.join(10)
+
+
+@contextlib.contextmanager
+def running_provider(token: str, **kwargs: Any) -> Iterator[ProviderThread]:
+    with ProviderThread(MailProvider(token, **kwargs)) as thread:
+        yield thread
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m core.mail_provider",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8025)
+    parser.add_argument("--share-429", type=float, default=0.0)
+    parser.add_argument("--share-5xx", type=float, default=0.0)
+    parser.add_argument("--share-4xx", type=float, default=0.0)
+    parser.add_argument("--share-timeout", type=float, default=0.0)
+    parser.add_argument("--retry-after", default="1", help="Retry-After sent with a 429 (seconds)")
+    parser.add_argument("--hang-seconds", type=float, default=30.0, help="how long a timeout hangs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    # The token comes from the environment only: a command-line argument shows up in `ps`.
+    token = os.environ.get("MAIL_PROVIDER_TOKEN", "")
+    if not token:
+        parser.error("set MAIL_PROVIDER_TOKEN (the bearer token the provider accepts)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    provider = MailProvider(
+        token,
+        share_429=args.share_429,
+        share_5xx=args.share_5xx,
+        share_4xx=args.share_4xx,
+        share_timeout=args.share_timeout,
+        retry_after=args.retry_after,
+        hang_seconds=args.hang_seconds,
+        seed=args.seed,
+    )
+
+    async def serve() -> None:
+        server = await provider.start(args.host, args.port)
+        log.info("mail provider listening on http://%s:%s (GET /stats)", args.host, provider.port)
+        async with server:
+            await server.serve_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

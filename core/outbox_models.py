@@ -1,0 +1,100 @@
+"""Inputs and outputs of the outbox relay workflow and its activity.
+
+Kept apart from core/models.py (the cleanup's models). Like those, these carry settings and counts
+only: no event payloads, no addresses, and never the provider's token, so histories stay small and
+free of secrets. Imported by workflows/outbox_relay.py, so nothing here may import asyncpg.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RELAY_NOT_CONFIGURED = "RelayNotConfigured"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RelayBatchSettings(Model):
+    """How one relay talks to the provider. Defaults suit production; tests shorten the times."""
+
+    batch_size: int = Field(default=200, ge=1, le=5000)
+    concurrency: int = Field(default=16, ge=1, le=256, description="requests in flight per batch")
+    lease_seconds: float = Field(default=120.0, gt=0, le=3600)
+    request_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    max_attempts: int = Field(
+        default=25, ge=1, le=1000, description="5xx/timeouts before an event is dead-lettered"
+    )
+    backoff_initial_seconds: float = Field(default=2.0, ge=0, le=3600)
+    backoff_max_seconds: float = Field(default=600.0, ge=0, le=86_400)
+    retry_after_max_seconds: float = Field(default=3600.0, ge=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _lease_covers_a_request(self) -> Self:
+        # The activity stops sending at lease - margin, so the lease must leave room for one request.
+        if self.lease_seconds < self.request_timeout_seconds + 2:
+            raise ValueError("lease_seconds must exceed request_timeout_seconds by at least 2 seconds")
+        return self
+
+
+class RelayBatchInput(Model):
+    relay_id: str = Field(min_length=1, max_length=200)
+    settings: RelayBatchSettings = RelayBatchSettings()
+
+
+class RelayBatchResult(Model):
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    fenced: int = Field(default=0, description="outcomes not recorded because the lease was lost")
+    # Only filled when the batch came back short (the outbox may be drained):
+    pending: int | None = None
+    due: int | None = None
+    next_due_in_seconds: float | None = None
+
+
+class RelayTotals(Model):
+    batches: int = 0
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    fenced: int = 0
+    runs: int = 1
+
+    def add(self, r: RelayBatchResult) -> RelayTotals:
+        return self.model_copy(
+            update={
+                "batches": self.batches + 1,
+                "claimed": self.claimed + r.claimed,
+                "delivered": self.delivered + r.delivered,
+                "retried": self.retried + r.retried,
+                "dead": self.dead + r.dead,
+                "fenced": self.fenced + r.fenced,
+            }
+        )
+
+
+class OutboxRelayInput(Model):
+    relay_id: str = Field(min_length=1, max_length=200)
+    settings: RelayBatchSettings = RelayBatchSettings()
+    idle_sleep_seconds: float = Field(default=5.0, gt=0, le=3600)
+    stop_when_drained: bool = Field(
+        default=False, description="finish once no pending event is left (tests, one-off drains)"
+    )
+    batches_per_run: int = Field(default=500, ge=1, le=10_000, description="then continue-as-new")
+    totals: RelayTotals = RelayTotals()
+
+
+RelayPhase = Literal["relaying", "idle", "stopping", "drained"]
+
+
+class OutboxRelayStatus(Model):
+    relay_id: str
+    phase: RelayPhase
+    totals: RelayTotals
+    last_batch: RelayBatchResult | None = None

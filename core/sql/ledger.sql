@@ -1,0 +1,293 @@
+-- Named queries of the nightly ledger reconciliation. Loaded by core.queries.load("ledger.sql").
+
+-- name: ledger_day
+SELECT business_date, shards, payments FROM ledger_days WHERE business_date = $1;
+
+-- name: reconcile_batch
+-- One statement per batch, one transaction: take the next keys of the shard after the cursor
+-- (ledger keys and provider-report keys alike, so unknown payments are seen too), judge each key,
+-- record corrections under their idempotency key and apply them to the ledger, and send what no
+-- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
+-- is found by the anti-join and counted again as a discrepancy, but nothing is inserted twice.
+-- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
+-- $6 tolerance in cents, $7 workflow ID (audit only)
+WITH keys AS (
+    SELECT u.game, u.payment_id
+    FROM (
+        (SELECT l.game, l.payment_id FROM ledger_payments l
+         WHERE l.business_date = $1 AND l.shard = $2 AND (l.game, l.payment_id) > ($3::text, $4::text)
+         ORDER BY l.game, l.payment_id LIMIT $5)
+        UNION
+        (SELECT DISTINCT r.game, r.payment_id FROM ledger_report_rows r
+         WHERE r.business_date = $1 AND r.shard = $2 AND (r.game, r.payment_id) > ($3::text, $4::text)
+         ORDER BY r.game, r.payment_id LIMIT $5)
+    ) u
+    ORDER BY u.game, u.payment_id
+    LIMIT $5
+),
+ledger AS (
+    SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
+    FROM ledger_payments l JOIN keys k ON k.game = l.game AND k.payment_id = l.payment_id
+    WHERE l.business_date = $1
+    ORDER BY l.game, l.payment_id
+    FOR UPDATE OF l
+),
+report AS (
+    SELECT r.game, r.payment_id,
+           count(*)::int AS report_rows,
+           count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
+           min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status
+    FROM ledger_report_rows r JOIN keys k ON k.game = r.game AND k.payment_id = r.payment_id
+    WHERE r.business_date = $1 AND r.shard = $2
+    GROUP BY r.game, r.payment_id
+),
+facts AS (
+    SELECT k.game, k.payment_id,
+           k.game || ':' || k.payment_id || ':' || to_char($1::date, 'YYYY-MM-DD') AS key,
+           l.payment_id IS NOT NULL AS in_ledger, l.amount_cents AS l_amount, l.currency AS l_currency,
+           l.status AS l_status, l.version AS l_version,
+           r.payment_id IS NOT NULL AS in_report, r.amount_cents AS r_amount, r.currency AS r_currency,
+           r.status AS r_status, coalesce(r.report_rows, 0) AS report_rows, coalesce(r.variants, 0) AS variants
+    FROM keys k
+    LEFT JOIN ledger l ON l.game = k.game AND l.payment_id = k.payment_id
+    LEFT JOIN report r ON r.game = k.game AND r.payment_id = k.payment_id
+),
+judged AS (
+    SELECT f.*,
+        CASE
+            WHEN EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = f.key)
+                THEN 'already_corrected'
+            WHEN EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = f.key)
+                THEN 'already_in_review'
+            WHEN NOT f.in_ledger THEN 'unknown_payment'
+            WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
+            WHEN f.variants > 1 THEN 'conflicting_report_rows'
+            WHEN f.l_currency <> f.r_currency THEN 'currency_mismatch'
+            WHEN abs(f.l_amount - f.r_amount) > $6 THEN 'amount_beyond_tolerance'
+            WHEN f.r_status = 'refunded' AND f.l_status = 'captured' THEN 'refund_not_recorded'
+            WHEN f.l_status <> CASE f.r_status WHEN 'refunded' THEN 'refunded' ELSE 'captured' END
+                THEN 'status_mismatch'
+            WHEN f.l_amount <> f.r_amount THEN 'amount_mismatch'
+            ELSE 'match'
+        END AS verdict
+    FROM facts f
+),
+corrected AS (
+    INSERT INTO ledger_corrections
+        (idempotency_key, business_date, shard, game, payment_id, kind, old_status, new_status,
+         old_amount_cents, new_amount_cents, version_before, version_after, workflow_id)
+    SELECT j.key, $1, $2, j.game, j.payment_id, j.verdict, j.l_status,
+           CASE j.verdict WHEN 'refund_not_recorded' THEN 'refunded'
+                          WHEN 'not_settled' THEN 'unsettled'
+                          ELSE j.l_status END,
+           j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $7
+    FROM judged j
+    WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
+      AND NOT EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = j.key)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING game, payment_id, new_status, new_amount_cents, version_before
+),
+updated AS (
+    UPDATE ledger_payments p
+    SET status = c.new_status, amount_cents = c.new_amount_cents, version = p.version + 1,
+        updated_at = now()
+    FROM corrected c
+    WHERE p.game = c.game AND p.payment_id = c.payment_id AND p.version = c.version_before
+    RETURNING 1
+),
+reviewed AS (
+    INSERT INTO ledger_review
+        (review_key, business_date, shard, game, payment_id, kind, reason,
+         ledger_amount_cents, provider_amount_cents, ledger_currency, provider_currency,
+         ledger_status, provider_status, report_rows, workflow_id)
+    SELECT j.key, $1, $2, j.game, j.payment_id, j.verdict,
+        CASE j.verdict
+            WHEN 'unknown_payment' THEN format(
+                'unknown payment: the provider settled %s %s (%s) for %s:%s on %s, '
+                'but the ledger has no such payment for that date',
+                ledger_money(j.r_amount), j.r_currency, j.r_status, j.game, j.payment_id,
+                to_char($1::date, 'YYYY-MM-DD'))
+            WHEN 'amount_beyond_tolerance' THEN format(
+                'amount mismatch beyond tolerance: the ledger has %s %s, the provider settled %s %s '
+                '(difference %s, tolerance %s); check the capture before correcting by hand',
+                ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency,
+                ledger_money(j.r_amount - j.l_amount), ledger_money($6::bigint))
+            WHEN 'currency_mismatch' THEN format(
+                'currency mismatch: the ledger has %s %s, the provider settled %s %s',
+                ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency)
+            WHEN 'status_mismatch' THEN format(
+                'status mismatch: the ledger says %s, the provider reported %s; no rule reconciles this',
+                j.l_status, j.r_status)
+            ELSE format(
+                'conflicting report rows: the provider reported this payment %s times with different '
+                'amounts, currencies or statuses', j.report_rows)
+        END,
+        j.l_amount, j.r_amount, j.l_currency, j.r_currency, j.l_status, j.r_status, j.report_rows, $7
+    FROM judged j
+    WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
+                        'status_mismatch', 'conflicting_report_rows')
+      AND NOT EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = j.key)
+    ON CONFLICT (review_key) DO NOTHING
+    RETURNING 1
+),
+last_key AS (
+    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
+)
+SELECT
+    (SELECT game FROM last_key) AS last_game,
+    (SELECT payment_id FROM last_key) AS last_payment_id,
+    (SELECT count(*) FROM keys)::int AS batch_rows,
+    (SELECT count(*) FROM judged WHERE verdict <> 'match')::int AS discrepancies,
+    (SELECT count(*) FROM judged WHERE verdict IN ('already_corrected', 'already_in_review'))::int
+        AS already_applied,
+    (SELECT count(*) FROM corrected)::int AS corrected,
+    (SELECT count(*) FROM updated)::int AS updated,
+    (SELECT count(*) FROM reviewed)::int AS reviewed,
+    (SELECT coalesce(sum(report_rows - 1), 0) FROM judged WHERE variants = 1)::int
+        AS duplicate_report_rows;
+
+-- name: shard_effects
+-- What the database holds for one shard of a date: read back, so every attempt reports the same.
+SELECT
+    (SELECT count(*) FROM ledger_corrections WHERE business_date = $1 AND shard = $2) AS corrected,
+    (SELECT count(*) FROM ledger_review WHERE business_date = $1 AND shard = $2) AS sent_to_review;
+
+-- name: record_shard_report
+-- Written once; a later attempt or run finds the first report and leaves it as it is.
+INSERT INTO ledger_shard_reports
+    (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
+     duplicate_report_rows, batches)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2)
+ON CONFLICT (business_date, shard) DO NOTHING;
+
+-- name: get_shard_report
+SELECT business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, batches, reported_at
+FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2;
+
+-- name: unreported_shards
+SELECT s AS shard
+FROM generate_series(0, $2::int - 1) s
+WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports r WHERE r.business_date = $1 AND r.shard = s)
+ORDER BY s;
+
+-- name: date_totals
+-- The settlement's totals, from the database: the shard reports (the join) and the effect tables.
+SELECT
+    (SELECT count(*) FROM ledger_shard_reports WHERE business_date = $1)::int AS shards_reported,
+    (SELECT coalesce(sum(keys_examined), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
+        AS keys_examined,
+    (SELECT coalesce(sum(discrepancies_found), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
+        AS discrepancies_found,
+    (SELECT coalesce(sum(duplicate_report_rows), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
+        AS duplicate_report_rows,
+    (SELECT count(*) FROM ledger_corrections WHERE business_date = $1) AS corrected,
+    (SELECT count(*) FROM ledger_review WHERE business_date = $1) AS sent_to_review;
+
+-- name: settle_date
+-- Written exactly once per date; a re-delivered settlement (or another run) changes nothing.
+INSERT INTO ledger_settlements
+    (business_date, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+     duplicate_report_rows, workflow_id)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8
+WHERE NOT EXISTS (SELECT 1 FROM ledger_settlements WHERE business_date = $1)
+ON CONFLICT (business_date) DO NOTHING;
+
+-- name: get_settlement
+SELECT business_date, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, workflow_id, settled_at
+FROM ledger_settlements WHERE business_date = $1;
+
+-- name: shard_reports
+SELECT business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, batches, reported_at
+FROM ledger_shard_reports WHERE business_date = $1 ORDER BY shard;
+
+-- name: review_rows
+SELECT review_key, shard, kind, reason, created_at, resolved_at
+FROM ledger_review WHERE business_date = $1 ORDER BY kind, review_key LIMIT $2;
+
+-- name: seed_ledger_day
+-- A realistic business day, generated server-side in one statement (no per-row round trips).
+-- Each payment falls into one bucket by a deterministic hash of its ID:
+--   refund       the provider settled a refund, the ledger still says captured   -> corrected
+--   small        amount differs by 1..tolerance cents                              -> corrected
+--   large        amount differs by more than the tolerance                         -> review
+--   unsettled    the provider never settled the payment                            -> corrected
+--   refunded_ok  refunded on both sides (2%, no discrepancy)
+--   ok           matches
+-- plus report rows for payments the ledger does not know (-> review) and exact duplicate report
+-- rows (collapsed, counted, no discrepancy). Seeding a date that is already loaded does nothing.
+-- $1 date, $2 payments, $3 shards, $4 refund rate, $5 small mismatch rate, $6 large mismatch rate,
+-- $7 unsettled rate, $8 unknown rate, $9 duplicate rate, $10 tolerance cents, $11 games
+WITH day AS (
+    INSERT INTO ledger_days (business_date, shards, payments) VALUES ($1, $3, $2)
+    ON CONFLICT (business_date) DO NOTHING
+    RETURNING business_date
+),
+base AS (
+    SELECT g, 'game-' || (1 + g % $11::int) AS game,
+           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, 7, '0') AS payment_id
+    FROM generate_series(1, $2::int) g
+    WHERE EXISTS (SELECT 1 FROM day)
+),
+gen AS (
+    SELECT b.game, b.payment_id, ledger_shard_of(b.game, b.payment_id, $3::int) AS shard,
+           99 + (abs(hashtextextended(b.payment_id, 1)) % 19900) AS amount,
+           (ARRAY['EUR', 'USD', 'GBP'])[1 + b.g % 3] AS currency,
+           CASE
+               WHEN u < $4 THEN 'refund'
+               WHEN u < $4 + $5 THEN 'small'
+               WHEN u < $4 + $5 + $6 THEN 'large'
+               WHEN u < $4 + $5 + $6 + $7 THEN 'unsettled'
+               WHEN u < $4 + $5 + $6 + $7 + 0.02 THEN 'refunded_ok'
+               ELSE 'ok'
+           END AS kind,
+           (abs(hashtextextended(b.payment_id, 3)) % 1000000) / 1000000.0 < $9 AS duplicated,
+           abs(hashtextextended(b.payment_id, 4)) AS h
+    FROM base b
+    CROSS JOIN LATERAL (SELECT (abs(hashtextextended(b.payment_id, 2)) % 1000000) / 1000000.0 AS u) r
+),
+ledger AS (
+    INSERT INTO ledger_payments (game, payment_id, business_date, shard, amount_cents, currency, status)
+    SELECT game, payment_id, $1, shard, amount, currency,
+           CASE WHEN kind = 'refunded_ok' THEN 'refunded' ELSE 'captured' END
+    FROM gen
+    RETURNING 1
+),
+report AS (
+    INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status)
+    SELECT $1, shard, game, payment_id,
+           CASE kind
+               WHEN 'small' THEN amount + (CASE WHEN h % 2 = 0 THEN 1 ELSE -1 END) * (1 + h % $10::bigint)
+               WHEN 'large' THEN amount + $10::bigint + 1 + h % 10000
+               ELSE amount
+           END,
+           currency,
+           CASE WHEN kind IN ('refund', 'refunded_ok') THEN 'refunded' ELSE 'settled' END
+    FROM gen CROSS JOIN LATERAL generate_series(1, CASE WHEN duplicated THEN 2 ELSE 1 END) copy
+    WHERE kind <> 'unsettled'
+    UNION ALL
+    SELECT $1, ledger_shard_of(x.game, x.payment_id, $3::int), x.game, x.payment_id,
+           99 + (abs(hashtextextended(x.payment_id, 1)) % 19900), 'EUR', 'settled'
+    FROM (
+        SELECT 'game-' || (1 + u % $11::int) AS game,
+               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, 7, '0') AS payment_id
+        FROM generate_series(1, round($2::int * $8::float8)::int) u
+        WHERE EXISTS (SELECT 1 FROM day)
+    ) x
+    RETURNING 1
+)
+SELECT
+    (SELECT count(*) FROM day)::int AS days_created,
+    (SELECT count(*) FROM ledger)::int AS payments,
+    (SELECT count(*) FROM report)::int AS report_rows,
+    (SELECT count(*) FROM gen WHERE kind = 'refund')::int AS refunds_not_recorded,
+    (SELECT count(*) FROM gen WHERE kind = 'small')::int AS small_mismatches,
+    (SELECT count(*) FROM gen WHERE kind = 'large')::int AS large_mismatches,
+    (SELECT count(*) FROM gen WHERE kind = 'unsettled')::int AS never_settled,
+    (SELECT count(*) FROM gen WHERE kind = 'refunded_ok')::int AS refunds_ok,
+    (CASE WHEN EXISTS (SELECT 1 FROM day) THEN round($2::int * $8::float8) ELSE 0 END)::int
+        AS unknown_payments,
+    (SELECT count(*) FROM gen WHERE duplicated AND kind <> 'unsettled')::int AS duplicate_report_rows;

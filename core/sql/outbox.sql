@@ -1,0 +1,120 @@
+-- Named queries of the outbox relay. Loaded by core.queries.load("outbox.sql").
+-- Every statement is set-based: one per batch, whatever the batch size.
+
+-- name: claim_batch
+-- $1 lease owner (unique per claim), $2 batch size, $3 lease seconds.
+-- SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
+-- of them has just leased fails the re-check of `leased_until` and is skipped by the other.
+-- A relay that dies keeps its lease only until `leased_until`; then the rows are due again.
+WITH due AS (
+    SELECT event_id
+    FROM outbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND (leased_until IS NULL OR leased_until < now())
+    ORDER BY next_attempt_at, event_id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET lease_owner = $1,
+    leased_until = now() + make_interval(secs => $3::float8),
+    attempts = o.attempts + 1,
+    last_attempt_at = now()
+FROM due
+WHERE o.event_id = due.event_id
+RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload, o.attempts;
+
+-- name: record_outcomes
+-- $1 lease owner, then one array per column: event_id, outcome ('delivered' | 'retry' | 'dead'),
+-- HTTP status (NULL for a timeout or a broken connection), delay before the next attempt (seconds),
+-- error text (already redacted). 'delivered' is recorded even if the lease was lost meanwhile (the
+-- provider has the message, so a second send would only be a deduplicated duplicate); 'retry' and
+-- 'dead' are fenced by the lease owner, so a relay whose lease expired cannot overwrite the outcome
+-- of the relay that took the event over.
+WITH result AS (
+    SELECT *
+    FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[])
+        AS r(event_id, outcome, http_status, delay_seconds, error)
+),
+updated AS (
+    UPDATE outbox o
+    SET status = CASE r.outcome WHEN 'delivered' THEN 'delivered' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
+        delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() ELSE o.delivered_at END,
+        next_attempt_at = CASE
+            WHEN r.outcome = 'retry' THEN now() + make_interval(secs => r.delay_seconds)
+            ELSE o.next_attempt_at END,
+        dead_at = CASE WHEN r.outcome = 'dead' THEN now() ELSE o.dead_at END,
+        dead_reason = CASE WHEN r.outcome = 'dead' THEN r.error ELSE o.dead_reason END,
+        last_error = CASE WHEN r.outcome = 'delivered' THEN o.last_error ELSE r.error END,
+        last_http_status = r.http_status,
+        lease_owner = NULL,
+        leased_until = NULL
+    FROM result r
+    WHERE o.event_id = r.event_id
+      AND o.status = 'pending'
+      AND (r.outcome = 'delivered' OR o.lease_owner = $1)
+    RETURNING r.outcome
+)
+SELECT
+    count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
+    count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
+    count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
+    (cardinality($2::bigint[]) - count(*))::int AS fenced
+FROM updated;
+
+-- name: pending_summary
+-- What is left for the relays: all pending events, those claimable now, and when the next one
+-- becomes claimable (a retry's next_attempt_at or an expiring lease), in seconds from now.
+SELECT
+    count(*)::int AS pending,
+    count(*) FILTER (
+        WHERE next_attempt_at <= now() AND (leased_until IS NULL OR leased_until < now()))::int AS due,
+    extract(epoch FROM min(greatest(next_attempt_at, coalesce(leased_until, next_attempt_at))) - now())::float8
+        AS next_due_in_seconds
+FROM outbox
+WHERE status = 'pending';
+
+-- name: outbox_summary
+SELECT
+    count(*)::int AS total,
+    count(*) FILTER (WHERE status = 'pending')::int AS pending,
+    count(*) FILTER (WHERE status = 'pending' AND next_attempt_at <= now()
+                     AND (leased_until IS NULL OR leased_until < now()))::int AS due_now,
+    count(*) FILTER (WHERE status = 'pending' AND leased_until >= now())::int AS leased,
+    count(*) FILTER (WHERE status = 'pending' AND attempts > 0)::int AS retrying,
+    count(*) FILTER (WHERE status = 'delivered')::int AS delivered,
+    count(*) FILTER (WHERE status = 'dead')::int AS dead,
+    min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending_created_at,
+    min(next_attempt_at) FILTER (WHERE status = 'pending') AS next_attempt_at,
+    max(delivered_at) AS last_delivered_at
+FROM outbox;
+
+-- name: dead_letters
+SELECT event_key, account_id, attempts, last_http_status, dead_at, dead_reason
+FROM outbox
+WHERE status = 'dead'
+ORDER BY dead_at DESC, event_id DESC
+LIMIT $1;
+
+-- name: event_by_key
+SELECT event_id, event_key, kind, account_id, source_id, status, attempts, created_at,
+       next_attempt_at, delivered_at, last_attempt_at, last_http_status, last_error,
+       dead_at, dead_reason, lease_owner, leased_until, redeliveries
+FROM outbox
+WHERE event_key = $1;
+
+-- name: redeliver
+-- An operator's second chance for a dead letter (or "now" for a pending event that waits for its
+-- next attempt). A live lease is left alone: that relay is sending it right now. Delivered events
+-- are refused by the caller: the provider deduplicates by key, so the customer would not see it.
+UPDATE outbox
+SET status = 'pending',
+    next_attempt_at = now(),
+    attempts = CASE WHEN status = 'dead' THEN 0 ELSE attempts END,
+    dead_at = NULL,
+    dead_reason = NULL,
+    redeliveries = redeliveries + 1
+WHERE event_key = $1
+  AND (status = 'dead' OR (status = 'pending' AND (leased_until IS NULL OR leased_until < now())))
+RETURNING event_key, status, attempts, next_attempt_at, redeliveries, last_error;
