@@ -63,9 +63,7 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
 
 def key_values(data: dict[str, Any]) -> str:
     width = max(len(k) for k in data)
-    return "\n".join(
-        f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items()
-    )
+    return "\n".join(f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items())
 
 
 class Context:
@@ -89,9 +87,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     applied = await db.migrate_url(settings.database_url)
-    emit(
-        args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
-    )
+    emit(args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -160,9 +156,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     from core.demo import run_demo
 
     async with Context(settings) as ctx:
-        result = await run_demo(
-            ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers
-        )
+        result = await run_demo(ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers)
     emit(args, result, lambda d: str(d.pop("report")))
 
 
@@ -203,41 +197,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", cmd_migrate, "apply the database schema (idempotent)")
 
-    p = command(
-        "cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)"
-    )
+    p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
-    scope.add_argument(
-        "--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)"
-    )
+    scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
     p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
-    p.add_argument(
-        "--allow-empty", action="store_true", help="start even if no active account has that deadline"
-    )
+    p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
 
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
 
-    p = command(
-        "status", cmd_status, "show one cleanup: phase, sleeping until, partitions k/P, settled, counts"
-    )
+    p = command("status", cmd_status, "show one cleanup: phase, sleeping until, partitions k/P, settled, counts")
     p.add_argument("workflow_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=int, default=50)
 
-    p = command(
-        "demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results"
-    )
+    p = command("demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results")
     p.add_argument("--accounts", type=int, default=3000)
-    p.add_argument(
-        "--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline"
-    )
+    p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
     p.add_argument("--workers", type=int, default=2, help="worker processes to run")
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")

@@ -14,6 +14,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities
+from activities.outbox import OutboxRelayActivities
 from core import db, embedded
 from core.cleanup_targets import load_targets
 from core.config import Settings
@@ -25,11 +26,13 @@ log = logging.getLogger("worker")
 
 async def build_activities(pool: asyncpg.Pool) -> list[object]:
     cleanup = await CleanupActivities.create(pool, load_targets())
+    relay = OutboxRelayActivities.from_env(pool)  # MAIL_PROVIDER_URL / MAIL_PROVIDER_TOKEN
     return [
         cleanup.claim_cleanup,
         cleanup.check_account_renewed,
         cleanup.cleanup_partition,
         cleanup.settle_cleanup,
+        relay.relay_outbox_batch,
     ]
 
 

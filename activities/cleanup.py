@@ -38,9 +38,7 @@ class CleanupActivities:
     @classmethod
     async def create(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
-        tables = [t.table for t in targets.target] + [
-            t.archive_table for t in targets.target if t.archive_table
-        ]
+        tables = [t.table for t in targets.target] + [t.archive_table for t in targets.target if t.archive_table]
         rows = await pool.fetch(SCHEMA_CHECK, tables)
         columns = {r["table_name"]: list(r["columns"]) for r in rows}
         check_against_schema(targets, columns)

@@ -66,19 +66,15 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
     for i, t in enumerate(targets.target):
         table, match = _q(t.table), _q(t.match_column)
         if t.action == "delete":
-            ctes.append(
-                f"t{i} AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING 1)"
-            )
+            ctes.append(f"t{i} AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING 1)")
         else:
             assert t.archive_table is not None
             cols = ", ".join(_q(c) for c in columns[t.table])
             ctes.append(
-                f"t{i}_moved AS (DELETE FROM {table} t USING applied p "
-                f"WHERE t.{match} = p.account_id RETURNING t.*)"
+                f"t{i}_moved AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING t.*)"
             )
             ctes.append(
-                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) "
-                f"SELECT {cols} FROM t{i}_moved RETURNING 1)"
+                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
             )
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
     template = load("cleanup.sql").cleanup_partition_batch
@@ -110,8 +106,6 @@ def check_against_schema(targets: CleanupTargets, columns: dict[str, list[str]])
             else:
                 missing = set(columns[t.table]) - set(columns[t.archive_table])
                 if missing:
-                    problems.append(
-                        f"archive table {t.archive_table!r} lacks columns {sorted(missing)} of {t.table!r}"
-                    )
+                    problems.append(f"archive table {t.archive_table!r} lacks columns {sorted(missing)} of {t.table!r}")
     if problems:
         raise ValueError("cleanup targets do not match the database: " + "; ".join(problems))

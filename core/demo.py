@@ -55,9 +55,7 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
     procs = [spawn_worker(settings, str(settings.state_dir / f"demo-worker-{i}.log")) for i in range(workers)]
     try:
         started = await start_cleanup(client, pool, settings.task_queue, deadline=deadline, partitions=8)
-        print(
-            f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True
-        )
+        print(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True)
 
         ids = [
             r["account_id"]
@@ -74,9 +72,7 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
                 return (await renew(client, pool, settings.task_queue, account_id)).in_time
 
         renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
-        print(
-            f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True
-        )
+        print(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True)
         t0 = time.monotonic()
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         result: CleanupResult = await handle.result()

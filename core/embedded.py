@@ -60,9 +60,7 @@ def free_port() -> int:
 class DevServer:
     """A `temporal server start-dev` process persisting to a SQLite file."""
 
-    def __init__(
-        self, state_dir: Path, port: int = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None
-    ) -> None:
+    def __init__(self, state_dir: Path, port: int = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None) -> None:
         self.state_dir = state_dir
         self.port = port
         self.ui_port = ui_port

@@ -158,9 +158,7 @@ async def start_cleanup(
             search_attributes=TypedSearchAttributes(attrs),
             memo={"partitions_done": 0, "note": note},
             static_summary=(
-                f"cleanup of {account_id}"
-                if account_id
-                else f"cleanup of cohort {input.deadline.isoformat()}"
+                f"cleanup of {account_id}" if account_id else f"cleanup of cohort {input.deadline.isoformat()}"
             ),
         )
         run_id = handle.result_run_id
@@ -302,9 +300,7 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
     if settlement is not None:
-        out["settlement"] = {
-            k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()
-        }
+        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()}
     return out
 
 

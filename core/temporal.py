@@ -23,9 +23,7 @@ async def connect(settings: Settings) -> Client:
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     """Register the project's custom search attributes where they are missing; returns those added."""
-    existing = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace)
-    )
+    existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
     missing = {
         key.name: IndexedValueType.ValueType(key.indexed_value_type)
         for key in sa.ALL

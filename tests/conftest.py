@@ -149,17 +149,13 @@ def temporal_address(client: Client) -> str:
 
 @pytest.fixture
 def settings(temporal_address: str, db_url: str, task_queue: str, tmp_path: Path) -> Settings:
-    return Settings(
-        temporal_address=temporal_address, database_url=db_url, task_queue=task_queue, state_dir=tmp_path
-    )
+    return Settings(temporal_address=temporal_address, database_url=db_url, task_queue=task_queue, state_dir=tmp_path)
 
 
 @pytest_asyncio.fixture
 async def worker(client: Client, pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
     """An in-process worker with the real activities against the test's own database."""
-    w = build_worker(
-        client, task_queue, await build_activities(pool), extra_workflows=[RedeliverActivityWorkflow]
-    )
+    w = build_worker(client, task_queue, await build_activities(pool), extra_workflows=[RedeliverActivityWorkflow])
     async with w:
         yield w
 

@@ -49,9 +49,7 @@ async def effect_counts(pool: asyncpg.Pool) -> dict[str, int]:
     return dict(row)
 
 
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], within: float = 60, interval: float = 0.2
-) -> None:
+async def wait_until(predicate: Callable[[], Awaitable[bool]], within: float = 60, interval: float = 0.2) -> None:
     deadline = time.monotonic() + within
     while not await predicate():
         if time.monotonic() > deadline:
@@ -59,9 +57,7 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
-async def redeliver(
-    client: Client, task_queue: str, activity: str, arg: BaseModel, times: int = 2
-) -> list[Any]:
+async def redeliver(client: Client, task_queue: str, activity: str, arg: BaseModel, times: int = 2) -> list[Any]:
     """Deliver the same activity task `times` times through Temporal; returns each result."""
     return await client.execute_workflow(
         RedeliverActivityWorkflow.run,

@@ -126,16 +126,8 @@ async def test_jobs_after_a_renewal_clean_nothing_and_send_no_reminder(client, p
     assert ClaimResult.model_validate(claims[0]).skipped_renewed == 3
     assert sum(r[0].counts.cleaned for r in reports) == 7
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE account_id = ANY($1::text[])", renewed) == 0
-    assert (
-        await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = ANY($1::text[])", renewed)
-        == 6
-    )
-    assert (
-        await pool.fetchval(
-            "SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", renewed
-        )
-        == 0
-    )
+    assert await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = ANY($1::text[])", renewed) == 6
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", renewed) == 0
 
 
 async def test_renewal_signal_ends_a_single_account_cleanup_as_renewed(client, pool, task_queue, worker):
@@ -168,9 +160,7 @@ async def test_a_renewal_after_the_claim_is_reported_too_late(client, pool, task
 
     assert not late.in_time and late.status_seen == "cleaning" and late.claimed_by == "cohort-late"
     row = await pool.fetchrow("SELECT outcome, status_seen FROM renewals WHERE account_id = $1", account)
-    assert dict(row) == {"outcome": "too_late", "status_seen": "cleaning"}, (
-        "a late renewal is recorded, not lost"
-    )
+    assert dict(row) == {"outcome": "too_late", "status_seen": "cleaning"}, "a late renewal is recorded, not lost"
 
 
 async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(client, pool, task_queue, worker):
@@ -286,9 +276,7 @@ async def _exited(proc) -> bool:
 async def test_settlement_runs_once_and_only_after_every_partition_reported(client, pool, task_queue, worker):
     deadline = deadline_in(2)
     await seed(pool, deadline, 400)
-    started = await start_cleanup(
-        client, pool, task_queue, deadline=deadline, partitions=8, max_parallel_partitions=3
-    )
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=8, max_parallel_partitions=3)
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     await handle.result()
 

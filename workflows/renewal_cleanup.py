@@ -106,9 +106,7 @@ class RenewalCleanupWorkflow:
             assert self._input.account_id is not None and self._input.expected_version is not None
             renewed = await workflow.execute_activity(
                 "check_account_renewed",
-                AccountRenewalCheck(
-                    account_id=self._input.account_id, expected_version=self._input.expected_version
-                ),
+                AccountRenewalCheck(account_id=self._input.account_id, expected_version=self._input.expected_version),
                 result_type=bool,
                 start_to_close_timeout=self._step_timeout,
                 retry_policy=_RETRY,
@@ -176,9 +174,7 @@ class RenewalCleanupWorkflow:
             phase=self._phase,
             deadline=self._input.deadline,
             account_id=self._input.account_id,
-            partitions_total=sum(1 for n in claim.claimed_per_partition if n)
-            if claim
-            else self._input.partitions,
+            partitions_total=sum(1 for n in claim.claimed_per_partition if n) if claim else self._input.partitions,
             partitions_done=len(self._reports),
             settled=self._settlement is not None,
             renewal_signals=len(self._renewal_signals),
