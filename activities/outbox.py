@@ -42,6 +42,7 @@ ERROR_TEXT_LIMIT = 1000
 LEASE_MARGIN_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
+_JITTER = random.Random()
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ def redact(text: str, secret: str | None) -> str:
 
 def backoff_seconds(attempts: int, settings: RelayBatchSettings, rng: random.Random | None = None) -> float:
     """Exponential backoff with jitter: initial * 2^(attempts-1), capped, times [0.8, 1.0)."""
-    base = min(settings.backoff_max_seconds, settings.backoff_initial_seconds * 2 ** max(attempts - 1, 0))
-    return base * (0.8 + 0.2 * (rng or random).random())
+    base = min(settings.backoff_max_seconds, settings.backoff_initial_seconds * 2.0 ** max(attempts - 1, 0))
+    jitter: float = (rng or _JITTER).random()
+    return float(base * (0.8 + 0.2 * jitter))
 
 
 def retry_after_seconds(value: str | None, settings: RelayBatchSettings, now: datetime) -> float | None:
@@ -110,9 +112,7 @@ def classify(
         delay = retry_after_seconds(
             response.headers.get("retry-after") if response else None, settings, now or datetime.now(UTC)
         )
-        return Outcome(
-            "retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error
-        )
+        return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
     if status is not None and 400 <= status < 500 and status not in (401, 403, 408):
         return Outcome("dead", status, 0.0, error)
     if status in (401, 403):
@@ -162,9 +162,7 @@ class OutboxRelayActivities:
         result = RelayBatchResult(claimed=len(rows))
         if rows:
             activity.heartbeat({"claimed": len(rows)})
-            outcomes = await self._send_all(
-                rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS
-            )
+            outcomes = await self._send_all(rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS)
             failpoints.hit("outbox_relay.after_send")
             ids = [r["event_id"] for r in rows]
             recorded = await self.pool.fetchrow(

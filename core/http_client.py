@@ -69,11 +69,11 @@ class HttpConnection:
                 await asyncio.wait_for(writer.wait_closed(), 1)
 
     async def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes, timeout: float
+        self, method: str, path: str, headers: dict[str, str], body: bytes, time_limit: float
     ) -> HttpResponse:
         """Send one request; on any failure the connection is closed and HttpError/TimeoutError raised."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(time_limit):
                 reused = self._writer is not None
                 try:
                     return await self._exchange(method, path, headers, body)

@@ -237,9 +237,7 @@ class MailProvider:
                 return response
             self.faults[str(fault.status)] += 1
             headers_out = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
-            return _Response(
-                fault.status, {"error": fault.body or REASONS.get(fault.status, "error")}, headers_out
-            )
+            return _Response(fault.status, {"error": fault.body or REASONS.get(fault.status, "error")}, headers_out)
 
     def _admin(self, path: str, headers: dict[str, str], body: bytes) -> _Response:
         if not self._authorized(headers):
@@ -283,7 +281,7 @@ class MailProvider:
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
                 lines = head.decode("latin-1").split("\r\n")
-                method, target, version = (lines[0].split(" ", 2) + ["", ""])[:3]
+                method, target, version = [*lines[0].split(" ", 2), "", ""][:3]
                 headers: dict[str, str] = {}
                 for line in lines[1:]:
                     if ":" in line:
@@ -316,6 +314,8 @@ class MailProvider:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:
+            return  # the server is stopping; end this connection quietly
         finally:
             self._handlers.discard(task)
             writer.close()

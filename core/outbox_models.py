@@ -25,9 +25,7 @@ class RelayBatchSettings(Model):
     concurrency: int = Field(default=16, ge=1, le=256, description="requests in flight per batch")
     lease_seconds: float = Field(default=120.0, gt=0, le=3600)
     request_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    max_attempts: int = Field(
-        default=25, ge=1, le=1000, description="5xx/timeouts before an event is dead-lettered"
-    )
+    max_attempts: int = Field(default=25, ge=1, le=1000, description="5xx/timeouts before an event is dead-lettered")
     backoff_initial_seconds: float = Field(default=2.0, ge=0, le=3600)
     backoff_max_seconds: float = Field(default=600.0, ge=0, le=86_400)
     retry_after_max_seconds: float = Field(default=3600.0, ge=0, le=86_400)

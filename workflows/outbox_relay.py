@@ -1,0 +1,122 @@
+"""OutboxRelayWorkflow: a long-running drain loop over the outbox, one activity per batch.
+
+Runs batches back to back while there is work, sleeps when nothing is due (waking early on a
+`nudge` signal), and continues as new every `batches_per_run` batches so its history stays bounded.
+Each relay is one workflow ID (`outbox-relay-<n>`); several relays, on as many workers and nodes as
+you like, share the outbox safely because the activity claims rows under a lease with SKIP LOCKED.
+
+Deterministic by construction: time comes from the workflow, all I/O is in the activity, which is
+called by name so this module never imports asyncpg (see DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from core.outbox_models import (
+        RELAY_NOT_CONFIGURED,
+        OutboxRelayInput,
+        OutboxRelayStatus,
+        RelayBatchInput,
+        RelayBatchResult,
+        RelayPhase,
+        RelayTotals,
+    )
+
+_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=["ValidationError", RELAY_NOT_CONFIGURED],
+)
+# Shortest pause when the outbox is not empty but nothing is due yet (leases, retries later).
+_MIN_IDLE = timedelta(milliseconds=200)
+
+
+@workflow.defn
+class OutboxRelayWorkflow:
+    @workflow.init
+    def __init__(self, input: OutboxRelayInput) -> None:
+        self._input = input
+        self._totals = input.totals
+        self._phase: RelayPhase = "relaying"
+        self._last: RelayBatchResult | None = None
+        self._nudged = False
+        self._stop = False
+
+    @workflow.run
+    async def run(self, input: OutboxRelayInput) -> RelayTotals:
+        s = input.settings
+        batches = 0
+        while not self._stop:
+            self._set_phase("relaying")
+            result = await workflow.execute_activity(
+                "relay_outbox_batch",
+                RelayBatchInput(relay_id=input.relay_id, settings=s),
+                result_type=RelayBatchResult,
+                # The activity stops sending before its lease ends, so the lease bounds its duration.
+                start_to_close_timeout=timedelta(seconds=s.lease_seconds + 30),
+                heartbeat_timeout=timedelta(seconds=s.request_timeout_seconds + 10),
+                retry_policy=_RETRY,
+                summary=f"batch {self._totals.batches + 1}",
+            )
+            batches += 1
+            self._last = result
+            self._totals = self._totals.add(result)
+            workflow.upsert_memo(
+                {"delivered": self._totals.delivered, "dead": self._totals.dead, "batches": self._totals.batches}
+            )
+            if result.claimed == 0 or result.claimed < s.batch_size:
+                if input.stop_when_drained and result.pending == 0:
+                    self._set_phase("drained")
+                    return self._totals
+                if result.claimed == 0:
+                    await self._idle(result)
+            if batches >= input.batches_per_run or workflow.info().is_continue_as_new_suggested():
+                workflow.continue_as_new(
+                    input.model_copy(update={"totals": self._totals.model_copy(update={"runs": self._totals.runs + 1})})
+                )
+        self._set_phase("stopping")
+        return self._totals
+
+    async def _idle(self, result: RelayBatchResult) -> None:
+        """Sleep until the next event is due (or idle_sleep_seconds), or until nudged or stopped."""
+        self._set_phase("idle")
+        wait = timedelta(seconds=self._input.idle_sleep_seconds)
+        if result.next_due_in_seconds is not None:
+            wait = min(wait, max(_MIN_IDLE, timedelta(seconds=result.next_due_in_seconds)))
+        self._nudged = False
+        try:
+            await workflow.wait_condition(
+                lambda: self._nudged or self._stop, timeout=wait, timeout_summary="outbox idle"
+            )
+        except TimeoutError:
+            pass
+
+    def _set_phase(self, phase: RelayPhase) -> None:
+        if phase != self._phase or phase == "idle":
+            self._phase = phase
+            t = self._totals
+            workflow.set_current_details(
+                f"{phase}: {t.delivered} delivered, {t.retried} retried, {t.dead} dead in {t.batches} batches"
+            )
+
+    @workflow.signal
+    def nudge(self) -> None:
+        """New events were written: look now instead of at the end of the idle sleep."""
+        self._nudged = True
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Finish after the batch in flight (its outcomes are recorded first)."""
+        self._stop = True
+
+    @workflow.query
+    def status(self) -> OutboxRelayStatus:
+        return OutboxRelayStatus(
+            relay_id=self._input.relay_id, phase=self._phase, totals=self._totals, last_batch=self._last
+        )
