@@ -14,6 +14,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities
+from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from core import db, embedded
 from core.cleanup_targets import load_targets
@@ -33,7 +34,13 @@ async def build_activities(pool: asyncpg.Pool) -> list[object]:
         cleanup.cleanup_partition,
         cleanup.settle_cleanup,
         relay.relay_outbox_batch,
+        *ledger_activities(pool),
     ]
+
+
+def ledger_activities(pool: asyncpg.Pool) -> list[object]:
+    ledger = LedgerActivities(pool)
+    return [ledger.check_ledger_day, ledger.reconcile_shard, ledger.settle_ledger_date]
 
 
 def build_worker(

@@ -237,17 +237,17 @@ gen AS (
            99 + (abs(hashtextextended(b.payment_id, 1)) % 19900) AS amount,
            (ARRAY['EUR', 'USD', 'GBP'])[1 + b.g % 3] AS currency,
            CASE
-               WHEN u < $4 THEN 'refund'
-               WHEN u < $4 + $5 THEN 'small'
-               WHEN u < $4 + $5 + $6 THEN 'large'
-               WHEN u < $4 + $5 + $6 + $7 THEN 'unsettled'
-               WHEN u < $4 + $5 + $6 + $7 + 0.02 THEN 'refunded_ok'
+               WHEN u < $4::float8 THEN 'refund'
+               WHEN u < $4::float8 + $5::float8 THEN 'small'
+               WHEN u < $4::float8 + $5::float8 + $6::float8 THEN 'large'
+               WHEN u < $4::float8 + $5::float8 + $6::float8 + $7::float8 THEN 'unsettled'
+               WHEN u < $4::float8 + $5::float8 + $6::float8 + $7::float8 + 0.02 THEN 'refunded_ok'
                ELSE 'ok'
            END AS kind,
-           (abs(hashtextextended(b.payment_id, 3)) % 1000000) / 1000000.0 < $9 AS duplicated,
+           (abs(hashtextextended(b.payment_id, 3)) % 1000000) / 1000000.0::float8 < $9::float8 AS duplicated,
            abs(hashtextextended(b.payment_id, 4)) AS h
     FROM base b
-    CROSS JOIN LATERAL (SELECT (abs(hashtextextended(b.payment_id, 2)) % 1000000) / 1000000.0 AS u) r
+    CROSS JOIN LATERAL (SELECT (abs(hashtextextended(b.payment_id, 2)) % 1000000) / 1000000.0::float8 AS u) r
 ),
 ledger AS (
     INSERT INTO ledger_payments (game, payment_id, business_date, shard, amount_cents, currency, status)

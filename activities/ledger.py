@@ -1,0 +1,243 @@
+"""Activities of the nightly ledger reconciliation.
+
+Each is safe under at-least-once delivery: a shard re-run after a crash, by a second run of the
+same date, or concurrently with another run, leaves one correction (or one review row) per
+payment and date, and reports the same counts, read back from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, date, datetime
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from core import failpoints
+from core.models_ledger import (
+    LedgerDay,
+    LedgerDayCheck,
+    LedgerSettlement,
+    ReconcileShardInput,
+    SettleLedgerInput,
+    ShardCheckpoint,
+    ShardReport,
+)
+from core.queries import load
+
+SQL = load("ledger.sql")
+log = logging.getLogger("ledger")
+
+
+def _bad_input(message: str) -> ApplicationError:
+    return ApplicationError(message, type="InvalidLedgerInput", non_retryable=True)
+
+
+async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date, shards: int) -> LedgerDay:
+    """Malformed input fails here, before any effect: a date not loaded, or a wrong shard count."""
+    row = await conn.fetchrow(SQL.ledger_day, business_date)
+    if row is None:
+        if business_date >= datetime.now(UTC).date():
+            raise _bad_input(f"business date {business_date.isoformat()} is not over yet (no ledger data)")
+        raise _bad_input(
+            f"no ledger data loaded for business date {business_date.isoformat()}; "
+            "load the day (or `starter.py ledger seed`) before reconciling it"
+        )
+    if row["shards"] != shards:
+        raise _bad_input(
+            f"business date {business_date.isoformat()} is split into {row['shards']} shard(s) "
+            f"(0-{row['shards'] - 1}), not {shards}"
+        )
+    return LedgerDay(business_date=row["business_date"], shards=row["shards"], payments=row["payments"])
+
+
+class LedgerActivities:
+    """Holds the pool; one instance per worker process."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @activity.defn
+    async def check_ledger_day(self, input: LedgerDayCheck) -> LedgerDay:
+        return await check_day(self.pool, input.business_date, input.shards)
+
+    @activity.defn
+    async def reconcile_shard(self, input: ReconcileShardInput) -> ShardReport:
+        """Reconcile one shard in keyset-paged batches, one statement and one transaction per batch.
+
+        The heartbeat carries the cursor, so a retry resumes after the last batch it knows of; a
+        batch that committed without being heartbeated is re-judged and found already applied.
+        """
+        info = activity.info()
+        if input.shard >= input.shards:
+            raise _bad_input(f"unknown shard {input.shard}: shards are 0-{input.shards - 1}")
+        day = await check_day(self.pool, input.business_date, input.shards)
+        if input.shard >= day.shards:
+            raise _bad_input(f"unknown shard {input.shard} for {day.business_date}: shards are 0-{day.shards - 1}")
+        details = info.heartbeat_details
+        checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
+        resumed_from = checkpoint.batches
+        if resumed_from:
+            log.info(
+                "shard %s of %s attempt %s resumes after batch %s at (%s, %s)",
+                input.shard,
+                input.business_date,
+                info.attempt,
+                resumed_from,
+                checkpoint.last_game,
+                checkpoint.last_payment_id,
+            )
+        interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
+        while True:
+            row = await self._heartbeating(self._run_batch(input, checkpoint), checkpoint, interval)
+            if row["batch_rows"] == 0:
+                break
+            failpoints.hit("reconcile_shard.after_commit")
+            checkpoint = ShardCheckpoint(
+                last_game=row["last_game"],
+                last_payment_id=row["last_payment_id"],
+                batches=checkpoint.batches + 1,
+                keys_examined=checkpoint.keys_examined + row["batch_rows"],
+                discrepancies=checkpoint.discrepancies + row["discrepancies"],
+                corrected_now=checkpoint.corrected_now + row["corrected"],
+                reviewed_now=checkpoint.reviewed_now + row["reviewed"],
+                already_applied=checkpoint.already_applied + row["already_applied"],
+                duplicate_report_rows=checkpoint.duplicate_report_rows + row["duplicate_report_rows"],
+            )
+            activity.heartbeat(checkpoint.model_dump(mode="json"))
+            log.info(
+                "shard %s of %s attempt %s batch %s: %s keys, %s corrected, %s to review, %s already applied",
+                input.shard,
+                input.business_date,
+                info.attempt,
+                checkpoint.batches,
+                row["batch_rows"],
+                row["corrected"],
+                row["reviewed"],
+                row["already_applied"],
+            )
+            if row["batch_rows"] < input.batch_size:
+                break
+        report = await self._report(input, checkpoint)
+        return report.model_copy(
+            update={
+                "attempt": info.attempt,
+                "resumed_from_batch": resumed_from,
+                "batches_this_attempt": checkpoint.batches - resumed_from,
+            }
+        )
+
+    async def _run_batch(self, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                SQL.reconcile_batch,
+                input.business_date,
+                input.shard,
+                checkpoint.last_game,
+                checkpoint.last_payment_id,
+                input.batch_size,
+                input.tolerance_cents,
+                input.workflow_id,
+            )
+            assert row is not None
+            if row["updated"] != row["corrected"]:
+                # Rolls the batch back: a correction must never be recorded without its ledger update.
+                raise ApplicationError(
+                    f"shard {input.shard}: {row['corrected']} correction(s) recorded but "
+                    f"{row['updated']} ledger row(s) updated; the batch was rolled back",
+                    type="LedgerConflict",
+                )
+        return row
+
+    @staticmethod
+    async def _heartbeating(coro: Any, checkpoint: ShardCheckpoint, interval: float) -> asyncpg.Record:
+        """Await a batch while heartbeating the last checkpoint, so a slow or blocked batch is not
+        mistaken for a dead worker; a cancelled activity cancels the statement (and rolls it back)."""
+        task: asyncio.Task[asyncpg.Record] = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=interval)
+                if done:
+                    return task.result()
+                activity.heartbeat(checkpoint.model_dump(mode="json"))
+        except BaseException:
+            task.cancel()
+            raise
+
+    async def _report(self, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> ShardReport:
+        async with self.pool.acquire() as conn, conn.transaction():
+            effects = await conn.fetchrow(SQL.shard_effects, input.business_date, input.shard)
+            assert effects is not None
+            if effects["corrected"] + effects["sent_to_review"] != checkpoint.discrepancies:
+                raise ApplicationError(
+                    f"shard {input.shard} of {input.business_date} does not balance: "
+                    f"{checkpoint.discrepancies} discrepancies found, {effects['corrected']} corrected, "
+                    f"{effects['sent_to_review']} sent to review",
+                    type="LedgerUnbalanced",
+                    non_retryable=True,
+                )
+            await conn.execute(
+                SQL.record_shard_report,
+                input.business_date,
+                input.shard,
+                input.workflow_id,
+                checkpoint.keys_examined,
+                checkpoint.discrepancies,
+                effects["corrected"],
+                effects["sent_to_review"],
+                checkpoint.duplicate_report_rows,
+                checkpoint.batches,
+            )
+            row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
+        assert row is not None
+        return ShardReport(
+            business_date=row["business_date"],
+            shard=row["shard"],
+            keys_examined=row["keys_examined"],
+            discrepancies_found=row["discrepancies_found"],
+            corrected=row["corrected"],
+            sent_to_review=row["sent_to_review"],
+            duplicate_report_rows=row["duplicate_report_rows"],
+            batches=row["batches"],
+        )
+
+    @activity.defn
+    async def settle_ledger_date(self, input: SettleLedgerInput) -> LedgerSettlement:
+        """Write the date's settlement once, only when every shard has reported and totals balance."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await check_day(conn, input.business_date, input.shards)
+            missing = await conn.fetch(SQL.unreported_shards, input.business_date, input.shards)
+            if missing:
+                # The workflow's join makes this unreachable; the database check makes it provable.
+                raise ApplicationError(
+                    f"shards {[r['shard'] for r in missing]} of {input.business_date} have not reported; "
+                    "refusing to settle",
+                    type="JoinIncomplete",
+                )
+            t = await conn.fetchrow(SQL.date_totals, input.business_date)
+            assert t is not None
+            if t["corrected"] + t["sent_to_review"] != t["discrepancies_found"]:
+                raise ApplicationError(
+                    f"{input.business_date} does not balance: {t['discrepancies_found']} discrepancies "
+                    f"found, {t['corrected']} corrected, {t['sent_to_review']} sent to review",
+                    type="LedgerUnbalanced",
+                    non_retryable=True,
+                )
+            await conn.execute(
+                SQL.settle_date,
+                input.business_date,
+                input.shards,
+                t["keys_examined"],
+                t["discrepancies_found"],
+                t["corrected"],
+                t["sent_to_review"],
+                t["duplicate_report_rows"],
+                input.workflow_id,
+            )
+            row = await conn.fetchrow(SQL.get_settlement, input.business_date)
+        failpoints.hit("settle_ledger.after_commit")
+        assert row is not None
+        return LedgerSettlement.model_validate(dict(row))

@@ -1,0 +1,146 @@
+"""Inputs and outputs of the nightly ledger reconciliation (issue 3).
+
+Payloads carry dates, shard numbers, cursors and counts only, never payment amounts.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SHARDS = 256
+DEFAULT_SHARDS = 16
+DEFAULT_ID_PREFIX = "ledger-reconciliation"
+SCHEDULE_ID = "ledger-reconciliation-nightly"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def ledger_workflow_id(business_date: date, prefix: str = DEFAULT_ID_PREFIX) -> str:
+    """The workflow ID is the business key: one reconciliation per date, whoever starts it."""
+    return f"{prefix}-{business_date.isoformat()}"
+
+
+class RunOptions(Model):
+    """How to run one date; shared by manual runs and the scheduled action."""
+
+    shards: int = Field(default=DEFAULT_SHARDS, ge=1, le=MAX_SHARDS)
+    max_parallel: int = Field(default=8, ge=1, le=MAX_SHARDS)
+    batch_size: int = Field(default=1000, ge=1, le=20_000)
+    tolerance_cents: int = Field(default=50, ge=0, le=1_000_000)
+    heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+
+class LedgerReconciliationInput(RunOptions):
+    business_date: date
+
+
+class ScheduledLedgerInput(RunOptions):
+    """The schedule's fixed arguments: the business date is derived from the scheduled time."""
+
+    days_before: int = Field(default=1, ge=0, le=31)
+    id_prefix: str = Field(default=DEFAULT_ID_PREFIX, min_length=1, max_length=100)
+    business_date: date | None = None  # only to run the parent by hand; the schedule leaves it unset
+
+
+class LedgerDayCheck(Model):
+    business_date: date
+    shards: int = Field(ge=1, le=MAX_SHARDS)
+
+
+class LedgerDay(Model):
+    business_date: date
+    shards: int
+    payments: int
+
+
+class ReconcileShardInput(Model):
+    business_date: date
+    shard: int = Field(ge=0, lt=MAX_SHARDS)
+    shards: int = Field(ge=1, le=MAX_SHARDS)
+    batch_size: int = Field(default=1000, ge=1, le=20_000)
+    tolerance_cents: int = Field(default=50, ge=0)
+    workflow_id: str = Field(min_length=1, max_length=300)
+
+
+class ShardCheckpoint(Model):
+    """Heartbeat details: where a retried shard resumes (keyset cursor) and what it counted so far."""
+
+    last_game: str = ""
+    last_payment_id: str = ""
+    batches: int = 0
+    keys_examined: int = 0
+    discrepancies: int = 0
+    corrected_now: int = 0
+    reviewed_now: int = 0
+    already_applied: int = 0
+    duplicate_report_rows: int = 0
+
+
+class ShardReport(Model):
+    business_date: date
+    shard: int
+    keys_examined: int
+    discrepancies_found: int
+    corrected: int
+    sent_to_review: int
+    duplicate_report_rows: int
+    batches: int
+    # About the attempt that returned this report (the counts above are the database's):
+    attempt: int = 1
+    resumed_from_batch: int = 0
+    batches_this_attempt: int = 0
+
+
+class SettleLedgerInput(Model):
+    business_date: date
+    shards: int = Field(ge=1, le=MAX_SHARDS)
+    workflow_id: str
+
+
+class LedgerSettlement(Model):
+    business_date: date
+    shards: int
+    keys_examined: int
+    discrepancies_found: int
+    corrected: int
+    sent_to_review: int
+    duplicate_report_rows: int
+    workflow_id: str
+    settled_at: datetime
+
+    @property
+    def balanced(self) -> bool:
+        return self.corrected + self.sent_to_review == self.discrepancies_found
+
+
+LedgerPhase = Literal["checking", "reconciling", "settling", "settled"]
+
+
+class LedgerReconciliationResult(Model):
+    business_date: date
+    workflow_id: str
+    settlement: LedgerSettlement
+    shards: list[ShardReport]
+
+
+class LedgerStatus(Model):
+    business_date: date
+    phase: LedgerPhase
+    shards_total: int
+    shards_done: int
+    discrepancies_found: int
+    corrected: int
+    sent_to_review: int
+    settled: bool
+
+
+class ScheduledLedgerResult(Model):
+    business_date: date
+    workflow_id: str
+    outcome: Literal["reconciled", "already_started"]
+    settlement: LedgerSettlement | None = None
