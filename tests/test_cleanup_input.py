@@ -1,0 +1,94 @@
+"""Bad input gets a clear error, exit code 2, and starts nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.config import PROJECT_ROOT
+from core.envelope import PayloadTooLargeError
+from core.errors import InputError
+from core.operations import start_cleanup
+from tests.helpers import deadline_in, seed, workflow_ids
+
+
+def run_cli(settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        TEMPORAL_ADDRESS=settings.temporal_address,
+        DATABASE_URL=settings.database_url,
+        TEMPORAL_TASK_QUEUE=settings.task_queue,
+    )
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "starter.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_cli_rejects_bad_input_clearly_and_starts_nothing(client, pool, settings, task_queue):
+    deadline = deadline_in(3600)
+    accounts = await seed(pool, deadline, 3)
+    iso = deadline.isoformat().replace("+00:00", "Z")
+    cases = [
+        (["cleanup", "--account", "bad id!"], "malformed account ID"),
+        (["cleanup", "--account", "acct_nobody"], "unknown account 'acct_nobody'"),
+        (["cleanup", "--deadline", "2026-11-01T09:00:00"], "has no timezone"),
+        (["cleanup", "--deadline", "next tuesday"], "not an ISO-8601 datetime"),
+        (["cleanup", "--deadline", iso, "--partitions", "0"], "partitions must be between 1 and 256"),
+        (["cleanup", "--deadline", iso, "--partitions", "1000"], "partitions must be between 1 and 256"),
+        (["cleanup", "--deadline", "2026-01-01T00:00:00Z"], "no active account has renewal deadline"),
+        (["renew", accounts[0], "--until", "2020-01-01T00:00:00Z"], "is in the past"),
+        (["renew", accounts[0], "--until", "2030-01-01T00:00:00"], "has no timezone"),
+        (["renew", "acct_nobody"], "unknown account 'acct_nobody'"),
+        (["renew", "DROP TABLE accounts"], "malformed account ID"),
+    ]
+    for args, message in cases:
+        done = run_cli(settings, *args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+
+    assert await workflow_ids(client, task_queue) == []
+    assert await pool.fetchval("SELECT count(*) FROM renewals") == 0
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE cleanup_version <> 1") == 0
+
+
+async def test_cli_help_exists_for_every_command(settings):
+    for command in ["cleanup", "renew", "status", "list", "demo", "migrate", "dev"]:
+        done = run_cli(settings, command, "--help")
+        assert done.returncode == 0 and "usage:" in done.stdout, command
+
+
+async def test_input_over_the_256_kib_envelope_is_rejected_before_temporal(client, pool, task_queue):
+    deadline = deadline_in(3600)
+    await seed(pool, deadline, 3)
+
+    with pytest.raises(PayloadTooLargeError, match=r"over the 256 KiB envelope; nothing was started"):
+        await start_cleanup(client, pool, task_queue, deadline=deadline, note="x" * (300 * 1024))
+
+    assert issubclass(PayloadTooLargeError, InputError)
+    assert await workflow_ids(client, task_queue) == []
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline, note="x" * (200 * 1024))
+    assert started.started, "just under the envelope is fine"
+    await client.get_workflow_handle(started.workflow_id).terminate("test over")
+
+
+async def test_status_and_list_print_json(client, pool, settings, task_queue, worker):
+    import json
+
+    deadline = deadline_in(1)
+    await seed(pool, deadline, 10)
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+    await client.get_workflow_handle(started.workflow_id).result()
+
+    status = json.loads(run_cli(settings, "status", started.workflow_id, "--json").stdout)
+    assert status["settled"] is True and status["partitions_reported"] == "2/2"
+    assert status["settlement"]["cleaned"] == 10 and status["outcome"] == "cleaned"
+    listed = json.loads(run_cli(settings, "list", "--json").stdout)
+    assert started.workflow_id in [row["workflow_id"] for row in listed]

@@ -1,0 +1,27 @@
+"""Recorded histories must replay against today's code: deadline sleeps outlive deployments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows import ALL_WORKFLOWS
+
+HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
+
+
+def test_recorded_histories_exist():
+    names = {p.stem for p in HISTORIES}
+    assert {"cohort_mid_sleep", "cohort_completed", "single_account_renewed"} <= names
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_recorded_history_replays_against_current_code(path: Path):
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{path.name} no longer replays: {result.replay_failure}"
