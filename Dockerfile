@@ -1,0 +1,35 @@
+# Worker image: `docker build -t deadline-cleanup .`, or let docker-compose.yml build it.
+# Configured only from the environment: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_TASK_QUEUE and
+# DATABASE_URL (see core/config.py). Run as many containers as you like on the same task queue.
+FROM python:3.11.13-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN groupadd --system --gid 10001 cleanup \
+    && useradd --system --uid 10001 --gid cleanup --no-create-home --home-dir /app \
+       --shell /usr/sbin/nologin cleanup
+
+WORKDIR /app
+
+# Runtime dependencies first, read from pyproject.toml, so a code change reuses this layer.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# Then the project itself (packages core, workflows, activities; modules worker, starter).
+COPY README.md worker.py starter.py ./
+COPY core ./core
+COPY workflows ./workflows
+COPY activities ./activities
+RUN pip install --no-deps . \
+    && rm -rf build ./*.egg-info
+
+# The code stays owned by root and read-only to the worker's user.
+USER cleanup
+
+CMD ["python", "worker.py"]
