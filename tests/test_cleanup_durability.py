@@ -70,7 +70,7 @@ async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_que
     assert counts["settlements"] == 1
 
 
-async def _history_after_restart(server: DevServer, workflow_id: str):  # type: ignore[no-untyped-def]
+async def _history_after_restart(server: DevServer, workflow_id: str):
     server.start()
     try:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
