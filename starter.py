@@ -14,6 +14,7 @@ from datetime import date, datetime
 from typing import Any
 
 from core import db, embedded
+from core.cli_ledger import register_ledger_commands
 from core.cli_outbox import register_outbox_commands
 from core.config import Settings
 from core.errors import InputError
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
     p.add_argument("action", choices=["up", "down"])
     register_outbox_commands(sub, command)
+    register_ledger_commands(sub, command)
     return parser
 
 

@@ -1,0 +1,252 @@
+"""The ledger commands of starter.py: `schedule ...`, `reconcile --date D`, `ledger seed|status|review`.
+
+Registered by one call in starter.build_parser. Bad input raises InputError (exit 2). The
+operations are plain functions in core.ledger_ops / core.ledger_schedule / core.ledger_seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+import asyncpg
+from temporalio.client import Client
+
+from core import db, embedded
+from core.config import Settings
+from core.errors import InputError
+from core.models_ledger import DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
+
+Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
+Command = Callable[..., argparse.ArgumentParser]
+
+
+def _business_date(text: str) -> date:
+    from core.ledger_ops import parse_business_date
+
+    return parse_business_date(text)
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def _key_values(data: dict[str, Any]) -> str:
+    width = max(len(k) for k in data)
+    return "\n".join(
+        f"{k.ljust(width)}  {v if isinstance(v, str | int) else json.dumps(v, default=_default)}"
+        for k, v in data.items()
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    lines = ["  ".join(columns)]
+    lines += ["  ".join(str(_default(r.get(c)) if r.get(c) is not None else "") for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(data, default=_default, indent=2))
+    else:
+        print((human or _key_values)(data))
+
+
+@dataclass
+class _Ctx:
+    settings: Settings
+    pool: asyncpg.Pool
+    client: Client
+
+
+@asynccontextmanager
+async def _context(settings: Settings) -> AsyncIterator[_Ctx]:
+    """Embedded defaults resolved, schema migrated, a small pool and a client; closed after."""
+    from core.temporal import connect
+
+    resolved = embedded.resolve(settings)
+    assert resolved.database_url is not None
+    await db.migrate_url(resolved.database_url)
+    pool = await db.create_pool(resolved.database_url, max_size=4)
+    try:
+        yield _Ctx(resolved, pool, await connect(resolved))
+    finally:
+        await pool.close()
+
+
+async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
+    from core import ledger_schedule as ls
+    from core.temporal import connect
+
+    settings_resolved = embedded.resolve(settings)
+    schedule_id = args.schedule_id
+    first = last = None
+    if args.action == "backfill":
+        if not (args.from_date and args.to_date):
+            raise InputError("schedule backfill needs --from D1 --to D2 (business dates, YYYY-MM-DD)")
+        first, last = _business_date(args.from_date), _business_date(args.to_date)
+        ls.backfill_range(first, last)  # validate before connecting
+    at = ls.parse_time_of_day(args.at) if args.action == "create" else ls.DEFAULT_AT
+    client = await connect(settings_resolved)
+    if args.action == "create":
+        options = _run_options(args, ScheduledLedgerInput)
+        data = await ls.create_schedule(
+            client, settings_resolved.task_queue, at=at, options=options, paused=args.paused, schedule_id=schedule_id
+        )
+    elif args.action == "describe":
+        data = await ls.describe_schedule(client, schedule_id)
+    elif args.action == "pause":
+        data = await ls.pause_schedule(client, args.note, schedule_id)
+    elif args.action == "unpause":
+        data = await ls.unpause_schedule(client, args.note, schedule_id)
+    elif args.action == "trigger":
+        data = await ls.trigger_schedule(client, schedule_id)
+    elif args.action == "backfill":
+        assert first is not None and last is not None
+        data = await ls.backfill_schedule(client, first, last, schedule_id)
+    else:
+        data = await ls.delete_schedule(client, schedule_id)
+    _emit(args, data)
+
+
+def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
+    from pydantic import ValidationError
+
+    from core.ledger_ops import validation_message
+
+    try:
+        return model(
+            shards=args.shards,
+            max_parallel=args.max_parallel,
+            batch_size=args.batch_size,
+            tolerance_cents=args.tolerance_cents,
+        )
+    except ValidationError as err:
+        raise InputError(validation_message(err)) from None
+
+
+async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
+    from core.ledger_ops import start_reconciliation
+
+    business_date = _business_date(args.date)
+    async with _context(settings) as ctx:
+        started = await start_reconciliation(
+            ctx.client,
+            ctx.pool,
+            ctx.settings.task_queue,
+            business_date,
+            shards=args.shards,
+            max_parallel=args.max_parallel,
+            batch_size=args.batch_size,
+            tolerance_cents=args.tolerance_cents,
+        )
+        data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
+    _emit(
+        args,
+        data,
+        lambda d: (
+            f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
+            f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)\n"
+            f"{d['ui']}"
+        ),
+    )
+
+
+async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
+    from core.ledger_ops import ledger_status, ledger_target, review_rows
+    from core.ledger_seed import seed_ledger_day, seed_spec
+
+    if args.action == "seed":
+        if not args.date or args.payments is None:
+            raise InputError("ledger seed needs --date YYYY-MM-DD and --payments N")
+        spec = seed_spec(
+            business_date=_business_date(args.date),
+            payments=args.payments,
+            shards=args.shards or DEFAULT_SHARDS,
+            refund_rate=args.refund_rate,
+            small_mismatch_rate=args.small_mismatch_rate,
+            large_mismatch_rate=args.large_mismatch_rate,
+            unsettled_rate=args.unsettled_rate,
+            unknown_rate=args.unknown_rate,
+            duplicate_rate=args.duplicate_rate,
+            tolerance_cents=args.tolerance_cents,
+        )
+        async with _context(settings) as ctx:
+            result = await seed_ledger_day(ctx.pool, spec)
+        data = result.model_dump(mode="json") | {
+            "expected_corrections": result.expected_corrections,
+            "expected_review_rows": result.expected_review,
+        }
+        if not result.created:
+            data["note"] = "this business date was already loaded; nothing was added"
+        _emit(args, data)
+        return
+    if not args.target:
+        raise InputError(f"ledger {args.action} needs a business date, e.g. 2026-10-25")
+    business_date, _ = ledger_target(args.target)
+    async with _context(settings) as ctx:
+        if args.action == "status":
+            data = await ledger_status(ctx.client, ctx.pool, business_date)
+            data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+            _emit(args, data)
+        else:
+            rows = await review_rows(ctx.pool, business_date, args.limit)
+            _emit(args, rows, lambda r: _table(r, ["review_key", "kind", "reason"]))
+
+
+def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> None:
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=shards_default,
+        help="shards of the date (default: " + ("16" if shards_default else "as loaded") + ")",
+    )
+    p.add_argument("--max-parallel", type=int, default=8, help="shards reconciled at once (default 8)")
+    p.add_argument("--batch-size", type=int, default=1000, help="payments per statement (default 1000)")
+    p.add_argument(
+        "--tolerance-cents", type=int, default=50, help="amount mismatch corrected by rule up to this (default 50)"
+    )
+
+
+def register_ledger_commands(sub: Any, command: Command) -> None:
+    """Add the ledger commands to starter.py's sub-parsers (`command` is starter's helper)."""
+    del sub  # every command goes through starter's helper, which owns the sub-parsers
+    p = command("schedule", cmd_schedule, "the nightly ledger-reconciliation schedule (Temporal Schedule)")
+    p.add_argument("action", choices=["create", "describe", "pause", "unpause", "trigger", "backfill", "delete"])
+    p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"default {SCHEDULE_ID}")
+    p.add_argument("--at", default="02:00", help="create: time of day in UTC (default 02:00)")
+    p.add_argument("--paused", action="store_true", help="create: start paused")
+    p.add_argument("--note", default="", help="pause/unpause: why (shown by describe)")
+    p.add_argument("--from", dest="from_date", help="backfill: first business date (YYYY-MM-DD)")
+    p.add_argument("--to", dest="to_date", help="backfill: last business date (YYYY-MM-DD)")
+    _run_flags(p, shards_default=DEFAULT_SHARDS)
+
+    p = command("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
+    p.add_argument("--date", required=True, help="business date, e.g. 2026-10-25")
+    _run_flags(p, shards_default=None)
+
+    p = command("ledger", cmd_ledger, "ledger data and runs: seed a day, status of a date, review rows")
+    p.add_argument("action", choices=["seed", "status", "review"])
+    p.add_argument("target", nargs="?", help="status/review: business date or ledger workflow ID")
+    p.add_argument("--date", help="seed: business date")
+    p.add_argument("--payments", type=int, help="seed: number of payments")
+    p.add_argument("--shards", type=int, default=None, help=f"seed: shards (default {DEFAULT_SHARDS})")
+    p.add_argument("--refund-rate", type=float, default=0.01, help="seed: refunds the ledger missed")
+    p.add_argument("--small-mismatch-rate", type=float, default=0.01, help="seed: amounts off within tolerance")
+    p.add_argument("--large-mismatch-rate", type=float, default=0.002, help="seed: amounts off beyond it")
+    p.add_argument("--unsettled-rate", type=float, default=0.005, help="seed: payments never settled")
+    p.add_argument("--unknown-rate", type=float, default=0.002, help="seed: report rows for unknown payments")
+    p.add_argument("--duplicate-rate", type=float, default=0.005, help="seed: duplicate report rows")
+    p.add_argument("--tolerance-cents", type=int, default=50, help="seed: the tolerance the mismatches respect")
+    p.add_argument("--limit", type=int, default=50, help="review: rows to show")

@@ -1,0 +1,199 @@
+"""What the ledger CLI does, as functions the tests call too: start a date's run, inspect it."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ValidationError
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from core import search_attributes as sa
+from core.errors import InputError
+from core.models_ledger import (
+    DEFAULT_ID_PREFIX,
+    LedgerReconciliationInput,
+    LedgerReconciliationResult,
+    LedgerStatus,
+    ledger_workflow_id,
+)
+from core.queries import load
+from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
+
+SQL = load("ledger.sql")
+
+
+def validation_message(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
+
+
+def parse_business_date(text: str, *, today: date | None = None) -> date:
+    """A calendar date (YYYY-MM-DD) that is over: today's ledger is still being written."""
+    try:
+        value = date.fromisoformat(text.strip())
+    except ValueError:
+        raise InputError(f"not a business date: {text!r} (expected YYYY-MM-DD, e.g. 2026-10-25)") from None
+    if len(text.strip()) != 10:
+        raise InputError(f"not a business date: {text!r} (expected YYYY-MM-DD, e.g. 2026-10-25)")
+    if value >= (today or datetime.now(UTC).date()):
+        raise InputError(f"business date {value.isoformat()} is not over yet; reconcile it from tomorrow on")
+    return value
+
+
+class StartedReconciliation(BaseModel):
+    workflow_id: str
+    run_id: str | None
+    started: bool
+    business_date: date
+    shards: int
+    payments: int
+
+
+async def _describe(client: Client, workflow_id: str) -> Any:
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def start_reconciliation(
+    client: Client,
+    pool: asyncpg.Pool,
+    task_queue: str,
+    business_date: date,
+    *,
+    shards: int | None = None,
+    max_parallel: int = 8,
+    batch_size: int = 1000,
+    tolerance_cents: int = 50,
+    heartbeat_timeout_seconds: float = 30.0,
+    id_prefix: str = DEFAULT_ID_PREFIX,
+) -> StartedReconciliation:
+    """Start (or find) the reconciliation of one date; its workflow ID is the date, so a manual run
+    and a scheduled run of the same date meet in the same workflow and never double-post."""
+    day = await pool.fetchrow(SQL.ledger_day, business_date)
+    if day is None:
+        raise InputError(
+            f"no ledger data loaded for business date {business_date.isoformat()} "
+            "(load it first, e.g. `starter.py ledger seed --date ...`)"
+        )
+    if shards is not None and shards != day["shards"]:
+        raise InputError(f"business date {business_date.isoformat()} has {day['shards']} shard(s), not {shards}")
+    try:
+        input = LedgerReconciliationInput(
+            business_date=business_date,
+            shards=day["shards"],
+            max_parallel=min(max_parallel, day["shards"]),
+            batch_size=batch_size,
+            tolerance_cents=tolerance_cents,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        )
+    except ValidationError as err:
+        raise InputError(validation_message(err)) from None
+    workflow_id = ledger_workflow_id(business_date, id_prefix)
+    found = StartedReconciliation(
+        workflow_id=workflow_id,
+        run_id=None,
+        started=False,
+        business_date=business_date,
+        shards=input.shards,
+        payments=day["payments"],
+    )
+    existing = await _describe(client, workflow_id)
+    if existing is not None:
+        return found.model_copy(update={"run_id": existing.run_id})
+    try:
+        handle = await client.start_workflow(
+            LedgerReconciliationWorkflow.run,
+            input,
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())]),
+            static_summary=f"ledger reconciliation of {business_date.isoformat()} (manual)",
+        )
+    except WorkflowAlreadyStartedError as err:  # a closed run of this date: never make a second one
+        return found.model_copy(update={"run_id": err.run_id})
+    # USE_EXISTING: if a scheduled run won the race since the describe above, this is its run.
+    return found.model_copy(update={"run_id": handle.result_run_id, "started": True})
+
+
+def ledger_target(text: str) -> tuple[date, str]:
+    """`ledger status` takes a date or the workflow ID `ledger-reconciliation-YYYY-MM-DD`."""
+    raw = text.strip()
+    if raw.startswith(DEFAULT_ID_PREFIX + "-"):
+        raw = raw[len(DEFAULT_ID_PREFIX) + 1 :]
+    try:
+        value = date.fromisoformat(raw)
+    except ValueError:
+        raise InputError(
+            f"not a business date or ledger workflow ID: {text!r} (e.g. 2026-10-25 or ledger-reconciliation-2026-10-25)"
+        ) from None
+    return value, ledger_workflow_id(value)
+
+
+async def ledger_status(
+    client: Client, pool: asyncpg.Pool, business_date: date, *, id_prefix: str = DEFAULT_ID_PREFIX
+) -> dict[str, Any]:
+    """Shards done k/S, corrections, review rows, settled: from Temporal and from the database."""
+    workflow_id = ledger_workflow_id(business_date, id_prefix)
+    day = await pool.fetchrow(SQL.ledger_day, business_date)
+    desc = await _describe(client, workflow_id)
+    if desc is None and day is None:
+        raise InputError(f"nothing known about business date {business_date.isoformat()}")
+    shards = day["shards"] if day else None
+    out: dict[str, Any] = {
+        "business_date": business_date.isoformat(),
+        "workflow_id": workflow_id,
+        "run_id": desc.run_id if desc else None,
+        "temporal_status": desc.status.name if desc and desc.status else None,
+        "phase": None,
+    }
+    if desc is not None:
+        handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, workflow_id)
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            live: LedgerStatus = await handle.query(LedgerReconciliationWorkflow.status)
+            out["phase"] = live.phase
+        elif desc.status == WorkflowExecutionStatus.COMPLETED:
+            result: LedgerReconciliationResult = await handle.result()
+            out["phase"] = "settled" if result.settlement else None
+    totals = await pool.fetchrow(SQL.date_totals, business_date)
+    assert totals is not None
+    settlement = await pool.fetchrow(SQL.get_settlement, business_date)
+    open_reviews = await pool.fetchval(
+        "SELECT count(*) FROM ledger_review WHERE business_date = $1 AND resolved_at IS NULL", business_date
+    )
+    out.update(
+        {
+            "shards_done": f"{totals['shards_reported']}/{shards if shards is not None else '?'}",
+            "shards_reported": totals["shards_reported"],
+            "shards_total": shards,
+            "payments": day["payments"] if day else None,
+            "discrepancies_found": totals["discrepancies_found"],
+            "corrections": totals["corrected"],
+            "review_rows": totals["sent_to_review"],
+            "open_review_rows": open_reviews,
+            "duplicate_report_rows": totals["duplicate_report_rows"],
+            "settled": settlement is not None,
+        }
+    )
+    if settlement is not None:
+        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime | date) else v) for k, v in settlement.items()}
+    return out
+
+
+async def review_rows(pool: asyncpg.Pool, business_date: date, limit: int = 50) -> list[dict[str, Any]]:
+    rows = await pool.fetch(SQL.review_rows, business_date, limit)
+    return [dict(r) for r in rows]
