@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from pydantic import ValidationError
@@ -280,15 +281,40 @@ async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) ->
 async def cmd_outbox_demo(args: argparse.Namespace, settings: Settings) -> None:
     if not 1 <= args.accounts <= 100_000:
         raise InputError(f"--accounts must be between 1 and 100000, got {args.accounts}")
-    async with _Context(settings) as ctx:
-        result = await run_outbox_demo(ctx.settings, ctx.pool, ctx.client, accounts=args.accounts, workers=args.workers)
+    if not 1 <= args.workers <= 16:
+        raise InputError(f"--workers must be between 1 and 16, got {args.workers}")
+    resolved = embedded.resolve(settings)
+    assert resolved.database_url is not None
+    # Its own database on the same server, so the demo shows its own reminders, not a shared backlog.
+    demo_url = await fresh_database(resolved.database_url, "outbox_demo")
+    demo_settings = resolved.model_copy(update={"database_url": demo_url})
+    pool = await db.create_pool(demo_url, max_size=4)
+    try:
+        client = await connect(demo_settings)
+        result = await run_outbox_demo(demo_settings, pool, client, accounts=args.accounts, workers=args.workers)
+    finally:
+        await pool.close()
     _emit(args, result, lambda d: str(d["report"]))
+
+
+async def fresh_database(url: str, name: str) -> str:
+    """(Re)create database `name` on the server of `url`, migrated; returns its URL."""
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    parts = urlsplit(url)
+    demo_url = urlunsplit(parts._replace(path="/" + name))
+    await db.migrate_url(demo_url)
+    return demo_url
 
 
 async def run_outbox_demo(
     settings: Settings, pool: asyncpg.Pool, client: Client, *, accounts: int, workers: int
 ) -> dict[str, Any]:
-    """A cohort cleanup writes reminders to the outbox; relays deliver them to the local provider."""
+    """A cohort cleanup writes reminders to the outbox; two relays deliver them to the local provider."""
     from core.demo import spawn_worker
     from core.mail_provider import MailProvider, ProviderThread
     from core.operations import seed_accounts, start_cleanup
@@ -297,9 +323,9 @@ async def run_outbox_demo(
     task_queue = f"outbox-demo-{secrets.token_hex(4)}"
     settings = settings.model_copy(update={"task_queue": task_queue})
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    provider = MailProvider(token, share_429=0.02, share_5xx=0.05, share_timeout=0.01, hang_seconds=3, seed=4)
+    provider = MailProvider(token, share_429=0.02, share_5xx=0.05, share_timeout=0.005, hang_seconds=2, seed=4)
     with ProviderThread(provider) as served:
-        print(f"local mail provider on {served.url} (5% 503, 2% 429, 1% timeouts); stats: {served.url}/stats")
+        print(f"local mail provider on {served.url}: 5% 503, 2% 429, 0.5% timeouts; live stats at {served.url}/stats")
         env = {"MAIL_PROVIDER_URL": served.url, "MAIL_PROVIDER_TOKEN": token}
         procs = [
             spawn_worker(settings, str(settings.state_dir / f"outbox-demo-worker-{i}.log"), **env)
@@ -307,34 +333,33 @@ async def run_outbox_demo(
         ]
         try:
             deadline = (datetime.now(UTC) + timedelta(seconds=5)).replace(microsecond=0)
-            prefix = f"mail{deadline:%H%M%S}"
-            await seed_accounts(pool, prefix=prefix, deadline=deadline, count=accounts)
+            await seed_accounts(pool, prefix=f"mail{deadline:%H%M%S}", deadline=deadline, count=accounts)
             cleanup = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
             relays = await start_relays(
                 client,
                 task_queue,
                 relays=2,
-                settings=RelayBatchSettings(request_timeout_seconds=2, lease_seconds=15, backoff_initial_seconds=0.5),
+                settings=RelayBatchSettings(request_timeout_seconds=1, lease_seconds=15, backoff_initial_seconds=0.5),
                 idle_sleep_seconds=1,
                 id_prefix=f"{task_queue}-relay-",
             )
-            print(
-                f"cleanup {cleanup.workflow_id} at {deadline.isoformat()}; relays {[r['workflow_id'] for r in relays]}"
-            )
+            print(f"cleanup {cleanup.workflow_id} at {deadline.isoformat()} with {accounts} accounts; relays:")
+            for r in relays:
+                print(f"  {settings.workflow_url(r['workflow_id'])}")
             t0 = time.monotonic()
-            keys_prefix = f"renewal-reminder:acct_{prefix}_%"
-            while time.monotonic() - t0 < 120:
+            while time.monotonic() - t0 < 180:
                 await asyncio.sleep(1)
-                delivered = await pool.fetchval(
-                    "SELECT count(*) FROM outbox WHERE status = 'delivered' AND event_key LIKE $1", keys_prefix
-                )
-                stats = provider.stats()
+                row = await pool.fetchrow(SQL.outbox_summary)
+                assert row is not None
+                s = provider.stats()
                 print(
-                    f"  t+{time.monotonic() - t0:4.0f}s  outbox delivered {delivered}/{accounts}; provider received "
-                    f"{stats['received']}, customer mailbox {stats['delivered']}, duplicates {stats['duplicates']}",
+                    f"  t+{time.monotonic() - t0:3.0f}s  outbox: {row['total']} reminders,"
+                    f" {row['delivered']} delivered,"
+                    f" {row['pending']} pending; provider: {s['received']} requests, customer mailbox"
+                    f" {s['delivered']}, duplicates absorbed {s['duplicates']}",
                     flush=True,
                 )
-                if delivered >= accounts:
+                if row["total"] >= accounts and row["delivered"] + row["dead"] == row["total"]:
                     break
             for relay in relays:
                 await client.get_workflow_handle(relay["workflow_id"]).signal(OutboxRelayWorkflow.stop)
@@ -350,11 +375,12 @@ async def run_outbox_demo(
         sample = provider.messages(limit=3)
     report = "\n".join(
         [
-            f"reminders for {accounts} cleaned accounts: provider received {stats['received']} requests for "
-            f"{stats['unique_keys']} keys; the customer got {stats['delivered']} (duplicates absorbed by key: "
-            f"{stats['duplicates']}); responses {stats['responses']}",
-            "last messages in the customer's mailbox:",
+            f"{stats['delivered']} reminders in the customer's mailbox for {accounts} cleaned accounts; the provider "
+            f"received {stats['received']} requests for {stats['unique_keys']} keys (responses {stats['responses']};"
+            f" duplicates absorbed by key: {stats['duplicates']})",
+            "last messages in the mailbox:",
             *(f"  {m['message_id']}  {m['account_id']}  {m['idempotency_key']}" for m in sample),
+            f"inspect: python starter.py --database-url '{settings.database_url}' outbox status",
         ]
     )
     return {
