@@ -44,6 +44,7 @@ from worker import build_worker
 from workflows.outbox_relay import OutboxRelayWorkflow
 
 CLEANUP_SQL = load("cleanup.sql")
+OUTBOX_SQL = load("outbox.sql")
 FAST = RelayBatchSettings(
     batch_size=200,
     concurrency=8,
@@ -408,3 +409,58 @@ async def test_cli_status_and_redeliver_a_dead_letter(
     assert dict(row) == {"status": "delivered", "redeliveries": 1}
     rc, out, _ = await cli("status")
     assert rc == 0 and "delivered  2" in out
+
+
+# -- leases and the drain loop ----------------------------------------------------------------------
+
+
+async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over(pool):
+    await seed_events(pool, 1000)
+
+    async def claim(owner: str, lease: float = 30) -> set[int]:
+        async with pool.acquire() as conn:
+            return {r["event_id"] for r in await conn.fetch(OUTBOX_SQL.claim_batch, owner, 300, lease)}
+
+    claims = await asyncio.gather(*(claim(f"relay-{i}") for i in range(5)))
+    assert sum(len(c) for c in claims) == 1000, "five claims of 300 share 1000 events"
+    assert len(set().union(*claims)) == 1000, "no event was claimed twice"
+    assert await claim("late") == set(), "everything is leased"
+
+    # A relay that dies keeps its events only until its lease runs out; then another takes them over.
+    await pool.execute("UPDATE outbox SET leased_until = now() - interval '1 second' WHERE lease_owner = 'relay-0'")
+    taken_over = await claim("relay-5")
+    assert taken_over == claims[0]
+    ids = sorted(taken_over)
+    n = len(ids)
+
+    async def record(owner: str, outcome: str) -> dict[str, int]:
+        row = await pool.fetchrow(
+            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n
+        )
+        return dict(row)
+
+    # The old owner's late 'retry' is fenced off; its 'delivered' is kept (the provider has the message).
+    assert await record("relay-0", "retry") == {"delivered": 0, "retried": 0, "dead": 0, "fenced": n}
+    assert (await record("relay-0", "delivered"))["delivered"] == n
+    assert (await record("relay-5", "delivered"))["fenced"] == n, "recorded once"
+
+
+async def test_relay_continues_as_new_and_keeps_its_totals(client, pool, task_queue, relay_worker, provider):
+    await seed_events(pool, 30)
+    relay_id = f"relay-{uuid.uuid4().hex[:8]}"
+    totals: RelayTotals = await client.execute_workflow(
+        OutboxRelayWorkflow.run,
+        OutboxRelayInput(
+            relay_id=relay_id,
+            settings=FAST.model_copy(update={"batch_size": 5}),
+            stop_when_drained=True,
+            batches_per_run=2,
+        ),
+        id=relay_id,
+        task_queue=task_queue,
+        execution_timeout=timedelta(seconds=60),
+    )
+    assert totals.delivered == 30 and totals.runs >= 4, totals
+    assert stats(provider)["delivered"] == 30
+    history = await client.get_workflow_handle(relay_id).fetch_history()
+    assert len(history.events) < 40, "each run's history stays short"
