@@ -89,7 +89,6 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
     from core import ledger_schedule as ls
     from core.temporal import connect
 
-    settings_resolved = embedded.resolve(settings)
     schedule_id = args.schedule_id
     first = last = None
     if args.action == "backfill":
@@ -98,9 +97,10 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
         first, last = _business_date(args.from_date), _business_date(args.to_date)
         ls.backfill_range(first, last)  # validate before connecting
     at = ls.parse_time_of_day(args.at) if args.action == "create" else ls.DEFAULT_AT
+    options = _run_options(args, ScheduledLedgerInput) if args.action == "create" else None
+    settings_resolved = embedded.resolve(settings)
     client = await connect(settings_resolved)
     if args.action == "create":
-        options = _run_options(args, ScheduledLedgerInput)
         data = await ls.create_schedule(
             client, settings_resolved.task_queue, at=at, options=options, paused=args.paused, schedule_id=schedule_id
         )

@@ -54,14 +54,19 @@ def parse_time_of_day(text: str) -> time:
 
 
 def nightly_schedule(
-    task_queue: str, *, at: time = DEFAULT_AT, options: ScheduledLedgerInput | None = None, paused: bool = False
+    task_queue: str,
+    *,
+    at: time = DEFAULT_AT,
+    options: ScheduledLedgerInput | None = None,
+    paused: bool = False,
+    schedule_id: str = SCHEDULE_ID,
 ) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
             ScheduledLedgerReconciliationWorkflow.run,
             options or ScheduledLedgerInput(),
             # Temporal appends the scheduled time to this ID; the date-keyed child carries the business key.
-            id="ledger-reconciliation-nightly",
+            id=schedule_id,
             task_queue=task_queue,
             static_summary="nightly ledger reconciliation (previous business date)",
         ),
@@ -84,7 +89,9 @@ async def create_schedule(
     schedule_id: str = SCHEDULE_ID,
 ) -> dict[str, Any]:
     try:
-        await client.create_schedule(schedule_id, nightly_schedule(task_queue, at=at, options=options, paused=paused))
+        await client.create_schedule(
+            schedule_id, nightly_schedule(task_queue, at=at, options=options, paused=paused, schedule_id=schedule_id)
+        )
     except ScheduleAlreadyRunningError:
         raise InputError(
             f"schedule {schedule_id!r} already exists; `schedule describe` shows it, `schedule delete` removes it"
@@ -130,8 +137,9 @@ async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> d
             {
                 "scheduled_at": a.scheduled_at.astimezone(UTC).isoformat(),
                 "workflow_id": getattr(a.action, "workflow_id", None),
+                "run_id": getattr(a.action, "first_execution_run_id", None),
             }
-            for a in info.recent_actions[-5:]
+            for a in info.recent_actions
         ],
     }
 

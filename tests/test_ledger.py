@@ -1,0 +1,312 @@
+"""Nightly ledger reconciliation against real Temporal and real Postgres (issue 3).
+
+1. replaying a night leaves the database unchanged;  2. a worker killed after a batch COMMIT
+resumes from its heartbeated cursor;  3. a delayed shard holds the settlement back;  4. a manual
+and a scheduled run of the same date at once;  5. pause, unpause, backfill;  6. review reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from datetime import date
+
+import asyncpg
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from core import ledger_schedule as ls
+from core.ledger_ops import ledger_status, start_reconciliation
+from core.models_ledger import (
+    LedgerStatus,
+    ScheduledLedgerInput,
+    ScheduledLedgerResult,
+    ledger_workflow_id,
+)
+from tests.helpers import wait_until
+from tests.ledger_helpers import digest, double_postings, id_prefix, reconcile, seed_day, wait_for_process
+from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
+
+D = date(2026, 10, 25)
+
+
+async def executions(client: Client, workflow_id: str) -> int:
+    return len([wf async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'")])
+
+
+async def test_a_night_reconciles_balanced_and_replaying_it_changes_nothing(client, pool, task_queue, worker):
+    seeded = await seed_day(pool, D)
+    first = await reconcile(client, pool, task_queue, D, batch_size=200)
+
+    s = first.settlement
+    assert (s.discrepancies_found, s.corrected, s.sent_to_review) == (
+        seeded.expected_discrepancies,
+        seeded.expected_corrections,
+        seeded.expected_review,
+    )
+    assert s.balanced and s.corrected > 0 and s.sent_to_review > 0
+    assert s.duplicate_report_rows == seeded.duplicate_report_rows > 0
+    assert sum(r.keys_examined for r in first.shards) == seeded.payments + seeded.unknown_payments
+    assert await double_postings(pool) == 0
+    before = await digest(pool)
+
+    # The same date again through the CLI path: the date-keyed workflow already exists.
+    again = await start_reconciliation(client, pool, task_queue, D, id_prefix=id_prefix(task_queue))
+    assert not again.started
+    # A full second run under another workflow ID: every shard re-judged, nothing written.
+    replay = await reconcile(client, pool, task_queue, D, batch_size=350, id_prefix=f"replay-{task_queue}")
+
+    assert await digest(pool) == before
+    assert replay.settlement == first.settlement
+    assert [r.model_dump(exclude={"batches_this_attempt"}) for r in replay.shards] == [
+        r.model_dump(exclude={"batches_this_attempt"}) for r in first.shards
+    ]
+    assert await double_postings(pool) == 0
+
+
+async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client, pool, task_queue, worker_processes):
+    seeded = await seed_day(pool, D, payments=1200, shards=2)
+    dying = worker_processes.start(CLEANUP_FAILPOINTS="reconcile_shard.after_commit=exit@2")
+    started = await start_reconciliation(
+        client,
+        pool,
+        task_queue,
+        D,
+        max_parallel=1,  # shard 0 first: the second COMMIT in the process is shard 0's batch 2
+        batch_size=100,
+        heartbeat_timeout_seconds=2.0,
+        id_prefix=id_prefix(task_queue),
+    )
+    assert await wait_for_process(dying) == 86
+    committed = await pool.fetchval("SELECT count(*) FROM ledger_corrections")
+    assert committed > 0, "batches 1 and 2 of shard 0 committed before the worker died"
+
+    worker_processes.start()
+    handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
+    result = await asyncio.wait_for(handle.result(), timeout=90)
+
+    shard0 = result.shards[0]
+    assert shard0.attempt == 2, "the killed attempt was retried"
+    assert shard0.resumed_from_batch == 1, "resumed after the last heartbeated batch, not from zero"
+    assert shard0.batches_this_attempt == shard0.batches - 1
+    assert result.shards[1].attempt == 1
+    assert "shard 0 of 2026-10-25 attempt 2 resumes after batch 1" in worker_processes.logs()
+    assert await double_postings(pool) == 0
+    assert result.settlement.corrected == seeded.expected_corrections
+    assert result.settlement.sent_to_review == seeded.expected_review
+    assert result.settlement.balanced
+
+
+async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, task_queue, worker):
+    seeded = await seed_day(pool, D, payments=800, shards=4)
+    blocker = await asyncpg.connect(db_url)
+    tx = blocker.transaction()
+    await tx.start()
+    # Hold a row lock on shard 2's first payment: its first batch waits (and keeps heartbeating).
+    await blocker.execute(
+        "SELECT 1 FROM ledger_payments WHERE business_date = $1 AND shard = 2 "
+        "ORDER BY game, payment_id LIMIT 1 FOR UPDATE",
+        D,
+    )
+    try:
+        started = await start_reconciliation(
+            client, pool, task_queue, D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+        )
+        handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
+
+        async def three_done() -> bool:
+            status: LedgerStatus = await handle.query(LedgerReconciliationWorkflow.status)
+            return status.shards_done == 3
+
+        await wait_until(three_done, within=60)
+        await asyncio.sleep(3)  # longer than the heartbeat timeout: the blocked shard is not retried
+        status: LedgerStatus = await handle.query(LedgerReconciliationWorkflow.status)
+        assert (status.phase, status.shards_done, status.settled) == ("reconciling", 3, False)
+        assert await pool.fetchval("SELECT count(*) FROM ledger_settlements") == 0
+        reported = [r["shard"] for r in await pool.fetch("SELECT shard FROM ledger_shard_reports ORDER BY 1")]
+        assert reported == [0, 1, 3]
+        cli_view = await ledger_status(client, pool, D, id_prefix=id_prefix(task_queue))
+        assert (cli_view["shards_done"], cli_view["settled"]) == ("3/4", False)
+    finally:
+        await tx.rollback()
+        await blocker.close()
+
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert [r.attempt for r in result.shards] == [1, 1, 1, 1], "every shard ran exactly once"
+    scheduled = [
+        e
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "reconcile_shard"
+    ]
+    assert len(scheduled) == 4
+    assert await pool.fetchval("SELECT count(*) FROM ledger_settlements") == 1
+    assert result.settlement.discrepancies_found == seeded.expected_discrepancies
+    assert await double_postings(pool) == 0
+
+
+async def _wait_for_scheduled_runs(client: Client, schedule_id: str, count: int) -> list[ScheduledLedgerResult]:
+    async def taken() -> bool:
+        return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= count
+
+    await wait_until(taken, within=60)
+    runs = (await ls.describe_schedule(client, schedule_id))["recent_runs"]
+    results = []
+    for run in runs:
+        handle = client.get_workflow_handle(run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult)
+        results.append(await asyncio.wait_for(handle.result(), timeout=90))
+    return results
+
+
+async def test_manual_and_scheduled_run_of_the_same_date_at_once(client, pool, task_queue, worker):
+    seeded = await seed_day(pool, D, payments=1000, shards=4)
+    schedule_id = f"ledger-nightly-{uuid.uuid4().hex[:8]}"
+    options = ScheduledLedgerInput(shards=4, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
+    await ls.create_schedule(client, task_queue, options=options, paused=True, schedule_id=schedule_id)
+    try:
+        manual, _ = await asyncio.gather(
+            start_reconciliation(
+                client, pool, task_queue, D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+            ),
+            ls.backfill_schedule(client, D, D, schedule_id),  # the night of 2026-10-26 02:00 UTC
+        )
+        (scheduled,) = await _wait_for_scheduled_runs(client, schedule_id, 1)
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+
+    workflow_id = ledger_workflow_id(D, id_prefix(task_queue))
+    assert scheduled.business_date == D and scheduled.workflow_id == workflow_id == manual.workflow_id
+    handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, workflow_id)
+    result = await asyncio.wait_for(handle.result(), timeout=90)
+    assert await executions(client, workflow_id) == 1, "one run of the date, whoever started it"
+    assert await double_postings(pool) == 0
+    assert await pool.fetchval("SELECT count(*) FROM ledger_settlements") == 1
+    assert result.settlement.corrected == seeded.expected_corrections
+
+
+async def test_pause_unpause_and_backfill_reconcile_each_missed_date_once(client, pool, task_queue, worker):
+    dates = [date(2026, 10, 23), date(2026, 10, 24), date(2026, 10, 25)]
+    for d in dates:
+        await seed_day(pool, d, payments=300, shards=2)
+    schedule_id = f"ledger-nightly-{uuid.uuid4().hex[:8]}"
+    options = ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
+    await ls.create_schedule(client, task_queue, options=options, schedule_id=schedule_id)
+    try:
+        assert (await ls.pause_schedule(client, "maintenance", schedule_id))["paused"] is True
+        # While paused, an operator reconciles the middle date by hand.
+        await reconcile(client, pool, task_queue, dates[1])
+        described = await ls.unpause_schedule(client, "", schedule_id)
+        assert described["paused"] is False and described["overlap"] == "ALLOW_ALL"
+        assert described["actions_taken"] == 0
+
+        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        first = await _wait_for_scheduled_runs(client, schedule_id, 3)
+        assert sorted((r.business_date, r.outcome) for r in first) == [
+            (dates[0], "reconciled"),
+            (dates[1], "already_started"),
+            (dates[2], "reconciled"),
+        ]
+        before = await digest(pool)
+
+        # Backfilling the same nights again reconciles nothing twice.
+        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        second = await _wait_for_scheduled_runs(client, schedule_id, 6)
+        assert sorted(r.outcome for r in second[3:]) == ["already_started"] * 3
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+
+    assert await digest(pool) == before
+    settled = [r["business_date"] for r in await pool.fetch("SELECT business_date FROM ledger_settlements ORDER BY 1")]
+    assert settled == dates
+    for d in dates:
+        assert await executions(client, ledger_workflow_id(d, id_prefix(task_queue))) == 1
+    assert await double_postings(pool) == 0
+
+
+async def test_review_rows_for_each_irreconcilable_kind_with_readable_reasons(client, pool, task_queue, worker):
+    await seed_day(pool, D, payments=1500, shards=2, large_mismatch_rate=0.02, unknown_rate=0.02)
+    clean = await pool.fetch(
+        """
+        SELECT l.game, l.payment_id FROM ledger_payments l JOIN ledger_report_rows r USING (game, payment_id)
+        WHERE l.status = 'captured' AND r.status = 'settled' AND l.amount_cents = r.amount_cents
+        GROUP BY l.game, l.payment_id HAVING count(*) = 1 ORDER BY l.payment_id LIMIT 3
+        """
+    )
+    (g1, p1), (g2, p2), (g3, p3) = ((r["game"], r["payment_id"]) for r in clean)
+    await pool.execute("UPDATE ledger_report_rows SET currency = 'JPY' WHERE payment_id = $1", p1)
+    await pool.execute("UPDATE ledger_payments SET status = 'refunded' WHERE payment_id = $1", p2)
+    await pool.execute(
+        "INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status) "
+        "SELECT business_date, shard, game, payment_id, amount_cents + 7, currency, status "
+        "FROM ledger_report_rows WHERE payment_id = $1",
+        p3,
+    )
+
+    result = await reconcile(client, pool, task_queue, D)
+
+    rows = await pool.fetch("SELECT * FROM ledger_review ORDER BY review_key")
+    assert {r["kind"] for r in rows} == {
+        "unknown_payment",
+        "amount_beyond_tolerance",
+        "currency_mismatch",
+        "status_mismatch",
+        "conflicting_report_rows",
+    }
+    assert len(rows) == result.settlement.sent_to_review
+    by_key = {r["review_key"]: r for r in rows}
+    assert by_key[f"{g1}:{p1}:2026-10-25"]["reason"].startswith("currency mismatch: the ledger has ")
+    assert "JPY" in by_key[f"{g1}:{p1}:2026-10-25"]["reason"]
+    assert by_key[f"{g2}:{p2}:2026-10-25"]["reason"] == (
+        "status mismatch: the ledger says refunded, the provider reported settled; no rule reconciles this"
+    )
+    assert by_key[f"{g3}:{p3}:2026-10-25"]["reason"].startswith(
+        "conflicting report rows: the provider reported this payment 2 times"
+    )
+    money = r"-?\d+\.\d\d [A-Z]{3}"
+    for r in rows:
+        assert r["business_date"] == D and r["resolved_at"] is None
+        if r["kind"] == "amount_beyond_tolerance":
+            assert re.fullmatch(
+                rf"amount mismatch beyond tolerance: the ledger has {money}, the provider settled {money} "
+                r"\(difference -?\d+\.\d\d, tolerance 0\.50\); check the capture before correcting by hand",
+                r["reason"],
+            ), r["reason"]
+        if r["kind"] == "unknown_payment":
+            assert re.fullmatch(
+                rf"unknown payment: the provider settled {money} \(settled\) for {r['game']}:{r['payment_id']} "
+                r"on 2026-10-25, but the ledger has no such payment for that date",
+                r["reason"],
+            ), r["reason"]
+    # What rules can reconcile was corrected, once, with the ledger updated in the same transaction.
+    kinds = dict(await pool.fetch("SELECT kind, count(*) FROM ledger_corrections GROUP BY kind"))
+    assert set(kinds) == {"refund_not_recorded", "amount_mismatch", "not_settled"}
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM ledger_corrections c JOIN ledger_payments p USING (game, payment_id) "
+            "WHERE p.status <> c.new_status OR p.amount_cents <> c.new_amount_cents OR p.version <> 2"
+        )
+        == 0
+    )
+    assert await double_postings(pool) == 0
+
+
+@pytest.mark.parametrize("shards", [6])
+async def test_a_wrong_shard_count_fails_the_run_without_retrying(client, pool, task_queue, worker, shards):
+    from temporalio.client import WorkflowFailureError
+
+    from core.models_ledger import LedgerReconciliationInput
+
+    await seed_day(pool, D, payments=100, shards=4)
+    handle = await client.start_workflow(
+        LedgerReconciliationWorkflow.run,
+        LedgerReconciliationInput(business_date=D, shards=shards, heartbeat_timeout_seconds=2.0),
+        id=f"{id_prefix(task_queue)}-bad-shards",
+        task_queue=task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), timeout=30)
+    message = str(failure.value.cause.cause)
+    assert "split into 4 shard(s) (0-3), not 6" in message
+    assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
+    assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == 0
