@@ -101,7 +101,7 @@ async def test_unknown_shard_and_unknown_date_fail_non_retryably(pool):
             ReconcileShardInput(business_date=date(2026, 10, 20), shard=0, shards=4, workflow_id="wf"),
         )
     assert err.value.non_retryable
-    with pytest.raises(ApplicationError, match="split into 4 shard.*not 8") as err:
+    with pytest.raises(ApplicationError, match=r"split into 4 shard.*not 8") as err:
         await env.run(acts.settle_ledger_date, SettleLedgerInput(business_date=D, shards=8, workflow_id="wf"))
     assert err.value.non_retryable
     # Settling before the shards reported is refused (retryably: the join is not complete yet).
