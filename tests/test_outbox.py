@@ -25,8 +25,9 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 import starter
 from activities.cleanup import CleanupActivities
@@ -174,7 +175,7 @@ async def test_ten_thousand_events_three_relays_one_killed_mid_batch(
     by_status = dict(await pool.fetch("SELECT status, count(*) FROM outbox GROUP BY status"))
     assert by_status == {"delivered": total}, "lost = 0: every event delivered, none pending or dead"
     assert sum(r.delivered for r in results) == total, "each event recorded as delivered exactly once"
-    assert all(r.delivered > 0 for r in results), "all three relays took part"
+    assert all(r.batches >= 1 for r in results) and sum(r.delivered > 0 for r in results) >= 2, results
 
     s = stats(provider)
     keys = {r["event_key"] for r in await pool.fetch("SELECT event_key FROM outbox")}
@@ -464,3 +465,5 @@ async def test_relay_continues_as_new_and_keeps_its_totals(client, pool, task_qu
     assert stats(provider)["delivered"] == 30
     history = await client.get_workflow_handle(relay_id).fetch_history()
     assert len(history.events) < 40, "each run's history stays short"
+    replayer = Replayer(workflows=[OutboxRelayWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)  # deterministic: the recorded run replays without error
