@@ -6,6 +6,8 @@ retried on another node after its COMMIT, it leaves exactly one effect per (acco
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,6 +28,46 @@ from core.models import (
 from core.queries import load
 
 SQL = load("cleanup.sql")
+
+
+def _after_batch(checkpoint: PartitionCheckpoint) -> None:
+    failpoints.hit("cleanup_partition.after_commit")
+    activity.heartbeat(checkpoint.model_dump(mode="json"))
+
+
+async def clean_partition_batches(
+    pool: asyncpg.Pool,
+    batch_sql: str,
+    input: CleanupPartitionInput,
+    checkpoint: PartitionCheckpoint,
+    after_batch: Callable[[PartitionCheckpoint], None],
+) -> PartitionCheckpoint:
+    """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
+
+    Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
+    """
+    while True:
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                batch_sql, input.cleanup_id, input.partition_no, checkpoint.last_account_id, input.batch_size
+            )
+        assert row is not None
+        if row["batch_rows"] == 0:
+            return checkpoint
+        checkpoint = PartitionCheckpoint(
+            last_account_id=row["last_account_id"],
+            counts=checkpoint.counts
+            + PartitionCounts(
+                cleaned=row["cleaned"],
+                skipped_renewed=row["skipped_renewed"],
+                skipped_stale=row["skipped_stale"],
+                already_applied=row["already_applied"],
+            ),
+            batches=checkpoint.batches + 1,
+        )
+        after_batch(checkpoint)
+        if row["batch_rows"] < input.batch_size:
+            return checkpoint
 
 
 class CleanupActivities:
@@ -97,34 +139,8 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         details = activity.info().heartbeat_details
-        checkpoint = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
-        while True:
-            async with self.pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(
-                    self.partition_batch_sql,
-                    input.cleanup_id,
-                    input.partition_no,
-                    checkpoint.last_account_id,
-                    input.batch_size,
-                )
-            assert row is not None
-            if row["batch_rows"] == 0:
-                break
-            failpoints.hit("cleanup_partition.after_commit")
-            checkpoint = PartitionCheckpoint(
-                last_account_id=row["last_account_id"],
-                counts=checkpoint.counts
-                + PartitionCounts(
-                    cleaned=row["cleaned"],
-                    skipped_renewed=row["skipped_renewed"],
-                    skipped_stale=row["skipped_stale"],
-                    already_applied=row["already_applied"],
-                ),
-                batches=checkpoint.batches + 1,
-            )
-            activity.heartbeat(checkpoint.model_dump(mode="json"))
-            if row["batch_rows"] < input.batch_size:
-                break
+        start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
+        checkpoint = await clean_partition_batches(self.pool, self.partition_batch_sql, input, start, _after_batch)
         c = checkpoint.counts
         await self.pool.execute(
             SQL.record_partition_report,
