@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ LEASE_MARGIN_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
 _JITTER = random.Random()
+_HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,9 @@ class OutboxRelayActivities:
         return outcomes
 
     async def _send_one(self, conn: HttpConnection, row: asyncpg.Record, s: RelayBatchSettings) -> Outcome:
+        if not _HEADER_SAFE.match(row["event_key"]):
+            # Never put it in a header (CR/LF would inject headers); a bad event, not a provider problem.
+            return Outcome("dead", None, 0.0, "event key is not a valid Idempotency-Key (printable ASCII only)")
         body = json.dumps(
             {
                 "event_key": row["event_key"],

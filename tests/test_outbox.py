@@ -202,6 +202,7 @@ async def test_retry_after_backoff_and_dead_letter(client, pool, task_queue, rel
     for key in ("k-429", "k-503", "k-timeout", "k-400", "k-503-forever"):
         await add_event(pool, key)
     await add_event(pool, "k-bad-kind", kind="no_such_template")
+    await add_event(pool, "k-injection\r\nX-Injected: 1")
     p.script("k-429", ScriptedFault(429, times=1, retry_after="3"))
     p.script("k-503", ScriptedFault(503, times=2))
     p.script("k-timeout", ScriptedFault(None, times=1))
@@ -250,7 +251,11 @@ async def test_retry_after_backoff_and_dead_letter(client, pool, task_queue, rel
     assert forever["dead_reason"].startswith("gave up after 4 attempts; last: HTTP 503")
 
     assert sum(1 for r in rows.values() if r["status"] == "delivered") == 23
-    assert totals.delivered == 23 and totals.dead == 3
+    injection = rows["k-injection\r\nX-Injected: 1"]
+    assert injection["status"] == "dead" and "not a valid Idempotency-Key" in injection["dead_reason"]
+    assert stats(provider)["unique_keys"] == 23 + 3, "a key that is no valid header value is never sent"
+
+    assert totals.delivered == 23 and totals.dead == 4
     delivered_keys = [m["idempotency_key"] for m in p.messages()]
     assert len(delivered_keys) == len(set(delivered_keys)) == 23
 
