@@ -8,6 +8,7 @@ and a scheduled run of the same date at once;  5. pause, unpause, backfill;  6. 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from datetime import date
@@ -15,6 +16,7 @@ from datetime import date
 import asyncpg
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.worker import Replayer
 
 from core import ledger_schedule as ls
 from core.ledger_ops import ledger_status, start_reconciliation
@@ -141,6 +143,10 @@ async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, t
         and e.activity_task_scheduled_event_attributes.activity_type.name == "reconcile_shard"
     ]
     assert len(scheduled) == 4
+    # The history replays deterministically against the current workflow code.
+    await Replayer(workflows=[LedgerReconciliationWorkflow], data_converter=client.data_converter).replay_workflow(
+        await handle.fetch_history()
+    )
     assert await pool.fetchval("SELECT count(*) FROM ledger_settlements") == 1
     assert result.settlement.discrepancies_found == seeded.expected_discrepancies
     assert await double_postings(pool) == 0
@@ -312,3 +318,47 @@ async def test_a_wrong_shard_count_fails_the_run_without_retrying(client, pool, 
     assert "split into 4 shard(s) (0-3), not 6" in message
     assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
     assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == 0
+
+
+async def test_cli_seed_reconcile_status_and_schedule_commands(
+    client, db_url, temporal_address, task_queue, worker, capsys
+):
+    from starter import main
+
+    day = "2026-09-30"  # the CLI uses the real workflow ID prefix: a date no other test uses
+    base = ["--temporal-address", temporal_address, "--database-url", db_url, "--task-queue", task_queue]
+
+    async def cli(*argv: str) -> dict:
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, [*base, *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    rates = ["--large-mismatch-rate", "0.03", "--unknown-rate", "0.02"]
+    seeded = await cli("ledger", "seed", "--date", day, "--payments", "400", "--shards", "2", *rates)
+    assert seeded["expected_review_rows"] > 5
+    assert seeded["created"] and seeded["payments"] == 400
+    again = await cli("ledger", "seed", "--date", day, "--payments", "400", "--shards", "2")
+    assert not again["created"] and again["payments"] == 0
+    started = await cli("reconcile", "--date", day, "--batch-size", "150")
+    assert started["started"] and started["workflow_id"] == f"ledger-reconciliation-{day}"
+    await client.get_workflow_handle(started["workflow_id"]).result()
+    assert not (await cli("reconcile", "--date", day))["started"]
+
+    status = await cli("ledger", "status", day)
+    assert status["shards_done"] == "2/2" and status["settled"] is True and status["phase"] == "settled"
+    assert status["corrections"] == seeded["expected_corrections"]
+    assert status["review_rows"] == seeded["expected_review_rows"]
+    assert status["settlement"]["discrepancies_found"] == status["corrections"] + status["review_rows"]
+    assert len(await cli("ledger", "review", f"ledger-reconciliation-{day}", "--limit", "5")) == 5
+
+    sid = ["--schedule-id", f"ledger-nightly-{uuid.uuid4().hex[:8]}"]
+    created = await cli("schedule", "create", *sid, "--at", "03:30", "--paused", "--shards", "2")
+    assert (created["runs_at"], created["paused"], created["overlap"]) == ("03:30 UTC", True, "ALLOW_ALL")
+    assert created["catchup_window"] == "1 day, 0:00:00"
+    assert (await cli("schedule", "unpause", *sid))["paused"] is False
+    assert (await cli("schedule", "pause", *sid, "--note", "provider outage"))["note"] == "provider outage"
+    assert (await cli("schedule", "describe", *sid))["next_runs"][0].endswith("T03:30:00+00:00")
+    assert (await cli("schedule", "delete", *sid))["deleted"] is True
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*base, "schedule", "describe", *sid]) == 2
+    assert "no schedule" in capsys.readouterr().err
