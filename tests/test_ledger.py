@@ -12,6 +12,7 @@ import json
 import re
 import uuid
 from datetime import date
+from typing import Any
 
 import asyncpg
 import pytest
@@ -328,7 +329,7 @@ async def test_cli_seed_reconcile_status_and_schedule_commands(
     day = "2026-09-30"  # the CLI uses the real workflow ID prefix: a date no other test uses
     base = ["--temporal-address", temporal_address, "--database-url", db_url, "--task-queue", task_queue]
 
-    async def cli(*argv: str) -> dict:
+    async def cli(*argv: str) -> Any:
         capsys.readouterr()
         assert await asyncio.to_thread(main, [*base, *argv, "--json"]) == 0
         return json.loads(capsys.readouterr().out)
