@@ -70,20 +70,20 @@ async def test_a_night_reconciles_balanced_and_replaying_it_changes_nothing(clie
 
 async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client, pool, task_queue, worker_processes):
     seeded = await seed_day(pool, D, payments=1200, shards=2)
-    dying = worker_processes.start(CLEANUP_FAILPOINTS="reconcile_shard.after_commit=exit@2")
+    dying = worker_processes.start(CLEANUP_FAILPOINTS="reconcile_shard.after_commit=exit@3")
     started = await start_reconciliation(
         client,
         pool,
         task_queue,
         D,
-        max_parallel=1,  # shard 0 first: the second COMMIT in the process is shard 0's batch 2
+        max_parallel=1,  # shard 0 first: the third COMMIT in the process is shard 0's batch 3
         batch_size=100,
         heartbeat_timeout_seconds=2.0,
         id_prefix=id_prefix(task_queue),
     )
     assert await wait_for_process(dying) == 86
     committed = await pool.fetchval("SELECT count(*) FROM ledger_corrections")
-    assert committed > 0, "batches 1 and 2 of shard 0 committed before the worker died"
+    assert committed > 0, "batches 1-3 of shard 0 committed before the worker died"
 
     worker_processes.start()
     handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
@@ -91,10 +91,13 @@ async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client
 
     shard0 = result.shards[0]
     assert shard0.attempt == 2, "the killed attempt was retried"
-    assert shard0.resumed_from_batch == 1, "resumed after the last heartbeated batch, not from zero"
+    # Heartbeats after the first are throttled, so the last one that reached Temporal before the
+    # kill is batch 1's or batch 2's; batch 3 committed unheartbeated and was re-judged as applied.
+    assert shard0.resumed_from_batch in (1, 2), "resumed after a heartbeated batch, not from zero"
     assert shard0.batches_this_attempt == shard0.batches - 1
     assert result.shards[1].attempt == 1
-    assert "shard 0 of 2026-10-25 attempt 2 resumes after batch 1" in worker_processes.logs()
+    resumed = f"shard 0 of 2026-10-25 attempt 2 resumes after batch {shard0.resumed_from_batch} at (game-"
+    assert resumed in worker_processes.logs()
     assert await double_postings(pool) == 0
     assert result.settlement.corrected == seeded.expected_corrections
     assert result.settlement.sent_to_review == seeded.expected_review
