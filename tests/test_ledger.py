@@ -366,3 +366,20 @@ async def test_cli_seed_reconcile_status_and_schedule_commands(
     capsys.readouterr()
     assert await asyncio.to_thread(main, [*base, "schedule", "describe", *sid]) == 2
     assert "no schedule" in capsys.readouterr().err
+
+
+async def test_a_triggered_night_reconciles_the_previous_business_date(client, pool, task_queue, worker):
+    from datetime import UTC, datetime, timedelta
+
+    yesterday = datetime.now(UTC).date() - timedelta(days=1)
+    seeded = await seed_day(pool, yesterday, payments=200, shards=2)
+    schedule_id = f"ledger-nightly-{uuid.uuid4().hex[:8]}"
+    options = ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
+    await ls.create_schedule(client, task_queue, options=options, paused=True, schedule_id=schedule_id)
+    try:
+        await ls.trigger_schedule(client, schedule_id)
+        (run,) = await _wait_for_scheduled_runs(client, schedule_id, 1)
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+    assert (run.business_date, run.outcome) == (yesterday, "reconciled")
+    assert run.settlement is not None and run.settlement.corrected == seeded.expected_corrections
