@@ -1,6 +1,8 @@
 """The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
 
-Exit codes: 0 success, 2 bad input (nothing was started), 1 anything else.
+Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
+traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late.
+Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """
 
 from __future__ import annotations
@@ -8,15 +10,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from datetime import date, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from core import db, embedded
 from core.cli_ledger import register_ledger_commands
 from core.cli_outbox import register_outbox_commands
-from core.config import Settings
+from core.config import Settings, mask_url
 from core.errors import InputError
 from core.operations import (
     cleanup_status,
@@ -28,7 +34,9 @@ from core.operations import (
 from core.temporal import connect
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
+EXIT_ERROR = 1
 EXIT_INPUT = 2
+EXIT_TOO_LATE = 3
 
 
 def _default(value: object) -> object:
@@ -138,7 +146,7 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 
     emit(args, outcome.model_dump(mode="json"), human)
     if not outcome.in_time:
-        sys.exit(3)
+        sys.exit(EXIT_TOO_LATE)
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
@@ -174,7 +182,7 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
-                "database_url": resolved.database_url,
+                "database_url": mask_url(resolved.database_url),
             },
             key_values,
         )
@@ -233,18 +241,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = Settings.from_env(
-        temporal_address=args.temporal_address,
-        temporal_namespace=args.namespace,
-        task_queue=args.task_queue,
-        database_url=args.database_url,
-    )
+    try:
+        settings = Settings.from_env(
+            temporal_address=args.temporal_address,
+            temporal_namespace=args.namespace,
+            task_queue=args.task_queue,
+            database_url=args.database_url,
+        )
+    except (ValidationError, ValueError) as err:
+        print(mask_url(f"error: bad configuration: {err}"), file=sys.stderr)
+        return EXIT_INPUT
     try:
         asyncio.run(args.handler(args, settings))
     except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}", settings), file=sys.stderr)
         return EXIT_INPUT
+    except Exception as err:
+        if os.environ.get("CLEANUP_DEBUG"):
+            print(redact(traceback.format_exc(), settings), file=sys.stderr)
+        print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
+        return EXIT_ERROR
     return 0
+
+
+def redact(text: str, settings: Settings) -> str:
+    for secret in sorted(settings.secrets(), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return mask_url(text) or ""
 
 
 if __name__ == "__main__":

@@ -6,19 +6,23 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 
 import asyncpg
+from pydantic import ValidationError
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
-from core import db, embedded
+from core import db, embedded, logs, metrics
 from core.cleanup_targets import load_targets
 from core.config import Settings
+from core.errors import InputError
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
@@ -60,13 +64,25 @@ def build_worker(
     )
 
 
+def metrics_runtime(settings: Settings) -> Runtime | None:
+    """A runtime exporting Prometheus metrics when `metrics_port` is set (Temporal's and the project's)."""
+    if settings.metrics_port is None:
+        return None
+    runtime = metrics.runtime(f"{settings.metrics_host}:{settings.metrics_port}")
+    metrics.install(runtime.metric_meter)
+    return runtime
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
+    runtime = metrics_runtime(settings)
+    if runtime is not None:
+        log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await db.migrate_url(settings.database_url)
     pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
     try:
-        client = await connect(settings)
+        client = await connect(settings, runtime=runtime)
         try:
             added = await ensure_search_attributes(client, settings.temporal_namespace)
             if added:
@@ -79,23 +95,39 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             await build_activities(pool),
             max_concurrent_activities=settings.max_concurrent_activities,
         )
-        log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
+        log.info(
+            "worker polling %s on %s (payload encryption %s)",
+            settings.task_queue,
+            settings.temporal_address,
+            "on" if settings.payload_encryption_key else "off",
+        )
         async with worker:
             await (stop or asyncio.Event()).wait()
     finally:
         await pool.close()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (default: $METRICS_PORT; off)")
+    parser.add_argument("--log-format", choices=["text", "json"], help="default: $LOG_FORMAT or text")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = Settings.from_env(
-        task_queue=args.task_queue, temporal_address=args.temporal_address, database_url=args.database_url
-    )
+    try:
+        settings = Settings.from_env(
+            task_queue=args.task_queue,
+            temporal_address=args.temporal_address,
+            database_url=args.database_url,
+            metrics_port=args.metrics_port,
+            log_format=args.log_format,
+        )
+    except (ValidationError, ValueError) as err:
+        logs.configure("text")
+        log.error("bad configuration: %s", err)
+        return 2
+    logs.configure(settings.log_format, secrets=settings.secrets())
 
     async def _run() -> None:
         stop = asyncio.Event()
@@ -104,8 +136,16 @@ def main(argv: list[str] | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(settings, stop)
 
-    asyncio.run(_run())
+    try:
+        asyncio.run(_run())
+    except InputError as err:  # bad configuration: say what, never echo a secret
+        log.error("%s", err)
+        return 2
+    except Exception:  # logged through the redacting formatter, traceback included
+        log.exception("worker stopped on an error")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

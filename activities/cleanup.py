@@ -12,7 +12,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import failpoints
+from core import failpoints, metrics
 from core.cleanup_targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_partition_batch
 from core.models import (
     AccountRenewalCheck,
@@ -167,7 +167,7 @@ class CleanupActivities:
             totals = PartitionCounts()
             for report in input.reports:
                 totals = totals + report.counts
-            await conn.execute(
+            written = await conn.execute(
                 SQL.settle_cleanup,
                 input.cleanup_id,
                 input.deadline,
@@ -180,4 +180,6 @@ class CleanupActivities:
             row = await conn.fetchrow(SQL.get_settlement, input.cleanup_id)
         failpoints.hit("settle_cleanup.after_commit")
         assert row is not None
+        if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
+            metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])
         return CleanupSettlement.model_validate(dict(row))

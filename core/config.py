@@ -1,11 +1,18 @@
-"""Configuration from the environment; anything left unset falls back to embedded services."""
+"""Configuration from the environment; anything left unset falls back to embedded services.
+
+Secrets (the Temporal API key, the payload encryption key) are `SecretStr`, and the password in
+`database_url` is masked whenever settings are shown (`repr`, `str`, `safe_dict()`), so printing a
+`Settings` never leaks them. Read the real values with `.get_secret_value()` / `database_url`.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,6 +21,23 @@ DEFAULT_NAMESPACE = "default"
 EMBEDDED_TEMPORAL_PORT = 7233
 EMBEDDED_UI_PORT = 8233
 
+LogFormat = Literal["text", "json"]
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>[^@/\s]+)(?P<tail>@)")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)(?P<tail>)")
+
+
+def mask_url(url: str | None) -> str | None:
+    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db` (also inside longer text)."""
+    if url is None:
+        return None
+    for pattern in (_URL_PASSWORD, _QUERY_PASSWORD):
+        url = pattern.sub(r"\g<head>***\g<tail>", url)
+    return url
+
+
+def _secret(value: str | None) -> SecretStr | None:
+    return SecretStr(value) if value else None
+
 
 class Settings(BaseModel):
     """Where Temporal and Postgres are; `None` means "start the embedded one"."""
@@ -21,11 +45,24 @@ class Settings(BaseModel):
     temporal_address: str | None = None
     temporal_namespace: str = DEFAULT_NAMESPACE
     task_queue: str = DEFAULT_TASK_QUEUE
-    database_url: str | None = None
+    database_url: str | None = Field(default=None, repr=False)
     state_dir: Path = Field(default=PROJECT_ROOT / ".state")
     temporal_ui_url: str | None = None
     pool_max_size: int = Field(default=8, ge=1, le=200)
     max_concurrent_activities: int = Field(default=16, ge=1, le=1000)
+    # Observability (docs/observability.md)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "0.0.0.0"
+    log_format: LogFormat = "text"
+    # Security (docs/security.md)
+    temporal_tls: bool | None = None  # None: TLS when a certificate, CA or API key is configured
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_tls_ca: Path | None = None
+    temporal_tls_server_name: str | None = None
+    temporal_api_key: SecretStr | None = None
+    payload_encryption_key: SecretStr | None = None
+    payload_encryption_key_id: str = "default"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -36,6 +73,15 @@ class Settings(BaseModel):
             "task_queue": env.get("TEMPORAL_TASK_QUEUE") or DEFAULT_TASK_QUEUE,
             "database_url": env.get("DATABASE_URL") or None,
             "temporal_ui_url": env.get("TEMPORAL_UI_URL") or None,
+            "temporal_tls": env.get("TEMPORAL_TLS") or None,
+            "temporal_tls_cert": env.get("TEMPORAL_TLS_CERT") or None,
+            "temporal_tls_key": env.get("TEMPORAL_TLS_KEY") or None,
+            "temporal_tls_ca": env.get("TEMPORAL_TLS_CA") or None,
+            "temporal_tls_server_name": env.get("TEMPORAL_TLS_SERVER_NAME") or None,
+            "temporal_api_key": _secret(env.get("TEMPORAL_API_KEY")),
+            "payload_encryption_key": _secret(env.get("PAYLOAD_ENCRYPTION_KEY")),
+            "payload_encryption_key_id": env.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
+            "log_format": (env.get("LOG_FORMAT") or "text").lower(),
         }
         if env.get("CLEANUP_STATE_DIR"):
             values["state_dir"] = Path(env["CLEANUP_STATE_DIR"])
@@ -43,8 +89,30 @@ class Settings(BaseModel):
             values["pool_max_size"] = int(env["DB_POOL_MAX_SIZE"])
         if env.get("WORKER_MAX_CONCURRENT_ACTIVITIES"):
             values["max_concurrent_activities"] = int(env["WORKER_MAX_CONCURRENT_ACTIVITIES"])
+        if env.get("METRICS_PORT"):
+            values["metrics_port"] = int(env["METRICS_PORT"])
+        if env.get("METRICS_HOST"):
+            values["metrics_host"] = env["METRICS_HOST"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
+
+    def __repr_args__(self) -> Any:
+        yield from super().__repr_args__()
+        yield "database_url", mask_url(self.database_url)
+
+    def safe_dict(self) -> dict[str, Any]:
+        """Everything, with secrets masked: what may be printed or logged."""
+        data = self.model_dump(mode="json")
+        data["database_url"] = mask_url(self.database_url)
+        return data
+
+    def secrets(self) -> list[str]:
+        """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
+        found = [s.get_secret_value() for s in (self.temporal_api_key, self.payload_encryption_key) if s]
+        if self.database_url:
+            for pattern in (_URL_PASSWORD, _QUERY_PASSWORD):
+                found += [m.group("password") for m in pattern.finditer(self.database_url)]
+        return [s for s in found if s]
 
     def ui_url(self) -> str:
         if self.temporal_ui_url:

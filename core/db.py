@@ -23,8 +23,22 @@ def migration_files() -> list[Path]:
     return sorted(MIGRATIONS_DIR.glob("*.sql"))
 
 
+async def pending_migrations(conn: asyncpg.Connection) -> list[str] | None:
+    """Names not yet applied, read without taking locks or running DDL; None if there is no ledger yet."""
+    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+        return None
+    done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+    return [p.name for p in migration_files() if p.name not in done]
+
+
 async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply the migrations not yet applied; safe when several workers start at once."""
+    """Apply the migrations not yet applied; safe when several workers start at once.
+
+    An up-to-date database is detected read-only first, so a least-privileged worker role
+    (004_worker_role.sql: no DDL) starts fine against a database migrated by its owner.
+    """
+    if await pending_migrations(conn) == []:
+        return []
     applied_now: list[str] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)

@@ -53,6 +53,16 @@ def parse_deadline(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
+def public_account_id(client: Client, account_id: str) -> str:
+    """The account ID as it may appear in workflow IDs, search attributes and summaries.
+
+    With payload encryption on (core.codec), a keyed pseudonym: those fields are never encrypted.
+    """
+    from core.codec import pseudonymize
+
+    return pseudonymize(client.data_converter.payload_codec, account_id)
+
+
 def check_account_id(value: str) -> str:
     if not is_account_id(value):
         raise InputError(f"malformed account ID {value!r}: expected acct_ followed by 1-60 of [A-Za-z0-9_-]")
@@ -100,7 +110,7 @@ async def start_cleanup(
         expected_version = state["cleanup_version"]
         partitions = 1
         in_scope = 1
-        workflow_id = account_cleanup_id(account_id, deadline)
+        workflow_id = account_cleanup_id(public_account_id(client, account_id), deadline)
     else:
         assert deadline is not None
         if deadline.tzinfo is None:
@@ -145,8 +155,9 @@ async def start_cleanup(
         SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
         SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
     ]
-    if account_id is not None:
-        attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, account_id))
+    public_account = public_account_id(client, account_id) if account_id is not None else None
+    if public_account is not None:
+        attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
     try:
         handle = await client.start_workflow(
             RenewalCleanupWorkflow.run,
@@ -158,7 +169,7 @@ async def start_cleanup(
             search_attributes=TypedSearchAttributes(attrs),
             memo={"partitions_done": 0, "note": note},
             static_summary=(
-                f"cleanup of {account_id}" if account_id else f"cleanup of cohort {input.deadline.isoformat()}"
+                f"cleanup of {public_account}" if public_account else f"cleanup of cohort {input.deadline.isoformat()}"
             ),
         )
         run_id = handle.result_run_id
@@ -236,7 +247,7 @@ async def renew(
     if not in_time:
         return outcome
     signal = RenewalSignal(account_id=account_id, version_after=row["version_after"], new_deadline=until)
-    own_cleanup = account_cleanup_id(account_id, row["old_deadline"])
+    own_cleanup = account_cleanup_id(public_account_id(client, account_id), row["old_deadline"])
     for workflow_id in (own_cleanup, cohort_cleanup_id(row["old_deadline"])):
         with contextlib.suppress(RPCError):
             handle = client.get_workflow_handle(workflow_id)

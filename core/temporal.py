@@ -1,4 +1,9 @@
-"""Temporal client set-up shared by the worker, the starter and the tests."""
+"""Temporal client set-up shared by the worker, the starter and the tests.
+
+`connect()` applies everything security-related from `Settings` (docs/security.md): mTLS client
+certificate and key (with an optional CA and server name), an API key, and payload encryption
+when a key is configured.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,68 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.converter import DataConverter
+from temporalio.runtime import Runtime
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from core import search_attributes as sa
 from core.config import Settings
+from core.errors import InputError
 
 
-async def connect(settings: Settings) -> Client:
+def data_converter(settings: Settings) -> DataConverter:
+    """The pydantic converter, plus AES-GCM payload encryption when a key is configured."""
+    if settings.payload_encryption_key is None:
+        return pydantic_data_converter
+    from core.codec import EncryptionCodec, EncryptionKeyError, with_encryption
+
+    try:
+        codec = EncryptionCodec.from_key(
+            settings.payload_encryption_key.get_secret_value(), settings.payload_encryption_key_id
+        )
+    except EncryptionKeyError as err:
+        raise InputError(str(err)) from None
+    return with_encryption(pydantic_data_converter, codec)
+
+
+def _read(path: object, what: str) -> bytes:
+    try:
+        with open(str(path), "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise InputError(f"cannot read {what} {path}: {err.strerror}") from None
+
+
+def tls_config(settings: Settings) -> TLSConfig | bool:
+    """mTLS when a client certificate is configured; server-only TLS when just a CA or an API key is."""
+    cert, key = settings.temporal_tls_cert, settings.temporal_tls_key
+    if (cert is None) != (key is None):
+        raise InputError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together")
+    if settings.temporal_tls is False:
+        if cert is not None:
+            raise InputError("TEMPORAL_TLS=false contradicts TEMPORAL_TLS_CERT (mTLS needs TLS)")
+        return False
+    if cert is None and settings.temporal_tls_ca is None and settings.temporal_tls_server_name is None:
+        # An API key is a bearer credential: by default it is never sent in clear text.
+        return bool(settings.temporal_tls) or settings.temporal_api_key is not None
+    return TLSConfig(
+        client_cert=_read(cert, "TEMPORAL_TLS_CERT") if cert else None,
+        client_private_key=_read(key, "TEMPORAL_TLS_KEY") if key else None,
+        server_root_ca_cert=_read(settings.temporal_tls_ca, "TEMPORAL_TLS_CA") if settings.temporal_tls_ca else None,
+        domain=settings.temporal_tls_server_name,
+    )
+
+
+async def connect(settings: Settings, *, runtime: Runtime | None = None) -> Client:
     if settings.temporal_address is None:
         raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(settings),
+        tls=tls_config(settings),
+        api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
+        runtime=runtime,
     )
 
 

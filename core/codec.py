@@ -1,0 +1,115 @@
+"""Payload encryption: AES-256-GCM over every payload Temporal stores (inputs, results, heartbeats,
+signals, queries, memos, failure messages).
+
+Each encrypted payload has `encoding: binary/encrypted` and `encryption-key-id: <id>` in its
+metadata; its data is a 12-byte random nonce followed by the ciphertext of the serialized original
+payload (the key ID is the additional authenticated data). Decoding picks the key by that ID, so
+keys can be rotated: encrypt with the new key, keep old ones for decryption. A payload without the
+encrypted encoding passes through unchanged (histories written before encryption was turned on).
+
+Search attributes and workflow IDs are never encoded by Temporal: keep identifiers out of them
+(see docs/security.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping, Sequence
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
+
+ENCODING = b"binary/encrypted"
+KEY_ID_METADATA = "encryption-key-id"
+NONCE_BYTES = 12
+
+
+class EncryptionKeyError(ValueError):
+    """A key that is missing or malformed; the message never contains key material."""
+
+
+def parse_key(text: str, *, name: str = "PAYLOAD_ENCRYPTION_KEY") -> bytes:
+    """Base64 (standard or URL-safe) of exactly 32 bytes."""
+    cleaned = text.strip()
+    try:
+        raw = base64.b64decode(cleaned, altchars=b"-_" if ("-" in cleaned or "_" in cleaned) else None, validate=True)
+    except (binascii.Error, ValueError):
+        raise EncryptionKeyError(f"{name} is not valid base64 (expected base64 of 32 random bytes)") from None
+    if len(raw) != 32:
+        raise EncryptionKeyError(f"{name} must decode to 32 bytes for AES-256-GCM, got {len(raw)}")
+    return raw
+
+
+def new_key() -> str:
+    """A fresh key, base64: `python -c 'from core.codec import new_key; print(new_key())'`."""
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+class EncryptionCodec(PayloadCodec):
+    def __init__(self, keys: Mapping[str, bytes], current_key_id: str) -> None:
+        if current_key_id not in keys:
+            raise EncryptionKeyError(f"no key with ID {current_key_id!r}")
+        self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.items()}
+        self._key_id = current_key_id
+        self.pseudonym_key = pseudonym_key(keys[current_key_id])
+
+    @classmethod
+    def from_key(cls, key_b64: str, key_id: str = "default") -> EncryptionCodec:
+        return cls({key_id: parse_key(key_b64)}, key_id)
+
+    @property
+    def key_id(self) -> str:
+        return self._key_id
+
+    def encrypt(self, payload: Payload) -> Payload:
+        nonce = os.urandom(NONCE_BYTES)
+        aad = self._key_id.encode()
+        sealed = self._ciphers[self._key_id].encrypt(nonce, payload.SerializeToString(), aad)
+        return Payload(metadata={"encoding": ENCODING, KEY_ID_METADATA: aad}, data=nonce + sealed)
+
+    def decrypt(self, payload: Payload) -> Payload:
+        if payload.metadata.get("encoding") != ENCODING:
+            return payload
+        key_id = payload.metadata.get(KEY_ID_METADATA, b"").decode()
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise EncryptionKeyError(f"payload was encrypted with key {key_id!r}, which this process does not have")
+        plain = cipher.decrypt(payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:], key_id.encode())
+        original = Payload()
+        original.ParseFromString(plain)
+        return original
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self.encrypt(p) for p in payloads]
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self.decrypt(p) for p in payloads]
+
+
+def with_encryption(converter: DataConverter, codec: PayloadCodec) -> DataConverter:
+    """`converter` plus the codec, with failure messages and stack traces moved into encoded attributes."""
+    return dataclasses.replace(
+        converter, payload_codec=codec, failure_converter_class=DefaultFailureConverterWithEncodedAttributes
+    )
+
+
+def pseudonym_key(key: bytes) -> bytes:
+    return hmac.new(key, b"deadline-cleanup pseudonym v1", hashlib.sha256).digest()
+
+
+def pseudonymize(codec: object, value: str) -> str:
+    """What to put where Temporal cannot encrypt (workflow IDs, search attributes, summaries).
+
+    With an `EncryptionCodec`, a keyed hash of `value` (`anon_` + 24 hex digits, stable for one
+    key); without one, `value` itself.
+    """
+    if not isinstance(codec, EncryptionCodec):
+        return value
+    digest = hmac.new(codec.pseudonym_key, value.encode(), hashlib.sha256).hexdigest()[:24]
+    return f"anon_{digest}"

@@ -1,0 +1,150 @@
+"""Logging for workers and the CLI: human-readable by default, one JSON object per line when asked.
+
+Every record emitted from an activity or a workflow carries the Temporal IDs: `workflow_id`,
+`workflow_run_id`, `workflow_type`, `activity_id`, `activity_type`, `attempt`, `task_queue`,
+`namespace`. They come from the `temporal_activity` / `temporal_workflow` extras that
+`activity.logger` / `workflow.logger` add, and, for any other logger used inside an activity or a
+workflow, from `activity.info()` / `workflow.info()`.
+
+Known secrets (Settings.secrets(): the API key, the encryption key, the database password) and any
+`scheme://user:password@` in a line are replaced with `***` before the line is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio import activity, workflow
+
+from core.config import mask_url
+
+CONTEXT_FIELDS = (
+    "workflow_id",
+    "workflow_run_id",
+    "workflow_type",
+    "activity_id",
+    "activity_type",
+    "attempt",
+    "task_queue",
+    "namespace",
+)
+_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "temporal_activity", "temporal_workflow"}
+_RESERVED |= {"activity_info", "workflow_info", "temporal", *CONTEXT_FIELDS}
+
+
+def temporal_context(record: logging.LogRecord | None = None) -> dict[str, Any]:
+    """The Temporal IDs of the activity or workflow this code runs in ({} outside both)."""
+    for extra in ("temporal_activity", "temporal_workflow"):
+        details = getattr(record, extra, None) if record is not None else None
+        if isinstance(details, Mapping):
+            return {k: v for k, v in details.items() if k in CONTEXT_FIELDS and v is not None}
+    try:
+        if activity.in_activity():
+            info = activity.info()
+            return {
+                "workflow_id": info.workflow_id,
+                "workflow_run_id": info.workflow_run_id,
+                "workflow_type": info.workflow_type,
+                "activity_id": info.activity_id,
+                "activity_type": info.activity_type,
+                "attempt": info.attempt,
+                "task_queue": info.task_queue,
+                "namespace": info.namespace,
+            }
+        if workflow.in_workflow():
+            winfo = workflow.info()
+            return {
+                "workflow_id": winfo.workflow_id,
+                "workflow_run_id": winfo.run_id,
+                "workflow_type": winfo.workflow_type,
+                "attempt": winfo.attempt,
+                "task_queue": winfo.task_queue,
+                "namespace": winfo.namespace,
+            }
+    except Exception:  # never let logging fail the code that logs
+        return {}
+    return {}
+
+
+class TemporalContextFilter(logging.Filter):
+    """Puts the Temporal IDs on the record as attributes (and as `record.temporal` for formatters)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "temporal"):
+            ctx = temporal_context(record)
+            record.temporal = ctx
+            for key, value in ctx.items():
+                setattr(record, key, value)
+        return True
+
+
+class _Redacting(logging.Formatter):
+    def __init__(self, fmt: str | None = None, secrets: Iterable[str] = ()) -> None:
+        super().__init__(fmt)
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 3}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return mask_url(text) or ""
+
+
+class TextFormatter(_Redacting):
+    """`time LEVEL logger message [workflow_id=... activity_type=... attempt=...]`."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s", secrets)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        ctx: Mapping[str, Any] = getattr(record, "temporal", None) or temporal_context(record)
+        if ctx:
+            first, sep, rest = text.partition("\n")
+            tags = " ".join(f"{k}={ctx[k]}" for k in CONTEXT_FIELDS if k in ctx and k != "namespace")
+            text = f"{first} [{tags}]{sep}{rest}"
+        return self.redact(text)
+
+
+class JsonFormatter(_Redacting):
+    """One JSON object per line: ts, level, logger, message, the Temporal IDs, any other extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        ctx: Mapping[str, Any] = getattr(record, "temporal", None) or temporal_context(record)
+        out.update(ctx)
+        for key, value in vars(record).items():
+            if key not in _RESERVED and not key.startswith("_"):
+                out.setdefault(key, value)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return self.redact(json.dumps(out, default=str))
+
+
+def configure(fmt: str = "text", *, level: int = logging.INFO, secrets: Iterable[str] = ()) -> logging.Handler:
+    """Replace the root logger's handlers with one stderr handler in `fmt` ("text" or "json")."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"log format must be 'text' or 'json', got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(secrets=secrets) if fmt == "json" else TextFormatter(secrets))
+    handler.addFilter(TemporalContextFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # The IDs are fields (and tags in text); the SDK's adapters need not append them to the message.
+    activity.logger.activity_info_on_message = False
+    workflow.logger.workflow_info_on_message = False
+    return handler

@@ -1,0 +1,111 @@
+"""The project's own Prometheus counters, on the same endpoint as Temporal's runtime metrics.
+
+Workers started with `METRICS_PORT` (or `worker.py --metrics-port`) build a `temporalio.runtime.Runtime`
+with a Prometheus exporter (`runtime()` below); the client and the worker use it, so the SDK's
+`temporal_*` metrics and these counters are scraped from one `http://<host>:<port>/metrics`.
+
+Inside an activity the counters go through `activity.metric_meter()`, which labels them with
+`namespace`, `task_queue` and `activity_type`; elsewhere through the meter installed with
+`install()`; with neither (metrics off, a CLI) they are no-ops. Recording never raises: a metric
+must not fail a business step.
+
+Counters (names as scraped; docs/observability.md):
+  cleanup_accounts_cleaned            accounts whose cleanup was applied (per committed batch)
+  cleanup_duplicates_absorbed         accounts a batch found already applied (a redelivery absorbed)
+  cleanup_accounts_skipped{reason}    renewed / stale, counted once when the cleanup settles
+  cleanup_settlements                 cleanups settled (counted by the delivery that wrote the row)
+  ledger_corrections                  ledger corrections written            record_corrections(n)
+  ledger_review_rows                  rows sent to manual review            record_review_rows(n)
+  outbox_delivered, outbox_dead_lettered   outbox outcomes                  record_outbox(d, x)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from temporalio import activity
+from temporalio.common import MetricMeter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+log = logging.getLogger(__name__)
+
+_installed: MetricMeter | None = None
+
+DESCRIPTIONS: dict[str, str] = {
+    "cleanup_accounts_cleaned": "accounts whose cleanup was applied",
+    "cleanup_duplicates_absorbed": "accounts found already applied by a repeated batch (no second effect)",
+    "cleanup_accounts_skipped": "accounts not cleaned because they were renewed or their job was stale",
+    "cleanup_settlements": "cleanup settlements written",
+    "ledger_corrections": "ledger corrections written",
+    "ledger_review_rows": "ledger rows sent to manual review",
+    "outbox_delivered": "outbox events delivered",
+    "outbox_dead_lettered": "outbox events dead-lettered after their last attempt",
+}
+
+
+def runtime(bind_address: str) -> Runtime:
+    """A Temporal runtime exporting Prometheus metrics on `bind_address` (`host:port`)."""
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind_address)))
+
+
+def install(meter: MetricMeter | None) -> None:
+    """The meter used outside activities (e.g. `runtime.metric_meter`); `None` turns that off."""
+    global _installed
+    _installed = meter
+
+
+def _meter() -> MetricMeter | None:
+    if activity.in_activity():
+        try:
+            return activity.metric_meter()
+        except RuntimeError:  # a non-threaded sync activity has no meter
+            return None
+    return _installed
+
+
+def count(name: str, value: int, attributes: Mapping[str, str] | None = None) -> None:
+    """Add `value` to counter `name` (declared in DESCRIPTIONS); zero and negative values are ignored."""
+    if value <= 0:
+        return
+    try:
+        meter = _meter()
+        if meter is None:
+            return
+        counter = meter.create_counter(name, DESCRIPTIONS.get(name))
+        counter.add(value, dict(attributes) if attributes else None)
+    except Exception:  # a metric must never fail a business step
+        log.debug("could not record metric %s", name, exc_info=True)
+
+
+# --- cleanup (activities/cleanup.py) ---------------------------------------------------------------
+
+
+def record_cleanup_batch(*, cleaned: int, already_applied: int) -> None:
+    count("cleanup_accounts_cleaned", cleaned)
+    count("cleanup_duplicates_absorbed", already_applied)
+
+
+def record_cleanup_settled(*, skipped_renewed: int, skipped_stale: int) -> None:
+    count("cleanup_settlements", 1)
+    count("cleanup_accounts_skipped", skipped_renewed, {"reason": "renewed"})
+    count("cleanup_accounts_skipped", skipped_stale, {"reason": "stale"})
+
+
+# --- ledger and outbox (for their owners to call) --------------------------------------------------
+
+
+def record_corrections(n: int) -> None:
+    """Call once per committed shard/batch with the corrections that commit actually inserted."""
+    count("ledger_corrections", n)
+
+
+def record_review_rows(n: int) -> None:
+    """Call once per committed shard/batch with the review rows that commit actually inserted."""
+    count("ledger_review_rows", n)
+
+
+def record_outbox(delivered: int, dead: int) -> None:
+    """Call once per relay batch with the events it marked delivered and dead-lettered."""
+    count("outbox_delivered", delivered)
+    count("outbox_dead_lettered", dead)
