@@ -28,7 +28,7 @@ WITH keys AS (
 ledger AS (
     SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
     FROM ledger_payments l JOIN keys k ON k.game = l.game AND k.payment_id = l.payment_id
-    WHERE l.business_date = $1
+    WHERE l.business_date = $1 AND l.shard = $2
     ORDER BY l.game, l.payment_id
     FOR UPDATE OF l
 ),
