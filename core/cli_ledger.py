@@ -1,13 +1,16 @@
 """The ledger commands of starter.py: `schedule ...`, `reconcile --date D`, `ledger seed|status|review`.
 
-Registered by one call in starter.build_parser. Bad input raises InputError (exit 2). The
-operations are plain functions in core.ledger_ops / core.ledger_schedule / core.ledger_seed.
+Registered by one call in starter.build_parser, which also teaches the existing `status` command
+the ledger workflow IDs (`status ledger-reconciliation-2026-10-25 --json`). Bad input raises
+InputError (exit 2). The operations are plain functions in core.ledger_ops / core.ledger_schedule /
+core.ledger_seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,8 +23,9 @@ from temporalio.client import Client
 from core import db, embedded
 from core.config import Settings
 from core.errors import InputError
-from core.models_ledger import DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
+from core.models_ledger import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
 
+_LEDGER_ID = re.compile(re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}")
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 Command = Callable[..., argparse.ArgumentParser]
 
@@ -164,7 +168,7 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
-    from core.ledger_ops import ledger_status, ledger_target, review_rows
+    from core.ledger_ops import ledger_target, review_rows
     from core.ledger_seed import seed_ledger_day, seed_spec
 
     if args.action == "seed":
@@ -195,14 +199,41 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
     if not args.target:
         raise InputError(f"ledger {args.action} needs a business date, e.g. 2026-10-25")
     business_date, _ = ledger_target(args.target)
+    if args.action == "status":
+        await _show_status(args, settings, business_date)
+        return
     async with _context(settings) as ctx:
-        if args.action == "status":
-            data = await ledger_status(ctx.client, ctx.pool, business_date)
-            data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
-            _emit(args, data)
-        else:
-            rows = await review_rows(ctx.pool, business_date, args.limit)
-            _emit(args, rows, lambda r: _table(r, ["review_key", "kind", "reason"]))
+        rows = await review_rows(ctx.pool, business_date, args.limit)
+    _emit(args, rows, lambda r: _table(r, ["review_key", "kind", "reason"]))
+
+
+async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
+    from core.ledger_ops import ledger_status
+
+    async with _context(settings) as ctx:
+        data = await ledger_status(ctx.client, ctx.pool, business_date)
+        data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+    _emit(args, data)
+
+
+def _hook_status_command(sub: Any) -> None:
+    """`starter.py status ledger-reconciliation-YYYY-MM-DD` shows the ledger run; any other
+    workflow ID goes to the original `status` handler, unchanged."""
+    parser = getattr(sub, "choices", {}).get("status")
+    if parser is None:
+        return
+    original: Handler = parser.get_default("handler")
+
+    async def status(args: argparse.Namespace, settings: Settings) -> Any:
+        target = str(getattr(args, "workflow_id", ""))
+        if _LEDGER_ID.fullmatch(target):
+            from core.ledger_ops import ledger_target
+
+            await _show_status(args, settings, ledger_target(target)[0])
+            return None
+        return await original(args, settings)
+
+    parser.set_defaults(handler=status)
 
 
 def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> None:
@@ -221,7 +252,7 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
 
 def register_ledger_commands(sub: Any, command: Command) -> None:
     """Add the ledger commands to starter.py's sub-parsers (`command` is starter's helper)."""
-    del sub  # every command goes through starter's helper, which owns the sub-parsers
+    _hook_status_command(sub)
     p = command("schedule", cmd_schedule, "the nightly ledger-reconciliation schedule (Temporal Schedule)")
     p.add_argument("action", choices=["create", "describe", "pause", "unpause", "trigger", "backfill", "delete"])
     p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"default {SCHEDULE_ID}")

@@ -354,6 +354,7 @@ async def test_cli_seed_reconcile_status_and_schedule_commands(
     assert status["review_rows"] == seeded["expected_review_rows"]
     assert status["settlement"]["discrepancies_found"] == status["corrections"] + status["review_rows"]
     assert len(await cli("ledger", "review", f"ledger-reconciliation-{day}", "--limit", "5")) == 5
+    assert await cli("status", f"ledger-reconciliation-{day}") == status
 
     sid = ["--schedule-id", f"ledger-nightly-{uuid.uuid4().hex[:8]}"]
     created = await cli("schedule", "create", *sid, "--at", "03:30", "--paused", "--shards", "2")
