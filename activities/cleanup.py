@@ -140,7 +140,18 @@ class CleanupActivities:
         """
         details = activity.info().heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
-        checkpoint = await clean_partition_batches(self.pool, self.partition_batch_sql, input, start, _after_batch)
+        counted = start.counts
+
+        def after_batch(checkpoint: PartitionCheckpoint) -> None:
+            nonlocal counted
+            _after_batch(checkpoint)
+            metrics.record_cleanup_batch(
+                cleaned=checkpoint.counts.cleaned - counted.cleaned,
+                already_applied=checkpoint.counts.already_applied - counted.already_applied,
+            )
+            counted = checkpoint.counts
+
+        checkpoint = await clean_partition_batches(self.pool, self.partition_batch_sql, input, start, after_batch)
         c = checkpoint.counts
         await self.pool.execute(
             SQL.record_partition_report,

@@ -33,6 +33,7 @@ CONTEXT_FIELDS = (
     "task_queue",
     "namespace",
 )
+_RENAMED = {"run_id": "workflow_run_id"}  # workflow.logger says run_id; activity.logger, workflow_run_id
 _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "temporal_activity", "temporal_workflow"}
 _RESERVED |= {"activity_info", "workflow_info", "temporal", *CONTEXT_FIELDS}
 
@@ -42,7 +43,8 @@ def temporal_context(record: logging.LogRecord | None = None) -> dict[str, Any]:
     for extra in ("temporal_activity", "temporal_workflow"):
         details = getattr(record, extra, None) if record is not None else None
         if isinstance(details, Mapping):
-            return {k: v for k, v in details.items() if k in CONTEXT_FIELDS and v is not None}
+            ctx = {_RENAMED.get(k, k): v for k, v in details.items() if v is not None}
+            return {k: v for k, v in ctx.items() if k in CONTEXT_FIELDS}
     try:
         if activity.in_activity():
             info = activity.info()
@@ -144,7 +146,11 @@ def configure(fmt: str = "text", *, level: int = logging.INFO, secrets: Iterable
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    # The IDs are fields (and tags in text); the SDK's adapters need not append them to the message.
+    ids_as_fields_only()
+    return handler
+
+
+def ids_as_fields_only() -> None:
+    """The IDs are fields (and tags in text): the SDK's adapters need not append them to messages."""
     activity.logger.activity_info_on_message = False
     workflow.logger.workflow_info_on_message = False
-    return handler
