@@ -1,0 +1,410 @@
+"""Security: encrypted payloads and failures in Temporal history, the codec endpoint, secrets kept out
+of logs and CLI output, TLS/API-key configuration, and the least-privileged worker role."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from google.protobuf import json_format
+from pydantic import SecretStr
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.service import TLSConfig
+
+from core import db
+from core.codec import ENCODING, EncryptionCodec, EncryptionKeyError, new_key, parse_key
+from core.codec_server import CodecServer
+from core.config import PROJECT_ROOT, Settings
+from core.errors import InputError
+from core.models import CleanupResult, RenewalCleanupInput
+from core.operations import start_cleanup
+from core.temporal import connect, tls_config
+from tests.helpers import deadline_in, effect_counts, seed
+from worker import build_activities, build_worker
+from workflows.renewal_cleanup import RenewalCleanupWorkflow
+
+# --- the codec ------------------------------------------------------------------------------------
+
+
+async def test_codec_round_trips_and_rejects_wrong_keys() -> None:
+    key = new_key()
+    codec = EncryptionCodec.from_key(key, "k1")
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'{"account_id":"acct_secret_1"}')
+    (sealed,) = await codec.encode([plain])
+    assert sealed.metadata["encoding"] == ENCODING and sealed.metadata["encryption-key-id"] == b"k1"
+    assert b"acct_secret_1" not in sealed.SerializeToString()
+    assert (await codec.decode([sealed]))[0] == plain
+    assert (await codec.encode([plain]))[0].data != sealed.data, "a fresh nonce every time"
+    assert (await codec.decode([plain]))[0] == plain, "unencrypted payloads pass through"
+    with pytest.raises(EncryptionKeyError, match="'k1'"):
+        await EncryptionCodec.from_key(new_key(), "k2").decode([sealed])
+    with pytest.raises(Exception):  # noqa: B017 - authentication fails (InvalidTag) with another key of the same ID
+        await EncryptionCodec.from_key(new_key(), "k1").decode([sealed])
+    rotated = EncryptionCodec({"k1": parse_key(key), "k2": parse_key(new_key())}, "k2")
+    assert (await rotated.decode([sealed]))[0] == plain, "old payloads still decode after a rotation"
+
+
+@pytest.mark.parametrize("bad", ["not base64 at all!!", base64.b64encode(b"short").decode()])
+def test_a_bad_key_is_refused_without_echoing_it(bad: str) -> None:
+    with pytest.raises(EncryptionKeyError) as err:
+        parse_key(bad)
+    assert bad not in str(err.value) and "PAYLOAD_ENCRYPTION_KEY" in str(err.value)
+
+
+# --- encrypted history ----------------------------------------------------------------------------
+
+
+def event_bytes(history: Any) -> bytes:
+    return b"".join(e.SerializeToString() for e in history.events)
+
+
+async def test_history_is_encrypted_and_readable_with_the_codec(
+    client: Client, pool: asyncpg.Pool, task_queue: str, temporal_address: str
+) -> None:
+    """Raw history (a client without the codec) holds no account ID, result or failure message in
+    clear; a client with the codec reads all of them; the codec endpoint decodes the raw payloads."""
+    key = new_key()
+    enc = await connect(Settings(temporal_address=temporal_address, payload_encryption_key=SecretStr(key)))
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 3)
+    target = accounts[0]
+    ghost = f"acct_ghost_{uuid.uuid4().hex[:8]}"
+    async with build_worker(enc, task_queue, await build_activities(pool)):
+        started = await start_cleanup(enc, pool, task_queue, account_id=target, note=f"ticket for {target}")
+        result: CleanupResult = await enc.get_workflow_handle_for(
+            RenewalCleanupWorkflow.run, started.workflow_id
+        ).result()
+        failing = await enc.start_workflow(
+            RenewalCleanupWorkflow.run,
+            RenewalCleanupInput(
+                cleanup_id=f"enc-fail-{uuid.uuid4().hex[:8]}",
+                deadline=datetime.now(UTC) - timedelta(minutes=1),
+                account_id=ghost,
+                expected_version=1,
+                partitions=1,
+            ),
+            id=f"enc-fail-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await failing.result()
+    assert result.outcome == "cleaned" and result.settlement is not None and result.settlement.cleaned == 1
+    assert (await effect_counts(pool))["applied"] == 1
+
+    # The codec's client decodes results and failure messages.
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError)
+    assert f"unknown account {ghost}" in cause.cause.message
+
+    # Without the codec: nothing in clear, not even in the workflow ID, search attributes or summary.
+    assert target not in started.workflow_id
+    raw = await client.get_workflow_handle(started.workflow_id).fetch_history()
+    raw_bytes = event_bytes(raw)
+    assert target.encode() not in raw_bytes
+    assert b"cleaned" not in raw_bytes and b"ticket" not in raw_bytes
+    started_event = raw.events[0].workflow_execution_started_event_attributes
+    assert started_event.input.payloads[0].metadata["encoding"] == ENCODING
+    desc = await client.get_workflow_handle(started.workflow_id).describe()
+    assert target.encode() not in desc.raw_description.SerializeToString()
+    raw_failed = await client.get_workflow_handle(failing.id).fetch_history()
+    assert ghost.encode() not in event_bytes(raw_failed)
+    activity_failure = next(e for e in raw_failed.events if e.HasField("activity_task_failed_event_attributes"))
+    failure = activity_failure.activity_task_failed_event_attributes.failure
+    assert failure.message == "Encoded failure" and failure.encoded_attributes.metadata["encoding"] == ENCODING
+
+    # The codec endpoint decodes the raw input payload for an operator with the token.
+    codec = EncryptionCodec.from_key(key)
+    with codec_server(codec, token="op-token") as url:
+        body = json_format.MessageToDict(Payloads(payloads=[started_event.input.payloads[0]]))
+        status, decoded = await asyncio.to_thread(post, f"{url}/decode", body, token="op-token")
+        assert status == 200
+        data = base64.b64decode(decoded["payloads"][0]["data"]).decode()
+        assert json.loads(data)["account_id"] == target
+
+
+# --- the codec endpoint ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def codec() -> EncryptionCodec:
+    return EncryptionCodec.from_key(new_key())
+
+
+class _Server:
+    def __init__(self, codec: EncryptionCodec, token: str | None) -> None:
+        self.server = CodecServer(("127.0.0.1", 0), codec, token=token)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+
+def codec_server(codec: EncryptionCodec, token: str | None = None) -> Any:
+    from contextlib import contextmanager
+
+    @contextmanager
+    def run() -> Iterator[str]:
+        s = _Server(codec, token)
+        s.thread.start()
+        try:
+            yield s.server.url
+        finally:
+            s.server.shutdown()
+            s.server.server_close()
+
+    return run()
+
+
+def post(url: str, body: dict[str, Any], token: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json", "X-Namespace": "default"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def test_codec_endpoint_round_trips_with_token_and_cors(codec: EncryptionCodec) -> None:
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'"acct_visible_9"')
+    body = json_format.MessageToDict(Payloads(payloads=[plain]))
+    with codec_server(codec, token="t0k3n") as url:
+        status, encoded = post(f"{url}/encode", body, token="t0k3n")
+        assert status == 200
+        assert base64.b64decode(encoded["payloads"][0]["metadata"]["encoding"]) == ENCODING
+        assert b"acct_visible_9" not in base64.b64decode(encoded["payloads"][0]["data"])
+        status, decoded = post(f"{url}/decode", encoded, token="t0k3n")
+        assert status == 200 and json_format.ParseDict(decoded, Payloads()).payloads[0] == plain
+
+        assert post(f"{url}/decode", encoded)[0] == 401, "no token"
+        assert post(f"{url}/decode", encoded, token="wrong")[0] == 401
+        assert post(f"{url}/nothing", encoded, token="t0k3n")[0] == 404
+
+        preflight = urllib.request.Request(
+            f"{url}/decode", method="OPTIONS", headers={"Origin": "http://127.0.0.1:8233"}
+        )
+        with urllib.request.urlopen(preflight, timeout=10) as response:
+            assert response.status == 204
+            assert response.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8233"
+            assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+        stranger = urllib.request.Request(f"{url}/decode", method="OPTIONS", headers={"Origin": "http://evil.test"})
+        with urllib.request.urlopen(stranger, timeout=10) as response:
+            assert response.headers.get("Access-Control-Allow-Origin") is None
+
+
+# --- TLS and API key ------------------------------------------------------------------------------
+
+
+def test_tls_settings_come_from_configuration(tmp_path: Path) -> None:
+    cert, key, ca = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    for path in (cert, key, ca):
+        path.write_bytes(b"-----BEGIN TEST-----\n" + path.name.encode())
+    env = {
+        "TEMPORAL_TLS_CERT": str(cert),
+        "TEMPORAL_TLS_KEY": str(key),
+        "TEMPORAL_TLS_CA": str(ca),
+        "TEMPORAL_TLS_SERVER_NAME": "temporal.internal",
+        "TEMPORAL_API_KEY": "api-key-123",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        settings = Settings.from_env()
+    tls = tls_config(settings)
+    assert isinstance(tls, TLSConfig)
+    assert tls.client_cert == cert.read_bytes() and tls.client_private_key == key.read_bytes()
+    assert tls.server_root_ca_cert == ca.read_bytes() and tls.domain == "temporal.internal"
+    assert settings.temporal_api_key is not None and "api-key-123" not in repr(settings)
+
+    assert tls_config(Settings()) is False, "plain by default (the dev server)"
+    assert tls_config(Settings(temporal_api_key=SecretStr("k"))) is True, "an API key is never sent in clear by default"
+    assert tls_config(Settings(temporal_api_key=SecretStr("k"), temporal_tls=False)) is False
+    with pytest.raises(InputError, match="together"):
+        tls_config(Settings(temporal_tls_cert=cert))
+    with pytest.raises(InputError, match="cannot read TEMPORAL_TLS_KEY"):
+        tls_config(Settings(temporal_tls_cert=cert, temporal_tls_key=tmp_path / "missing.pem"))
+
+
+# --- secrets never printed ------------------------------------------------------------------------
+
+
+def with_password(url: str, password: str) -> str:
+    parts = urlsplit(url)
+    user = parts.username or "postgres"
+    host = parts.netloc.rsplit("@", 1)[-1] if "@" in parts.netloc else parts.netloc
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "starter.py"), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def start_worker(env: dict[str, str], log_file: Path) -> subprocess.Popen[bytes]:
+    with open(log_file, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, str(PROJECT_ROOT / "worker.py")],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def run_worker_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "worker.py")],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_settings_repr_masks_secrets() -> None:
+    s = Settings(
+        database_url="postgresql://app:hunter2@db:5432/x",
+        temporal_api_key=SecretStr("tk-1"),
+        payload_encryption_key=SecretStr("ek"),
+    )
+    for text in (repr(s), str(s), json.dumps(s.safe_dict())):
+        assert "hunter2" not in text and "tk-1" not in text and "postgresql://app:***@db:5432/x" in text
+
+
+async def test_secrets_never_appear_in_worker_logs_or_cli_output(
+    client: Client, pool: asyncpg.Pool, db_url: str, task_queue: str, temporal_address: str, tmp_path: Path
+) -> None:
+    key, api_key, password = new_key(), f"tk_{uuid.uuid4().hex}", f"pw_{uuid.uuid4().hex}"
+    secrets = (key, api_key, password)
+    env = {
+        "TEMPORAL_ADDRESS": temporal_address,
+        "TEMPORAL_TASK_QUEUE": task_queue,
+        "DATABASE_URL": with_password(db_url, password),  # the embedded Postgres trusts local sockets
+        "TEMPORAL_API_KEY": api_key,
+        "TEMPORAL_TLS": "false",  # the dev server speaks plain gRPC
+        "PAYLOAD_ENCRYPTION_KEY": key,
+    }
+    log_file = tmp_path / "worker.log"
+    proc = start_worker(env, log_file)
+    try:
+        enc = await connect(Settings(temporal_address=temporal_address, payload_encryption_key=SecretStr(key)))
+        deadline = deadline_in(1)
+        accounts = await seed(pool, deadline, 2)
+        started = await start_cleanup(enc, pool, task_queue, account_id=accounts[0])
+        result = await asyncio.wait_for(enc.get_workflow_handle(started.workflow_id).result(), 60)
+        assert result["outcome"] == "cleaned" if isinstance(result, dict) else result.outcome == "cleaned"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    outputs = {"worker log": log_file.read_text()}
+    assert "worker polling" in outputs["worker log"], outputs["worker log"]
+    dev_up = run_cli("dev", "up", "--json", env=env)
+    assert dev_up.returncode == 0, dev_up.stderr
+    assert json.loads(dev_up.stdout)["database_url"].count("***") == 1
+    outputs["dev up"] = dev_up.stdout + dev_up.stderr
+    unreachable = run_cli(
+        "list", env={**env, "DATABASE_URL": f"postgresql://app:{password}@127.0.0.1:1/x?password={password}"}
+    )
+    assert unreachable.returncode == 1 and unreachable.stderr.startswith("error:"), unreachable.stderr
+    outputs["unreachable database"] = unreachable.stdout + unreachable.stderr
+    bad_key = run_cli("list", env={**env, "PAYLOAD_ENCRYPTION_KEY": f"{key[:-8]}!{api_key}"})
+    assert bad_key.returncode == 2 and "PAYLOAD_ENCRYPTION_KEY" in bad_key.stderr, bad_key.stderr
+    outputs["bad key"] = bad_key.stdout + bad_key.stderr
+    bad_worker = run_worker_once({**env, "PAYLOAD_ENCRYPTION_KEY": f"{key}{password}"})
+    assert bad_worker.returncode == 2 and "PAYLOAD_ENCRYPTION_KEY" in bad_worker.stderr, bad_worker.stderr
+    outputs["worker with a bad key"] = bad_worker.stdout + bad_worker.stderr
+    for where, text in outputs.items():
+        for secret in secrets:
+            assert secret not in text, f"a secret leaked into {where}"
+            assert secret[:12] not in text, f"part of a secret leaked into {where}"
+
+
+# --- least privilege in Postgres ------------------------------------------------------------------
+
+
+def as_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1] if "@" in parts.netloc else parts.netloc
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+async def test_worker_role_can_clean_but_not_change_the_schema(
+    client: Client, pool: asyncpg.Pool, db_url: str, task_queue: str
+) -> None:
+    login = f"cleanup_worker_t{uuid.uuid4().hex[:8]}"
+    await pool.execute(f"CREATE ROLE {login} LOGIN PASSWORD 'unused-locally' IN ROLE cleanup_worker")
+    worker_url = as_user(db_url, login)
+    worker_pool: asyncpg.Pool | None = None
+    try:
+        assert await db.migrate_url(worker_url) == [], "an up-to-date database needs no DDL at worker start-up"
+        worker_pool = await db.create_pool(worker_url, max_size=4)
+        assert await worker_pool.fetchval("SELECT current_user") == login
+        deadline = deadline_in(1)
+        await seed(pool, deadline, 30)  # seeding is the game backend's job, as the owner
+        async with build_worker(client, task_queue, await build_activities(worker_pool)):
+            started = await start_cleanup(client, worker_pool, task_queue, deadline=deadline, partitions=2)
+            result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
+        assert result.outcome == "cleaned" and result.settlement is not None and result.settlement.cleaned == 30
+        assert (await effect_counts(pool))["archived_matches"] == 30 * 5
+
+        forbidden = [
+            "DROP TABLE accounts",
+            "ALTER TABLE accounts ADD COLUMN sneaky int",
+            "TRUNCATE cleanup_applied",
+            "CREATE INDEX sneaky_idx ON accounts (status)",
+            "DELETE FROM schema_migrations",
+            "ALTER ROLE cleanup_worker SUPERUSER",
+        ]
+        if await worker_pool.fetchval("SHOW server_version_num") >= "150000":
+            forbidden.append("CREATE TABLE sneaky (x int)")  # PUBLIC lost CREATE on schema public in PG 15
+        async with worker_pool.acquire() as conn:
+            for statement in forbidden:
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute(statement)
+        owned = await pool.fetchval(
+            "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
+            "WHERE r.rolname IN ('cleanup_worker', $1)",
+            login,
+        )
+        assert owned == 0
+    finally:
+        if worker_pool is not None:
+            await worker_pool.close()
+        await pool.execute(f"DROP ROLE IF EXISTS {login}")
+
+
+async def test_worker_role_migration_is_idempotent_across_databases(pool: asyncpg.Pool) -> None:
+    """The role is cluster-wide; every cloned or fresh database re-runs the grants without error."""
+    sql = (PROJECT_ROOT / "core" / "sql" / "migrations" / "004_worker_role.sql").read_text()
+    async with pool.acquire() as conn:
+        await conn.execute(sql)  # the role exists already: grants only
+        await conn.execute(sql)
+        privileges = await conn.fetchval(
+            "SELECT has_table_privilege('cleanup_worker', 'accounts', 'TRUNCATE') OR "
+            "has_table_privilege('cleanup_worker', 'schema_migrations', 'INSERT')"
+        )
+        assert privileges is False
+        assert await conn.fetchval(
+            "SELECT has_table_privilege('cleanup_worker', 'outbox', 'SELECT, INSERT, UPDATE, DELETE')"
+        )
