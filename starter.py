@@ -174,7 +174,11 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
         server.stop()
-        print("embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)")
+        emit(
+            args,
+            {"temporal": "stopped", "postgres": "running"},
+            lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
+        )
     else:
         resolved = embedded.resolve(settings)
         emit(
