@@ -1,7 +1,7 @@
 """The Temporal UI, driven by headless Chromium (Debian's `chromium`), shows a finished cleanup.
 
 A dev server with its UI is started for this module; a cohort cleanup runs to completion; Chromium
-loads the workflow's page by its ID, and the rendered DOM must show the outcome (Completed), the
+loads the workflow's page by its ID, and the rendered DOM must show the outcome (Completed, `"outcome": "cleaned"`), the
 partitions (activity type `cleanup_partition`, summaries `partition N`) and the settlement. A
 screenshot goes to tests/artifacts/ui-cleanup.png (and, with UPDATE_UI_SCREENSHOT=1, docs/ui-cleanup.png).
 
@@ -110,7 +110,7 @@ async def test_ui_shows_a_finished_cleanup_with_its_partitions(ui_server: DevSer
     assert "RenewalCleanupWorkflow" in page
     assert "Completed" in page, "the run's status"
     assert '"outcome"' in page and '"cleaned"' in page, "the result with its outcome"
-    assert "claim_cleanup" in page and "settle_cleanup" in page
+    assert '"settlement"' in page and '"reminders"' in page, "the settlement's counts"
     for p in range(PARTITIONS):
         assert f"cleanup_partition • partition {p}" in page, f"partition {p} missing from the timeline"
 
