@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,7 +12,7 @@ from typing import Any
 
 import asyncpg
 from pydantic import BaseModel
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 
 from core.operations import seed_accounts
 from tests.redelivery import RedeliverActivityWorkflow, Redelivery
@@ -69,3 +70,23 @@ async def redeliver(client: Client, task_queue: str, activity: str, arg: BaseMod
 
 async def workflow_ids(client: Client, task_queue: str) -> list[str]:
     return [wf.id async for wf in client.list_workflows(f"TaskQueue = '{task_queue}'")]
+
+
+def activity_timeline(history: WorkflowHistory) -> list[tuple[int, str, str]]:
+    """(event id, what, activity type) for scheduled, completed and local activities, in order."""
+    scheduled: dict[int, str] = {}
+    out: list[tuple[int, str, str]] = []
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+            out.append((e.event_id, "scheduled", scheduled[e.event_id]))
+        elif e.HasField("activity_task_completed_event_attributes"):
+            name = scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+            out.append((e.event_id, "completed", name))
+        elif e.HasField("marker_recorded_event_attributes"):
+            data = e.marker_recorded_event_attributes.details.get("data")
+            if data is not None and data.payloads:
+                marker = json.loads(data.payloads[0].data)
+                if "activity_type" in marker:
+                    out.append((e.event_id, "local", marker["activity_type"]))
+    return out

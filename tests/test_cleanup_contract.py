@@ -23,7 +23,7 @@ from core.models import (
     SettleCleanupInput,
 )
 from core.operations import renew, start_cleanup
-from tests.helpers import deadline_in, effect_counts, redeliver, seed, wait_until, workflow_ids
+from tests.helpers import activity_timeline, deadline_in, effect_counts, redeliver, seed, wait_until, workflow_ids
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 
@@ -280,22 +280,12 @@ async def test_settlement_runs_once_and_only_after_every_partition_reported(clie
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     await handle.result()
 
-    events = (await handle.fetch_history()).events
-    scheduled = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events
-        if e.HasField("activity_task_scheduled_event_attributes")
-    }
-    partition_done = [
-        e.event_id
-        for e in events
-        if e.HasField("activity_task_completed_event_attributes")
-        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == "cleanup_partition"
-    ]
-    settle_scheduled = [i for i, name in scheduled.items() if name == "settle_cleanup"]
-    assert len(partition_done) == 8
-    assert len(settle_scheduled) == 1
-    assert settle_scheduled[0] > max(partition_done)
+    timeline = activity_timeline(await handle.fetch_history())
+    partition_done = [i for i, what, name in timeline if what == "completed" and name == "cleanup_partition"]
+    settle = [i for i, what, name in timeline if name == "settle_cleanup"]
+    assert len(partition_done) == 8, timeline
+    assert len(settle) == 1, timeline
+    assert settle[0] > max(partition_done)
     row = await pool.fetchrow(
         "SELECT (SELECT count(*) FROM cleanup_settlements) AS n,"
         " (SELECT min(settled_at) FROM cleanup_settlements) >= (SELECT max(reported_at)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -30,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
         RenewalSignal,
         SettleCleanupInput,
     )
+
+T = TypeVar("T")
 
 _RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -59,7 +62,7 @@ class RenewalCleanupWorkflow:
             return self._result("renewed")
 
         self._set_phase("claiming")
-        claim = await workflow.execute_activity(
+        claim = await self._bookkeeping(
             "claim_cleanup",
             ClaimCleanupInput(
                 cleanup_id=input.cleanup_id,
@@ -68,9 +71,7 @@ class RenewalCleanupWorkflow:
                 expected_version=input.expected_version,
                 partitions=input.partitions,
             ),
-            result_type=ClaimResult,
-            start_to_close_timeout=self._step_timeout,
-            retry_policy=_RETRY,
+            ClaimResult,
         )
         self._claim = claim
 
@@ -135,7 +136,7 @@ class RenewalCleanupWorkflow:
 
     async def _settle(self, claim: ClaimResult) -> None:
         self._set_phase("settling")
-        self._settlement = await workflow.execute_activity(
+        self._settlement = await self._bookkeeping(
             "settle_cleanup",
             SettleCleanupInput(
                 cleanup_id=self._input.cleanup_id,
@@ -145,12 +146,30 @@ class RenewalCleanupWorkflow:
                 claim=claim,
                 reports=[self._reports[p] for p in sorted(self._reports)],
             ),
-            result_type=CleanupSettlement,
-            start_to_close_timeout=self._step_timeout,
-            retry_policy=_RETRY,
+            CleanupSettlement,
         )
         if self._phase != "renewed":
             self._set_phase("settled")
+
+    async def _bookkeeping(self, activity: str, arg: Any, result_type: type[T]) -> T:
+        """Claim and settlement: short, idempotent statements. Runs started after the
+        `local-bookkeeping` patch run them as local activities (no task-queue round trip; retried
+        the same way); histories recorded before it keep replaying with ordinary activities."""
+        if workflow.patched("local-bookkeeping"):
+            return await workflow.execute_local_activity(  # type: ignore[no-any-return]
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=self._step_timeout,
+                retry_policy=_RETRY,
+            )
+        return await workflow.execute_activity(  # type: ignore[no-any-return]
+            activity,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=self._step_timeout,
+            retry_policy=_RETRY,
+        )
 
     def _set_phase(self, phase: CleanupPhase) -> None:
         self._phase = phase
