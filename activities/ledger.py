@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -54,6 +55,105 @@ async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date
     return LedgerDay(business_date=row["business_date"], shards=row["shards"], payments=row["payments"])
 
 
+async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
+    """One batch of a shard: the reconcile_batch statement in its own transaction."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            SQL.reconcile_batch,
+            input.business_date,
+            input.shard,
+            checkpoint.last_game,
+            checkpoint.last_payment_id,
+            input.batch_size,
+            input.tolerance_cents,
+            input.workflow_id,
+        )
+        assert row is not None
+        if row["updated"] != row["corrected"]:
+            # Rolls the batch back: a correction must never be recorded without its ledger update.
+            raise ApplicationError(
+                f"shard {input.shard}: {row['corrected']} correction(s) recorded but "
+                f"{row['updated']} ledger row(s) updated; the batch was rolled back",
+                type="LedgerConflict",
+            )
+    return row
+
+
+BatchGuard = Callable[[Awaitable[asyncpg.Record], ShardCheckpoint], Awaitable[asyncpg.Record]]
+
+
+async def reconcile_shard_batches(
+    pool: asyncpg.Pool,
+    input: ReconcileShardInput,
+    checkpoint: ShardCheckpoint,
+    after_batch: Callable[[ShardCheckpoint, asyncpg.Record], None],
+    guard: BatchGuard | None = None,
+) -> ShardCheckpoint:
+    """The shard's work without orchestration: keyset batches, one statement and COMMIT each.
+
+    Shared by the activity (which heartbeats through `guard` and `after_batch`) and by the
+    benchmark's direct baseline, so both run the same SQL in the same batches.
+    """
+    while True:
+        batch = run_batch(pool, input, checkpoint)
+        row = await (guard(batch, checkpoint) if guard is not None else batch)
+        if row["batch_rows"] == 0:
+            return checkpoint
+        checkpoint = ShardCheckpoint(
+            last_game=row["last_game"],
+            last_payment_id=row["last_payment_id"],
+            batches=checkpoint.batches + 1,
+            keys_examined=checkpoint.keys_examined + row["batch_rows"],
+            discrepancies=checkpoint.discrepancies + row["discrepancies"],
+            corrected_now=checkpoint.corrected_now + row["corrected"],
+            reviewed_now=checkpoint.reviewed_now + row["reviewed"],
+            already_applied=checkpoint.already_applied + row["already_applied"],
+            duplicate_report_rows=checkpoint.duplicate_report_rows + row["duplicate_report_rows"],
+        )
+        after_batch(checkpoint, row)
+        if row["batch_rows"] < input.batch_size:
+            return checkpoint
+
+
+async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> ShardReport:
+    """Record the shard's report once (counts read back from the database) and return it."""
+    async with pool.acquire() as conn, conn.transaction():
+        effects = await conn.fetchrow(SQL.shard_effects, input.business_date, input.shard)
+        assert effects is not None
+        if effects["corrected"] + effects["sent_to_review"] != checkpoint.discrepancies:
+            raise ApplicationError(
+                f"shard {input.shard} of {input.business_date} does not balance: "
+                f"{checkpoint.discrepancies} discrepancies found, {effects['corrected']} corrected, "
+                f"{effects['sent_to_review']} sent to review",
+                type="LedgerUnbalanced",
+                non_retryable=True,
+            )
+        await conn.execute(
+            SQL.record_shard_report,
+            input.business_date,
+            input.shard,
+            input.workflow_id,
+            checkpoint.keys_examined,
+            checkpoint.discrepancies,
+            effects["corrected"],
+            effects["sent_to_review"],
+            checkpoint.duplicate_report_rows,
+            checkpoint.batches,
+        )
+        row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
+    assert row is not None
+    return ShardReport(
+        business_date=row["business_date"],
+        shard=row["shard"],
+        keys_examined=row["keys_examined"],
+        discrepancies_found=row["discrepancies_found"],
+        corrected=row["corrected"],
+        sent_to_review=row["sent_to_review"],
+        duplicate_report_rows=row["duplicate_report_rows"],
+        batches=row["batches"],
+    )
+
+
 class LedgerActivities:
     """Holds the pool; one instance per worker process."""
 
@@ -91,22 +191,9 @@ class LedgerActivities:
                 checkpoint.last_payment_id,
             )
         interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
-        while True:
-            row = await self._heartbeating(self._run_batch(input, checkpoint), checkpoint, interval)
-            if row["batch_rows"] == 0:
-                break
+
+        def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
             failpoints.hit("reconcile_shard.after_commit")
-            checkpoint = ShardCheckpoint(
-                last_game=row["last_game"],
-                last_payment_id=row["last_payment_id"],
-                batches=checkpoint.batches + 1,
-                keys_examined=checkpoint.keys_examined + row["batch_rows"],
-                discrepancies=checkpoint.discrepancies + row["discrepancies"],
-                corrected_now=checkpoint.corrected_now + row["corrected"],
-                reviewed_now=checkpoint.reviewed_now + row["reviewed"],
-                already_applied=checkpoint.already_applied + row["already_applied"],
-                duplicate_report_rows=checkpoint.duplicate_report_rows + row["duplicate_report_rows"],
-            )
             activity.heartbeat(checkpoint.model_dump(mode="json"))
             log.info(
                 "shard %s of %s attempt %s batch %s: %s keys, %s corrected, %s to review, %s already applied",
@@ -119,9 +206,15 @@ class LedgerActivities:
                 row["reviewed"],
                 row["already_applied"],
             )
-            if row["batch_rows"] < input.batch_size:
-                break
-        report = await self._report(input, checkpoint)
+
+        checkpoint = await reconcile_shard_batches(
+            self.pool,
+            input,
+            checkpoint,
+            after_batch,
+            guard=lambda batch, checkpoint: self._heartbeating(batch, checkpoint, interval),
+        )
+        report = await report_shard(self.pool, input, checkpoint)
         return report.model_copy(
             update={
                 "attempt": info.attempt,
@@ -129,28 +222,6 @@ class LedgerActivities:
                 "batches_this_attempt": checkpoint.batches - resumed_from,
             }
         )
-
-    async def _run_batch(self, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                SQL.reconcile_batch,
-                input.business_date,
-                input.shard,
-                checkpoint.last_game,
-                checkpoint.last_payment_id,
-                input.batch_size,
-                input.tolerance_cents,
-                input.workflow_id,
-            )
-            assert row is not None
-            if row["updated"] != row["corrected"]:
-                # Rolls the batch back: a correction must never be recorded without its ledger update.
-                raise ApplicationError(
-                    f"shard {input.shard}: {row['corrected']} correction(s) recorded but "
-                    f"{row['updated']} ledger row(s) updated; the batch was rolled back",
-                    type="LedgerConflict",
-                )
-        return row
 
     @staticmethod
     async def _heartbeating(coro: Any, checkpoint: ShardCheckpoint, interval: float) -> asyncpg.Record:
@@ -166,43 +237,6 @@ class LedgerActivities:
         except BaseException:
             task.cancel()
             raise
-
-    async def _report(self, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> ShardReport:
-        async with self.pool.acquire() as conn, conn.transaction():
-            effects = await conn.fetchrow(SQL.shard_effects, input.business_date, input.shard)
-            assert effects is not None
-            if effects["corrected"] + effects["sent_to_review"] != checkpoint.discrepancies:
-                raise ApplicationError(
-                    f"shard {input.shard} of {input.business_date} does not balance: "
-                    f"{checkpoint.discrepancies} discrepancies found, {effects['corrected']} corrected, "
-                    f"{effects['sent_to_review']} sent to review",
-                    type="LedgerUnbalanced",
-                    non_retryable=True,
-                )
-            await conn.execute(
-                SQL.record_shard_report,
-                input.business_date,
-                input.shard,
-                input.workflow_id,
-                checkpoint.keys_examined,
-                checkpoint.discrepancies,
-                effects["corrected"],
-                effects["sent_to_review"],
-                checkpoint.duplicate_report_rows,
-                checkpoint.batches,
-            )
-            row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
-        assert row is not None
-        return ShardReport(
-            business_date=row["business_date"],
-            shard=row["shard"],
-            keys_examined=row["keys_examined"],
-            discrepancies_found=row["discrepancies_found"],
-            corrected=row["corrected"],
-            sent_to_review=row["sent_to_review"],
-            duplicate_report_rows=row["duplicate_report_rows"],
-            batches=row["batches"],
-        )
 
     @activity.defn
     async def settle_ledger_date(self, input: SettleLedgerInput) -> LedgerSettlement:
