@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import cohort_cleanup, single_accounts
+from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, single_accounts
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
@@ -16,3 +16,26 @@ async def test_single_account_benchmark_runs_and_measures_a_ratio():
     result = await single_accounts.run(workflows=20)
     assert result["accounts_cleaned"] == 20
     assert result["ratio"] > 0
+
+
+async def test_ledger_reconciliation_benchmark_runs_and_measures_a_ratio():
+    result = await ledger_reconciliation.run(payments=300, shards=4, parallel=2, batch_size=50)
+    assert result["pipeline_outcome"] == result["expected"]
+    assert result["direct_outcomes"] == result["direct_expected"]
+    assert result["pipeline_outcome"]["keys_examined"] > 300 and result["pipeline_outcome"]["corrected"] > 0
+    assert result["ratio"] > 0
+    assert result["worker_0_peak_rss_mib"] > 0 and result["temporal_server_peak_rss_mib"] > 0
+
+
+async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
+    result = await ledger_rerun.run(payments=300, shards=4, parallel=2, batch_size=50, with_direct=False)
+    assert result["first_outcome"] == result["rerun_outcome"] == result["expected"]
+    assert result["rerun_reports_same_as_first"]
+    assert result["ratio"] > 0
+    deltas = result["rerun_table_deltas"]
+    for table in ("ledger_corrections", "ledger_review"):
+        assert deltas[table]["n_tup_ins"] == 0, deltas
+        assert deltas[table]["n_dead_tup"] == 0, deltas
+        assert deltas[table]["heap_bytes"] == 0 and deltas[table]["identity_last_value"] == 0, deltas
+    assert result["rerun_rows_inserted"] == 0
+    assert deltas["ledger_payments"]["n_tup_upd"] == 0

@@ -1,0 +1,196 @@
+"""Ledger reconciliation, pipeline vs. the physical limit: `python -m bench.ledger_reconciliation --payments 1000000`.
+
+Three business dates of the same size are seeded into one fresh database (the same generator as
+`starter.py ledger seed`, default discrepancy rates). The *direct* runs reconcile a date from this
+process with no Temporal: `check_day`, then every shard through `reconcile_shard_batches` (the
+very loop and batch statement the activity runs, same batch size, same shard parallelism), each
+shard's report, and the settlement; once before and once after the pipeline, and the faster one
+is the limit. The *pipeline* run is the real thing: `start_reconciliation` (the CLI's start path,
+date-keyed workflow ID) of `LedgerReconciliationWorkflow`, executed by a separate worker process,
+timed from the start call to the settled result.
+The ratio is payments/s of the pipeline over that of the faster direct run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from datetime import date, timedelta
+from typing import Any
+
+import asyncpg
+
+from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
+from bench.common import machine, stack, wait_for_worker
+from core.ledger_ops import start_reconciliation
+from core.ledger_seed import LedgerSeedResult, seed_ledger_day, seed_spec
+from core.models_ledger import (
+    DEFAULT_ID_PREFIX,
+    LedgerReconciliationResult,
+    LedgerSettlement,
+    ReconcileShardInput,
+    SettleLedgerInput,
+    ShardCheckpoint,
+    ShardReport,
+)
+from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
+
+# Business dates well in the past (a date must be over to be reconciled).
+FIRST_DATE = date(2026, 10, 1)
+TOLERANCE_CENTS = 50
+
+
+def business_dates(n: int) -> list[date]:
+    return [FIRST_DATE + timedelta(days=i) for i in range(n)]
+
+
+async def seed(pool: asyncpg.Pool, business_date: date, payments: int, shards: int) -> LedgerSeedResult:
+    """One business day with the generator's default discrepancy rates (ANALYZEd afterwards)."""
+    result = await seed_ledger_day(pool, seed_spec(business_date=business_date, payments=payments, shards=shards))
+    assert result.created, f"{business_date} was already loaded"
+    return result
+
+
+def _noop(_: ShardCheckpoint, __: asyncpg.Record) -> None:
+    return None
+
+
+async def direct_reconciliation(
+    pool: asyncpg.Pool, business_date: date, shards: int, parallel: int, batch_size: int, workflow_id: str
+) -> dict[str, Any]:
+    """The date's reconciliation without orchestration: the activities' code paths called in-process."""
+    t0 = time.perf_counter()
+    await check_day(pool, business_date, shards)
+    limit = asyncio.Semaphore(min(parallel, shards))
+
+    async def shard(s: int) -> ShardReport:
+        async with limit:
+            inp = ReconcileShardInput(
+                business_date=business_date,
+                shard=s,
+                shards=shards,
+                batch_size=batch_size,
+                tolerance_cents=TOLERANCE_CENTS,
+                workflow_id=workflow_id,
+            )
+            checkpoint = await reconcile_shard_batches(pool, inp, ShardCheckpoint(), _noop)
+            return await report_shard(pool, inp, checkpoint)
+
+    reports = await asyncio.gather(*(shard(s) for s in range(shards)))
+    settlement: LedgerSettlement = await LedgerActivities(pool).settle_ledger_date(
+        SettleLedgerInput(business_date=business_date, shards=shards, workflow_id=workflow_id)
+    )
+    return {
+        "seconds": time.perf_counter() - t0,
+        "settlement": settlement,
+        "batches": sum(r.batches for r in reports),
+    }
+
+
+async def pipeline_reconciliation(
+    s: Any, business_date: date, parallel: int, batch_size: int, id_prefix: str = DEFAULT_ID_PREFIX
+) -> dict[str, Any]:
+    """The real start path (date-keyed workflow ID) to the settled result, on the worker process."""
+    t0 = time.perf_counter()
+    started = await start_reconciliation(
+        s.client,
+        s.pool,
+        s.settings.task_queue,
+        business_date,
+        max_parallel=parallel,
+        batch_size=batch_size,
+        tolerance_cents=TOLERANCE_CENTS,
+        id_prefix=id_prefix,
+    )
+    assert started.started, f"{started.workflow_id} already existed"
+    handle = s.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
+    result: LedgerReconciliationResult = await handle.result()
+    seconds = time.perf_counter() - t0
+    history = await handle.fetch_history()
+    return {
+        "seconds": seconds,
+        "settlement": result.settlement,
+        "result": result,
+        "batches": sum(r.batches_this_attempt for r in result.shards),
+        "history_events": len(history.events),
+        "history_bytes": len(history.to_json()),
+    }
+
+
+def outcome(settlement: LedgerSettlement) -> dict[str, int]:
+    return {
+        "keys_examined": settlement.keys_examined,
+        "discrepancies_found": settlement.discrepancies_found,
+        "corrected": settlement.corrected,
+        "sent_to_review": settlement.sent_to_review,
+    }
+
+
+def expected(seeded: LedgerSeedResult) -> dict[str, int]:
+    return {
+        "keys_examined": seeded.payments + seeded.unknown_payments,
+        "discrepancies_found": seeded.expected_discrepancies,
+        "corrected": seeded.expected_corrections,
+        "sent_to_review": seeded.expected_review,
+    }
+
+
+async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
+    async with stack() as s:
+        direct_date, pipeline_date, direct_after_date = business_dates(3)
+        t = time.perf_counter()
+        seeded = [await seed(s.pool, d, payments, shards) for d in (direct_date, pipeline_date, direct_after_date)]
+        await s.pool.execute("VACUUM ANALYZE")
+        seed_seconds = time.perf_counter() - t
+
+        worker = s.start_worker()
+        await wait_for_worker(s.client, s.settings.task_queue)
+
+        direct = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-before")
+        pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
+        # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
+        direct_2 = await direct_reconciliation(s.pool, direct_after_date, shards, parallel, batch_size, "direct-after")
+        memory = s.memory()
+        assert worker.poll() is None, "the worker process died"
+
+    direct_rate = max(payments / d["seconds"] for d in (direct, direct_2))
+    pipeline_rate = payments / pipeline["seconds"]
+    return {
+        "scenario": "ledger_reconciliation",
+        "payments": payments,
+        "shards": shards,
+        "parallel_shards": parallel,
+        "batch_size": batch_size,
+        "seed_seconds": round(seed_seconds, 2),
+        "direct_seconds_before_and_after": [round(direct["seconds"], 3), round(direct_2["seconds"], 3)],
+        "direct_payments_per_s": round(direct_rate, 1),
+        "pipeline_seconds": round(pipeline["seconds"], 3),
+        "pipeline_payments_per_s": round(pipeline_rate, 1),
+        "ratio": round(pipeline_rate / direct_rate, 3),
+        "target": ">= 0.8",
+        "expected": expected(seeded[1]),
+        "pipeline_outcome": outcome(pipeline["settlement"]),
+        "direct_outcomes": [outcome(direct["settlement"]), outcome(direct_2["settlement"])],
+        "direct_expected": [expected(seeded[0]), expected(seeded[2])],
+        "batches": {"pipeline": pipeline["batches"], "direct": [direct["batches"], direct_2["batches"]]},
+        "history_events": pipeline["history_events"],
+        "history_bytes": pipeline["history_bytes"],
+        **memory,
+        "machine": machine(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--payments", type=int, default=1_000_000)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

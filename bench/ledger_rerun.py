@@ -1,0 +1,181 @@
+"""Rerun of an already-reconciled night: `python -m bench.ledger_rerun --payments 1000000`.
+
+One business date is reconciled through the pipeline (`start_reconciliation`, date-keyed workflow
+ID, worker process), then reconciled again by a *new* run of the same workflow for the same date.
+The date's own ID cannot be reused (REJECT_DUPLICATE returns the finished run without doing any
+work), so the rerun gets another ID prefix, exactly what an operator does to re-check a night
+(docs/ledger.md): every key of every shard is judged again and found already corrected, already
+in review or matching; nothing is written. The ratio is rerun seconds / first-run seconds.
+
+Between two snapshots taken around the rerun (after the server's statistics have been flushed),
+the cumulative counters of pg_stat_user_tables (inserts, updates, deletes, dead tuples, vacuums),
+the relation sizes and the identity sequences of every ledger table are compared: a rejected
+INSERT would show as an insert, a dead tuple, a grown relation or a consumed identity value.
+
+The same is measured for the direct path (first and second run of the same batch statement from
+this process on a second date, no Temporal): the rerun cost of the SQL itself, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import asyncpg
+
+from bench.common import machine, stack, wait_for_worker
+from bench.ledger_reconciliation import (
+    business_dates,
+    direct_reconciliation,
+    expected,
+    outcome,
+    pipeline_reconciliation,
+    seed,
+)
+
+LEDGER_TABLES = [
+    "ledger_payments",
+    "ledger_report_rows",
+    "ledger_corrections",
+    "ledger_review",
+    "ledger_shard_reports",
+    "ledger_settlements",
+    "ledger_days",
+]
+IDENTITY_SEQUENCES = {
+    "ledger_report_rows": "report_row_id",
+    "ledger_corrections": "correction_id",
+    "ledger_review": "review_id",
+}
+COUNTERS = ["n_tup_ins", "n_tup_upd", "n_tup_del", "n_dead_tup", "vacuum_count", "autovacuum_count"]
+# A backend that is idle with statistics pending flushes them within 10 s (PGSTAT_IDLE_INTERVAL).
+STATS_FLUSH_SECONDS = 11.0
+
+
+async def _read_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
+    rows = await pool.fetch(
+        f"SELECT relname, {', '.join(COUNTERS)}, pg_relation_size(relid) AS heap_bytes,"
+        " pg_indexes_size(relid) AS index_bytes"
+        " FROM pg_stat_user_tables WHERE relname = ANY($1::text[])",
+        LEDGER_TABLES,
+    )
+    out = {r["relname"]: {k: int(v) for k, v in r.items() if k != "relname"} for r in rows}
+    for table, column in IDENTITY_SEQUENCES.items():
+        seq = await pool.fetchval("SELECT pg_get_serial_sequence($1, $2)", table, column)
+        last = await pool.fetchrow(f"SELECT last_value, is_called FROM {seq}")
+        assert last is not None
+        out[table]["identity_last_value"] = int(last["last_value"]) if last["is_called"] else 0
+    return out
+
+
+async def table_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
+    """Cumulative statistics of the ledger tables once every backend has flushed its own.
+
+    `pg_stat_force_next_flush()` (PG15+) only flushes the calling backend; the worker's idle
+    connections flush theirs within 10 s, so wait that long, then until two reads agree.
+    """
+    async with pool.acquire() as conn:
+        if await conn.fetchval("SELECT to_regproc('pg_stat_force_next_flush') IS NOT NULL"):
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+    await asyncio.sleep(STATS_FLUSH_SECONDS)
+    previous = await _read_stats(pool)
+    while True:
+        await asyncio.sleep(1.0)
+        current = await _read_stats(pool)
+        if current == previous:
+            return current
+        previous = current
+
+
+def deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {t: {k: after[t][k] - before[t][k] for k in before[t]} for t in LEDGER_TABLES if t in before}
+
+
+async def run(
+    payments: int, shards: int = 16, parallel: int = 8, batch_size: int = 1000, with_direct: bool = True
+) -> dict[str, Any]:
+    async with stack() as s:
+        pipeline_date, direct_date = business_dates(2)
+        t = time.perf_counter()
+        seeded = await seed(s.pool, pipeline_date, payments, shards)
+        seeded_direct = await seed(s.pool, direct_date, payments, shards) if with_direct else None
+        await s.pool.execute("VACUUM ANALYZE")
+        seed_seconds = time.perf_counter() - t
+
+        worker = s.start_worker()
+        await wait_for_worker(s.client, s.settings.task_queue)
+
+        first = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
+        before = await table_stats(s.pool)
+        rerun = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size, id_prefix="ledger-rerun")
+        after = await table_stats(s.pool)
+
+        direct: dict[str, Any] | None = None
+        if with_direct:
+            d1 = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-first")
+            d_before = await table_stats(s.pool)
+            d2 = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-rerun")
+            d_after = await table_stats(s.pool)
+            assert seeded_direct is not None
+            direct = {
+                "first_seconds": round(d1["seconds"], 3),
+                "rerun_seconds": round(d2["seconds"], 3),
+                "ratio": round(d2["seconds"] / d1["seconds"], 3),
+                "first_outcome": outcome(d1["settlement"]),
+                "rerun_outcome": outcome(d2["settlement"]),
+                "expected": expected(seeded_direct),
+                "rerun_table_deltas": deltas(d_before, d_after),
+            }
+        memory = s.memory()
+        assert worker.poll() is None, "the worker process died"
+
+    rerun_shards = [r.model_dump(exclude={"batches_this_attempt"}) for r in rerun["result"].shards]
+    first_shards = [r.model_dump(exclude={"batches_this_attempt"}) for r in first["result"].shards]
+    table_deltas = deltas(before, after)
+    return {
+        "scenario": "ledger_rerun",
+        "payments": payments,
+        "shards": shards,
+        "parallel_shards": parallel,
+        "batch_size": batch_size,
+        "seed_seconds": round(seed_seconds, 2),
+        "rerun_how": "a new LedgerReconciliationWorkflow run of the same date under another workflow ID prefix",
+        "first_run_seconds": round(first["seconds"], 3),
+        "rerun_seconds": round(rerun["seconds"], 3),
+        "first_run_payments_per_s": round(payments / first["seconds"], 1),
+        "rerun_payments_per_s": round(payments / rerun["seconds"], 1),
+        "ratio": round(rerun["seconds"] / first["seconds"], 3),
+        "target": "<= 0.3",
+        "expected": expected(seeded),
+        "first_outcome": outcome(first["settlement"]),
+        "rerun_outcome": outcome(rerun["settlement"]),
+        "rerun_reports_same_as_first": rerun_shards == first_shards,
+        "rerun_batches": rerun["batches"],
+        "rerun_table_deltas": table_deltas,
+        "rerun_rows_inserted": sum(table_deltas[t]["n_tup_ins"] for t in LEDGER_TABLES),
+        "rerun_dead_tuples_in_effect_tables": sum(
+            table_deltas[t]["n_dead_tup"] for t in ("ledger_corrections", "ledger_review")
+        ),
+        "direct": direct,
+        **memory,
+        "machine": machine(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--payments", type=int, default=1_000_000)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct first/rerun comparison")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, not args.no_direct))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
