@@ -32,6 +32,7 @@ from core.operations import (
     start_cleanup,
 )
 from core.temporal import connect
+from harness.cli import register_harness_commands
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 EXIT_ERROR = 1
@@ -163,10 +164,22 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
+    """Runs in a database and on a task queue of its own, so it never mixes with real work."""
+    from core.cli_outbox import fresh_database
     from core.demo import run_demo
 
-    async with Context(settings) as ctx:
-        result = await run_demo(ctx, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers)
+    resolved = embedded.resolve(settings)
+    assert resolved.database_url is not None
+    demo_url = await fresh_database(resolved.database_url, "deadline_cleanup_demo")
+    demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{os.getpid()}"})
+    pool = await db.create_pool(demo_url, max_size=4)
+    try:
+        client = await connect(demo)
+        result = await run_demo(
+            demo, pool, client, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers
+        )
+    finally:
+        await pool.close()
     emit(args, result, lambda d: str(d.pop("report")))
 
 
@@ -240,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down"])
     register_outbox_commands(sub, command)
     register_ledger_commands(sub, command)
+    register_harness_commands(sub, command)
     return parser
 
 

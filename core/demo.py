@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import secrets
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import asyncpg
+from temporalio.client import Client
 
 from core.config import PROJECT_ROOT, Settings
 from core.models import CleanupResult
 from core.operations import renew, seed_accounts, start_cleanup
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
-
-if TYPE_CHECKING:
-    from starter import Context
 
 
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -44,52 +45,83 @@ def spawn_worker(settings: Settings, log_path: str, **extra_env: str) -> subproc
         )
 
 
-async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: int) -> dict[str, Any]:
-    settings, pool, client = ctx.settings, ctx.pool, ctx.client
+async def run_demo(
+    settings: Settings, pool: asyncpg.Pool, client: Client, *, accounts: int, renew_share: float, workers: int
+) -> dict[str, Any]:
+    """Seed, renew some, clean the rest at the deadline, deliver the reminders, report."""
+    from core.cli_outbox import start_relays
+    from core.mail_provider import MailProvider, ProviderThread
+    from core.outbox_models import RelayBatchSettings
+    from workflows.outbox_relay import OutboxRelayWorkflow
+
     deadline = (datetime.now(UTC) + timedelta(seconds=15)).replace(microsecond=0)
     prefix = f"demo{deadline:%H%M%S}"
     print(f"seeding {accounts} accounts with renewal deadline {deadline.isoformat()} ...", flush=True)
     seeded = await seed_accounts(pool, prefix=prefix, deadline=deadline, count=accounts)
 
+    token = secrets.token_urlsafe(24)  # the local provider's token for this run; printed nowhere
+    provider = MailProvider(token, share_5xx=0.02, share_429=0.01, retry_after="1", seed=deadline.second)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    procs = [spawn_worker(settings, str(settings.state_dir / f"demo-worker-{i}.log")) for i in range(workers)]
-    try:
-        started = await start_cleanup(client, pool, settings.task_queue, deadline=deadline, partitions=8)
-        print(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True)
-
-        ids = [
-            r["account_id"]
-            for r in await pool.fetch(
-                "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id",
-                f"acct_{prefix}_%",
-            )
+    with ProviderThread(provider) as served:
+        env = {"MAIL_PROVIDER_URL": served.url, "MAIL_PROVIDER_TOKEN": token}
+        procs = [
+            spawn_worker(settings, str(settings.state_dir / f"demo-worker-{i}.log"), **env) for i in range(workers)
         ]
-        to_renew = random.Random(deadline.timestamp()).sample(ids, int(len(ids) * renew_share))
-        limit = asyncio.Semaphore(16)
+        try:
+            started = await start_cleanup(client, pool, settings.task_queue, deadline=deadline, partitions=8)
+            print(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True)
+            relays = await start_relays(
+                client,
+                settings.task_queue,
+                relays=1,
+                settings=RelayBatchSettings(request_timeout_seconds=2, backoff_initial_seconds=0.5),
+                idle_sleep_seconds=1,
+                id_prefix=f"{settings.task_queue}-relay-",
+            )
 
-        async def renew_one(account_id: str) -> bool:
-            async with limit:
-                return (await renew(client, pool, settings.task_queue, account_id)).in_time
+            ids = [
+                r["account_id"]
+                for r in await pool.fetch(
+                    "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id", f"acct_{prefix}_%"
+                )
+            ]
+            to_renew = random.Random(deadline.timestamp()).sample(ids, int(len(ids) * renew_share))
+            limit = asyncio.Semaphore(16)
 
-        renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
-        print(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True)
-        t0 = time.monotonic()
-        handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-        result: CleanupResult = await handle.result()
-        waited = time.monotonic() - t0
+            async def renew_one(account_id: str) -> bool:
+                async with limit:
+                    return (await renew(client, pool, settings.task_queue, account_id)).in_time
 
-        late = next(a for a in ids if a not in set(to_renew))
-        late_renewal = await renew(client, pool, settings.task_queue, late)
-        dupes = await pool.fetchval(
-            "SELECT (SELECT count(*) FROM outbox WHERE source_id = $1)"
-            " - (SELECT count(DISTINCT account_id) FROM outbox WHERE source_id = $1)",
-            started.workflow_id,
-        )
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+            renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
+            print(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True)
+            handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+            result: CleanupResult = await handle.result()
+            waited = (datetime.now(UTC) - deadline).total_seconds()
+
+            late = next(a for a in ids if a not in set(to_renew))
+            late_renewal = await renew(client, pool, settings.task_queue, late)
+
+            print("cleanup settled; the outbox relay delivers the renewal reminders to the local mail provider ...")
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 120:
+                pending = await pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                if pending == 0:
+                    break
+                await asyncio.sleep(0.5)
+            for relay in relays:
+                await client.get_workflow_handle(relay["workflow_id"]).signal(OutboxRelayWorkflow.stop)
+            dupes = await pool.fetchval(
+                "SELECT (SELECT count(*) FROM outbox WHERE source_id = $1)"
+                " - (SELECT count(DISTINCT account_id) FROM outbox WHERE source_id = $1)",
+                started.workflow_id,
+            )
+            delivered = await pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'delivered'")
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(timeout=30)
+        mail = provider.stats()
 
     s = result.settlement
     assert s is not None
@@ -101,10 +133,13 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
         ("skipped as renewed", s.skipped_renewed),
         ("skipped as stale version", s.skipped_stale),
         ("duplicates absorbed (already applied)", s.already_applied),
-        ("renewal reminders in the outbox", s.reminders),
-        ("duplicate reminders", dupes),
+        ("renewal reminders written to the outbox", s.reminders),
+        ("duplicate reminders in the outbox", dupes),
+        ("reminders delivered (outbox)", delivered),
+        ("provider requests (incl. injected 429/5xx retries)", mail["received"]),
+        ("customer mailbox (each reminder once)", mail["delivered"]),
         (f"late renewal of {late}", "reported too late" if not late_renewal.in_time else "in time?!"),
-        ("seconds from deadline wait to settlement", f"{waited:.1f}"),
+        ("seconds from the deadline to settlement", f"{waited:.1f}"),
     ]
     width = max(len(k) for k, _ in rows)
     report = "\n".join(
@@ -121,6 +156,9 @@ async def run_demo(ctx: Context, *, accounts: int, renew_share: float, workers: 
         "renewed_in_time": renewed_in_time,
         "settlement": s.model_dump(mode="json"),
         "duplicate_reminders": dupes,
+        "reminders_delivered": delivered,
+        "customer_mailbox": mail["delivered"],
+        "provider_requests": mail["received"],
         "late_renewal_reported": not late_renewal.in_time,
         "ui": settings.workflow_url(started.workflow_id),
         "report": report,

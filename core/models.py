@@ -32,13 +32,19 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _instant(deadline: datetime) -> str:
+    """Compact UTC instant; sub-second digits only when present, so distinct deadlines never share an ID."""
+    d = _utc(deadline)
+    return f"{d:%Y%m%dT%H%M%S}{f'.{d:%f}' if d.microsecond else ''}Z"
+
+
 def cohort_cleanup_id(deadline: datetime) -> str:
     """Workflow ID from the business key, so starting the same cleanup twice finds the same run."""
-    return f"cleanup-cohort-{_utc(deadline):%Y%m%dT%H%M%SZ}"
+    return f"cleanup-cohort-{_instant(deadline)}"
 
 
 def account_cleanup_id(account_id: str, deadline: datetime) -> str:
-    return f"cleanup-account-{account_id}-{_utc(deadline):%Y%m%dT%H%M%SZ}"
+    return f"cleanup-account-{account_id}-{_instant(deadline)}"
 
 
 class RenewalCleanupInput(Model):

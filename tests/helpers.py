@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,8 @@ from tests.redelivery import RedeliverActivityWorkflow, Redelivery
 
 
 def deadline_in(seconds: float) -> datetime:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
+    """A deadline with random microseconds: cohort workflow IDs of different tests never collide."""
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=random.randint(1, 999_999))
 
 
 async def seed(pool: asyncpg.Pool, deadline: datetime, count: int, prefix: str | None = None) -> list[str]:
