@@ -29,7 +29,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import failpoints
+from core import failpoints, metrics
 from core.http_client import HttpConnection, HttpError, HttpResponse, parse_base_url
 from core.outbox_models import RELAY_NOT_CONFIGURED, RelayBatchInput, RelayBatchResult, RelayBatchSettings
 from core.queries import load
@@ -179,6 +179,7 @@ class OutboxRelayActivities:
             failpoints.hit("outbox_relay.after_commit")
             assert recorded is not None
             result = result.model_copy(update=dict(recorded))
+            metrics.record_outbox(result.delivered, result.dead)
             for r in rows:
                 if outcomes[r["event_id"]].kind == "dead":
                     activity.logger.warning(

@@ -30,7 +30,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from core import db, embedded
-from core.config import Settings
+from core.config import Settings, mask_url
 from core.errors import InputError
 from core.outbox_models import OutboxRelayInput, RelayBatchSettings
 from core.queries import load
@@ -380,7 +380,7 @@ async def run_outbox_demo(
             f" duplicates absorbed by key: {stats['duplicates']})",
             "last messages in the mailbox:",
             *(f"  {m['message_id']}  {m['account_id']}  {m['idempotency_key']}" for m in sample),
-            f"inspect: python starter.py --database-url '{settings.database_url}' outbox status",
+            f"inspect: python starter.py --database-url '{mask_url(settings.database_url)}' outbox status",
         ]
     )
     return {
