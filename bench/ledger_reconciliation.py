@@ -9,6 +9,12 @@ is the limit. The *pipeline* run is the real thing: `start_reconciliation` (the 
 date-keyed workflow ID) of `LedgerReconciliationWorkflow`, executed by a separate worker process,
 timed from the start call to the settled result.
 The ratio is payments/s of the pipeline over that of the faster direct run.
+
+Every run starts from the same effect tables: the batch statement's "already corrected / already
+in review" checks hash the whole of `ledger_corrections` and `ledger_review` once per batch, so a
+run that found the previous run's rows there would pay for them. After each run its corrections
+and review rows (only those: its ledger updates and reports stay) are deleted and both tables
+vacuumed; the checked outcome of every run is read before that.
 """
 
 from __future__ import annotations
@@ -51,6 +57,13 @@ async def seed(pool: asyncpg.Pool, business_date: date, payments: int, shards: i
     result = await seed_ledger_day(pool, seed_spec(business_date=business_date, payments=payments, shards=shards))
     assert result.created, f"{business_date} was already loaded"
     return result
+
+
+async def clear_effects(pool: asyncpg.Pool, business_date: date) -> None:
+    """Remove one date's corrections and review rows, so the next run sees the same effect tables."""
+    await pool.execute("DELETE FROM ledger_corrections WHERE business_date = $1", business_date)
+    await pool.execute("DELETE FROM ledger_review WHERE business_date = $1", business_date)
+    await pool.execute("VACUUM ANALYZE ledger_corrections, ledger_review")
 
 
 def _noop(_: ShardCheckpoint, __: asyncpg.Record) -> None:
@@ -149,7 +162,9 @@ async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: in
         await wait_for_worker(s.client, s.settings.task_queue)
 
         direct = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-before")
+        await clear_effects(s.pool, direct_date)
         pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
+        await clear_effects(s.pool, pipeline_date)
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_reconciliation(s.pool, direct_after_date, shards, parallel, batch_size, "direct-after")
         memory = s.memory()

@@ -45,7 +45,7 @@ def target_met(ratio: float, target: str) -> bool:
 async def run_all(smoke: bool = False, only: list[str] | None = None) -> dict[str, Any]:
     scenarios = SMOKE if smoke else FULL
     results: dict[str, Any] = {}
-    summary = []
+    summary: list[dict[str, Any]] = []
     started = datetime.now(UTC)
     for name, scenario in scenarios.items():
         if only and name not in only:
