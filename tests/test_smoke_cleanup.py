@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from core.models import CleanupResult
 from core.operations import renew, start_cleanup
 from tests.helpers import deadline_in, effect_counts, seed
@@ -9,12 +11,12 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 
 async def test_cohort_cleanup_cleans_unrenewed_accounts_once(client, pool, task_queue, worker):
-    deadline = deadline_in(3)
+    deadline = deadline_in(4)
     accounts = await seed(pool, deadline, 500)
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
     renewed = accounts[:50]
-    for account_id in renewed:
-        assert (await renew(client, pool, task_queue, account_id)).in_time
+    outcomes = await asyncio.gather(*(renew(client, pool, task_queue, a) for a in renewed))
+    assert all(o.in_time for o in outcomes)
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
 
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await handle.result()
