@@ -77,9 +77,11 @@ async def direct_reconciliation(
     t0 = time.perf_counter()
     await check_day(pool, business_date, shards)
     limit = asyncio.Semaphore(min(parallel, shards))
+    shard_seconds: list[float] = []
 
     async def shard(s: int) -> ShardReport:
         async with limit:
+            t = time.perf_counter()
             inp = ReconcileShardInput(
                 business_date=business_date,
                 shard=s,
@@ -89,7 +91,9 @@ async def direct_reconciliation(
                 workflow_id=workflow_id,
             )
             checkpoint = await reconcile_shard_batches(pool, inp, ShardCheckpoint(), _noop)
-            return await report_shard(pool, inp, checkpoint)
+            report = await report_shard(pool, inp, checkpoint)
+            shard_seconds.append(time.perf_counter() - t)
+            return report
 
     reports = await asyncio.gather(*(shard(s) for s in range(shards)))
     settlement: LedgerSettlement = await LedgerActivities(pool).settle_ledger_date(
@@ -99,6 +103,7 @@ async def direct_reconciliation(
         "seconds": time.perf_counter() - t0,
         "settlement": settlement,
         "batches": sum(r.batches for r in reports),
+        "shard_seconds_sum": sum(shard_seconds),
     }
 
 
@@ -129,6 +134,40 @@ async def pipeline_reconciliation(
         "batches": sum(r.batches_this_attempt for r in result.shards),
         "history_events": len(history.events),
         "history_bytes": len(history.to_json()),
+        "timeline": timeline(history.events, seconds),
+    }
+
+
+def timeline(events: Any, wall_seconds: float) -> dict[str, float]:
+    """Where the pipeline's time went, from the history: orchestration gaps vs. time in activities."""
+    t0 = events[0].event_time.ToDatetime()
+
+    def at(e: Any) -> float:
+        return float((e.event_time.ToDatetime() - t0).total_seconds())
+
+    scheduled: dict[int, tuple[str, float]] = {}
+    spans: list[tuple[str, float, float, float]] = []  # (type, scheduled, started, completed)
+    started: dict[int, float] = {}
+    for e in events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[e.event_id] = (e.activity_task_scheduled_event_attributes.activity_type.name, at(e))
+        elif e.HasField("activity_task_started_event_attributes"):
+            started[e.activity_task_started_event_attributes.scheduled_event_id] = at(e)
+        elif e.HasField("activity_task_completed_event_attributes"):
+            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            name, s_at = scheduled[sid]
+            spans.append((name, s_at, started.get(sid, s_at), at(e)))
+    shards = [sp for sp in spans if sp[0] == "reconcile_shard"]
+    first_shard, last_shard = min(sp[1] for sp in shards), max(sp[3] for sp in shards)
+    waits = [sp[2] - sp[1] for sp in spans]
+    return {
+        "until_first_shard_scheduled": round(first_shard, 3),
+        "shards_first_scheduled_to_last_completed": round(last_shard - first_shard, 3),
+        "after_last_shard_to_workflow_closed": round(at(events[-1]) - last_shard, 3),
+        "start_call_and_result_outside_history": round(wall_seconds - at(events[-1]), 3),
+        "activity_schedule_to_start_mean_ms": round(1000 * sum(waits) / len(waits), 1),
+        "activity_schedule_to_start_max_ms": round(1000 * max(waits), 1),
+        "shard_activity_seconds_sum": round(sum(sp[3] - sp[2] for sp in shards), 3),
     }
 
 
@@ -190,6 +229,8 @@ async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: in
         "direct_outcomes": [outcome(direct["settlement"]), outcome(direct_2["settlement"])],
         "direct_expected": [expected(seeded[0]), expected(seeded[2])],
         "batches": {"pipeline": pipeline["batches"], "direct": [direct["batches"], direct_2["batches"]]},
+        "pipeline_timeline": pipeline["timeline"],
+        "direct_shard_seconds_sum": [round(direct["shard_seconds_sum"], 3), round(direct_2["shard_seconds_sum"], 3)],
         "history_events": pipeline["history_events"],
         "history_bytes": pipeline["history_bytes"],
         **memory,

@@ -154,6 +154,8 @@ async def run(
         "rerun_outcome": outcome(rerun["settlement"]),
         "rerun_reports_same_as_first": rerun_shards == first_shards,
         "rerun_batches": rerun["batches"],
+        "first_timeline": first["timeline"],
+        "rerun_timeline": rerun["timeline"],
         "rerun_table_deltas": table_deltas,
         "rerun_rows_inserted": sum(table_deltas[t]["n_tup_ins"] for t in LEDGER_TABLES),
         "rerun_dead_tuples_in_effect_tables": sum(
