@@ -1,0 +1,100 @@
+"""Run the scenarios of a profile on one harness stack and build the table."""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from core.config import PROJECT_ROOT
+from harness.common import PROFILES, Ctx, Ids, Row
+from harness.scenarios import all_scenarios, registry
+from harness.stack import harness
+
+COLUMNS = [
+    ("scenario", "scenario"),
+    ("runs", "runs"),
+    ("duplicates", "duplicate side effects"),
+    ("lost", "lost work"),
+    ("recovery_seconds", "recovery (s, max)"),
+    ("dead_letters", "dead letters"),
+    ("operator_visibility", "operator visibility"),
+    ("passed", "result"),
+]
+
+
+async def run_profile(
+    profile: str = "quick",
+    seed: int = 7,
+    only: list[str] | None = None,
+    inject_violation: bool = False,
+    log_dir: Path | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    chosen = PROFILES[profile]
+    scenarios = all_scenarios()
+    names = only or list(registry())
+    unknown = [n for n in names if n not in scenarios]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; known: {', '.join(scenarios)}")
+    logs = log_dir or PROJECT_ROOT / ".state" / "harness" / time.strftime("%Y%m%dT%H%M%S")
+    started = time.monotonic()
+    rows: list[Row] = []
+    async with harness(logs) as h:
+        ctx = Ctx(h, chosen, seed, Ids(random.Random(seed)), inject_violation)
+        for name in names:
+            t0 = time.monotonic()
+            try:
+                row = await scenarios[name](ctx)
+            except Exception as err:
+                row = Row(name, violations=[f"scenario crashed: {type(err).__name__}: {err}"])
+                row.notes.append(traceback.format_exc(limit=6))
+            row.seconds = round(time.monotonic() - t0, 1)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+    return {
+        "profile": profile,
+        "seed": seed,
+        "seconds": round(time.monotonic() - started, 1),
+        "passed": all(r.passed for r in rows),
+        "logs": str(logs),
+        "rows": [r.as_dict() for r in rows],
+    }
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if key == "passed":
+        return "PASS" if value else "FAIL"
+    if key == "operator_visibility":
+        return "yes" if value else "NO"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def render_table(report: dict[str, Any], markdown: bool = False) -> str:
+    headers = [h for _, h in COLUMNS]
+    body = [[cell(r, k) for k, _ in COLUMNS] for r in report["rows"]]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+        lines += ["| " + " | ".join(b) + " |" for b in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def render_details(report: dict[str, Any]) -> str:
+    out = []
+    for r in report["rows"]:
+        out.append(f"\n{r['scenario']} ({r['seconds']} s)")
+        out += [f"  VIOLATION {v}" for v in r["violations"]]
+        out += [f"  visible: {e}" for e in r["evidence"][:8]]
+        out += [f"  note: {n}" for n in r["notes"]]
+    return "\n".join(out)

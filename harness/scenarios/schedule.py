@@ -1,0 +1,97 @@
+"""Scenario 7: pause the nightly schedule across trigger times, unpause, backfill: each date once.
+
+Trigger times are nights, so they are not waited for: the schedule is paused, an operator
+reconciles one of the missed dates by hand meanwhile, then unpauses and backfills the missed
+nights; a second backfill of the same nights must reconcile nothing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from temporalio.client import Client
+
+from core import ledger_schedule as ls
+from core.ledger_ops import ledger_status, start_reconciliation
+from core.models_ledger import ScheduledLedgerInput, ScheduledLedgerResult, ledger_workflow_id
+from harness.checks import ledger_digest, ledger_effects
+from harness.common import Ctx, Row, seed_day, wait_for
+from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
+
+
+async def _runs(client: Client, schedule_id: str, count: int) -> list[ScheduledLedgerResult]:
+    async def taken() -> bool:
+        return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= count
+
+    if not await wait_for(taken, 90, 0.3):
+        raise TimeoutError(f"schedule {schedule_id} did not take {count} actions")
+    results = []
+    for run in (await ls.describe_schedule(client, schedule_id))["recent_runs"]:
+        handle = client.get_workflow_handle(run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult)
+        results.append(await asyncio.wait_for(handle.result(), 120))
+    return results
+
+
+async def executions(client: Client, workflow_id: str) -> int:
+    return len([wf async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'")])
+
+
+async def run(ctx: Ctx) -> Row:
+    row = Row("7 paused schedule")
+    lane = await ctx.h.lane("schedule", 1)
+    client, pool, tq = ctx.client, lane.pool, lane.task_queue
+    days = 3 * ctx.profile.rounds
+    dates = [ctx.ids.business_date() for _ in range(days)]
+    seeded = {d: await seed_day(pool, d, 300, 2) for d in dates}
+    schedule_id = f"harness-nightly-{uuid.uuid4().hex[:6]}"
+    manual = dates[len(dates) // 2]
+    try:
+        await ls.create_schedule(
+            client, tq, options=ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0), schedule_id=schedule_id
+        )
+        paused: dict[str, Any] = await ls.pause_schedule(client, "harness: maintenance window", schedule_id)
+        await start_reconciliation(client, pool, tq, manual, heartbeat_timeout_seconds=2.0)
+        await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(manual)).result()
+        await ls.unpause_schedule(client, "", schedule_id)
+        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        first = await _runs(client, schedule_id, days)
+        before = await ledger_digest(pool)
+        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        second = await _runs(client, schedule_id, 2 * days)
+        outcomes = sorted((r.business_date, r.outcome) for r in first)
+        expected = sorted((d, "already_started" if d == manual else "reconciled") for d in dates)
+        if outcomes != expected:
+            row.violations.append(f"first backfill outcomes {outcomes}, expected {expected}")
+        if any(r.outcome != "already_started" for r in second[days:]):
+            row.violations.append("the second backfill reconciled a date again")
+        if await ledger_digest(pool) != before:
+            row.violations.append("the second backfill changed the database")
+        for d in dates:
+            n = await executions(client, ledger_workflow_id(d))
+            if n != 1:
+                row.duplicates += max(0, n - 1)
+                row.lost += 1 if n == 0 else 0
+                row.violations.append(f"{d}: {n} reconciliation runs")
+            e = await ledger_effects(
+                pool,
+                d,
+                shards=2,
+                expected_corrections=seeded[d].expected_corrections,
+                expected_review=seeded[d].expected_review,
+            )
+            row.duplicates += e.duplicates
+            row.lost += e.lost
+            row.violations += [f"{d}: {p}" for p in e.problems()]
+        row.runs = days
+        status = [await ledger_status(client, pool, d) for d in dates]
+        row.operator_visibility = bool(paused["paused"] and paused["note"] and all(s["settled"] for s in status))
+        row.evidence.append(f"schedule describe while paused: paused={paused['paused']}, note={paused['note']!r}")
+        row.evidence.append(
+            f"backfill outcomes: {[(str(d), o) for d, o in outcomes]}; second backfill all already_started"
+        )
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+        await ctx.h.close_lane(lane)
+    return row

@@ -1,0 +1,293 @@
+"""The harness's stack: bench.common's private dev server + fresh database, lanes, and a supervisor.
+
+A *lane* is a task queue, a database of its own (so one lane's faults and counts never touch
+another's) and one or more supervised worker slots. The *supervisor* is a loop that notices a
+worker process that died (killed at a failpoint, crashed on a lost server) and starts it again,
+recording when and how it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from temporalio.client import Client
+
+from bench.common import Stack, stack
+from core import db, embedded
+from core.config import PROJECT_ROOT
+from core.mail_provider import MailProvider, ProviderThread
+from core.temporal import connect
+from harness.worker import READY
+
+WORKER_MODULE = "harness.worker"
+HARNESS_APP = "harness"  # application_name of the harness's own connections (never terminated by faults)
+
+
+@dataclass
+class Death:
+    slot: str
+    pid: int
+    returncode: int
+    at: float  # time.monotonic()
+
+
+@dataclass
+class Slot:
+    """One supervised worker process; restarted by the supervisor whenever it dies."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    failpoints: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    log_offset: int = 0
+    starts: int = 0
+    deaths: list[Death] = field(default_factory=list)
+    supervised: bool = True
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self, failpoints: str = "") -> None:
+        self.failpoints = failpoints
+        env = dict(self.env)
+        if failpoints:
+            env["CLEANUP_FAILPOINTS"] = failpoints
+        else:
+            env.pop("CLEANUP_FAILPOINTS", None)
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=PROJECT_ROOT,
+            )
+        self.starts += 1
+
+    def ready(self) -> bool:
+        if not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_offset)
+            return READY.encode() in f.read()
+
+    def log_tail(self, chars: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+
+class Supervisor:
+    """Starts worker slots and restarts any that die (a real supervisor loop, 10 checks a second)."""
+
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+        self._task: asyncio.Task[None] | None = None
+        self.restart_delay = 0.2
+
+    def add(self, slot: Slot) -> Slot:
+        self.slots.append(slot)
+        return slot
+
+    async def __aenter__(self) -> Supervisor:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(self.stop_all)
+
+    async def _loop(self) -> None:
+        while True:
+            for slot in self.slots:
+                proc = slot.proc
+                if slot.supervised and proc is not None and proc.poll() is not None:
+                    slot.deaths.append(Death(slot.name, proc.pid, int(proc.returncode), time.monotonic()))
+                    await asyncio.sleep(self.restart_delay)
+                    slot.spawn("")  # a restarted worker comes back without failpoints
+            await asyncio.sleep(0.1)
+
+    async def start(self, slot: Slot, failpoints: str = "", within: float = 60) -> None:
+        """(Re)start a slot's process with these failpoints and wait until it polls."""
+        await self.stop(slot)
+        slot.spawn(failpoints)
+        await self.wait_ready(slot, within)
+
+    async def wait_ready(self, slot: Slot, within: float = 60) -> None:
+        deadline = time.monotonic() + within
+        while not slot.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {slot.name} did not start in time:\n{slot.log_tail()}")
+            await asyncio.sleep(0.05)
+
+    async def stop(self, slot: Slot) -> None:
+        """Stop a slot's process on purpose (not a death: the supervisor does not restart it)."""
+        proc = slot.proc
+        slot.proc = None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.to_thread(proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait, 10)
+
+    async def wait_death(self, slot: Slot, after: int, within: float) -> Death | None:
+        """The first death of `slot` beyond the first `after` recorded ones, or None on timeout."""
+        deadline = time.monotonic() + within
+        while len(slot.deaths) <= after:
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.02)
+        return slot.deaths[after]
+
+    def stop_all(self) -> None:
+        procs = [s.proc for s in self.slots if s.proc is not None]
+        for s in self.slots:
+            s.supervised = False
+            s.proc = None
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def deaths(self) -> list[Death]:
+        return [d for s in self.slots for d in s.deaths]
+
+
+@dataclass
+class Lane:
+    name: str
+    task_queue: str
+    database_url: str
+    pool: asyncpg.Pool
+    slots: list[Slot]
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+@dataclass
+class Harness:
+    """Everything a scenario needs: the stack, the mail provider, a supervisor, and lanes."""
+
+    stack: Stack
+    provider: ProviderThread
+    token: str
+    supervisor: Supervisor
+    log_dir: Path
+    lanes: list[Lane] = field(default_factory=list)
+    databases: list[str] = field(default_factory=list)
+
+    @property
+    def client(self) -> Client:
+        return self.stack.client
+
+    @property
+    def address(self) -> str:
+        assert self.stack.settings.temporal_address is not None
+        return self.stack.settings.temporal_address
+
+    async def lane(self, name: str, workers: int, *, address: str | None = None) -> Lane:
+        """A fresh migrated database, a task queue and `workers` started slots."""
+        database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+        admin = await asyncpg.connect(self.stack.admin_url)
+        try:
+            await admin.execute(f"CREATE DATABASE {database}")
+        finally:
+            await admin.close()
+        self.databases.append(database)
+        url = with_database(self.stack.admin_url, database)
+        await db.migrate_url(url)
+        pool = await harness_pool(url)
+        task_queue = f"harness-{name}-{uuid.uuid4().hex[:6]}"
+        env = dict(
+            os.environ,
+            TEMPORAL_ADDRESS=address or self.address,
+            TEMPORAL_NAMESPACE=self.stack.settings.temporal_namespace,
+            TEMPORAL_TASK_QUEUE=task_queue,
+            DATABASE_URL=url,
+            DB_POOL_MAX_SIZE="4",
+            MAIL_PROVIDER_URL=self.provider.url,
+            MAIL_PROVIDER_TOKEN=self.token,
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("CLEANUP_FAILPOINTS", None)
+        slots = [
+            self.supervisor.add(Slot(f"{name}-w{i}", env, self.log_dir / f"{name}-w{i}.log")) for i in range(workers)
+        ]
+        await asyncio.gather(*(self.supervisor.start(s) for s in slots))
+        lane = Lane(name, task_queue, url, pool, slots)
+        self.lanes.append(lane)
+        return lane
+
+    async def close_lane(self, lane: Lane) -> None:
+        for s in lane.slots:
+            s.supervised = False
+        await asyncio.gather(*(self.supervisor.stop(s) for s in lane.slots))
+        await lane.pool.close()
+
+
+async def harness_pool(url: str, max_size: int = 6) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(
+        url, min_size=1, max_size=max_size, command_timeout=120, server_settings={"application_name": HARNESS_APP}
+    )
+    assert pool is not None
+    return pool
+
+
+@contextlib.asynccontextmanager
+async def harness(log_dir: Path | None = None) -> AsyncIterator[Harness]:
+    token = secrets.token_urlsafe(24)
+    async with stack(pool_size=4) as s:
+        logs = log_dir or s.server.state_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        with ProviderThread(MailProvider(token, seed=5, hang_seconds=2)) as provider:
+            async with Supervisor() as supervisor:
+                h = Harness(s, provider, token, supervisor, logs)
+                try:
+                    yield h
+                finally:
+                    supervisor.stop_all()
+                    for lane in h.lanes:
+                        await lane.pool.close()
+                    admin = await asyncpg.connect(s.admin_url)
+                    try:
+                        for database in h.databases:
+                            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+                    finally:
+                        await admin.close()
+
+
+async def new_client(address: str, like: Client) -> Client:
+    """A client to another server (the restart scenario's), with the stack's converter."""
+    del like
+    from core.config import Settings
+
+    return await connect(Settings(temporal_address=address))
+
+
+__all__ = ["Death", "Harness", "Lane", "Slot", "Supervisor", "embedded", "harness", "harness_pool", "new_client"]

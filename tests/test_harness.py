@@ -1,0 +1,55 @@
+"""The evaluation harness (issue 5) run as a user runs it: `python starter.py harness ...`.
+
+The quick profile must pass; a deliberately broken invariant must make it fail (a harness that
+cannot fail proves nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.config import PROJECT_ROOT
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def harness(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "CLEANUP_FAILPOINTS")}
+    return subprocess.run(
+        [sys.executable, "starter.py", "harness", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
+
+
+def test_quick_profile_passes_every_scenario():
+    done = harness("--profile", "quick", "--seed", "7", "--json")
+
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    rows = {r["scenario"]: r for r in report["rows"]}
+    assert len(rows) == 9, list(rows)
+    for name, r in rows.items():
+        assert r["passed"], (name, r["violations"], r["notes"])
+        assert r["runs"] >= 1 and r["duplicates"] == 0 and r["lost"] == 0, (name, r)
+        assert r["operator_visibility"], (name, r["evidence"])
+    kill = next(r for r in report["rows"] if r["scenario"].startswith("2 "))
+    assert kill["runs"] >= 7, "every commit point killed at least once"
+
+
+def test_a_broken_invariant_makes_the_harness_fail():
+    done = harness("--scenarios", "replay", "--inject-violation", "--json")
+
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    [row] = report["rows"]
+    assert not row["passed"] and row["duplicates"] >= 1
+    assert any("dup_reminders=1" in v for v in row["violations"]), row["violations"]
