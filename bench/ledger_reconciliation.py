@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from datetime import date, timedelta
 from typing import Any
@@ -190,6 +191,7 @@ def expected(seeded: LedgerSeedResult) -> dict[str, int]:
 
 
 async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
+    load_before = round(os.getloadavg()[0], 2)
     async with stack() as s:
         direct_date, pipeline_date, direct_after_date = business_dates(3)
         t = time.perf_counter()
@@ -234,6 +236,7 @@ async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: in
         "history_events": pipeline["history_events"],
         "history_bytes": pipeline["history_bytes"],
         **memory,
+        "load_average_1m_before_and_after": [load_before, round(os.getloadavg()[0], 2)],
         "machine": machine(),
     }
 
