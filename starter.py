@@ -9,30 +9,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from pydantic import ValidationError
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
 
 from core import db, embedded
 from core.cli_ledger import register_ledger_commands
 from core.cli_outbox import register_outbox_commands
 from core.config import Settings, mask_url
 from core.errors import InputError
+from core.models import CleanupResult, CleanupStatus
 from core.operations import (
     cleanup_status,
     list_cleanups,
     parse_deadline,
     renew,
+    seed_accounts,
     start_cleanup,
 )
+from core.progress import Progress
 from core.temporal import connect
 from harness.cli import register_harness_commands
+from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 EXIT_ERROR = 1
@@ -117,14 +125,60 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
             allow_empty=args.allow_empty,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
+        if args.wait:
+            data["result"] = await wait_for_cleanup(ctx.client, started.workflow_id)
     emit(
         args,
         data,
         lambda d: (
             f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
             f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope\n{d['ui']}"
+            + (f"\noutcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}" if args.wait else "")
         ),
     )
+
+
+async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
+    """Wait for the run with a progress bar: the sleep, then partitions reported k/P."""
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, workflow_id)
+    result_task = asyncio.ensure_future(handle.result())
+    bar: Progress | None = None
+    while not result_task.done():
+        await asyncio.wait([result_task], timeout=0.5)
+        if result_task.done():
+            break
+        with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+            live: CleanupStatus = await handle.query(RenewalCleanupWorkflow.status)
+            if live.phase == "sleeping":
+                left = (live.deadline - datetime.now(UTC)).total_seconds()
+                print(f"\rsleeping until {live.deadline.isoformat()} ({left:.0f}s)".ljust(60), end="", file=sys.stderr)
+            else:
+                bar = bar or Progress("partitions", live.partitions_total)
+                bar.update(live.partitions_done, live.phase)
+    if bar:
+        bar.finish("settled")
+    result: CleanupResult = result_task.result()
+    return result.model_dump(mode="json")
+
+
+async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
+    deadline = parse_deadline(args.deadline)
+    if not 1 <= args.accounts <= 10_000_000:
+        raise InputError(f"--accounts must be between 1 and 10,000,000, got {args.accounts}")
+    prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
+    if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
+        raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
+    async with Context(settings) as ctx:
+        bar = Progress("seeding accounts", args.accounts)
+        totals: dict[str, int] = {}
+        chunk = 10_000
+        for start in range(0, args.accounts, chunk):
+            n = min(chunk, args.accounts - start)
+            part = await seed_accounts(ctx.pool, prefix=f"{prefix}{start // chunk:03d}", deadline=deadline, count=n)
+            totals = {k: totals.get(k, 0) + v for k, v in part.items()}
+            bar.update(start + n)
+        bar.finish()
+    emit(args, totals | {"deadline": deadline}, key_values)
 
 
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
@@ -233,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
+    p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
+
+    p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
+    p.add_argument("--accounts", type=int, required=True)
+    p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
+    p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
 
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")
