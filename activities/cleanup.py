@@ -6,6 +6,7 @@ retried on another node after its COMMIT, it leaves exactly one effect per (acco
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import asyncpg
@@ -41,16 +42,27 @@ async def clean_partition_batches(
     input: CleanupPartitionInput,
     checkpoint: PartitionCheckpoint,
     after_batch: Callable[[PartitionCheckpoint], None],
+    while_waiting: Callable[[PartitionCheckpoint], None] | None = None,
+    wait_interval: float = 5.0,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
+    `while_waiting` is called every `wait_interval` seconds while a batch is still running (e.g.
+    blocked on a row lock), so a slow batch keeps heartbeating instead of being retried as dead.
     """
     while True:
         async with pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            statement = conn.fetchrow(
                 batch_sql, input.cleanup_id, input.partition_no, checkpoint.last_account_id, input.batch_size
             )
+            if while_waiting is None:
+                row = await statement
+            else:
+                task = asyncio.ensure_future(statement)
+                while not (await asyncio.wait({task}, timeout=wait_interval))[0]:
+                    while_waiting(checkpoint)
+                row = task.result()
         assert row is not None
         if row["batch_rows"] == 0:
             return checkpoint
@@ -151,7 +163,19 @@ class CleanupActivities:
             )
             counted = checkpoint.counts
 
-        checkpoint = await clean_partition_batches(self.pool, self.partition_batch_sql, input, start, after_batch)
+        def still_working(checkpoint: PartitionCheckpoint) -> None:
+            activity.heartbeat(checkpoint.model_dump(mode="json"))
+
+        timeout = activity.info().heartbeat_timeout
+        checkpoint = await clean_partition_batches(
+            self.pool,
+            self.partition_batch_sql,
+            input,
+            start,
+            after_batch,
+            while_waiting=still_working,
+            wait_interval=timeout.total_seconds() / 3 if timeout else 10.0,
+        )
         c = checkpoint.counts
         await self.pool.execute(
             SQL.record_partition_report,

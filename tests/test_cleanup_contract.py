@@ -6,6 +6,7 @@ after it committed but died before Temporal heard back. Effects are counted in t
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -327,3 +328,36 @@ async def test_real_worker_process_runs_asyncpg_activities(client, pool, task_qu
     desc = await client.get_workflow_handle(started.workflow_id).describe()
     assert desc.status == WorkflowExecutionStatus.COMPLETED
     assert (await effect_counts(pool))["reminders"] == 1
+
+
+async def test_a_partition_blocked_on_a_lock_keeps_heartbeating_and_is_not_run_twice(client, pool, task_queue, worker):
+    """A batch waiting 3x the heartbeat timeout on a row lock is slow, not dead: one attempt only."""
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 30)
+    async with pool.acquire() as blocker:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[0])
+        started = await start_cleanup(
+            client, pool, task_queue, deadline=deadline, partitions=1, heartbeat_timeout_seconds=2
+        )
+        handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+
+        async def partition_started() -> bool:
+            return any(name == "cleanup_partition" for _, _, name in activity_timeline(await handle.fetch_history()))
+
+        await wait_until(partition_started, within=30)
+        await asyncio.sleep(6)  # 3x the heartbeat timeout, holding the lock the batch waits for
+        await tx.rollback()
+    result: CleanupResult = await handle.result()
+
+    assert result.settlement is not None and result.settlement.cleaned == 30
+    events = (await handle.fetch_history()).events
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert attempts == [1], "the blocked partition was not retried as if dead"
+    assert not any(e.HasField("activity_task_timed_out_event_attributes") for e in events)
+    assert (await effect_counts(pool))["applied"] == 30

@@ -89,7 +89,9 @@ class LedgerReconciliationWorkflow:
                 workflow_id=workflow.info().workflow_id,
             ),
             result_type=LedgerSettlement,
-            start_to_close_timeout=timedelta(minutes=10),
+            # A few aggregate statements: a short timeout so a worker killed after COMMIT is retried
+            # elsewhere within a minute, not ten (timeouts are not part of replay determinism).
+            start_to_close_timeout=timedelta(minutes=1),
             retry_policy=_RETRY,
         )
         self._phase = "settled"
