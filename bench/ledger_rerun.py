@@ -54,7 +54,7 @@ IDENTITY_SEQUENCES = {
 COUNTERS = ["n_tup_ins", "n_tup_upd", "n_tup_del", "n_dead_tup", "vacuum_count", "autovacuum_count"]
 VACUUM_EFFECTS = "VACUUM ANALYZE ledger_corrections, ledger_review"
 # A backend that is idle with statistics pending flushes them within 10 s (PGSTAT_IDLE_INTERVAL).
-STATS_FLUSH_SECONDS = 11.0
+STATS_FLUSH_SECONDS = 10.5
 
 
 async def _read_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
@@ -77,7 +77,7 @@ async def table_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
     """Cumulative statistics of the ledger tables once every backend has flushed its own.
 
     `pg_stat_force_next_flush()` (PG15+) only flushes the calling backend; the worker's idle
-    connections flush theirs within 10 s, so wait that long, then until two reads agree.
+    connections flush theirs within 10 s (PGSTAT_IDLE_INTERVAL), so wait that long, then until two reads agree.
     """
     async with pool.acquire() as conn:
         if await conn.fetchval("SELECT to_regproc('pg_stat_force_next_flush') IS NOT NULL"):
@@ -85,7 +85,7 @@ async def table_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
     await asyncio.sleep(STATS_FLUSH_SECONDS)
     previous = await _read_stats(pool)
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
         current = await _read_stats(pool)
         if current == previous:
             return current
