@@ -26,6 +26,8 @@ COPY README.md worker.py starter.py ./
 COPY core ./core
 COPY workflows ./workflows
 COPY activities ./activities
+COPY harness ./harness
+COPY bench ./bench
 RUN pip install --no-deps . \
     && rm -rf build ./*.egg-info
 
