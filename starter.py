@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,6 +23,7 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from core import db, embedded
+from core.cli_common import CliContext, emit, key_values, table
 from core.cli_ledger import register_ledger_commands
 from core.cli_outbox import register_outbox_commands
 from core.config import Settings, mask_url
@@ -48,60 +48,6 @@ EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
 
 
-def _default(value: object) -> object:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return str(value)
-
-
-def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
-    if getattr(args, "json", False) or human is None:
-        print(json.dumps(data, default=_default, indent=2))
-    else:
-        print(human(data))
-
-
-def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    if not rows:
-        return "(none)"
-    columns = columns or list(rows[0])
-    cells = [
-        [
-            ("" if r.get(c) is None else str(_default(r[c]) if not isinstance(r[c], str | int) else r[c]))
-            for c in columns
-        ]
-        for r in rows
-    ]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
-    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join([line, "  ".join("-" * w for w in widths), *body])
-
-
-def key_values(data: dict[str, Any]) -> str:
-    width = max(len(k) for k in data)
-    return "\n".join(f"{k.ljust(width)}  {_default(v) if not isinstance(v, str | int) else v}" for k, v in data.items())
-
-
-class Context:
-    """Opens what a command needs (embedded services, pool, client) and closes it after."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = embedded.resolve(settings)
-
-    async def __aenter__(self) -> Context:
-        assert self.settings.database_url is not None
-        await db.migrate_url(self.settings.database_url)
-        self.pool = await db.create_pool(self.settings.database_url, max_size=4)
-        self.client = await connect(self.settings)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pool.close()
-
-
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
@@ -111,7 +57,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
     deadline = parse_deadline(args.deadline) if args.deadline else None
-    async with Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         started = await start_cleanup(
             ctx.client,
             ctx.pool,
@@ -168,7 +114,7 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
     prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
     if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
         raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
-    async with Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         bar = Progress("seeding accounts", args.accounts)
         totals: dict[str, int] = {}
         chunk = 10_000
@@ -183,7 +129,7 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
     until = parse_deadline(args.until) if args.until else None
-    async with Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         outcome = await renew(ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until)
 
     def human(d: dict[str, Any]) -> str:
@@ -205,14 +151,14 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
-    async with Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
         data["ui"] = ctx.settings.workflow_url(args.workflow_id)
     emit(args, data, key_values)
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
-    async with Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         rows = await list_cleanups(ctx.client, limit=args.limit)
     emit(args, rows, table)
 

@@ -9,20 +9,15 @@ core.ledger_seed.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import date, datetime
+from collections.abc import Awaitable, Callable
+from datetime import date
 from typing import Any
 
-import asyncpg
-from temporalio.client import Client
-
-from core import db, embedded
+from core import embedded
+from core.cli_common import CliContext, emit, table
 from core.config import Settings
-from core.errors import InputError
+from core.errors import InputError, validation_message
 from core.models_ledger import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
 
 _LEDGER_ID = re.compile(re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}")
@@ -34,59 +29,6 @@ def _business_date(text: str) -> date:
     from core.ledger_ops import parse_business_date
 
     return parse_business_date(text)
-
-
-def _default(value: object) -> object:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return str(value)
-
-
-def _key_values(data: dict[str, Any]) -> str:
-    width = max(len(k) for k in data)
-    return "\n".join(
-        f"{k.ljust(width)}  {v if isinstance(v, str | int) else json.dumps(v, default=_default)}"
-        for k, v in data.items()
-    )
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    if not rows:
-        return "(none)"
-    lines = ["  ".join(columns)]
-    lines += ["  ".join(str(_default(r.get(c)) if r.get(c) is not None else "") for c in columns) for r in rows]
-    return "\n".join(lines)
-
-
-def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
-    if getattr(args, "json", False):
-        print(json.dumps(data, default=_default, indent=2))
-    else:
-        print((human or _key_values)(data))
-
-
-@dataclass
-class _Ctx:
-    settings: Settings
-    pool: asyncpg.Pool
-    client: Client
-
-
-@asynccontextmanager
-async def _context(settings: Settings) -> AsyncIterator[_Ctx]:
-    """Embedded defaults resolved, schema migrated, a small pool and a client; closed after."""
-    from core.temporal import connect
-
-    resolved = embedded.resolve(settings)
-    assert resolved.database_url is not None
-    await db.migrate_url(resolved.database_url)
-    pool = await db.create_pool(resolved.database_url, max_size=4)
-    try:
-        yield _Ctx(resolved, pool, await connect(resolved))
-    finally:
-        await pool.close()
 
 
 async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
@@ -121,13 +63,11 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
         data = await ls.backfill_schedule(client, first, last, schedule_id)
     else:
         data = await ls.delete_schedule(client, schedule_id)
-    _emit(args, data)
+    emit(args, data)
 
 
 def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
     from pydantic import ValidationError
-
-    from core.ledger_ops import validation_message
 
     try:
         return model(
@@ -144,7 +84,7 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     from core.ledger_ops import start_reconciliation
 
     business_date = _business_date(args.date)
-    async with _context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         started = await start_reconciliation(
             ctx.client,
             ctx.pool,
@@ -156,7 +96,7 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
             tolerance_cents=args.tolerance_cents,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
-    _emit(
+    emit(
         args,
         data,
         lambda d: (
@@ -186,7 +126,7 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
             duplicate_rate=args.duplicate_rate,
             tolerance_cents=args.tolerance_cents,
         )
-        async with _context(settings) as ctx:
+        async with CliContext(settings) as ctx:
             result = await seed_ledger_day(ctx.pool, spec)
         data = result.model_dump(mode="json") | {
             "expected_corrections": result.expected_corrections,
@@ -194,7 +134,7 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
         }
         if not result.created:
             data["note"] = "this business date was already loaded; nothing was added"
-        _emit(args, data)
+        emit(args, data)
         return
     if not args.target:
         raise InputError(f"ledger {args.action} needs a business date, e.g. 2026-10-25")
@@ -202,18 +142,18 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "status":
         await _show_status(args, settings, business_date)
         return
-    async with _context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         rows = await review_rows(ctx.pool, business_date, args.limit)
-    _emit(args, rows, lambda r: _table(r, ["review_key", "kind", "reason"]))
+    emit(args, rows, lambda r: table(r, ["review_key", "kind", "reason"]))
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
     from core.ledger_ops import ledger_status
 
-    async with _context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         data = await ledger_status(ctx.client, ctx.pool, business_date)
         data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
-    _emit(args, data)
+    emit(args, data)
 
 
 def _hook_status_command(sub: Any) -> None:

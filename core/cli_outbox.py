@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,8 +29,9 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from core import db, embedded
+from core.cli_common import CliContext, emit
 from core.config import Settings, mask_url
-from core.errors import InputError
+from core.errors import InputError, validation_message
 from core.outbox_models import OutboxRelayInput, RelayBatchSettings
 from core.queries import load
 from core.temporal import connect
@@ -182,33 +182,6 @@ async def stop_relays(client: Client) -> list[str]:
 # -- CLI --------------------------------------------------------------------------------------------
 
 
-def _default(value: object) -> object:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return str(value)
-
-
-def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
-    print(json.dumps(data, default=_default, indent=2) if args.json else human(data))
-
-
-class _Context:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = embedded.resolve(settings)
-
-    async def __aenter__(self) -> _Context:
-        assert self.settings.database_url is not None
-        await db.migrate_url(self.settings.database_url)
-        self.pool = await db.create_pool(self.settings.database_url, max_size=4)
-        self.client = await connect(self.settings)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pool.close()
-
-
 def _human_status(d: dict[str, Any]) -> str:
     lines = [
         f"pending    {d['pending']} (due now {d['due_now']}, leased {d['leased']}, retrying {d['retrying']})",
@@ -226,16 +199,16 @@ def _human_status(d: dict[str, Any]) -> str:
 
 
 async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> None:
-    async with _Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         data = await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)
-    _emit(args, data, _human_status)
+    emit(args, data, _human_status)
 
 
 async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> None:
     check_event_key(args.event_key)
-    async with _Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         data = await redeliver_event(ctx.pool, args.event_key, ctx.client)
-    _emit(
+    emit(
         args,
         data,
         lambda d: (
@@ -254,12 +227,12 @@ def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
             lease_seconds=args.lease,
         )
     except ValidationError as err:
-        raise InputError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())) from None
+        raise InputError(validation_message(err)) from None
 
 
 async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
     batch = _batch_settings(args)
-    async with _Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         started = await start_relays(
             ctx.client,
             ctx.settings.task_queue,
@@ -269,13 +242,13 @@ async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -
         )
         for s in started:
             s["ui"] = ctx.settings.workflow_url(s["workflow_id"])
-    _emit(args, started, lambda d: "\n".join(f"relay {s['workflow_id']} running: {s['ui']}" for s in d))
+    emit(args, started, lambda d: "\n".join(f"relay {s['workflow_id']} running: {s['ui']}" for s in d))
 
 
 async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) -> None:
-    async with _Context(settings) as ctx:
+    async with CliContext(settings) as ctx:
         stopped = await stop_relays(ctx.client)
-    _emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
+    emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
 
 
 async def cmd_outbox_demo(args: argparse.Namespace, settings: Settings) -> None:
@@ -294,7 +267,7 @@ async def cmd_outbox_demo(args: argparse.Namespace, settings: Settings) -> None:
         result = await run_outbox_demo(demo_settings, pool, client, accounts=args.accounts, workers=args.workers)
     finally:
         await pool.close()
-    _emit(args, result, lambda d: str(d["report"]))
+    emit(args, result, lambda d: str(d["report"]))
 
 
 async def fresh_database(url: str, name: str) -> str:

@@ -18,7 +18,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from core import search_attributes as sa
-from core.errors import InputError
+from core.errors import InputError, validation_message
 from core.models_ledger import (
     DEFAULT_ID_PREFIX,
     LedgerReconciliationInput,
@@ -30,10 +30,6 @@ from core.queries import load
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 SQL = load("ledger.sql")
-
-
-def validation_message(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
 
 
 def parse_business_date(text: str, *, today: date | None = None) -> date:

@@ -20,7 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
-from core.errors import InputError
+from core.errors import InputError, validation_message
 from core.models import (
     MAX_PARTITIONS,
     CleanupResult,
@@ -36,10 +36,6 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 SQL = load("cleanup.sql")
 SEED = load("seed.sql")
-
-
-def _validation_message(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
 
 
 def parse_deadline(text: str) -> datetime:
@@ -138,7 +134,7 @@ async def start_cleanup(
             note=note,
         )
     except ValidationError as err:
-        raise InputError(_validation_message(err)) from None
+        raise InputError(validation_message(err)) from None
     ensure_within_envelope(client, input)
 
     existing = await _describe(client, workflow_id)
