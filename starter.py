@@ -52,7 +52,10 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     applied = await db.migrate_url(settings.database_url)
-    emit(args, {"applied": applied}, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+    data: dict[str, Any] = {"applied": applied}
+    if args.grant_worker_role:
+        data["granted_worker_role_to"] = await db.grant_worker_role(settings.database_url, args.grant_worker_role)
+    emit(args, data, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -222,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+    p = command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+    p.add_argument(
+        "--grant-worker-role",
+        metavar="LOGIN",
+        help="then make this existing login a member of the least-privileged role cleanup_worker",
+    )
 
     p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
     scope = p.add_mutually_exclusive_group(required=True)

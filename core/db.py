@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import asyncpg
 
+from core.errors import InputError
 from core.queries import SQL_DIR
 
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -62,3 +64,20 @@ async def migrate_url(url: str) -> list[str]:
         return await migrate(conn)
     finally:
         await conn.close()
+
+
+WORKER_ROLE = "cleanup_worker"
+
+
+async def grant_worker_role(url: str, login: str) -> str:
+    """Make `login` a member of the worker role (created by migration 004): rows only, no DDL."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", login):
+        raise InputError(f"not a role name: {login!r} (lower-case letters, digits and _)")
+    conn = await asyncpg.connect(url)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
+            raise InputError(f"no database role named {login!r}; create the login first")
+        await conn.execute(f'GRANT {WORKER_ROLE} TO "{login}"')
+    finally:
+        await conn.close()
+    return login
