@@ -384,3 +384,39 @@ async def test_a_triggered_night_reconciles_the_previous_business_date(client, p
         await ls.delete_schedule(client, schedule_id)
     assert (run.business_date, run.outcome) == (yesterday, "reconciled")
     assert run.settlement is not None and run.settlement.corrected == seeded.expected_corrections
+
+
+async def test_paused_schedule_skips_real_trigger_times_and_backfill_runs_them_once(client, pool, task_queue, worker):
+    """The nightly schedule with its calendar swapped for one trigger a second, so trigger times really
+    pass while it is paused: nothing runs during the pause; backfilling the paused window then runs
+    each missed trigger, and the date they all map to (yesterday) is reconciled exactly once."""
+    from datetime import UTC, datetime, timedelta
+
+    from temporalio.client import ScheduleBackfill, ScheduleIntervalSpec, ScheduleSpec
+
+    yesterday = datetime.now(UTC).date() - timedelta(days=1)
+    await seed_day(pool, yesterday, payments=200, shards=2)
+    schedule_id = f"ledger-every-second-{uuid.uuid4().hex[:8]}"
+    options = ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
+    schedule = ls.nightly_schedule(task_queue, options=options, paused=True, schedule_id=schedule_id)
+    schedule.spec = ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=1))])
+    await client.create_schedule(schedule_id, schedule)
+    try:
+        paused_from = datetime.now(UTC)
+        await asyncio.sleep(3.5)  # three trigger times pass while paused
+        paused_to = datetime.now(UTC)
+        described = await ls.describe_schedule(client, schedule_id)
+        assert described["paused"] is True and described["actions_taken"] == 0
+        assert await executions(client, ledger_workflow_id(yesterday, id_prefix(task_queue))) == 0
+
+        handle = client.get_schedule_handle(schedule_id)
+        await handle.backfill(ScheduleBackfill(start_at=paused_from, end_at=paused_to, overlap=ls.OVERLAP))
+        runs = await _wait_for_scheduled_runs(client, schedule_id, 3)
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+
+    assert {r.business_date for r in runs} == {yesterday}
+    assert sorted(r.outcome for r in runs).count("reconciled") == 1, runs
+    assert await executions(client, ledger_workflow_id(yesterday, id_prefix(task_queue))) == 1
+    assert await pool.fetchval("SELECT count(*) FROM ledger_settlements WHERE business_date = $1", yesterday) == 1
+    assert await double_postings(pool) == 0
