@@ -128,6 +128,7 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
                 type="LedgerUnbalanced",
                 non_retryable=True,
             )
+        fingerprint = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
         await conn.execute(
             SQL.record_shard_report,
             input.business_date,
@@ -139,9 +140,31 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
             effects["sent_to_review"],
             checkpoint.duplicate_report_rows,
             checkpoint.batches,
+            fingerprint,
         )
         row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
     assert row is not None
+    return _report(row)
+
+
+async def report_if_unchanged(pool: asyncpg.Pool, input: ReconcileShardInput) -> ShardReport | None:
+    """The recorded report, if the shard's inputs are exactly those it was recorded for.
+
+    Judging the same inputs again would find every key already corrected, in review or matching and
+    write nothing; so a rerun of a reconciled night costs one read of the shard, not a re-judge.
+    Assumes, like the write-once settlement, that a date's data does not change while its shard is
+    being reconciled.
+    """
+    recorded = await pool.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
+    if recorded is None or recorded["input_fingerprint"] is None:
+        return None
+    fingerprint = await pool.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
+    if fingerprint != recorded["input_fingerprint"]:
+        return None
+    return _report(recorded).model_copy(update={"unchanged_since_report": True})
+
+
+def _report(row: asyncpg.Record) -> ShardReport:
     return ShardReport(
         business_date=row["business_date"],
         shard=row["shard"],
@@ -178,6 +201,11 @@ class LedgerActivities:
         if input.shard >= day.shards:
             raise _bad_input(f"unknown shard {input.shard} for {day.business_date}: shards are 0-{day.shards - 1}")
         details = info.heartbeat_details
+        if not details and (unchanged := await report_if_unchanged(self.pool, input)) is not None:
+            log.info(
+                "shard %s of %s: inputs unchanged since its report; nothing to judge", input.shard, input.business_date
+            )
+            return unchanged.model_copy(update={"attempt": info.attempt})
         checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
         resumed_from = checkpoint.batches
         if resumed_from:

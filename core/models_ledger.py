@@ -91,6 +91,7 @@ class ShardReport(Model):
     duplicate_report_rows: int
     batches: int
     # About the attempt that returned this report (the counts above are the database's):
+    unchanged_since_report: bool = False  # inputs matched the recorded fingerprint: nothing re-judged
     attempt: int = 1
     resumed_from_batch: int = 0
     batches_this_attempt: int = 0

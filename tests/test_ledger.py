@@ -17,12 +17,15 @@ from typing import Any
 import asyncpg
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
+from activities.ledger import LedgerActivities
 from core import ledger_schedule as ls
 from core.ledger_ops import ledger_status, start_reconciliation
 from core.models_ledger import (
     LedgerStatus,
+    ReconcileShardInput,
     ScheduledLedgerInput,
     ScheduledLedgerResult,
     ledger_workflow_id,
@@ -57,14 +60,51 @@ async def test_a_night_reconciles_balanced_and_replaying_it_changes_nothing(clie
     # The same date again through the CLI path: the date-keyed workflow already exists.
     again = await start_reconciliation(client, pool, task_queue, D, id_prefix=id_prefix(task_queue))
     assert not again.started
-    # A full second run under another workflow ID: every shard re-judged, nothing written.
+    # A second run under another workflow ID: the inputs are unchanged since each shard's report,
+    # so nothing is re-judged and nothing written.
     replay = await reconcile(client, pool, task_queue, D, batch_size=350, id_prefix=f"replay-{task_queue}")
-
     assert await digest(pool) == before
     assert replay.settlement == first.settlement
-    assert [r.model_dump(exclude={"batches_this_attempt"}) for r in replay.shards] == [
-        r.model_dump(exclude={"batches_this_attempt"}) for r in first.shards
+    assert all(r.unchanged_since_report and r.batches_this_attempt == 0 for r in replay.shards)
+
+    # Without the fingerprints (reports written before they existed): every shard is re-judged in
+    # full, nothing is written, and the fingerprints come back as they were.
+    await pool.execute("UPDATE ledger_shard_reports SET input_fingerprint = NULL")
+    rejudged = await reconcile(client, pool, task_queue, D, batch_size=350, id_prefix=f"rejudge-{task_queue}")
+
+    assert await digest(pool) == before
+    assert rejudged.settlement == first.settlement
+    assert all(not r.unchanged_since_report and r.batches_this_attempt > 0 for r in rejudged.shards)
+    keep = {"unchanged_since_report", "batches_this_attempt"}
+    assert [r.model_dump(exclude=keep) for r in rejudged.shards] == [r.model_dump(exclude=keep) for r in first.shards]
+    assert await double_postings(pool) == 0
+
+
+async def test_a_shard_whose_inputs_changed_is_judged_again(client, pool, task_queue, worker):
+    """The rerun shortcut only applies to unchanged inputs: a late report row sends its shard back
+    through judging (and into review), the other shards keep their recorded reports."""
+    await seed_day(pool, D, payments=400, shards=2)
+    await reconcile(client, pool, task_queue, D)
+    reviewed = await pool.fetchval("SELECT count(*) FROM ledger_review")
+    late_shard = await pool.fetchval(
+        "INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status)"
+        " VALUES ($1, ledger_shard_of('arena-1', 'pay-late-1', 2), 'arena-1', 'pay-late-1', 1999, 'EUR', 'settled')"
+        " RETURNING shard",
+        D,
+    )
+    activities = LedgerActivities(pool)
+    env = ActivityEnvironment()
+    reports = [
+        await env.run(
+            activities.reconcile_shard,
+            ReconcileShardInput(business_date=D, shard=shard, shards=2, workflow_id=f"late-{task_queue}"),
+        )
+        for shard in (0, 1)
     ]
+
+    assert [r.unchanged_since_report for r in reports] == [shard != late_shard for shard in (0, 1)]
+    assert await pool.fetchval("SELECT count(*) FROM ledger_review") == reviewed + 1
+    assert await pool.fetchval("SELECT reason FROM ledger_review WHERE payment_id = 'pay-late-1'")
     assert await double_postings(pool) == 0
 
 

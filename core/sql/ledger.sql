@@ -153,17 +153,41 @@ SELECT
     (SELECT count(*) FROM ledger_review WHERE business_date = $1 AND shard = $2) AS sent_to_review;
 
 -- name: record_shard_report
--- Written once; a later attempt or run finds the first report and leaves it as it is.
-INSERT INTO ledger_shard_reports
-    (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
-     duplicate_report_rows, batches)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
-WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2)
-ON CONFLICT (business_date, shard) DO NOTHING;
+-- Written once; a later attempt or run finds the first report and leaves its counts as they are.
+-- The input fingerprint is refreshed only by a run that judged every key and arrived at the same
+-- counts (so the recorded report is still what judging these inputs gives).
+WITH inserted AS (
+    INSERT INTO ledger_shard_reports
+        (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
+         duplicate_report_rows, batches, input_fingerprint)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
+    WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2)
+    ON CONFLICT (business_date, shard) DO NOTHING
+    RETURNING 1
+)
+UPDATE ledger_shard_reports
+SET input_fingerprint = $10
+WHERE business_date = $1 AND shard = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
+  AND input_fingerprint IS DISTINCT FROM $10
+  AND keys_examined = $4 AND discrepancies_found = $5 AND corrected = $6 AND sent_to_review = $7
+  AND duplicate_report_rows = $8;
+
+-- name: shard_fingerprint
+-- Order-independent digest of a shard's inputs: every ledger row with its version (corrections bump
+-- it) and every provider report row. Read-only, one pass over the shard's rows of each table.
+SELECT
+    (SELECT count(*) || ':' || coalesce(sum(hashtextextended(
+                game || '|' || payment_id || '|' || amount_cents || '|' || currency || '|' || status || '|' || version,
+                0)), 0)
+     FROM ledger_payments WHERE business_date = $1 AND shard = $2)
+    || '/' ||
+    (SELECT count(*) || ':' || coalesce(max(report_row_id), 0) || ':' || coalesce(sum(hashtextextended(
+                game || '|' || payment_id || '|' || amount_cents || '|' || currency || '|' || status, 0)), 0)
+     FROM ledger_report_rows WHERE business_date = $1 AND shard = $2) AS fingerprint;
 
 -- name: get_shard_report
 SELECT business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
-       duplicate_report_rows, batches, reported_at
+       duplicate_report_rows, batches, reported_at, input_fingerprint
 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2;
 
 -- name: unreported_shards
