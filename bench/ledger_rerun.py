@@ -139,8 +139,9 @@ async def run(
         memory = s.memory()
         assert worker.poll() is None, "the worker process died"
 
-    rerun_shards = [r.model_dump(exclude={"batches_this_attempt"}) for r in rerun["result"].shards]
-    first_shards = [r.model_dump(exclude={"batches_this_attempt"}) for r in first["result"].shards]
+    per_run = {"batches_this_attempt", "unchanged_since_report"}
+    rerun_shards = [r.model_dump(exclude=per_run) for r in rerun["result"].shards]
+    first_shards = [r.model_dump(exclude=per_run) for r in first["result"].shards]
     table_deltas = deltas(before, after)
     return {
         "scenario": "ledger_rerun",
@@ -160,6 +161,7 @@ async def run(
         "first_outcome": outcome(first["settlement"]),
         "rerun_outcome": outcome(rerun["settlement"]),
         "rerun_reports_same_as_first": rerun_shards == first_shards,
+        "rerun_shards_unchanged_since_report": sum(r.unchanged_since_report for r in rerun["result"].shards),
         "rerun_batches": rerun["batches"],
         "first_timeline": first["timeline"],
         "rerun_timeline": rerun["timeline"],

@@ -31,6 +31,7 @@ async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
     result = await ledger_rerun.run(payments=300, shards=4, parallel=2, batch_size=50, with_direct=False)
     assert result["first_outcome"] == result["rerun_outcome"] == result["expected"]
     assert result["rerun_reports_same_as_first"]
+    assert result["rerun_shards_unchanged_since_report"] == 4, "the rerun took the unchanged-inputs shortcut"
     assert result["ratio"] > 0
     deltas = result["rerun_table_deltas"]
     for table in ("ledger_corrections", "ledger_review"):
