@@ -179,7 +179,13 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     try:
         client = await connect(demo)
         result = await run_demo(
-            demo, pool, client, accounts=args.accounts, renew_share=args.renew_share, workers=args.workers
+            demo,
+            pool,
+            client,
+            accounts=args.accounts,
+            renew_share=args.renew_share,
+            workers=args.workers,
+            lead_seconds=args.lead_seconds,
         )
     finally:
         await pool.close()
@@ -262,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=3000)
     p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
     p.add_argument("--workers", type=int, default=2, help="worker processes to run")
+    p.add_argument("--lead-seconds", type=float, default=15.0, help="how far ahead the deadline is (default 15)")
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
     p.add_argument("action", choices=["up", "down"])

@@ -46,7 +46,14 @@ def spawn_worker(settings: Settings, log_path: str, **extra_env: str) -> subproc
 
 
 async def run_demo(
-    settings: Settings, pool: asyncpg.Pool, client: Client, *, accounts: int, renew_share: float, workers: int
+    settings: Settings,
+    pool: asyncpg.Pool,
+    client: Client,
+    *,
+    accounts: int,
+    renew_share: float,
+    workers: int,
+    lead_seconds: float = 15.0,
 ) -> dict[str, Any]:
     """Seed, renew some, clean the rest at the deadline, deliver the reminders, report."""
     from core.cli_outbox import start_relays
@@ -54,7 +61,7 @@ async def run_demo(
     from core.outbox_models import RelayBatchSettings
     from workflows.outbox_relay import OutboxRelayWorkflow
 
-    deadline = (datetime.now(UTC) + timedelta(seconds=15)).replace(microsecond=0)
+    deadline = (datetime.now(UTC) + timedelta(seconds=lead_seconds)).replace(microsecond=0)
     prefix = f"demo{deadline:%H%M%S}"
     print(f"seeding {accounts} accounts with renewal deadline {deadline.isoformat()} ...", flush=True)
     seeded = await seed_accounts(pool, prefix=prefix, deadline=deadline, count=accounts)
