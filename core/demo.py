@@ -21,6 +21,11 @@ from core.operations import renew, seed_accounts, start_cleanup
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 
+def say(text: str) -> None:
+    """Progress goes to stderr, so `--json` output on stdout stays parseable."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     assert settings.temporal_address is not None and settings.database_url is not None
@@ -63,7 +68,7 @@ async def run_demo(
 
     deadline = (datetime.now(UTC) + timedelta(seconds=lead_seconds)).replace(microsecond=0)
     prefix = f"demo{deadline:%H%M%S}"
-    print(f"seeding {accounts} accounts with renewal deadline {deadline.isoformat()} ...", flush=True)
+    say(f"seeding {accounts} accounts with renewal deadline {deadline.isoformat()} ...")
     seeded = await seed_accounts(pool, prefix=prefix, deadline=deadline, count=accounts)
 
     token = secrets.token_urlsafe(24)  # the local provider's token for this run; printed nowhere
@@ -76,7 +81,7 @@ async def run_demo(
         ]
         try:
             started = await start_cleanup(client, pool, settings.task_queue, deadline=deadline, partitions=8)
-            print(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running", flush=True)
+            say(f"cleanup {started.workflow_id} sleeps until the deadline; {workers} workers running")
             relays = await start_relays(
                 client,
                 settings.task_queue,
@@ -100,7 +105,7 @@ async def run_demo(
                     return (await renew(client, pool, settings.task_queue, account_id)).in_time
 
             renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
-            print(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...", flush=True)
+            say(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...")
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             result: CleanupResult = await handle.result()
             waited = (datetime.now(UTC) - deadline).total_seconds()
@@ -108,7 +113,7 @@ async def run_demo(
             late = next(a for a in ids if a not in set(to_renew))
             late_renewal = await renew(client, pool, settings.task_queue, late)
 
-            print("cleanup settled; the outbox relay delivers the renewal reminders to the local mail provider ...")
+            say("cleanup settled; the outbox relay delivers the renewal reminders to the local mail provider ...")
             t0 = time.monotonic()
             while time.monotonic() - t0 < 120:
                 pending = await pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")

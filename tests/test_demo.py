@@ -31,7 +31,7 @@ def test_demo_cleans_renews_and_delivers_each_reminder_once(admin_db_url, tempor
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout[done.stdout.index("{") :])
+    result = json.loads(done.stdout)
     s = result["settlement"]
     assert result["outcome"] == "cleaned"
     assert s["claimed"] + s["skipped_renewed"] == 300
