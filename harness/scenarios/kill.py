@@ -284,5 +284,5 @@ async def run(ctx: Ctx) -> Row:
         if during:
             keys = ("phase", "partitions_reported", "shards_done", "settled", "pending", "error")
             row.evidence.append(f"{point} status during the fault: " + str({k: during[k] for k in keys if k in during}))
-    row.notes.append("settle_ledger_date driven with a 5 s timeout: in LedgerReconciliationWorkflow it has 10 min")
+    row.notes.append("settle_ledger_date driven with a 5 s timeout (in LedgerReconciliationWorkflow: 1 min)")
     return row
