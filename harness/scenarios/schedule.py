@@ -22,14 +22,29 @@ from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 
 async def _runs(client: Client, schedule_id: str, count: int) -> list[ScheduledLedgerResult]:
-    async def taken() -> bool:
-        return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= count
+    """The results of the schedule's first `count` actions, oldest first.
 
-    if not await wait_for(taken, 90, 0.3):
+    Counted with `num_actions` and found by the `TemporalScheduledById` search attribute: a schedule's
+    describe lists only its 10 most recent actions, fewer than a full-profile backfill takes.
+    """
+
+    async def taken() -> bool:
+        return int((await ls.describe_schedule(client, schedule_id))["actions_taken"]) >= count
+
+    if not await wait_for(taken, 120, 0.3):
         raise TimeoutError(f"schedule {schedule_id} did not take {count} actions")
+    runs: list[Any] = []
+
+    async def listed() -> bool:
+        runs[:] = [wf async for wf in client.list_workflows(f"TemporalScheduledById = '{schedule_id}'")]
+        return len(runs) >= count
+
+    if not await wait_for(listed, 30, 0.3):
+        raise TimeoutError(f"only {len(runs)} of {count} runs of schedule {schedule_id} are visible")
+    runs.sort(key=lambda wf: wf.start_time)
     results = []
-    for run in (await ls.describe_schedule(client, schedule_id))["recent_runs"]:
-        handle = client.get_workflow_handle(run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult)
+    for wf in runs[:count]:
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=ScheduledLedgerResult)
         results.append(await asyncio.wait_for(handle.result(), 120))
     return results
 
