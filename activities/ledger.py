@@ -17,7 +17,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import failpoints
+from core import failpoints, metrics
 from core.models_ledger import (
     LedgerDay,
     LedgerDayCheck,
@@ -223,6 +223,9 @@ class LedgerActivities:
         def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
             failpoints.hit("reconcile_shard.after_commit")
             activity.heartbeat(checkpoint.model_dump(mode="json"))
+            # What this committed batch inserted (never totals read back), so retries do not double count.
+            metrics.record_corrections(row["corrected"])
+            metrics.record_review_rows(row["reviewed"])
             log.info(
                 "shard %s of %s attempt %s batch %s: %s keys, %s corrected, %s to review, %s already applied",
                 input.shard,
