@@ -15,7 +15,6 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from core import search_attributes as sa
 from core.errors import InputError, validation_message
@@ -27,6 +26,7 @@ from core.models_ledger import (
     ledger_workflow_id,
 )
 from core.queries import load
+from core.temporal import describe_or_none
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 SQL = load("ledger.sql")
@@ -52,15 +52,6 @@ class StartedReconciliation(BaseModel):
     business_date: date
     shards: int
     payments: int
-
-
-async def _describe(client: Client, workflow_id: str) -> Any:
-    try:
-        return await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
 
 
 async def start_reconciliation(
@@ -106,7 +97,7 @@ async def start_reconciliation(
         shards=input.shards,
         payments=day["payments"],
     )
-    existing = await _describe(client, workflow_id)
+    existing = await describe_or_none(client, workflow_id)
     if existing is not None:
         return found.model_copy(update={"run_id": existing.run_id})
     try:
@@ -146,7 +137,7 @@ async def ledger_status(
     """Shards done k/S, corrections, review rows, settled: from Temporal and from the database."""
     workflow_id = ledger_workflow_id(business_date, id_prefix)
     day = await pool.fetchrow(SQL.ledger_day, business_date)
-    desc = await _describe(client, workflow_id)
+    desc = await describe_or_none(client, workflow_id)
     if desc is None and day is None:
         raise InputError(f"nothing known about business date {business_date.isoformat()}")
     shards = day["shards"] if day else None

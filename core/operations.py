@@ -16,7 +16,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
@@ -32,6 +32,7 @@ from core.models import (
     is_account_id,
 )
 from core.queries import load
+from core.temporal import describe_or_none
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 SQL = load("cleanup.sql")
@@ -115,7 +116,7 @@ async def start_cleanup(
             "SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active'", deadline
         )
         workflow_id = cohort_cleanup_id(deadline)
-        if in_scope == 0 and not allow_empty and await _describe(client, workflow_id) is None:
+        if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
             raise InputError(
                 f"no active account has renewal deadline {deadline.isoformat()}; "
                 "check the instant (it must match exactly) or pass --allow-empty"
@@ -137,7 +138,7 @@ async def start_cleanup(
         raise InputError(validation_message(err)) from None
     ensure_within_envelope(client, input)
 
-    existing = await _describe(client, workflow_id)
+    existing = await describe_or_none(client, workflow_id)
     if existing is not None:
         return StartedCleanup(
             workflow_id=workflow_id,
@@ -187,15 +188,6 @@ async def start_cleanup(
         account_id=account_id,
         accounts_in_scope=in_scope,
     )
-
-
-async def _describe(client: Client, workflow_id: str) -> Any:
-    try:
-        return await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
 
 
 class RenewalOutcome(BaseModel):
@@ -274,7 +266,7 @@ async def seed_accounts(
 
 async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -> dict[str, Any]:
     """What an operator asks: sleeping until when, partitions k/P, settled, counts."""
-    desc = await _describe(client, workflow_id)
+    desc = await describe_or_none(client, workflow_id)
     if desc is None:
         raise InputError(f"no cleanup with workflow ID {workflow_id!r}")
     out: dict[str, Any] = {

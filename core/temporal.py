@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
@@ -96,3 +96,13 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
             AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+async def describe_or_none(client: Client, workflow_id: str) -> WorkflowExecutionDescription | None:
+    """The workflow's description, or None when no workflow has this ID."""
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
