@@ -6,6 +6,7 @@ Both are started once, detached, and reused by every later command (worker, star
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -13,9 +14,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import warnings
+from datetime import timedelta
 from pathlib import Path
+
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
 
 from core import search_attributes
 from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings
@@ -73,10 +81,14 @@ class DevServer:
         return f"127.0.0.1:{self.port}"
 
     def running(self) -> bool:
+        """The port is open: the process is there, not necessarily serving yet (see `start`)."""
         return port_open("127.0.0.1", self.port)
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 90.0) -> None:
+        """Start the server (or reuse one already on the port) and return once it answers requests."""
+        deadline = time.monotonic() + timeout
         if self.running():
+            wait_until_serving(self.address, deadline=deadline, log_file=self.log_file)
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -93,13 +105,9 @@ class DevServer:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self.pid_file.write_text(str(proc.pid))
-        deadline = time.monotonic() + timeout
-        while not self.running():
-            if proc.poll() is not None:
-                raise RuntimeError(f"temporal dev server exited ({proc.returncode}); see {self.log_file}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"temporal dev server did not open port {self.port}; see {self.log_file}")
-            time.sleep(0.2)
+        wait_until_serving(self.address, deadline=deadline, log_file=self.log_file, process=proc)
+        if self.ui_port:
+            wait_until_http_answers(f"http://127.0.0.1:{self.ui_port}/", deadline=deadline, log_file=self.log_file)
 
     def stop(self, timeout: float = 30.0) -> None:
         if not self.pid_file.exists():
@@ -116,6 +124,82 @@ class DevServer:
         self.pid_file.unlink(missing_ok=True)
         while self.running() and time.monotonic() < deadline + 5:
             time.sleep(0.2)
+
+
+class ServerNotReady(RuntimeError):
+    """A Temporal server did not start serving within its start-up timeout."""
+
+
+def probe_temporal(address: str, namespace: str = "default") -> str | None:
+    """None when the frontend serves `namespace`, else why not (one attempt, a few seconds at most).
+
+    An open port is not enough: the frontend answers `Unavailable: Frontend is not healthy yet` for
+    a moment after it binds, and the namespace of a fresh dev server is registered after that.
+    """
+
+    async def attempt() -> None:
+        client = await Client.connect(address, namespace=namespace)  # calls get_system_info
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace), timeout=timedelta(seconds=5)
+        )
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:  # its own thread and loop: callers may be sync or inside a running loop
+        try:
+            asyncio.run(asyncio.wait_for(attempt(), timeout=10))
+            outcome.append(None)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, name="temporal-probe", daemon=True)
+    thread.start()
+    thread.join(15)
+    if not outcome:
+        return "no answer within 15 s"
+    err = outcome[0]
+    return None if err is None else f"{type(err).__name__}: {err}".splitlines()[0][:300]
+
+
+def wait_until_serving(
+    address: str,
+    *,
+    deadline: float,
+    log_file: Path | None = None,
+    process: subprocess.Popen[bytes] | None = None,
+    namespace: str = "default",
+) -> None:
+    """Block until the Temporal frontend at `address` answers real requests, or raise ServerNotReady.
+
+    The one readiness check for every server this project starts (embedded, harness, bench, tests).
+    """
+    where = f"; see {log_file}" if log_file else ""
+    while True:
+        if process is not None and process.poll() is not None:
+            raise ServerNotReady(f"temporal dev server exited ({process.returncode}){where}")
+        why = probe_temporal(address, namespace)
+        if why is None:
+            return
+        if time.monotonic() > deadline:
+            raise ServerNotReady(f"temporal server at {address} is not serving yet ({why}){where}")
+        time.sleep(0.3)
+
+
+def wait_until_http_answers(url: str, *, deadline: float, log_file: Path | None = None) -> None:
+    """Block until an HTTP server answers any status at `url` (the UI binds before it serves)."""
+    last = "no answer"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except (OSError, ValueError) as err:
+            last = str(err)
+        if time.monotonic() > deadline:
+            where = f"; see {log_file}" if log_file else ""
+            raise ServerNotReady(f"{url} does not answer ({last}){where}")
+        time.sleep(0.3)
 
 
 def _alive(pid: int) -> bool:

@@ -375,7 +375,8 @@ class ProviderThread:
 
     def __enter__(self) -> ProviderThread:
         self._thread.start()
-        self._ready.wait(10)
+        if not self._ready.wait(60):
+            raise RuntimeError("the mail provider did not start listening within 60 s")
         if self._error is not None:
             raise self._error
         return self

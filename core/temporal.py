@@ -7,6 +7,8 @@ when a key is configured.
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionDescription
@@ -63,17 +65,34 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
     )
 
 
-async def connect(settings: Settings, *, runtime: Runtime | None = None) -> Client:
+CONNECT_READY_TIMEOUT = 30.0
+
+
+def server_starting_up(err: BaseException) -> bool:
+    """The frontend is up but not serving yet (`Unavailable: Frontend is not healthy yet`)."""
+    return "Unavailable" in str(err) or "not healthy yet" in str(err)
+
+
+async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_timeout: float | None = None) -> Client:
+    """Connect, retrying for a bounded time while a just-started server is still becoming healthy."""
     if settings.temporal_address is None:
         raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=data_converter(settings),
-        tls=tls_config(settings),
-        api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
-        runtime=runtime,
-    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (CONNECT_READY_TIMEOUT if ready_timeout is None else ready_timeout)
+    while True:
+        try:
+            return await Client.connect(
+                settings.temporal_address,
+                namespace=settings.temporal_namespace,
+                data_converter=data_converter(settings),
+                tls=tls_config(settings),
+                api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
+                runtime=runtime,
+            )
+        except RuntimeError as err:
+            if not server_starting_up(err) or loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

@@ -12,6 +12,7 @@ migrated once per session and each test gets its own clone (CREATE DATABASE ... 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -29,9 +30,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from core import db, embedded
-from core import search_attributes as sa
 from core.config import PROJECT_ROOT, Settings
-from core.temporal import ensure_search_attributes
+from core.temporal import connect, ensure_search_attributes
 from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
@@ -94,22 +94,29 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
+async def env(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[WorkflowEnvironment]:
     choice = request.config.getoption("--workflow-environment")
+    server: embedded.DevServer | None = None
     if choice == "local":
-        environment = await WorkflowEnvironment.start_local(
-            data_converter=pydantic_data_converter,
-            dev_server_existing_path=embedded.temporal_cli_path(),
-            search_attributes=sa.ALL,
-            dev_server_log_level="error",
-        )
+        # The project's own DevServer, so the suite waits on the same readiness check as everything else.
+        server = embedded.DevServer(tmp_path_factory.mktemp("temporal"), port=embedded.free_port())
+        await asyncio.to_thread(server.start)
+        address = server.address
     elif choice == "time-skipping":
         environment = await start_time_skipping()
+        yield environment
+        await environment.shutdown()
+        return
     else:
-        client = await Client.connect(choice, data_converter=pydantic_data_converter)
-        environment = WorkflowEnvironment.from_client(client)
+        address = choice
+    client = await connect(Settings(temporal_address=address))
+    environment = WorkflowEnvironment.from_client(client)
     yield environment
     await environment.shutdown()
+    if server is not None:
+        await asyncio.to_thread(server.stop)
 
 
 async def start_time_skipping() -> WorkflowEnvironment:

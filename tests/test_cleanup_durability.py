@@ -6,12 +6,12 @@ import asyncio
 from datetime import timedelta
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from core.config import Settings
 from core.embedded import DevServer, free_port
 from core.models import CleanupResult, CleanupStatus
 from core.operations import start_cleanup
+from core.temporal import connect
 from tests.helpers import deadline_in, effect_counts, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -39,9 +39,9 @@ async def test_deadline_days_away_fires_on_the_time_skipping_server(time_skippin
 
 async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_queue, tmp_path):
     server = DevServer(tmp_path, port=free_port())
-    server.start()
+    await asyncio.to_thread(server.start)
     try:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await connect(Settings(temporal_address=server.address))
         deadline = deadline_in(6)
         await seed(pool, deadline, 40)
         async with build_worker(client, task_queue, await build_activities(pool)):
@@ -49,18 +49,18 @@ async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_que
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             assert (await handle.query(RenewalCleanupWorkflow.status)).phase == "sleeping"
 
-        server.stop()
+        await asyncio.to_thread(server.stop)
         assert not server.running()
         await asyncio.sleep(max(0.0, (deadline - deadline_in(0)).total_seconds()) + 2)
         assert (await effect_counts(pool))["applied"] == 0, "the deadline passed while the server was down"
 
-        server.start()
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        await asyncio.to_thread(server.start)
+        client = await connect(Settings(temporal_address=server.address))
         async with build_worker(client, task_queue, await build_activities(pool)):
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             result: CleanupResult = await handle.result()
     finally:
-        server.stop()
+        await asyncio.to_thread(server.stop)
 
     assert result.outcome == "cleaned"
     events = (await _history_after_restart(server, started.workflow_id)).events
@@ -71,9 +71,9 @@ async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_que
 
 
 async def _history_after_restart(server: DevServer, workflow_id: str):
-    server.start()
+    await asyncio.to_thread(server.start)
     try:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await connect(Settings(temporal_address=server.address))
         return await client.get_workflow_handle(workflow_id).fetch_history()
     finally:
-        server.stop()
+        await asyncio.to_thread(server.stop)

@@ -23,13 +23,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, Settings
 from core.embedded import DevServer, free_port
 from core.models import CleanupResult
 from core.operations import start_cleanup
+from core.temporal import connect
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -87,7 +86,7 @@ async def ui_server() -> AsyncIterator[DevServer]:
 
 async def test_ui_shows_a_finished_cleanup_with_its_partitions(ui_server: DevServer, pool: asyncpg.Pool) -> None:
     binary = chromium_path()
-    client = await Client.connect(ui_server.address, data_converter=pydantic_data_converter)
+    client = await connect(Settings(temporal_address=ui_server.address))
     task_queue = f"ui-{uuid.uuid4().hex[:8]}"
     deadline = deadline_in(1)
     await seed(pool, deadline, 60)
