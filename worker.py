@@ -19,8 +19,8 @@ from temporalio.worker import Worker
 from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
+from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics
-from core.cleanup_targets import load_targets
 from core.config import Settings
 from core.errors import InputError
 from core.temporal import connect, ensure_search_attributes

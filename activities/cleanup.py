@@ -13,9 +13,8 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import failpoints, metrics
-from core.cleanup_targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_partition_batch
-from core.models import (
+import cleanup
+from cleanup.models import (
     AccountRenewalCheck,
     ClaimCleanupInput,
     ClaimResult,
@@ -26,9 +25,11 @@ from core.models import (
     PartitionReport,
     SettleCleanupInput,
 )
+from cleanup.targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_partition_batch
+from core import failpoints, metrics
 from core.queries import load
 
-SQL = load("cleanup.sql")
+SQL = load(cleanup.__file__)
 
 
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:

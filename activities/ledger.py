@@ -17,8 +17,10 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+import ledger
 from core import failpoints, metrics
-from core.models_ledger import (
+from core.queries import load
+from ledger.models import (
     LedgerDay,
     LedgerDayCheck,
     LedgerSettlement,
@@ -27,9 +29,8 @@ from core.models_ledger import (
     ShardCheckpoint,
     ShardReport,
 )
-from core.queries import load
 
-SQL = load("ledger.sql")
+SQL = load(ledger.__file__)
 log = logging.getLogger("ledger")
 
 

@@ -29,12 +29,13 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+import outbox
 from core import failpoints, metrics
 from core.http_client import HttpConnection, HttpError, HttpResponse, parse_base_url
-from core.outbox_models import RELAY_NOT_CONFIGURED, RelayBatchInput, RelayBatchResult, RelayBatchSettings
 from core.queries import load
+from outbox.models import RELAY_NOT_CONFIGURED, RelayBatchInput, RelayBatchResult, RelayBatchSettings
 
-SQL = load("outbox.sql")
+SQL = load(outbox.__file__)
 log = logging.getLogger(__name__)
 
 SEND_PATH = "/v1/messages"

@@ -17,10 +17,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import cleanup
 from activities.cleanup import CleanupActivities, clean_partition_batches
 from bench.common import machine, stack, wait_for_worker
-from core.cleanup_targets import load_targets
-from core.models import (
+from cleanup.models import (
     ClaimCleanupInput,
     CleanupPartitionInput,
     CleanupResult,
@@ -28,11 +28,12 @@ from core.models import (
     PartitionReport,
     SettleCleanupInput,
 )
-from core.operations import seed_accounts, start_cleanup
+from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.targets import load_targets
 from core.queries import load
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
-SQL = load("cleanup.sql")
+SQL = load(cleanup.__file__)
 
 
 async def direct_cleanup(

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from temporalio.client import Client
@@ -86,9 +85,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     base = Settings.from_env()
     admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
     database = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f"CREATE DATABASE {database}")
-    url = urlunsplit(urlsplit(admin_url)._replace(path="/" + database))
+    url = await db.create_database(admin_url, database, migrate=False)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         server = embedded.DevServer(Path(tmp), port=embedded.free_port())
         server.start()
@@ -113,8 +110,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
                     p.wait(timeout=30)
             await pool.close()
             server.stop()
-            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-            await admin.close()
+            await db.drop_database(admin_url, database)
 
 
 async def wait_for_worker(client: Client, task_queue: str, within: float = 60) -> None:

@@ -31,9 +31,7 @@ import asyncpg
 
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import machine, stack, wait_for_worker
-from core.ledger_ops import start_reconciliation
-from core.ledger_seed import LedgerSeedResult, seed_ledger_day, seed_spec
-from core.models_ledger import (
+from ledger.models import (
     DEFAULT_ID_PREFIX,
     LedgerReconciliationResult,
     LedgerSettlement,
@@ -42,6 +40,8 @@ from core.models_ledger import (
     ShardCheckpoint,
     ShardReport,
 )
+from ledger.operations import start_reconciliation
+from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 # Business dates well in the past (a date must be over to be reconciled).

@@ -19,7 +19,7 @@ from temporalio.client import Client
 
 from bench.bare_workflow import BareDeadlineWorkflow
 from bench.common import machine, stack, wait_for_worker
-from core.operations import seed_accounts, start_cleanup
+from cleanup.operations import seed_accounts, start_cleanup
 
 
 async def _bounded(n: int, make: Callable[[int], Awaitable[Any]], parallel: int = 32) -> None:

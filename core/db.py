@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from core.errors import InputError
-from core.queries import SQL_DIR
+from core.queries import MIGRATIONS_DIR
 
-MIGRATIONS_DIR = SQL_DIR / "migrations"
 # Any constant works; it only has to be the same for every process that migrates this database.
 _MIGRATION_LOCK = 7_261_002
 
@@ -64,6 +64,40 @@ async def migrate_url(url: str) -> list[str]:
         return await migrate(conn)
     finally:
         await conn.close()
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server, another database (works for host:port and for socket-directory URLs)."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+async def create_database(
+    admin_url: str, name: str, *, template: str | None = None, replace: bool = False, migrate: bool = True
+) -> str:
+    """Create database `name` on the server of `admin_url` (a clone of `template` if given, else
+    migrated) and return its URL. The one place the demo, tests, harness and benchmarks make one."""
+    for given in (name, template or name):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", given):
+            raise InputError(f"not a database name: {given!r}")
+    admin = await asyncpg.connect(admin_url)
+    try:
+        if replace:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    finally:
+        await admin.close()
+    url = with_database(admin_url, name)
+    if migrate and template is None:
+        await migrate_url(url)
+    return url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
 
 
 WORKER_ROLE = "cleanup_worker"

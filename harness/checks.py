@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from core.mail_provider import MailProvider
+from outbox.mail_provider import MailProvider
 
 
 @dataclass

@@ -1,17 +1,14 @@
-"""`starter.py harness`: registered by one call in starter.build_parser."""
+"""`starter.py harness ...`: parsed here, loaded by starter.py only when invoked."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from core.config import Settings
 from core.errors import InputError
 
-Command = Callable[..., argparse.ArgumentParser]
 EXIT_VIOLATION = 1
 
 
@@ -46,10 +43,11 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
         raise SystemExit(EXIT_VIOLATION)
 
 
-def register_harness_commands(sub: Any, command: Command) -> None:
-    """Add `harness` to starter.py's sub-parsers (`command` is starter's helper)."""
-    del sub
-    p = command("harness", cmd_harness, "run the fault-injection harness: scenarios, DB checks, a table")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="starter.py harness", description="run the fault-injection harness: scenarios, DB checks, a table"
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--profile", default="quick", choices=["quick", "full"], help="quick (CI) or full (200+ kills)")
     p.add_argument("--seed", type=int, default=7, help="seed of every random choice (default 7)")
     p.add_argument("--scenarios", help="comma-separated subset, e.g. replay,kill (default: all)")
@@ -59,3 +57,9 @@ def register_harness_commands(sub: Any, command: Command) -> None:
         action="store_true",
         help="write a duplicate reminder into the database during 'replay' (proves the harness can fail)",
     )
+    return p
+
+
+async def run_harness_cli(argv: list[str], settings: Settings) -> None:
+    """`starter.py harness ARGS`: loaded only when invoked, so the operator CLI does not import the harness."""
+    await cmd_harness(build_parser().parse_args(argv), settings)

@@ -15,11 +15,11 @@ import asyncpg
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from core.ledger_seed import LedgerSeedResult, seed_ledger_day, seed_spec
-from core.operations import seed_accounts
-from core.outbox_models import RelayBatchSettings
+from cleanup.operations import seed_accounts
 from harness.redelivery import HarnessRedeliverWorkflow, Redelivery
 from harness.stack import Harness
+from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
+from outbox.models import RelayBatchSettings
 
 MATCHES = 2  # match-history rows seeded per account (the archive check counts them)
 RELAY = RelayBatchSettings(

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from temporalio.client import Client
@@ -27,9 +26,9 @@ from temporalio.client import Client
 from bench.common import Stack, stack
 from core import db, embedded
 from core.config import PROJECT_ROOT
-from core.mail_provider import MailProvider, ProviderThread
 from core.temporal import connect
 from harness.worker import READY
+from outbox.mail_provider import MailProvider, ProviderThread
 
 WORKER_MODULE = "harness.worker"
 HARNESS_APP = "harness"  # application_name of the harness's own connections (never terminated by faults)
@@ -186,10 +185,6 @@ class Lane:
     slots: list[Slot]
 
 
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
 @dataclass
 class Harness:
     """Everything a scenario needs: the stack, the mail provider, a supervisor, and lanes."""
@@ -214,14 +209,8 @@ class Harness:
     async def lane(self, name: str, workers: int, *, address: str | None = None) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
-        admin = await asyncpg.connect(self.stack.admin_url)
-        try:
-            await admin.execute(f"CREATE DATABASE {database}")
-        finally:
-            await admin.close()
+        url = await db.create_database(self.stack.admin_url, database)
         self.databases.append(database)
-        url = with_database(self.stack.admin_url, database)
-        await db.migrate_url(url)
         pool = await harness_pool(url)
         task_queue = f"harness-{name}-{uuid.uuid4().hex[:6]}"
         env = dict(
@@ -274,12 +263,8 @@ async def harness(log_dir: Path | None = None) -> AsyncIterator[Harness]:
                     supervisor.stop_all()
                     for lane in h.lanes:
                         await lane.pool.close()
-                    admin = await asyncpg.connect(s.admin_url)
-                    try:
-                        for database in h.databases:
-                            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-                    finally:
-                        await admin.close()
+                    for database in h.databases:
+                        await db.drop_database(s.admin_url, database)
 
 
 async def new_client(address: str, like: Client) -> Client:

@@ -19,7 +19,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -46,12 +45,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def with_database(url: str, name: str) -> str:
-    """The same server, another database (works for host:port and for socket-directory URLs)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
 @pytest.fixture(scope="session")
 def admin_db_url() -> str:
     url = os.environ.get("DATABASE_URL")
@@ -63,27 +56,18 @@ def admin_db_url() -> str:
 @pytest_asyncio.fixture(scope="session")
 async def template_db(admin_db_url: str) -> AsyncIterator[str]:
     name = f"cleanup_template_{os.getpid()}"
-    admin = await asyncpg.connect(admin_db_url)
+    await db.create_database(admin_db_url, name, replace=True)
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        await admin.execute(f"CREATE DATABASE {name}")
-        await db.migrate_url(with_database(admin_db_url, name))
         yield name
     finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+        await db.drop_database(admin_db_url, name)
 
 
 @pytest_asyncio.fixture
 async def db_url(admin_db_url: str, template_db: str) -> AsyncIterator[str]:
     name = f"cleanup_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_db_url)
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-        yield with_database(admin_db_url, name)
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+    yield await db.create_database(admin_db_url, name, template=template_db)
+    await db.drop_database(admin_db_url, name)
 
 
 @pytest_asyncio.fixture

@@ -15,7 +15,7 @@ import asyncpg
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHistory
 
-from core.operations import seed_accounts
+from cleanup.operations import seed_accounts
 from tests.redelivery import RedeliverActivityWorkflow, Redelivery
 
 

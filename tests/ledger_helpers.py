@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 from temporalio.client import Client
 
-from core.ledger_ops import start_reconciliation
-from core.ledger_seed import LedgerSeedResult, seed_ledger_day, seed_spec
-from core.models_ledger import LedgerReconciliationResult
+from ledger.models import LedgerReconciliationResult
+from ledger.operations import start_reconciliation
+from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 # Every table the reconciliation writes, with the order that makes its digest deterministic.

@@ -10,9 +10,9 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from cleanup.operations import renew, start_cleanup
 from core import db, embedded
 from core.config import Settings
-from core.operations import renew, start_cleanup
 from core.temporal import connect
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker

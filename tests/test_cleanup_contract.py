@@ -13,9 +13,9 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import ActivityEnvironment
 
+import cleanup
 from activities.cleanup import CleanupActivities
-from core.cleanup_targets import load_targets
-from core.models import (
+from cleanup.models import (
     ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
@@ -23,7 +23,9 @@ from core.models import (
     PartitionReport,
     SettleCleanupInput,
 )
-from core.operations import renew, start_cleanup
+from cleanup.operations import renew, start_cleanup
+from cleanup.targets import load_targets
+from core.queries import load
 from tests.helpers import activity_timeline, deadline_in, effect_counts, redeliver, seed, wait_until, workflow_ids
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -188,9 +190,7 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
 
 
 def renew_sql() -> str:
-    from core.queries import load
-
-    return load("cleanup.sql").renew_account
+    return load(cleanup.__file__).renew_account
 
 
 async def test_partition_job_for_an_older_version_is_skipped_as_stale(client, pool, task_queue, worker):

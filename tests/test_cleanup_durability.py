@@ -7,10 +7,10 @@ from datetime import timedelta
 
 from temporalio.api.enums.v1 import EventType
 
+from cleanup.models import CleanupResult, CleanupStatus
+from cleanup.operations import start_cleanup
 from core.config import Settings
 from core.embedded import DevServer, free_port
-from core.models import CleanupResult, CleanupStatus
-from core.operations import start_cleanup
 from core.temporal import connect
 from tests.helpers import deadline_in, effect_counts, seed
 from worker import build_activities, build_worker

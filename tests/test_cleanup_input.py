@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from cleanup.operations import start_cleanup
 from core.config import PROJECT_ROOT
 from core.envelope import PayloadTooLargeError
 from core.errors import InputError
-from core.operations import start_cleanup
 from tests.helpers import deadline_in, seed, workflow_ids
 
 

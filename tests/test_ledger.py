@@ -21,15 +21,15 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
 from activities.ledger import LedgerActivities
-from core import ledger_schedule as ls
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models_ledger import (
+from ledger import schedule as ls
+from ledger.models import (
     LedgerStatus,
     ReconcileShardInput,
     ScheduledLedgerInput,
     ScheduledLedgerResult,
     ledger_workflow_id,
 )
+from ledger.operations import ledger_status, start_reconciliation
 from tests.helpers import wait_until
 from tests.ledger_helpers import digest, double_postings, id_prefix, reconcile, seed_day, wait_for_process
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -345,7 +345,7 @@ async def test_a_wrong_shard_count_fails_the_run_without_retrying(client, pool, 
     from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import ActivityError
 
-    from core.models_ledger import LedgerReconciliationInput
+    from ledger.models import LedgerReconciliationInput
 
     await seed_day(pool, D, payments=100, shards=4)
     handle = await client.start_workflow(

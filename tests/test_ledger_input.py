@@ -11,10 +11,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.ledger import LedgerActivities
 from core.errors import InputError
-from core.ledger_ops import ledger_target, parse_business_date, start_reconciliation
-from core.ledger_schedule import backfill_range, parse_time_of_day
-from core.ledger_seed import seed_spec
-from core.models_ledger import LedgerReconciliationInput, ReconcileShardInput, SettleLedgerInput
+from ledger.models import LedgerReconciliationInput, ReconcileShardInput, SettleLedgerInput
+from ledger.operations import ledger_target, parse_business_date, start_reconciliation
+from ledger.schedule import backfill_range, parse_time_of_day
+from ledger.seed import seed_spec
 from starter import main
 from tests.ledger_helpers import seed_day
 

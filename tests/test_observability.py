@@ -17,10 +17,10 @@ import asyncpg
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from cleanup.operations import renew, start_cleanup
 from core import logs, metrics
 from core.config import PROJECT_ROOT, Settings
 from core.embedded import free_port
-from core.operations import renew, start_cleanup
 from core.temporal import connect
 from tests.helpers import deadline_in, seed
 from tests.logging_workflow import LoggingWorkflow, log_from_activity

@@ -1,4 +1,4 @@
-"""The outbox relay against real Postgres, a real HTTP provider (core.mail_provider) and real Temporal.
+"""The outbox relay against real Postgres, a real HTTP provider (outbox.mail_provider) and real Temporal.
 
 1. 10,000 events, three relays, one relay process killed between sending and recording: nothing is
    lost, the provider saw every key at least once and absorbed the resends by key, the customer got
@@ -29,23 +29,25 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Replayer, Worker
 
+import cleanup
+import outbox
 import starter
 from activities.cleanup import CleanupActivities
 from activities.outbox import OutboxRelayActivities, classify, retry_after_seconds
-from core.cleanup_targets import load_targets
-from core.cli_outbox import outbox_status, redeliver_event, start_relays
+from cleanup.targets import load_targets
 from core.errors import InputError
 from core.failpoints import EXIT_CODE
 from core.http_client import HttpResponse
-from core.mail_provider import MailProvider, ProviderThread, ScriptedFault
-from core.outbox_models import OutboxRelayInput, RelayBatchSettings, RelayTotals
 from core.queries import load
+from outbox.mail_provider import MailProvider, ProviderThread, ScriptedFault
+from outbox.models import OutboxRelayInput, RelayBatchSettings, RelayTotals
+from outbox.operations import outbox_status, redeliver_event, start_relays
 from tests.helpers import seed, wait_until
 from worker import build_worker
 from workflows.outbox_relay import OutboxRelayWorkflow
 
-CLEANUP_SQL = load("cleanup.sql")
-OUTBOX_SQL = load("outbox.sql")
+CLEANUP_SQL = load(cleanup.__file__)
+OUTBOX_SQL = load(outbox.__file__)
 FAST = RelayBatchSettings(
     batch_size=200,
     concurrency=8,

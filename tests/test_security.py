@@ -27,13 +27,13 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import TLSConfig
 
+from cleanup.models import CleanupResult, RenewalCleanupInput
+from cleanup.operations import start_cleanup
 from core import db
 from core.codec import ENCODING, EncryptionCodec, EncryptionKeyError, new_key, parse_key
 from core.codec_server import CodecServer
 from core.config import PROJECT_ROOT, Settings
 from core.errors import InputError
-from core.models import CleanupResult, RenewalCleanupInput
-from core.operations import start_cleanup
 from core.temporal import connect, tls_config
 from tests.helpers import deadline_in, effect_counts, seed
 from worker import build_activities, build_worker

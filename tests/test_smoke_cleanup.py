@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from core.models import CleanupResult
-from core.operations import renew, start_cleanup
+from cleanup.models import CleanupResult
+from cleanup.operations import renew, start_cleanup
 from tests.helpers import deadline_in, effect_counts, seed
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 

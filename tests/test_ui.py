@@ -24,10 +24,10 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from cleanup.models import CleanupResult
+from cleanup.operations import start_cleanup
 from core.config import PROJECT_ROOT, Settings
 from core.embedded import DevServer, free_port
-from core.models import CleanupResult
-from core.operations import start_cleanup
 from core.temporal import connect
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker

@@ -28,7 +28,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
-    from core.models_ledger import (
+    from ledger.models import (
         LedgerDay,
         LedgerDayCheck,
         LedgerPhase,

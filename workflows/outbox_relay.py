@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from core.outbox_models import (
+    from outbox.models import (
         RELAY_NOT_CONFIGURED,
         OutboxRelayInput,
         OutboxRelayStatus,

@@ -14,8 +14,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from core import search_attributes as sa
-    from core.models import (
+    from cleanup.models import (
         AccountRenewalCheck,
         ClaimCleanupInput,
         ClaimResult,
@@ -31,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         RenewalSignal,
         SettleCleanupInput,
     )
+    from core import search_attributes as sa
 
 T = TypeVar("T")
 

@@ -7,14 +7,14 @@ from datetime import date
 
 import asyncpg
 
-from core.cli_outbox import outbox_status, start_relays
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models_ledger import ledger_workflow_id
-from core.operations import cleanup_status, start_cleanup
+from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events, wait_for
 from harness.stack import HARNESS_APP
 from harness.visibility import temporal_evidence
+from ledger.models import ledger_workflow_id
+from ledger.operations import ledger_status, start_reconciliation
+from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow

@@ -16,12 +16,12 @@ from typing import Any
 import asyncpg
 from temporalio.client import Client
 
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models_ledger import ledger_workflow_id
-from core.operations import cleanup_status, start_cleanup
+from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort, seed_day, wait_for
 from harness.visibility import pending_evidence, temporal_evidence
+from ledger.models import ledger_workflow_id
+from ledger.operations import ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -165,7 +165,7 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
             )
             holder["wf"] = started.workflow_id
 
-        from core.models import cohort_cleanup_id
+        from cleanup.models import cohort_cleanup_id
 
         cwf = cohort_cleanup_id(deadline)
 

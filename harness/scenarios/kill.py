@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.cli_outbox import outbox_status, start_relays
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models_ledger import ReconcileShardInput, SettleLedgerInput
-from core.operations import cleanup_status, start_cleanup
+from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import Effects, cleanup_effects, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
 from harness.stack import Lane
 from harness.visibility import best_effort, temporal_evidence
+from ledger.models import ReconcileShardInput, SettleLedgerInput
+from ledger.operations import ledger_status, start_reconciliation
+from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -60,7 +60,7 @@ async def _cleanup(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prep
     batch = 10 * ctx.profile.scale
     per_partition = [math.ceil(n / 2), n // 2]
     hits = sum(math.ceil(c / batch) for c in per_partition) if point.startswith("cleanup_partition") else 1
-    from core.models import cohort_cleanup_id
+    from cleanup.models import cohort_cleanup_id
 
     wf = cohort_cleanup_id(deadline)
 
@@ -96,7 +96,7 @@ async def _ledger(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepa
     payments = rng.randint(150, 300) * ctx.profile.scale
     batch = 50 * ctx.profile.scale
     seeded = await seed_day(lane.pool, d, payments, 2)
-    from core.models_ledger import ledger_workflow_id
+    from ledger.models import ledger_workflow_id
 
     wf = ledger_workflow_id(d)
     ids = [wf]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from cleanup.models import cohort_cleanup_id
+from cleanup.operations import cleanup_status, start_cleanup
 from core.envelope import MAX_PAYLOAD_BYTES, PayloadTooLargeError
 from core.errors import InputError
-from core.models import cohort_cleanup_id
-from core.operations import cleanup_status, start_cleanup
 from harness.common import Ctx, Row, seed_cohort
 
 

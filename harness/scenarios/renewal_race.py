@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from core.operations import cleanup_status, renew, start_cleanup
+from cleanup.operations import cleanup_status, renew, start_cleanup
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, account_ids, seed_cohort, wait_for
 from workflows.renewal_cleanup import RenewalCleanupWorkflow

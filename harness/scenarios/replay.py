@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.cli_outbox import outbox_status, start_relays
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models import (
+from cleanup.models import (
     ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
@@ -18,10 +16,12 @@ from core.models import (
     PartitionReport,
     SettleCleanupInput,
 )
-from core.models_ledger import ReconcileShardInput, SettleLedgerInput, ledger_workflow_id
-from core.operations import cleanup_status, start_cleanup
+from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, inject_duplicate, ledger_digest, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
+from ledger.models import ReconcileShardInput, SettleLedgerInput, ledger_workflow_id
+from ledger.operations import ledger_status, start_reconciliation
+from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -118,7 +118,7 @@ async def run(ctx: Ctx) -> Row:
             )
             await client.get_workflow_handle_for(OutboxRelayWorkflow.run, f"{relay_prefix}1").result()
             received = ctx.h.provider.provider.stats()["received"]
-            from core.outbox_models import RelayBatchInput
+            from outbox.models import RelayBatchInput
 
             _, again_relay = await redeliver(
                 client, tq, "relay_outbox_batch", RelayBatchInput(relay_id=f"{relay_prefix}1", settings=RELAY)

@@ -13,11 +13,11 @@ from typing import Any
 
 from temporalio.client import Client
 
-from core import ledger_schedule as ls
-from core.ledger_ops import ledger_status, start_reconciliation
-from core.models_ledger import ScheduledLedgerInput, ScheduledLedgerResult, ledger_workflow_id
 from harness.checks import ledger_digest, ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
+from ledger import schedule as ls
+from ledger.models import ScheduledLedgerInput, ScheduledLedgerResult, ledger_workflow_id
+from ledger.operations import ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 
+from cleanup.operations import cleanup_status, start_cleanup
 from core.config import Settings
 from core.embedded import DevServer, free_port
-from core.operations import cleanup_status, start_cleanup
 from core.temporal import connect
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort

@@ -34,8 +34,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from core.errors import InputError
-from core.models_ledger import SCHEDULE_ID, ScheduledLedgerInput
-from workflows.ledger_reconciliation import ScheduledLedgerReconciliationWorkflow
+from ledger.models import SCHEDULE_ID, SCHEDULED_LEDGER_WORKFLOW, ScheduledLedgerInput
 
 DEFAULT_AT = time(2, 0)
 OVERLAP = ScheduleOverlapPolicy.ALLOW_ALL
@@ -63,7 +62,7 @@ def nightly_schedule(
 ) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            ScheduledLedgerReconciliationWorkflow.run,
+            SCHEDULED_LEDGER_WORKFLOW,
             options or ScheduledLedgerInput(),
             # Temporal appends the scheduled time to this ID; the date-keyed child carries the business key.
             id=schedule_id,

@@ -1,6 +1,6 @@
 """Inputs and outputs of the outbox relay workflow and its activity.
 
-Kept apart from core/models.py (the cleanup's models). Like those, these carry settings and counts
+Kept apart from cleanup/models.py (the cleanup's models). Like those, these carry settings and counts
 only: no event payloads, no addresses, and never the provider's token, so histories stay small and
 free of secrets. Imported by workflows/outbox_relay.py, so nothing here may import asyncpg.
 """
@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from core.model import Model
 
 RELAY_NOT_CONFIGURED = "RelayNotConfigured"
 
 
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# Names the Temporal layer registers and the operations call (one definition each).
+RELAY_WORKFLOW = "OutboxRelayWorkflow"
+RELAY_NUDGE_SIGNAL = "nudge"
+RELAY_STOP_SIGNAL = "stop"
+RELAY_STATUS_QUERY = "status"
+RELAY_OUTBOX_BATCH = "relay_outbox_batch"
 
 
 class RelayBatchSettings(Model):

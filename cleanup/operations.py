@@ -18,11 +18,11 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from core import search_attributes as sa
-from core.envelope import ensure_within_envelope
-from core.errors import InputError, validation_message
-from core.models import (
+from cleanup.models import (
+    CLEANUP_WORKFLOW,
     MAX_PARTITIONS,
+    RENEWED_SIGNAL,
+    STATUS_QUERY,
     CleanupResult,
     CleanupStatus,
     RenewalCleanupInput,
@@ -31,12 +31,14 @@ from core.models import (
     cohort_cleanup_id,
     is_account_id,
 )
+from core import search_attributes as sa
+from core.envelope import ensure_within_envelope
+from core.errors import InputError, validation_message
 from core.queries import load
 from core.temporal import describe_or_none
-from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
-SQL = load("cleanup.sql")
-SEED = load("seed.sql")
+SQL = load(__file__)
+SEED = load(__file__, "seed.sql")
 
 
 def parse_deadline(text: str) -> datetime:
@@ -112,9 +114,7 @@ async def start_cleanup(
         assert deadline is not None
         if deadline.tzinfo is None:
             raise InputError("deadline has no timezone")
-        in_scope = await pool.fetchval(
-            "SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active'", deadline
-        )
+        in_scope = await pool.fetchval(SQL.active_accounts_at_deadline, deadline)
         workflow_id = cohort_cleanup_id(deadline)
         if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
             raise InputError(
@@ -157,8 +157,9 @@ async def start_cleanup(
         attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
     try:
         handle = await client.start_workflow(
-            RenewalCleanupWorkflow.run,
+            CLEANUP_WORKFLOW,
             input,
+            result_type=CleanupResult,
             id=workflow_id,
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -240,7 +241,7 @@ async def renew(
         with contextlib.suppress(RPCError):
             handle = client.get_workflow_handle(workflow_id)
             if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
-                await handle.signal(RenewalCleanupWorkflow.renewed, signal)
+                await handle.signal(RENEWED_SIGNAL, signal)
                 outcome.signalled.append(workflow_id)
     if until is not None and own_cleanup in outcome.signalled:
         started = await start_cleanup(client, pool, task_queue, account_id=account_id)
@@ -277,9 +278,9 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
         "account_id": desc.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
         "phase": desc.typed_search_attributes.get(sa.CLEANUP_PHASE),
     }
-    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, workflow_id)
+    handle = client.get_workflow_handle(workflow_id, result_type=CleanupResult)
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        live: CleanupStatus = await handle.query(RenewalCleanupWorkflow.status)
+        live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
         out.update(live.model_dump(mode="json"))
         if live.phase == "sleeping":
             out["sleeping_until"] = live.deadline.isoformat()
@@ -287,14 +288,8 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome
         out["phase"] = out["phase"] or ("renewed" if result.outcome == "renewed" else "settled")
-    reports = await pool.fetch(
-        "SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied "
-        "FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no",
-        workflow_id,
-    )
-    partitions_with_work = await pool.fetchval(
-        "SELECT count(DISTINCT partition_no) FROM cleanup_claims WHERE cleanup_id = $1", workflow_id
-    )
+    reports = await pool.fetch(SQL.partition_reports_of_cleanup, workflow_id)
+    partitions_with_work = await pool.fetchval(SQL.partitions_with_work, workflow_id)
     settlement = await pool.fetchrow(SQL.get_settlement, workflow_id)
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
@@ -305,7 +300,7 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
 
 async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    async for wf in client.list_workflows("WorkflowType = 'RenewalCleanupWorkflow'", limit=limit):
+    async for wf in client.list_workflows(f"WorkflowType = '{CLEANUP_WORKFLOW}'", limit=limit):
         memo = await wf.memo()
         deadline = wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE)
         rows.append(

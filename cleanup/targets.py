@@ -77,7 +77,7 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
                 f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
             )
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
-    template = load("cleanup.sql").cleanup_partition_batch
+    template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
     )

@@ -18,18 +18,19 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from core import search_attributes as sa
 from core.errors import InputError, validation_message
-from core.models_ledger import (
+from core.queries import load
+from core.temporal import describe_or_none
+from ledger.models import (
     DEFAULT_ID_PREFIX,
+    LEDGER_WORKFLOW,
+    STATUS_QUERY,
     LedgerReconciliationInput,
     LedgerReconciliationResult,
     LedgerStatus,
     ledger_workflow_id,
 )
-from core.queries import load
-from core.temporal import describe_or_none
-from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
-SQL = load("ledger.sql")
+SQL = load(__file__)
 
 
 def parse_business_date(text: str, *, today: date | None = None) -> date:
@@ -102,8 +103,9 @@ async def start_reconciliation(
         return found.model_copy(update={"run_id": existing.run_id})
     try:
         handle = await client.start_workflow(
-            LedgerReconciliationWorkflow.run,
+            LEDGER_WORKFLOW,
             input,
+            result_type=LedgerReconciliationResult,
             id=workflow_id,
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -149,9 +151,9 @@ async def ledger_status(
         "phase": None,
     }
     if desc is not None:
-        handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, workflow_id)
+        handle = client.get_workflow_handle(workflow_id, result_type=LedgerReconciliationResult)
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            live: LedgerStatus = await handle.query(LedgerReconciliationWorkflow.status)
+            live = await handle.query(STATUS_QUERY, result_type=LedgerStatus)
             out["phase"] = live.phase
         elif desc.status == WorkflowExecutionStatus.COMPLETED:
             result: LedgerReconciliationResult = await handle.result()
@@ -159,9 +161,7 @@ async def ledger_status(
     totals = await pool.fetchrow(SQL.date_totals, business_date)
     assert totals is not None
     settlement = await pool.fetchrow(SQL.get_settlement, business_date)
-    open_reviews = await pool.fetchval(
-        "SELECT count(*) FROM ledger_review WHERE business_date = $1 AND resolved_at IS NULL", business_date
-    )
+    open_reviews = await pool.fetchval(SQL.open_reviews, business_date)
     out.update(
         {
             "shards_done": f"{totals['shards_reported']}/{shards if shards is not None else '?'}",

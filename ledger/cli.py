@@ -1,40 +1,36 @@
 """The ledger commands of starter.py: `schedule ...`, `reconcile --date D`, `ledger seed|status|review`.
 
-Registered by one call in starter.build_parser, which also teaches the existing `status` command
-the ledger workflow IDs (`status ledger-reconciliation-2026-10-25 --json`). Bad input raises
-InputError (exit 2). The operations are plain functions in core.ledger_ops / core.ledger_schedule /
-core.ledger_seed.
+`register(commands)` adds them to starter.py and routes `status ledger-reconciliation-YYYY-MM-DD`
+here. Bad input raises InputError (exit 2). The operations are plain functions in
+ledger.operations / ledger.schedule / ledger.seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Awaitable, Callable
 from datetime import date
-from typing import Any
+
+from pydantic import ValidationError
 
 from core import embedded
-from core.cli_common import CliContext, emit, table
+from core.cli import CliContext, Commands, emit, table
 from core.config import Settings
 from core.errors import InputError, validation_message
-from core.models_ledger import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
+from core.temporal import connect
+from ledger import schedule as ls
+from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
+from ledger.operations import ledger_status, ledger_target, parse_business_date, review_rows, start_reconciliation
+from ledger.seed import seed_ledger_day, seed_spec
 
-_LEDGER_ID = re.compile(re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}")
-Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
-Command = Callable[..., argparse.ArgumentParser]
+LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}"
 
 
 def _business_date(text: str) -> date:
-    from core.ledger_ops import parse_business_date
-
     return parse_business_date(text)
 
 
 async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
-    from core import ledger_schedule as ls
-    from core.temporal import connect
-
     schedule_id = args.schedule_id
     first = last = None
     if args.action == "backfill":
@@ -67,8 +63,6 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
-    from pydantic import ValidationError
-
     try:
         return model(
             shards=args.shards,
@@ -81,8 +75,6 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
 
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
-    from core.ledger_ops import start_reconciliation
-
     business_date = _business_date(args.date)
     async with CliContext(settings) as ctx:
         started = await start_reconciliation(
@@ -108,9 +100,6 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
-    from core.ledger_ops import ledger_target, review_rows
-    from core.ledger_seed import seed_ledger_day, seed_spec
-
     if args.action == "seed":
         if not args.date or args.payments is None:
             raise InputError("ledger seed needs --date YYYY-MM-DD and --payments N")
@@ -148,32 +137,15 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
-    from core.ledger_ops import ledger_status
-
     async with CliContext(settings) as ctx:
         data = await ledger_status(ctx.client, ctx.pool, business_date)
         data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
     emit(args, data)
 
 
-def _hook_status_command(sub: Any) -> None:
-    """`starter.py status ledger-reconciliation-YYYY-MM-DD` shows the ledger run; any other
-    workflow ID goes to the original `status` handler, unchanged."""
-    parser = getattr(sub, "choices", {}).get("status")
-    if parser is None:
-        return
-    original: Handler = parser.get_default("handler")
-
-    async def status(args: argparse.Namespace, settings: Settings) -> Any:
-        target = str(getattr(args, "workflow_id", ""))
-        if _LEDGER_ID.fullmatch(target):
-            from core.ledger_ops import ledger_target
-
-            await _show_status(args, settings, ledger_target(target)[0])
-            return None
-        return await original(args, settings)
-
-    parser.set_defaults(handler=status)
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
+    """`starter.py status ledger-reconciliation-YYYY-MM-DD`."""
+    await _show_status(args, settings, ledger_target(args.workflow_id)[0])
 
 
 def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> None:
@@ -190,9 +162,10 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
     )
 
 
-def register_ledger_commands(sub: Any, command: Command) -> None:
-    """Add the ledger commands to starter.py's sub-parsers (`command` is starter's helper)."""
-    _hook_status_command(sub)
+def register(commands: Commands) -> None:
+    """Add `schedule`, `reconcile` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
+    command = commands.add
+    commands.route_status(LEDGER_ID_PATTERN, cmd_status)
     p = command("schedule", cmd_schedule, "the nightly ledger-reconciliation schedule (Temporal Schedule)")
     p.add_argument("action", choices=["create", "describe", "pause", "unpause", "trigger", "backfill", "delete"])
     p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"default {SCHEDULE_ID}")

@@ -1,7 +1,7 @@
 """A realistic business day for the ledger reconciliation, generated server-side in one statement.
 
 N payments over S shards, with a configurable rate of each discrepancy (see `seed_ledger_day` in
-core/sql/ledger.sql). Pure SQL over generate_series, so 1,000,000 payments need no round trips.
+ledger/queries.sql). Pure SQL over generate_series, so 1,000,000 payments need no round trips.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import InputError
-from core.models_ledger import DEFAULT_SHARDS, MAX_SHARDS
 from core.queries import load
+from ledger.models import DEFAULT_SHARDS, MAX_SHARDS
 
-SQL = load("ledger.sql")
+SQL = load(__file__)
 MAX_PAYMENTS = 50_000_000
 
 
@@ -97,7 +97,7 @@ async def seed_ledger_day(pool: asyncpg.Pool, spec: LedgerSeedSpec) -> LedgerSee
     assert row is not None
     if row["days_created"]:
         # Fresh statistics after a bulk load, or the planner judges a batch as if the tables were empty.
-        await pool.execute("ANALYZE ledger_payments, ledger_report_rows")
+        await pool.execute(SQL.analyze_ledger)
     values = dict(row)
     created = bool(values.pop("days_created"))
     return LedgerSeedResult(business_date=spec.business_date, shards=spec.shards, created=created, **values)

@@ -15,10 +15,15 @@ from typing import Any
 import asyncpg
 from temporalio.client import Client
 
+from cleanup.models import CleanupResult
+from cleanup.operations import renew, seed_accounts, start_cleanup
 from core.config import PROJECT_ROOT, Settings
-from core.models import CleanupResult
-from core.operations import renew, seed_accounts, start_cleanup
-from workflows.renewal_cleanup import RenewalCleanupWorkflow
+from core.queries import load
+from outbox.mail_provider import MailProvider, ProviderThread
+from outbox.models import RelayBatchSettings
+from outbox.operations import start_relays, stop_and_wait_for_relays
+
+SQL = load(__file__)
 
 
 def say(text: str) -> None:
@@ -61,11 +66,6 @@ async def run_demo(
     lead_seconds: float = 15.0,
 ) -> dict[str, Any]:
     """Seed, renew some, clean the rest at the deadline, deliver the reminders, report."""
-    from core.cli_outbox import start_relays
-    from core.mail_provider import MailProvider, ProviderThread
-    from core.outbox_models import RelayBatchSettings
-    from workflows.outbox_relay import OutboxRelayWorkflow
-
     deadline = (datetime.now(UTC) + timedelta(seconds=lead_seconds)).replace(microsecond=0)
     prefix = f"demo{deadline:%H%M%S}"
     say(f"seeding {accounts} accounts with renewal deadline {deadline.isoformat()} ...")
@@ -91,12 +91,7 @@ async def run_demo(
                 id_prefix=f"{settings.task_queue}-relay-",
             )
 
-            ids = [
-                r["account_id"]
-                for r in await pool.fetch(
-                    "SELECT account_id FROM accounts WHERE account_id LIKE $1 ORDER BY account_id", f"acct_{prefix}_%"
-                )
-            ]
+            ids = [r["account_id"] for r in await pool.fetch(SQL.accounts_with_prefix, f"acct_{prefix}_%")]
             to_renew = random.Random(deadline.timestamp()).sample(ids, int(len(ids) * renew_share))
             limit = asyncio.Semaphore(16)
 
@@ -106,8 +101,7 @@ async def run_demo(
 
             renewed_in_time = sum(await asyncio.gather(*(renew_one(a) for a in to_renew)))
             say(f"renewed {renewed_in_time} accounts before the deadline; waiting for the cleanup ...")
-            handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-            result: CleanupResult = await handle.result()
+            result = await client.get_workflow_handle(started.workflow_id, result_type=CleanupResult).result()
             waited = (datetime.now(UTC) - deadline).total_seconds()
 
             late = next(a for a in ids if a not in set(to_renew))
@@ -116,18 +110,13 @@ async def run_demo(
             say("cleanup settled; the outbox relay delivers the renewal reminders to the local mail provider ...")
             t0 = time.monotonic()
             while time.monotonic() - t0 < 120:
-                pending = await pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                pending = await pool.fetchval(SQL.pending_reminders)
                 if pending == 0:
                     break
                 await asyncio.sleep(0.5)
-            for relay in relays:
-                await client.get_workflow_handle(relay["workflow_id"]).signal(OutboxRelayWorkflow.stop)
-            dupes = await pool.fetchval(
-                "SELECT (SELECT count(*) FROM outbox WHERE source_id = $1)"
-                " - (SELECT count(DISTINCT account_id) FROM outbox WHERE source_id = $1)",
-                started.workflow_id,
-            )
-            delivered = await pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'delivered'")
+            await stop_and_wait_for_relays(client, [r["workflow_id"] for r in relays])
+            dupes = await pool.fetchval(SQL.duplicate_reminders, started.workflow_id)
+            delivered = await pool.fetchval(SQL.delivered_reminders)
         finally:
             for p in procs:
                 p.terminate()

@@ -1,4 +1,4 @@
--- Named queries of the outbox relay. Loaded by core.queries.load("outbox.sql").
+-- Named queries of the outbox relay. Loaded by core.queries.load(__file__).
 -- Every statement is set-based: one per batch, whatever the batch size.
 
 -- name: claim_batch

@@ -9,7 +9,9 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, Field
+
+from core.model import Model
 
 ACCOUNT_ID_PATTERN = r"^acct_[A-Za-z0-9_-]{1,60}$"
 MAX_PARTITIONS = 256
@@ -28,8 +30,16 @@ def is_account_id(value: str) -> bool:
     return bool(_ACCOUNT_ID.match(value))
 
 
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# Names the Temporal layer registers and the operations call: one definition each, so a misspelt
+# reference fails at import time instead of starting nothing in production.
+CLEANUP_WORKFLOW = "RenewalCleanupWorkflow"
+RENEWED_SIGNAL = "renewed"
+STATUS_QUERY = "status"
+CLAIM_CLEANUP = "claim_cleanup"
+CHECK_ACCOUNT_RENEWED = "check_account_renewed"
+CLEANUP_PARTITION = "cleanup_partition"
+SETTLE_CLEANUP = "settle_cleanup"
+CLEANUP_ID_PATTERN = r"cleanup-.+"
 
 
 def _instant(deadline: datetime) -> str:

@@ -1,4 +1,4 @@
--- Named queries of the renewal-deadline cleanup. Loaded by core.queries.load("cleanup.sql").
+-- Named queries of the renewal-deadline cleanup. Loaded by core.queries.load(__file__).
 
 -- name: claim_cohort
 -- The linearization point: an account moves to 'cleaning' only if it is still active (not renewed).
@@ -162,3 +162,16 @@ logged AS (
 SELECT c.status AS status_seen, c.renewal_deadline AS old_deadline, c.cleanup_version AS old_version,
        c.claimed_by, l.outcome, l.version_after
 FROM current c CROSS JOIN logged l;
+
+-- name: partition_reports_of_cleanup
+-- What `status` shows per partition. $1 cleanup ID.
+SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied
+FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no;
+
+-- name: partitions_with_work
+-- Partitions that claimed at least one account. $1 cleanup ID.
+SELECT count(DISTINCT partition_no) FROM cleanup_claims WHERE cleanup_id = $1;
+
+-- name: active_accounts_at_deadline
+-- Accounts a cohort cleanup of this deadline would claim now. $1 deadline.
+SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active';

@@ -8,7 +8,9 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from core.model import Model
 
 MAX_SHARDS = 256
 DEFAULT_SHARDS = 16
@@ -16,8 +18,13 @@ DEFAULT_ID_PREFIX = "ledger-reconciliation"
 SCHEDULE_ID = "ledger-reconciliation-nightly"
 
 
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# Names the Temporal layer registers and the operations call (one definition each).
+LEDGER_WORKFLOW = "LedgerReconciliationWorkflow"
+SCHEDULED_LEDGER_WORKFLOW = "ScheduledLedgerReconciliationWorkflow"
+STATUS_QUERY = "status"
+CHECK_LEDGER_DAY = "check_ledger_day"
+RECONCILE_SHARD = "reconcile_shard"
+SETTLE_LEDGER_DATE = "settle_ledger_date"
 
 
 def ledger_workflow_id(business_date: date, prefix: str = DEFAULT_ID_PREFIX) -> str:

@@ -1,4 +1,4 @@
--- Named queries of the nightly ledger reconciliation. Loaded by core.queries.load("ledger.sql").
+-- Named queries of the nightly ledger reconciliation. Loaded by core.queries.load(__file__).
 
 -- name: ledger_day
 SELECT business_date, shards, payments FROM ledger_days WHERE business_date = $1;
@@ -315,3 +315,11 @@ SELECT
     (CASE WHEN EXISTS (SELECT 1 FROM day) THEN round($2::int * $8::float8) ELSE 0 END)::int
         AS unknown_payments,
     (SELECT count(*) FROM gen WHERE duplicated AND kind <> 'unsettled')::int AS duplicate_report_rows;
+
+-- name: open_reviews
+-- Review rows of a date nobody has resolved yet. $1 business date.
+SELECT count(*) FROM ledger_review WHERE business_date = $1 AND resolved_at IS NULL;
+
+-- name: analyze_ledger
+-- Fresh statistics after a bulk load.
+ANALYZE ledger_payments, ledger_report_rows;

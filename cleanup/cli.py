@@ -1,0 +1,160 @@
+"""The cleanup commands of starter.py: `cleanup`, `seed`, `renew`, `list`, and `status` of a cleanup.
+
+Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
+plain functions in cleanup.operations, which game backends may call directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus
+from cleanup.operations import cleanup_status, list_cleanups, parse_deadline, renew, seed_accounts, start_cleanup
+from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, emit, key_values, table
+from core.config import Settings
+from core.errors import InputError
+
+
+async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
+    deadline = parse_deadline(args.deadline) if args.deadline else None
+    async with CliContext(settings) as ctx:
+        started = await start_cleanup(
+            ctx.client,
+            ctx.pool,
+            ctx.settings.task_queue,
+            deadline=deadline,
+            account_id=args.account,
+            partitions=args.partitions,
+            max_parallel_partitions=args.max_parallel,
+            batch_size=args.batch_size,
+            note=args.note,
+            allow_empty=args.allow_empty,
+        )
+        data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
+        if args.wait:
+            data["result"] = await wait_for_cleanup(ctx.client, started.workflow_id)
+    emit(
+        args,
+        data,
+        lambda d: (
+            f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
+            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope\n{d['ui']}"
+            + (f"\noutcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}" if args.wait else "")
+        ),
+    )
+
+
+async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
+    """Wait for the run with a progress bar: the sleep, then partitions reported k/P."""
+    handle = client.get_workflow_handle(workflow_id, result_type=CleanupResult)
+    result_task = asyncio.ensure_future(handle.result())
+    bar: Progress | None = None
+    while not result_task.done():
+        await asyncio.wait([result_task], timeout=0.5)
+        if result_task.done():
+            break
+        with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+            live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
+            if live.phase == "sleeping":
+                left = (live.deadline - datetime.now(UTC)).total_seconds()
+                print(f"\rsleeping until {live.deadline.isoformat()} ({left:.0f}s)".ljust(60), end="", file=sys.stderr)
+            else:
+                bar = bar or Progress("partitions", live.partitions_total)
+                bar.update(live.partitions_done, live.phase)
+    if bar:
+        bar.finish("settled")
+    result: CleanupResult = result_task.result()
+    return result.model_dump(mode="json")
+
+
+async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
+    deadline = parse_deadline(args.deadline)
+    if not 1 <= args.accounts <= 10_000_000:
+        raise InputError(f"--accounts must be between 1 and 10,000,000, got {args.accounts}")
+    prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
+    if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
+        raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
+    async with CliContext(settings) as ctx:
+        bar = Progress("seeding accounts", args.accounts)
+        totals: dict[str, int] = {}
+        chunk = 10_000
+        for start in range(0, args.accounts, chunk):
+            n = min(chunk, args.accounts - start)
+            part = await seed_accounts(ctx.pool, prefix=f"{prefix}{start // chunk:03d}", deadline=deadline, count=n)
+            totals = {k: totals.get(k, 0) + v for k, v in part.items()}
+            bar.update(start + n)
+        bar.finish()
+    emit(args, totals | {"deadline": deadline}, key_values)
+
+
+async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
+    until = parse_deadline(args.until) if args.until else None
+    async with CliContext(settings) as ctx:
+        outcome = await renew(ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until)
+
+    def human(d: dict[str, Any]) -> str:
+        if d["in_time"]:
+            text = f"renewed in time: {d['account_id']} is now at cleanup version {d['version_after']}"
+            if d["signalled"]:
+                text += f"\nsignalled: {', '.join(d['signalled'])}"
+            if d["restarted_cleanup"]:
+                text += f"\nnew cleanup for the new deadline: {d['restarted_cleanup']}"
+            return text
+        return (
+            f"too late: {d['account_id']} was already {d['status_seen']} by {d['claimed_by']}; "
+            "the renewal is recorded but the cleanup stands"
+        )
+
+    emit(args, outcome.model_dump(mode="json"), human)
+    if not outcome.in_time:
+        sys.exit(EXIT_TOO_LATE)
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
+    async with CliContext(settings) as ctx:
+        data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
+        data["ui"] = ctx.settings.workflow_url(args.workflow_id)
+    emit(args, data, key_values)
+
+
+async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
+    async with CliContext(settings) as ctx:
+        rows = await list_cleanups(ctx.client, limit=args.limit)
+    emit(args, rows, table)
+
+
+def register(commands: Commands) -> None:
+    """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
+    command = commands.add
+    commands.route_status(CLEANUP_ID_PATTERN, cmd_status)
+    p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
+    scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
+    p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
+    p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
+    p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
+    p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
+    p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
+    p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
+
+    p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
+    p.add_argument("--accounts", type=int, required=True)
+    p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
+    p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
+
+    p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
+    p.add_argument("account_id")
+    p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
+
+    p = command("list", cmd_list, "list cleanups with their phase and progress")
+    p.add_argument("--limit", type=int, default=50)

@@ -1,0 +1,13 @@
+"""The one pydantic base of every workflow and activity payload: unknown fields are an error (a
+typo in an input never passes silently) and payloads are immutable once built.
+
+Imported by workflow modules inside the sandbox, so nothing here may import asyncpg.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)

@@ -1,0 +1,122 @@
+"""`starter.py outbox ...`: operate the reminder outbox and its relays.
+
+outbox status [--dead N] [--json]        counts by state, dead letters with the provider's answer, relays
+outbox redeliver EVENT_KEY [--json]      give a dead letter another chance (or send a pending one now)
+outbox relay start [--relays N] [...]    start the long-running relay workflows outbox-relay-1..N
+outbox relay stop [--json]               ask every running relay to stop after its batch
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pydantic import ValidationError
+
+from core.cli import CliContext, Commands, Handler, emit
+from core.config import Settings
+from core.errors import InputError, validation_message
+from outbox.models import RelayBatchSettings
+from outbox.operations import check_event_key, outbox_status, redeliver_event, start_relays, stop_relays
+
+
+def _human_status(d: dict[str, Any]) -> str:
+    lines = [
+        f"pending    {d['pending']} (due now {d['due_now']}, leased {d['leased']}, retrying {d['retrying']})",
+        f"delivered  {d['delivered']} (last at {d['last_delivered_at'] or '-'})",
+        f"dead       {d['dead']}",
+        f"oldest pending since {d['oldest_pending_created_at'] or '-'}; next attempt {d['next_attempt_at'] or '-'}",
+    ]
+    if d["dead_letters"]:
+        lines.append("dead letters (newest first):")
+        lines += [f"  {r['event_key']}  attempts={r['attempts']}  {r['dead_reason']}" for r in d["dead_letters"]]
+    relays = d.get("relays")
+    if relays is not None:
+        lines.append(f"running relays: {', '.join(r['workflow_id'] for r in relays) or 'none'}")
+    return "\n".join(lines)
+
+
+async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> None:
+    async with CliContext(settings) as ctx:
+        data = await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)
+    emit(args, data, _human_status)
+
+
+async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> None:
+    check_event_key(args.event_key)
+    async with CliContext(settings) as ctx:
+        data = await redeliver_event(ctx.pool, args.event_key, ctx.client)
+    emit(
+        args,
+        data,
+        lambda d: (
+            f"{d['event_key']}: {d['previous_status']} -> pending, due now "
+            f"(redelivery #{d['redeliveries']}; nudged {', '.join(d.get('nudged') or []) or 'no relay'})"
+        ),
+    )
+
+
+def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
+    try:
+        return RelayBatchSettings(
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+            request_timeout_seconds=args.request_timeout,
+            lease_seconds=args.lease,
+        )
+    except ValidationError as err:
+        raise InputError(validation_message(err)) from None
+
+
+async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
+    batch = _batch_settings(args)
+    async with CliContext(settings) as ctx:
+        started = await start_relays(
+            ctx.client,
+            ctx.settings.task_queue,
+            relays=args.relays,
+            settings=batch,
+            idle_sleep_seconds=args.idle_sleep,
+        )
+        for s in started:
+            s["ui"] = ctx.settings.workflow_url(s["workflow_id"])
+    emit(args, started, lambda d: "\n".join(f"relay {s['workflow_id']} running: {s['ui']}" for s in d))
+
+
+async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) -> None:
+    async with CliContext(settings) as ctx:
+        stopped = await stop_relays(ctx.client)
+    emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
+
+
+async def _no_subcommand(args: argparse.Namespace, settings: Settings) -> None:
+    raise InputError("choose an outbox command: status, redeliver, relay")
+
+
+def register(commands: Commands) -> None:
+    """Add `outbox status|redeliver|relay` to starter.py."""
+    outbox = commands.add("outbox", _no_subcommand, "operate the reminder outbox and its relays", json_flag=False)
+    nested = outbox.add_subparsers(dest="outbox_command", required=True)
+
+    def sub_command(parent: Any, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = sub_command(nested, "status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
+    p.add_argument("--dead", type=int, default=10, help="dead letters to list (default 10)")
+
+    p = sub_command(nested, "redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
+    p.add_argument("event_key", help="e.g. renewal-reminder:acct_123:v1")
+
+    relay = nested.add_parser("relay", help="start or stop the relay workflows")
+    relay_sub = relay.add_subparsers(dest="relay_command", required=True)
+    p = sub_command(relay_sub, "start", cmd_outbox_relay_start, "start relays outbox-relay-1..N (idempotent)")
+    p.add_argument("--relays", type=int, default=2, help="relay workflows to run (default 2)")
+    p.add_argument("--batch-size", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight per batch")
+    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per provider request")
+    p.add_argument("--lease", type=float, default=120.0, help="lease seconds per claimed batch")
+    p.add_argument("--idle-sleep", type=float, default=5.0, help="seconds between polls of an empty outbox")
+    sub_command(relay_sub, "stop", cmd_outbox_relay_stop, "ask every running relay to stop after its batch")

@@ -1,0 +1,173 @@
+"""Operate the reminder outbox and its relays: status, redelivery, starting and stopping relays.
+
+Plain functions the CLI, the demo and the tests call. Bad input raises InputError (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from pydantic import ValidationError
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
+
+import outbox
+from core.errors import InputError
+from core.queries import load
+from outbox.models import (
+    RELAY_NUDGE_SIGNAL,
+    RELAY_STOP_SIGNAL,
+    RELAY_WORKFLOW,
+    OutboxRelayInput,
+    RelayBatchSettings,
+    RelayTotals,
+)
+
+SQL = load(outbox.__file__)
+
+RELAY_ID_PREFIX = "outbox-relay-"
+_EVENT_KEY = re.compile(r"^\S{1,500}$")
+
+
+def relay_workflow_id(n: int) -> str:
+    return f"{RELAY_ID_PREFIX}{n}"
+
+
+def check_event_key(value: str) -> str:
+    if not _EVENT_KEY.match(value):
+        raise InputError(
+            f"malformed event key {value!r}: expected 1-500 characters without spaces, "
+            "e.g. renewal-reminder:acct_123:v1"
+        )
+    return value
+
+
+def _plain(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in dict(row).items()}
+
+
+async def running_relays(client: Client) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    async for wf in client.list_workflows(
+        f"WorkflowType = '{RELAY_WORKFLOW}' AND ExecutionStatus = 'Running'", limit=100
+    ):
+        memo = await wf.memo()
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "task_queue": wf.task_queue,
+                "delivered": memo.get("delivered"),
+                "dead": memo.get("dead"),
+                "batches": memo.get("batches"),
+            }
+        )
+    return rows
+
+
+async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_limit: int = 10) -> dict[str, Any]:
+    """What an operator asks: how much is pending, due, leased, delivered, dead, and why dead."""
+    if dead_limit < 0:
+        raise InputError(f"--dead must be 0 or more, got {dead_limit}")
+    summary = await pool.fetchrow(SQL.outbox_summary)
+    assert summary is not None
+    out = _plain(summary)
+    out["dead_letters"] = [_plain(r) for r in await pool.fetch(SQL.dead_letters, dead_limit)] if dead_limit else []
+    if client is not None:
+        try:
+            out["relays"] = await running_relays(client)
+        except RPCError as err:  # visibility is optional for this report
+            out["relays_error"] = str(err)
+    return out
+
+
+async def redeliver_event(pool: asyncpg.Pool, event_key: str, client: Client | None = None) -> dict[str, Any]:
+    """Make a dead (or waiting) event due now; refuse delivered or currently leased ones."""
+    check_event_key(event_key)
+    async with pool.acquire() as conn, conn.transaction():
+        current = await conn.fetchrow(SQL.event_by_key + " FOR UPDATE", event_key)
+        if current is None:
+            raise InputError(f"no outbox event with key {event_key!r}")
+        if current["status"] == "delivered":
+            raise InputError(
+                f"event {event_key} was delivered at {current['delivered_at'].isoformat()}; the provider "
+                "deduplicates by key, so a resend would not reach the customer again"
+            )
+        row = await conn.fetchrow(SQL.redeliver, event_key)
+        if row is None:
+            raise InputError(
+                f"event {event_key} is being sent right now by {current['lease_owner']} "
+                f"(lease until {current['leased_until'].isoformat()}); nothing to do"
+            )
+    out = _plain(row) | {"previous_status": current["status"], "previous_error": current["last_error"]}
+    if client is not None:
+        out["nudged"] = await nudge_relays(client)
+    return out
+
+
+async def nudge_relays(client: Client) -> list[str]:
+    nudged: list[str] = []
+    with contextlib.suppress(RPCError):
+        for relay in await running_relays(client):
+            with contextlib.suppress(RPCError):
+                await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_NUDGE_SIGNAL)
+                nudged.append(relay["workflow_id"])
+    return nudged
+
+
+async def start_relays(
+    client: Client,
+    task_queue: str,
+    *,
+    relays: int = 1,
+    settings: RelayBatchSettings | None = None,
+    idle_sleep_seconds: float = 5.0,
+    stop_when_drained: bool = False,
+    id_prefix: str = RELAY_ID_PREFIX,
+) -> list[dict[str, Any]]:
+    """Start (or find) relays `<prefix>1..N`; a relay already running is left as it is."""
+    if not 1 <= relays <= 64:
+        raise InputError(f"--relays must be between 1 and 64, got {relays}")
+    started: list[dict[str, Any]] = []
+    for n in range(1, relays + 1):
+        workflow_id = f"{id_prefix}{n}"
+        try:
+            input = OutboxRelayInput(
+                relay_id=workflow_id,
+                settings=settings or RelayBatchSettings(),
+                idle_sleep_seconds=idle_sleep_seconds,
+                stop_when_drained=stop_when_drained,
+            )
+        except ValidationError as err:
+            raise InputError(str(err)) from None
+        handle = await client.start_workflow(
+            RELAY_WORKFLOW,
+            input,
+            result_type=RelayTotals,
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"outbox relay {n} of {relays}",
+        )
+        started.append({"workflow_id": workflow_id, "run_id": handle.result_run_id})
+    return started
+
+
+async def stop_relays(client: Client) -> list[str]:
+    stopped: list[str] = []
+    for relay in await running_relays(client):
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_STOP_SIGNAL)
+            stopped.append(relay["workflow_id"])
+    return stopped
+
+
+async def stop_and_wait_for_relays(client: Client, workflow_ids: list[str]) -> list[RelayTotals]:
+    """Ask the given relays to stop after their batch, then wait for their totals."""
+    for workflow_id in workflow_ids:
+        await client.get_workflow_handle(workflow_id).signal(RELAY_STOP_SIGNAL)
+    return [await client.get_workflow_handle(w, result_type=RelayTotals).result() for w in workflow_ids]
