@@ -125,13 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     help = "run the fault-injection harness (`harness --help` for its options)"
     p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
-    p.add_argument("harness_args", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=cmd_harness)
+    p.set_defaults(handler=cmd_harness)  # its arguments are parsed by harness.cli (see main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "harness":
+        args.harness_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         settings = Settings.from_env(
             temporal_address=args.temporal_address,

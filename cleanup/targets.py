@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.queries import load
 
-DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "cleanup_targets.toml"
+DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
 IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
