@@ -57,7 +57,7 @@ def public_account_id(client: Client, account_id: str) -> str:
 
     With payload encryption on (core.codec), a keyed pseudonym: those fields are never encrypted.
     """
-    from core.codec import pseudonymize
+    from core.codec import pseudonymize  # lazy: cryptography is slow to import; renew must start fast
 
     return pseudonymize(client.data_converter.payload_codec, account_id)
 

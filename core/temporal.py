@@ -26,7 +26,7 @@ def data_converter(settings: Settings) -> DataConverter:
     """The pydantic converter, plus AES-GCM payload encryption when a key is configured."""
     if settings.payload_encryption_key is None:
         return pydantic_data_converter
-    from core.codec import EncryptionCodec, EncryptionKeyError, with_encryption
+    from core.codec import EncryptionCodec, EncryptionKeyError, with_encryption  # lazy: cryptography is slow to import
 
     try:
         codec = EncryptionCodec.from_key(

@@ -223,11 +223,6 @@ SELECT business_date, shards, keys_examined, discrepancies_found, corrected, sen
        duplicate_report_rows, workflow_id, settled_at
 FROM ledger_settlements WHERE business_date = $1;
 
--- name: shard_reports
-SELECT business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
-       duplicate_report_rows, batches, reported_at
-FROM ledger_shard_reports WHERE business_date = $1 ORDER BY shard;
-
 -- name: review_rows
 SELECT review_key, shard, kind, reason, created_at, resolved_at
 FROM ledger_review WHERE business_date = $1 ORDER BY kind, review_key LIMIT $2;

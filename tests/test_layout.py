@@ -1,0 +1,122 @@
+"""The layout holds: named SQL is all used and all there, core imports no job, no import cycles."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import grimp
+
+from core.config import PROJECT_ROOT
+from core.queries import load
+
+PACKAGES = ["core", "cleanup", "ledger", "outbox", "demo", "workflows", "activities", "harness", "bench"]
+SOURCES = [p for pkg in PACKAGES for p in (PROJECT_ROOT / pkg).rglob("*.py")] + [
+    PROJECT_ROOT / "worker.py",
+    PROJECT_ROOT / "starter.py",
+]
+SQL_FILES = [p for pkg in PACKAGES for p in (PROJECT_ROOT / pkg).glob("*.sql")]
+
+
+def _sql_file_of(call: ast.Call, module: Path) -> Path | None:
+    """The file a `load(...)` call reads: `load(__file__)`, `load(cleanup.__file__, "seed.sql")`."""
+    if not (isinstance(call.func, ast.Name) and call.func.id == "load" and call.args):
+        return None
+    anchor = call.args[0]
+    filename = "queries.sql"
+    if len(call.args) > 1 and isinstance(call.args[1], ast.Constant):
+        filename = str(call.args[1].value)
+    if isinstance(anchor, ast.Name) and anchor.id == "__file__":
+        return module.with_name(filename)
+    if isinstance(anchor, ast.Attribute) and isinstance(anchor.value, ast.Name):
+        return PROJECT_ROOT / anchor.value.id / filename
+    return None
+
+
+def _uses() -> list[tuple[Path, Path, str, int]]:
+    """(module, sql file, query name, line) for every `SQL.name` or `load(...).name` in the code."""
+    found = []
+    for module in [*SOURCES, *(PROJECT_ROOT / "tests").glob("*.py")]:
+        tree = ast.parse(module.read_text())
+        bound: dict[str, Path] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                sql = _sql_file_of(node.value, module)
+                if sql is not None:
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            bound[target.id] = sql
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            sql = None
+            if isinstance(node.value, ast.Name) and node.value.id in bound:
+                sql = bound[node.value.id]
+            elif isinstance(node.value, ast.Call):
+                sql = _sql_file_of(node.value, module)
+            if sql is not None:
+                found.append((module, sql, node.attr, node.lineno))
+    return found
+
+
+def test_every_named_query_used_in_code_exists() -> None:
+    missing = [
+        f"{m.relative_to(PROJECT_ROOT)}:{line}: {sql.relative_to(PROJECT_ROOT)} has no query {name!r}"
+        for m, sql, name, line in _uses()
+        if name not in load(str(sql), sql.name)
+    ]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_named_query_is_used_by_the_code() -> None:
+    used = {(sql.resolve(), name) for m, sql, name, _ in _uses() if "tests" not in m.parts}
+    unused = [
+        f"{sql.relative_to(PROJECT_ROOT)}: {name}"
+        for sql in SQL_FILES
+        for name in load(str(sql), sql.name)
+        if (sql.resolve(), name) not in used
+    ]
+    assert SQL_FILES and not unused, "named queries no code uses:\n" + "\n".join(unused)
+
+
+def test_no_inline_sql_in_the_jobs_and_the_demo() -> None:
+    """Statements live in .sql files of named queries; Python code calls them by name."""
+    statement = re.compile(r"""["'](SELECT|INSERT|UPDATE|DELETE|WITH)\s""", re.IGNORECASE)
+    offenders = [
+        f"{p.relative_to(PROJECT_ROOT)}:{i}"
+        for pkg in ("cleanup", "ledger", "outbox", "demo", "activities")
+        for p in (PROJECT_ROOT / pkg).rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if statement.search(line)
+    ]
+    assert not offenders, offenders
+
+
+def test_no_import_cycles() -> None:
+    graph = grimp.build_graph(*PACKAGES)
+    cycles = [
+        chain
+        for module in sorted(graph.modules)
+        for imported in graph.find_modules_directly_imported_by(module)
+        if (chain := graph.find_shortest_chain(importer=imported, imported=module)) is not None
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_core_imports_no_job_and_no_temporal_layer() -> None:
+    graph = grimp.build_graph(*PACKAGES)
+    above = ("cleanup", "ledger", "outbox", "demo", "workflows", "activities", "harness", "bench")
+    wrong = [
+        f"{m} imports {i}"
+        for m in graph.find_descendants("core") | {"core"}
+        for i in graph.find_modules_directly_imported_by(m)
+        if i.split(".")[0] in above
+    ]
+    assert not wrong, wrong
+
+
+def test_job_packages_keep_an_empty_init() -> None:
+    """So a job's models stay safe to import in the workflow sandbox."""
+    for job in ("cleanup", "ledger", "outbox"):
+        assert (PROJECT_ROOT / job / "__init__.py").read_text().strip() == ""
