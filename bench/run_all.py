@@ -1,6 +1,6 @@
 """Every benchmark, one after the other, as one JSON document: `python -m bench.run_all [--smoke]`.
 
-Full sizes (issue 6): cohort cleanup 100,000 accounts, ledger reconciliation 1,000,000 payments,
+Full sizes: cohort cleanup 100,000 accounts, ledger reconciliation 1,000,000 payments,
 2,000 single-account cleanups, ledger rerun 1,000,000 payments. `--smoke` runs tiny sizes (what
 tests/test_bench_smoke.py runs) to check that everything still works. Each scenario starts its
 own Temporal dev server and database; a scenario that fails is reported and the others still run.

@@ -1,4 +1,4 @@
-"""Inputs and outputs of the nightly ledger reconciliation (issue 3).
+"""Inputs and outputs of the nightly ledger reconciliation.
 
 Payloads carry dates, shard numbers, cursors and counts only, never payment amounts.
 """

@@ -1,4 +1,4 @@
-"""The evaluation harness (issue 5) run as a user runs it: `python starter.py harness ...`.
+"""The evaluation harness run as a user runs it: `python starter.py harness ...`.
 
 The quick profile must pass; a deliberately broken invariant must make it fail (a harness that
 cannot fail proves nothing).

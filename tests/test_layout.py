@@ -120,3 +120,15 @@ def test_job_packages_keep_an_empty_init() -> None:
     """So a job's models stay safe to import in the workflow sandbox."""
     for job in ("cleanup", "ledger", "outbox"):
         assert (PROJECT_ROOT / job / "__init__.py").read_text().strip() == ""
+
+
+def test_no_code_points_at_an_issue_number() -> None:
+    """Docstrings say why in their own words; issue numbers rot."""
+    pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    offenders = [
+        f"{p.relative_to(PROJECT_ROOT)}:{i}"
+        for p in [*SOURCES, *(PROJECT_ROOT / "tests").glob("*.py")]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, offenders

@@ -1,4 +1,4 @@
-"""Nightly ledger reconciliation against real Temporal and real Postgres (issue 3).
+"""Nightly ledger reconciliation against real Temporal and real Postgres.
 
 1. replaying a night leaves the database unchanged;  2. a worker killed after a batch COMMIT
 resumes from its heartbeated cursor;  3. a delayed shard holds the settlement back;  4. a manual

@@ -1,4 +1,4 @@
-"""The harness scenarios, in the order of issue 5; each is `async def run(ctx: Ctx) -> Row`."""
+"""The harness scenarios, in the order of the evaluation; each is `async def run(ctx: Ctx) -> Row`."""
 
 from __future__ import annotations
 
