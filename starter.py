@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from core import db, embedded
+from core.cli_cleanup_review import register_review_commands
 from core.cli_common import CliContext, emit, key_values, table
 from core.cli_ledger import register_ledger_commands
 from core.cli_outbox import register_outbox_commands
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down"])
     register_outbox_commands(sub, command)
     register_ledger_commands(sub, command)
+    register_review_commands(sub, command)
     register_harness_commands(sub, command)
     return parser
 
