@@ -14,11 +14,14 @@ Bad input raises InputError (exit 2). The operations are plain functions in core
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
+
 from core import db, embedded
-from core.cli_common import CliContext, emit, table
+from core.cli_common import emit, table
 from core.config import Settings
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
@@ -35,11 +38,24 @@ FAILED_COLUMNS = [
 ]
 
 
+@asynccontextmanager
+async def _database(settings: Settings, *, migrate: bool) -> AsyncIterator[asyncpg.Pool]:
+    """These commands need the database only: no Temporal connection (nor embedded dev server)."""
+    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    if migrate:
+        await db.migrate_url(url)
+    pool = await db.create_pool(url, max_size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
     from core.cleanup_review import list_failed
 
-    async with CliContext(settings) as ctx:
-        rows = await list_failed(ctx.pool, args.cleanup, include_resolved=args.all, limit=args.limit)
+    async with _database(settings, migrate=True) as pool:
+        rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
 
 
@@ -48,8 +64,8 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
     from core.cleanup_targets import load_targets
 
     targets = load_targets()
-    async with CliContext(settings) as ctx:
-        data = await retry_failed(ctx.pool, targets, args.cleanup)
+    async with _database(settings, migrate=True) as pool:
+        data = await retry_failed(pool, targets, args.cleanup)
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -71,12 +87,8 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
 
     deadline = parse_deadline(args.deadline) if args.deadline else None
     targets = load_targets()
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
-    pool = await db.create_pool(url, max_size=1)
-    try:
+    async with _database(settings, migrate=False) as pool:
         data = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)
-    finally:
-        await pool.close()
 
     def human(d: dict[str, Any]) -> str:
         lines = [

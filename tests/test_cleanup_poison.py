@@ -14,15 +14,18 @@ from typing import Any
 import asyncpg
 import pytest
 from temporalio.client import WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
 
 from core.cleanup_review import list_failed, preview_cleanup, retry_failed
 from core.cleanup_targets import load_targets
 from core.errors import FailedToleranceExceeded, is_deterministic, is_transient
-from core.models import CleanupResult
+from core.models import CleanupResult, cohort_cleanup_id
 from core.operations import cleanup_status, parse_failed_tolerance, renew, start_cleanup
 from tests.helpers import deadline_in, effect_counts, seed
 from tests.test_cleanup_input import run_cli
+from workflows import ALL_WORKFLOWS
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 TARGET_TABLES = ("cloud_saves", "inventory_items", "match_history")
@@ -271,6 +274,11 @@ async def test_more_failures_than_tolerated_fail_the_workflow_naming_the_count_a
     assert cause.type == FailedToleranceExceeded.TYPE and cause.non_retryable
     assert "3 account(s) failed cleanup, more than the tolerance 2" in cause.message
     assert f"{held[0]}: [P0001] inventory of {held[0]} is under legal hold" in cause.message
+    # The new path (behind the `failed-tolerance` patch) replays deterministically.
+    history = await client.get_workflow_handle(cohort_cleanup_id(deadline)).fetch_history()
+    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=pydantic_data_converter)
+    replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert replay.replay_failure is None, replay.replay_failure
     # It still settled first, with every other account cleaned.
     settled = await pool.fetchrow("SELECT claimed, cleaned, failed FROM cleanup_settlements")
     assert dict(settled) == {"claimed": 40, "cleaned": 37, "failed": 3}
