@@ -6,7 +6,7 @@ retried on another node after its COMMIT, it leaves exactly one effect per (acco
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Callable
 
 import asyncpg
@@ -14,6 +14,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 import cleanup
+from cleanup.batches import CompiledCleanup, run_keyset_batch
 from cleanup.models import (
     AccountRenewalCheck,
     ClaimCleanupInput,
@@ -25,11 +26,12 @@ from cleanup.models import (
     PartitionReport,
     SettleCleanupInput,
 )
-from cleanup.targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_partition_batch
+from cleanup.targets import CleanupTargets
 from core import failpoints, metrics
 from core.queries import load
 
 SQL = load(cleanup.__file__)
+FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for the tolerance error
 
 
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:
@@ -45,59 +47,53 @@ async def clean_partition_batches(
     after_batch: Callable[[PartitionCheckpoint], None],
     while_waiting: Callable[[PartitionCheckpoint], None] | None = None,
     wait_interval: float = 5.0,
+    compiled: CompiledCleanup | None = None,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
     `while_waiting` is called every `wait_interval` seconds while a batch is still running (e.g.
     blocked on a row lock), so a slow batch keeps heartbeating instead of being retried as dead.
+    A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
+    recorded in cleanup_failed and counted as `failed`, the others cleaned.
     """
+    compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     while True:
-        async with pool.acquire() as conn, conn.transaction():
-            statement = conn.fetchrow(
-                batch_sql, input.cleanup_id, input.partition_no, checkpoint.last_account_id, input.batch_size
-            )
-            if while_waiting is None:
-                row = await statement
-            else:
-                task = asyncio.ensure_future(statement)
-                while not (await asyncio.wait({task}, timeout=wait_interval))[0]:
-                    while_waiting(checkpoint)
-                row = task.result()
-        assert row is not None
-        if row["batch_rows"] == 0:
+        result = await run_keyset_batch(
+            pool,
+            compiled,
+            input.cleanup_id,
+            input.partition_no,
+            checkpoint.last_account_id,
+            input.batch_size,
+            while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
+            wait_interval=wait_interval,
+        )
+        if result.batch_rows == 0:
             return checkpoint
         checkpoint = PartitionCheckpoint(
-            last_account_id=row["last_account_id"],
-            counts=checkpoint.counts
-            + PartitionCounts(
-                cleaned=row["cleaned"],
-                skipped_renewed=row["skipped_renewed"],
-                skipped_stale=row["skipped_stale"],
-                already_applied=row["already_applied"],
-            ),
+            last_account_id=result.last_account_id,
+            counts=checkpoint.counts + result.counts,
             batches=checkpoint.batches + 1,
         )
         after_batch(checkpoint)
-        if row["batch_rows"] < input.batch_size:
+        if result.batch_rows < input.batch_size:
             return checkpoint
 
 
 class CleanupActivities:
     """Holds the pool and the compiled cleanup statement; one instance per worker process."""
 
-    def __init__(self, pool: asyncpg.Pool, partition_batch_sql: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, partition_batch_sql: str, compiled: CompiledCleanup | None = None) -> None:
         self.pool = pool
         self.partition_batch_sql = partition_batch_sql
+        self.compiled = compiled or CompiledCleanup.from_batch_sql(partition_batch_sql)
 
     @classmethod
     async def create(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
-        tables = [t.table for t in targets.target] + [t.archive_table for t in targets.target if t.archive_table]
-        rows = await pool.fetch(SCHEMA_CHECK, tables)
-        columns = {r["table_name"]: list(r["columns"]) for r in rows}
-        check_against_schema(targets, columns)
-        return cls(pool, compile_partition_batch(targets, columns))
+        compiled = await CompiledCleanup.compile(pool, targets)
+        return cls(pool, compiled.batch_sql, compiled)
 
     @activity.defn
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
@@ -161,6 +157,7 @@ class CleanupActivities:
             metrics.record_cleanup_batch(
                 cleaned=checkpoint.counts.cleaned - counted.cleaned,
                 already_applied=checkpoint.counts.already_applied - counted.already_applied,
+                failed=checkpoint.counts.failed - counted.failed,
             )
             counted = checkpoint.counts
 
@@ -176,6 +173,7 @@ class CleanupActivities:
             after_batch,
             while_waiting=still_working,
             wait_interval=timeout.total_seconds() / 3 if timeout else 10.0,
+            compiled=self.compiled,
         )
         c = checkpoint.counts
         await self.pool.execute(
@@ -186,6 +184,7 @@ class CleanupActivities:
             c.skipped_renewed,
             c.skipped_stale,
             c.already_applied,
+            c.failed,
         )
         return PartitionReport(partition_no=input.partition_no, counts=c, batches=checkpoint.batches)
 
@@ -214,8 +213,13 @@ class CleanupActivities:
                 totals.already_applied,
             )
             row = await conn.fetchrow(SQL.get_settlement, input.cleanup_id)
+            reasons = (
+                [r["reason"] for r in await conn.fetch(SQL.failed_reasons, input.cleanup_id, FAILED_REASONS_SHOWN)]
+                if row is not None and row["failed"]
+                else []
+            )
         failpoints.hit("settle_cleanup.after_commit")
         assert row is not None
         if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
             metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])
-        return CleanupSettlement.model_validate(dict(row))
+        return CleanupSettlement.model_validate(dict(row) | {"failed_reasons": reasons})

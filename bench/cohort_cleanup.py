@@ -47,7 +47,9 @@ async def direct_cleanup(
     async def partition(p: int) -> PartitionReport:
         async with limit:
             inp = CleanupPartitionInput(cleanup_id=cleanup_id, partition_no=p, batch_size=batch_size)
-            cp = await clean_partition_batches(acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop)
+            cp = await clean_partition_batches(
+                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop, compiled=acts.compiled
+            )
             c = cp.counts
             await acts.pool.execute(
                 SQL.record_partition_report,
@@ -57,6 +59,7 @@ async def direct_cleanup(
                 c.skipped_renewed,
                 c.skipped_stale,
                 c.already_applied,
+                c.failed,
             )
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, single_accounts
+from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, poisoned_cohort, single_accounts
 from bench.common import machine
 
 Scenario = Callable[[], Awaitable[dict[str, Any]]]
@@ -28,12 +28,14 @@ FULL: dict[str, Scenario] = {
     "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=1_000_000),
     "single_account_cleanups": lambda: single_accounts.run(workflows=2000),
     "ledger_rerun": lambda: ledger_rerun.run(payments=1_000_000),
+    "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),
 }
 SMOKE: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50),
     "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=300, shards=4, parallel=2, batch_size=50),
     "single_account_cleanups": lambda: single_accounts.run(workflows=20),
     "ledger_rerun": lambda: ledger_rerun.run(payments=300, shards=4, parallel=2, batch_size=50, with_direct=False),
+    "poisoned_cohort": lambda: poisoned_cohort.run(accounts=400, poisoned=4, partitions=4, parallel=2, batch_size=50),
 }
 
 

@@ -11,20 +11,38 @@ import asyncio
 import contextlib
 import re
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus
-from cleanup.operations import cleanup_status, list_cleanups, parse_deadline, renew, seed_accounts, start_cleanup
+from cleanup.operations import (
+    cleanup_status,
+    list_cleanups,
+    parse_deadline,
+    parse_failed_tolerance,
+    renew,
+    seed_accounts,
+    start_cleanup,
+)
+from cleanup.review import list_failed, preview_cleanup, retry_failed
+from cleanup.targets import load_targets
+from core import db, embedded
 from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
+    if args.dry_run:
+        await cmd_cleanup_dry_run(args, settings)
+        return
+    parse_failed_tolerance(args.max_failed)  # bad input: exit 2 before anything starts
     deadline = parse_deadline(args.deadline) if args.deadline else None
     async with CliContext(settings) as ctx:
         started = await start_cleanup(
@@ -38,6 +56,7 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
             batch_size=args.batch_size,
             note=args.note,
             allow_empty=args.allow_empty,
+            max_failed=args.max_failed,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
         if args.wait:
@@ -132,6 +151,74 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
     emit(args, rows, table)
 
 
+FAILED_COLUMNS = [
+    "account_id",
+    "cleanup_version",
+    "cleanup_id",
+    "target",
+    "sqlstate",
+    "message",
+    "attempts",
+    "resolution",
+]
+
+
+@asynccontextmanager
+async def _database(settings: Settings, *, migrate: bool) -> AsyncIterator[asyncpg.Pool]:
+    """These commands need the database only: no Temporal connection (nor embedded dev server)."""
+    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    if migrate:
+        await db.migrate_url(url)
+    pool = await db.create_pool(url, max_size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
+    async with _database(settings, migrate=True) as pool:
+        rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
+    emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
+
+
+async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
+    targets = load_targets()
+    async with _database(settings, migrate=True) as pool:
+        data = await retry_failed(pool, targets, args.cleanup)
+
+    def human(d: dict[str, Any]) -> str:
+        text = (
+            f"retried {d['retried']}: cleaned {d['cleaned']}, already applied {d['already_applied']}, "
+            f"renewed {d['skipped_renewed']}, stale {d['skipped_stale']}, still failing {d['still_failed']}"
+        )
+        if d["failures"]:
+            text += "\n" + table(d["failures"], ["account_id", "sqlstate", "message", "target"])
+        return text
+
+    emit(args, data, human)
+
+
+async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> None:
+    """Reads the database only: no Temporal connection, no migration, one read-only transaction."""
+    deadline = parse_deadline(args.deadline) if args.deadline else None
+    targets = load_targets()
+    async with _database(settings, migrate=False) as pool:
+        data = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)
+
+    def human(d: dict[str, Any]) -> str:
+        lines = [
+            f"dry run ({d['scope']}, deadline {d['deadline'].isoformat()}): nothing was started or changed",
+            f"accounts in scope: {d['accounts_in_scope']}",
+            f"already renewed: {d['already_renewed']}",
+            f"reminders to write: {d['reminders']}",
+            table(d["targets"], ["table", "action", "archive_table", "rows"]),
+        ]
+        return "\n".join(lines)
+
+    emit(args, data, human)
+
+
 def register(commands: Commands) -> None:
     """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
     command = commands.add
@@ -146,6 +233,15 @@ def register(commands: Commands) -> None:
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
+    p.add_argument(
+        "--dry-run", action="store_true", help="show what the cleanup would do now; start and change nothing"
+    )
+    p.add_argument(
+        "--max-failed",
+        metavar="N|P%",
+        help="tolerated accounts whose cleanup fails (a count, or a percent of the claimed such as 5%%); "
+        "beyond it the run fails after settling (default: no limit)",
+    )
 
     p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
     p.add_argument("--accounts", type=int, required=True)
@@ -158,3 +254,15 @@ def register(commands: Commands) -> None:
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=int, default=50)
+
+    p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
+    p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
+    p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
+    p.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+
+    p = command(
+        "retry-failed",
+        cmd_retry_failed,
+        "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
+    )
+    p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")

@@ -68,6 +68,23 @@ class RenewalCleanupInput(Model):
     heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
+    # Tolerance of accounts whose cleanup failed deterministically (cleanup_failed); beyond it the
+    # workflow fails after settling. Defaults keep older histories' inputs valid.
+    max_failed: int | None = Field(default=None, ge=0)
+    max_failed_percent: float | None = Field(default=None, ge=0, le=100)
+
+    def failed_tolerance(self) -> str | None:
+        """The tolerance as given (`3`, `5%`), None when there is none."""
+        if self.max_failed is not None:
+            return str(self.max_failed)
+        if self.max_failed_percent is not None:
+            return f"{self.max_failed_percent:g}%"
+        return None
+
+    def failed_exceeds_tolerance(self, failed: int, claimed: int) -> bool:
+        if self.max_failed is not None and failed > self.max_failed:
+            return True
+        return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
 
 class RenewalSignal(Model):
@@ -110,6 +127,7 @@ class PartitionCounts(Model):
     skipped_renewed: int = 0
     skipped_stale: int = 0
     already_applied: int = 0
+    failed: int = 0  # isolated and recorded in cleanup_failed (a deterministic error)
 
     def __add__(self, other: PartitionCounts) -> PartitionCounts:
         return PartitionCounts(
@@ -117,6 +135,7 @@ class PartitionCounts(Model):
             skipped_renewed=self.skipped_renewed + other.skipped_renewed,
             skipped_stale=self.skipped_stale + other.skipped_stale,
             already_applied=self.already_applied + other.already_applied,
+            failed=self.failed + other.failed,
         )
 
 
@@ -152,6 +171,9 @@ class CleanupSettlement(Model):
     skipped_stale: int
     already_applied: int
     settled_at: UtcDatetime
+    failed: int = 0  # accounts in cleanup_failed for this cleanup when it settled
+    # The first few failures, "account_id: [SQLSTATE] message", for the tolerance error and status.
+    failed_reasons: list[str] = Field(default_factory=list)
 
 
 CleanupOutcome = Literal["cleaned", "renewed", "stale", "nothing_to_clean"]

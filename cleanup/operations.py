@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,6 +69,30 @@ def check_account_id(value: str) -> str:
     return value
 
 
+_TOLERANCE = re.compile(r"^\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<percent>%?)\s*$")
+
+
+def parse_failed_tolerance(text: str | int | None) -> tuple[int | None, float | None]:
+    """`--max-failed`: a count (`3`) or a percent of the claimed accounts (`5%`)."""
+    if text is None:
+        return None, None
+    if isinstance(text, int):
+        if text < 0:
+            raise InputError(f"--max-failed must not be negative, got {text}")
+        return text, None
+    match = _TOLERANCE.match(text)
+    if match is None:
+        raise InputError(f"--max-failed takes a count or a percent, e.g. 3 or 5%, got {text!r}")
+    if match["percent"]:
+        percent = float(match["value"])
+        if percent > 100:
+            raise InputError(f"--max-failed percent must be at most 100%, got {text!r}")
+        return None, percent
+    if "." in match["value"]:
+        raise InputError(f"--max-failed count must be a whole number, got {text!r}")
+    return int(match["value"]), None
+
+
 class StartedCleanup(BaseModel):
     workflow_id: str
     run_id: str | None
@@ -91,8 +116,14 @@ async def start_cleanup(
     step_timeout_seconds: float = 300.0,
     note: str = "",
     allow_empty: bool = False,
+    max_failed: str | int | None = None,
 ) -> StartedCleanup:
-    """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key."""
+    """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
+
+    `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
+    fails deterministically; beyond it the run fails after settling (default: no limit).
+    """
+    max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
     if (deadline is None) == (account_id is None):
         raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
     if not 1 <= partitions <= MAX_PARTITIONS:
@@ -103,7 +134,7 @@ async def start_cleanup(
         state = await pool.fetchrow(SQL.account_state, account_id)
         if state is None:
             raise InputError(f"unknown account {account_id!r}")
-        if state["status"] in ("cleaning", "cleaned"):
+        if state["status"] in ("cleaning", "cleaned"):  # 'cleanup_failed' may be started again
             raise InputError(f"account {account_id} is already {state['status']}")
         deadline = state["renewal_deadline"]
         expected_version = state["cleanup_version"]
@@ -133,6 +164,8 @@ async def start_cleanup(
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             step_timeout_seconds=step_timeout_seconds,
             note=note,
+            max_failed=max_failed_count,
+            max_failed_percent=max_failed_percent,
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
@@ -295,6 +328,9 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
     out["settled"] = settlement is not None
     if settlement is not None:
         out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()}
+    failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
+    if failed is not None and failed["total"]:
+        out["failed_accounts"] = f"{failed['pending']} pending review ({failed['total']} recorded); see `failed`"
     return out
 
 

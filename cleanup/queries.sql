@@ -17,7 +17,8 @@ FROM claimed;
 WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
-    WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4 AND status = 'active'
+    WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
+      AND status IN ('active', 'cleanup_failed')
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -38,10 +39,14 @@ FROM accounts WHERE account_id = $1;
 -- One statement per batch: lock the batch's accounts, judge each (apply / renewed / stale /
 -- already applied), record the idempotency key, apply every declared target, write the outbox
 -- reminder and mark the account cleaned. All of it commits together or not at all.
+-- cleanup.targets compiles it twice: the keyset batch ($3 = last account ID of the previous
+-- batch) and the subset form used to isolate a failing account ($3 = an array of account IDs).
+-- An account recorded in cleanup_failed is still claimed ('cleanup_failed'); cleaning it later
+-- (retry-failed) or finding it renewed/stale resolves its cleanup_failed row in the same statement.
 WITH batch AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id > $3
+    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND /*batch_filter*/c.account_id > $3
     ORDER BY c.account_id
     LIMIT $4
 ),
@@ -52,13 +57,13 @@ locked AS (
     FOR UPDATE OF a
 ),
 verdicts AS (
-    SELECT b.account_id, b.claimed_version,
+    SELECT b.account_id, b.claimed_version, l.status AS account_status,
         CASE
             WHEN done.account_id IS NOT NULL THEN 'already_applied'
             WHEN l.status = 'cleaned' AND l.cleanup_version = b.claimed_version THEN 'already_applied'
             WHEN l.cleanup_version <> b.claimed_version THEN 'stale'
             WHEN l.status = 'renewed' THEN 'renewed'
-            WHEN l.status = 'cleaning' AND l.claimed_by = $1 THEN 'apply'
+            WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = $1 THEN 'apply'
             ELSE 'stale'
         END AS verdict
     FROM batch b
@@ -73,6 +78,18 @@ applied AS (
     RETURNING account_id, cleanup_version
 ),
 /*target_ctes*/
+resolved AS (
+    UPDATE cleanup_failed f
+    SET resolved_at = now(),
+        resolution = CASE
+            WHEN v.verdict IN ('apply', 'already_applied') THEN 'cleaned'
+            WHEN v.verdict = 'renewed' OR v.account_status IN ('renewed', 'active') THEN 'renewed'
+            ELSE 'stale'
+        END
+    FROM verdicts v
+    WHERE f.account_id = v.account_id AND f.cleanup_version = v.claimed_version AND f.resolved_at IS NULL
+    RETURNING 1
+),
 reminders AS (
     INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
     SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
@@ -97,16 +114,96 @@ SELECT
     ((SELECT count(*) FROM verdicts WHERE verdict IN ('already_applied', 'apply'))
         - (SELECT count(*) FROM applied))::int AS already_applied,
     (SELECT count(*) FROM reminders)::int AS reminders,
-    (SELECT count(*) FROM marked)::int AS marked
+    (SELECT count(*) FROM marked)::int AS marked,
+    (SELECT count(*) FROM resolved)::int AS resolved
+    /*target_counts*/;
+
+-- name: batch_accounts
+-- The accounts of one keyset batch (the same selection as the batch statement's `batch`), read
+-- only when that statement failed deterministically and the batch is bisected.
+SELECT account_id FROM cleanup_claims
+WHERE cleanup_id = $1 AND partition_no = $2 AND account_id > $3
+ORDER BY account_id
+LIMIT $4;
+
+-- name: record_failed
+-- One isolated account: record why, and mark it 'cleanup_failed' (still claimed by this cleanup,
+-- renewable). Nothing of its cleanup was applied: its statement rolled back. A repeated failure
+-- (retry-failed, a redelivered batch) updates the row and counts the attempt.
+WITH acct AS (
+    SELECT c.account_id, c.claimed_version
+    FROM cleanup_claims c JOIN accounts a USING (account_id)
+    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = $3
+      AND a.status IN ('cleaning', 'cleanup_failed') AND a.claimed_by = $1
+      AND a.cleanup_version = c.claimed_version
+      AND NOT EXISTS (SELECT 1 FROM cleanup_applied d
+                      WHERE d.account_id = c.account_id AND d.cleanup_version = c.claimed_version)
+    FOR UPDATE OF a
+),
+failed AS (
+    INSERT INTO cleanup_failed
+        (account_id, cleanup_version, cleanup_id, partition_no, target, sqlstate, message, detail)
+    SELECT account_id, claimed_version, $1, $2, $4, $5, $6, $7 FROM acct
+    ON CONFLICT (account_id, cleanup_version) DO UPDATE
+    SET cleanup_id = EXCLUDED.cleanup_id, partition_no = EXCLUDED.partition_no, target = EXCLUDED.target,
+        sqlstate = EXCLUDED.sqlstate, message = EXCLUDED.message, detail = EXCLUDED.detail, failed_at = now(),
+        attempts = cleanup_failed.attempts + 1, resolved_at = NULL, resolution = NULL
+    RETURNING account_id
+),
+marked AS (
+    UPDATE accounts a SET status = 'cleanup_failed'
+    FROM failed f WHERE a.account_id = f.account_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM failed)::int AS failed, (SELECT count(*) FROM marked)::int AS marked;
+
+-- name: failed_reasons
+SELECT account_id || ': [' || sqlstate || '] ' || left(message, 200) AS reason
+FROM cleanup_failed
+WHERE cleanup_id = $1 AND resolved_at IS NULL
+ORDER BY failed_at, account_id
+LIMIT $2;
+
+-- name: list_failed
+SELECT account_id, cleanup_version, cleanup_id, partition_no, target, sqlstate, message, detail,
+       failed_at, attempts, resolved_at, resolution
+FROM cleanup_failed
+WHERE ($1::text IS NULL OR cleanup_id = $1) AND ($2::bool OR resolved_at IS NULL)
+ORDER BY cleanup_id, account_id
+LIMIT $3;
+
+-- name: failed_to_retry
+SELECT cleanup_id, partition_no, array_agg(account_id ORDER BY account_id) AS account_ids
+FROM cleanup_failed
+WHERE resolved_at IS NULL AND ($1::text IS NULL OR cleanup_id = $1)
+GROUP BY cleanup_id, partition_no
+ORDER BY cleanup_id, partition_no;
+
+-- name: preview_cleanup
+-- The dry run: what the cleanup would do now, in one read-only statement. cleanup.targets
+-- compiles it per scope (/*scope*/ = a cohort's deadline or one account, as $1) and adds a row
+-- count per declared target.
+WITH scope AS (
+    SELECT a.account_id, a.cleanup_version FROM accounts a
+    WHERE a.status = 'active' AND /*scope*/
+)
+SELECT
+    (SELECT count(*) FROM scope)::int AS accounts_in_scope,
+    (SELECT count(*) FROM accounts a WHERE a.status = 'renewed' AND /*scope*/)::int AS already_renewed,
+    (SELECT count(*) FROM scope s
+     WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                       WHERE o.event_key = 'renewal-reminder:' || s.account_id || ':v' || s.cleanup_version)
+    )::int AS reminders
     /*target_counts*/;
 
 -- name: record_partition_report
 INSERT INTO cleanup_partition_reports
-    (cleanup_id, partition_no, cleaned, skipped_renewed, skipped_stale, already_applied)
-VALUES ($1, $2, $3, $4, $5, $6)
+    (cleanup_id, partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (cleanup_id, partition_no) DO UPDATE
 SET reported_at = now(), cleaned = EXCLUDED.cleaned, skipped_renewed = EXCLUDED.skipped_renewed,
-    skipped_stale = EXCLUDED.skipped_stale, already_applied = EXCLUDED.already_applied;
+    skipped_stale = EXCLUDED.skipped_stale, already_applied = EXCLUDED.already_applied,
+    failed = EXCLUDED.failed;
 
 -- name: unreported_partitions
 SELECT DISTINCT c.partition_no
@@ -120,22 +217,25 @@ ORDER BY 1;
 -- Written once: a re-delivered settlement finds the row and changes nothing.
 INSERT INTO cleanup_settlements
     (cleanup_id, deadline, account_id, partitions, claimed, cleaned, reminders,
-     skipped_renewed, skipped_stale, already_applied)
+     skipped_renewed, skipped_stale, already_applied, failed)
 SELECT $1, $2, $3, $4,
        (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1),
        (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1),
        (SELECT count(*) FROM outbox WHERE source_id = $1 AND kind = 'renewal_reminder'),
-       $5, $6, $7
+       $5, $6, $7,
+       (SELECT count(*) FROM cleanup_failed WHERE cleanup_id = $1 AND resolved_at IS NULL)
 ON CONFLICT (cleanup_id) DO NOTHING;
 
 -- name: get_settlement
 SELECT cleanup_id, claimed, cleaned, reminders, skipped_renewed, skipped_stale, already_applied,
-       settled_at
+       settled_at, failed
 FROM cleanup_settlements WHERE cleanup_id = $1;
 
 -- name: renew_account
 -- The database is the source of truth for a renewal: mark it and bump the version in one
 -- transaction, unless a cleanup already claimed the account (then the renewal is too late).
+-- An account whose cleanup failed ('cleanup_failed', see cleanup_failed) is renewable like an
+-- active one: the version bump makes its pending failure stale.
 WITH current AS (
     SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by
     FROM accounts WHERE account_id = $1
@@ -148,7 +248,7 @@ updated AS (
         cleanup_version = a.cleanup_version + 1,
         renewed_at = now()
     FROM current c
-    WHERE a.account_id = c.account_id AND c.status IN ('active', 'renewed')
+    WHERE a.account_id = c.account_id AND c.status IN ('active', 'renewed', 'cleanup_failed')
     RETURNING a.account_id, a.cleanup_version
 ),
 logged AS (
@@ -165,7 +265,7 @@ FROM current c CROSS JOIN logged l;
 
 -- name: partition_reports_of_cleanup
 -- What `status` shows per partition. $1 cleanup ID.
-SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied
+SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed
 FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no;
 
 -- name: partitions_with_work
@@ -175,3 +275,12 @@ SELECT count(DISTINCT partition_no) FROM cleanup_claims WHERE cleanup_id = $1;
 -- name: active_accounts_at_deadline
 -- Accounts a cohort cleanup of this deadline would claim now. $1 deadline.
 SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active';
+
+-- name: failed_of_cleanup
+-- Failed accounts ever recorded for a cleanup (resolved or not). $1 cleanup ID.
+SELECT count(*) FROM cleanup_failed WHERE cleanup_id = $1;
+
+-- name: failed_counts_of_cleanup
+-- What `status` shows of a cleanup's failed accounts. $1 cleanup ID.
+SELECT count(*) FILTER (WHERE resolved_at IS NULL)::int AS pending, count(*)::int AS total
+FROM cleanup_failed WHERE cleanup_id = $1;

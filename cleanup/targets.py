@@ -83,6 +83,54 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
     )
 
 
+_KEYSET_FILTER = "/*batch_filter*/c.account_id > $3"
+
+
+def subset_statement(batch_sql: str) -> str:
+    """The batch statement over an explicit set of accounts ($3 text[], $4 its length) instead of a
+    keyset page: what bisection runs on each half of a batch that failed deterministically."""
+    if _KEYSET_FILTER not in batch_sql:
+        raise ValueError("not a compiled partition batch statement")
+    return batch_sql.replace(_KEYSET_FILTER, "c.account_id = ANY($3::text[])")
+
+
+def compile_target_probes(targets: CleanupTargets, columns: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """Per target, its action for one account ($1): run (and rolled back) only for an account
+    already isolated as failing, to tell which declared target its error comes from."""
+    probes: list[tuple[str, str]] = []
+    for t in targets.target:
+        table, match = _q(t.table), _q(t.match_column)
+        if t.action == "delete":
+            probes.append((t.table, f"DELETE FROM {table} t WHERE t.{match} = $1"))
+        else:
+            assert t.archive_table is not None
+            cols = ", ".join(_q(c) for c in columns[t.table])
+            probes.append(
+                (
+                    t.table,
+                    f"WITH moved AS (DELETE FROM {table} t WHERE t.{match} = $1 RETURNING t.*) "
+                    f"INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM moved",
+                )
+            )
+    return probes
+
+
+PreviewScope = Literal["cohort", "account"]
+
+
+def compile_preview(targets: CleanupTargets, scope: PreviewScope) -> str:
+    """The dry-run statement: accounts in scope, already renewed, reminders to write and one row
+    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account."""
+    counts = [
+        f"(SELECT count(*) FROM {_q(t.table)} t JOIN scope s ON t.{_q(t.match_column)} = s.account_id)::int"
+        f" AS rows_t{i}"
+        for i, t in enumerate(targets.target)
+    ]
+    where = "a.renewal_deadline = $1" if scope == "cohort" else "a.account_id = $1"
+    template = load(__file__).preview_cleanup
+    return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))
+
+
 SCHEMA_CHECK = """
 SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
 FROM information_schema.columns

@@ -1,6 +1,14 @@
-"""Errors a user can act on."""
+"""Errors a user can act on, and how a database error is judged (transient or deterministic).
+
+No asyncpg import here: workflows import this module (through the sandbox's pass-through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
 
 
 class InputError(ValueError):
@@ -10,3 +18,65 @@ class InputError(ValueError):
 def validation_message(err: ValidationError) -> str:
     """A pydantic error as one line a user can act on: `field: problem; field: problem`."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
+
+
+# --- database errors during cleanup ----------------------------------------------------------------
+
+# SQLSTATE classes whose error depends on the data of a row: the same account fails the same way on
+# every attempt, so retrying the batch can never succeed. 22 data exception, 23 integrity
+# constraint violation, 27 triggered data change violation, 2F SQL routine exception, 38/39
+# external routine (invocation) exception, 44 WITH CHECK OPTION violation, P0 PL/pgSQL
+# (P0001 raise_exception from a trigger, P0004 assert_failure, ...).
+DETERMINISTIC_CLASSES = frozenset({"22", "23", "27", "2F", "38", "39", "44", "P0"})
+# For the record (everything not deterministic is treated as transient, i.e. retried as before):
+# 08 connection exception, 40001 serialization failure, 40P01 deadlock, 55P03 lock not available
+# (lock_timeout), 57014 query_canceled (statement_timeout), 57P01-57P05 admin/crash shutdown,
+# 53 insufficient resources, 58 system error. An error that is neither data-dependent nor listed
+# (e.g. 42501 insufficient_privilege) concerns every account alike, so isolating accounts would
+# only send the whole cohort to review: it is retried too, and shows up in the activity's failures.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "57P04", "57P05"})
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (asyncpg's `PostgresError.sqlstate`), None for anything else."""
+    state = getattr(exc, "sqlstate", None)
+    return state if isinstance(state, str) and len(state) == 5 else None
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """True if the error comes from the data of some account and would recur on every retry."""
+    state = sqlstate_of(exc)
+    return state is not None and state[:2] in DETERMINISTIC_CLASSES and state not in TRANSIENT_SQLSTATES
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection lost, serialization failure, deadlock, lock or statement timeout, shutdown, ...:
+    retrying the same work later can succeed. Everything that is not deterministic."""
+    return not is_deterministic(exc)
+
+
+class AccountCleanupFailed(Exception):
+    """One account whose cleanup failed deterministically, isolated from its batch."""
+
+    def __init__(self, account_id: str, sqlstate: str, message: str, target: str | None) -> None:
+        super().__init__(f"{account_id}: [{sqlstate}] {message}")
+        self.account_id = account_id
+        self.sqlstate = sqlstate
+        self.message = message
+        self.target = target
+
+
+class FailedToleranceExceeded(ApplicationError):
+    """More accounts failed than the cleanup's `--max-failed` tolerates: the workflow fails loudly
+    (non-retryable), after the settlement is written."""
+
+    TYPE = "FailedToleranceExceeded"
+
+    def __init__(self, failed: int, tolerance: str, reasons: Sequence[str]) -> None:
+        first = "; ".join(reasons) if reasons else "(no reasons recorded)"
+        super().__init__(
+            f"{failed} account(s) failed cleanup, more than the tolerance {tolerance}; first reasons: {first}",
+            type=self.TYPE,
+            non_retryable=True,
+        )
+        self.failed = failed

@@ -14,6 +14,8 @@ Counters (names as scraped; docs/observability.md):
   cleanup_duplicates_absorbed         accounts a batch found already applied (a redelivery absorbed)
   cleanup_accounts_skipped{reason}    renewed / stale, counted once when the cleanup settles
   cleanup_settlements                 cleanups settled (counted by the delivery that wrote the row)
+  cleanup_accounts_failed             accounts isolated by a deterministic error into cleanup_failed
+                                      (per batch; retry-failed counts the ones that fail again)
   ledger_corrections                  ledger corrections written            record_corrections(n)
   ledger_review_rows                  rows sent to manual review            record_review_rows(n)
   outbox_delivered, outbox_dead_lettered   outbox outcomes                  record_outbox(d, x)
@@ -37,6 +39,7 @@ DESCRIPTIONS: dict[str, str] = {
     "cleanup_duplicates_absorbed": "accounts found already applied by a repeated batch (no second effect)",
     "cleanup_accounts_skipped": "accounts not cleaned because they were renewed or their job was stale",
     "cleanup_settlements": "cleanup settlements written",
+    "cleanup_accounts_failed": "accounts isolated by a deterministic error and recorded in cleanup_failed",
     "ledger_corrections": "ledger corrections written",
     "ledger_review_rows": "ledger rows sent to manual review",
     "outbox_delivered": "outbox events delivered",
@@ -81,9 +84,10 @@ def count(name: str, value: int, attributes: Mapping[str, str] | None = None) ->
 # --- cleanup (activities/cleanup.py) ---------------------------------------------------------------
 
 
-def record_cleanup_batch(*, cleaned: int, already_applied: int) -> None:
+def record_cleanup_batch(*, cleaned: int, already_applied: int, failed: int = 0) -> None:
     count("cleanup_accounts_cleaned", cleaned)
     count("cleanup_duplicates_absorbed", already_applied)
+    count("cleanup_accounts_failed", failed)
 
 
 def record_cleanup_settled(*, skipped_renewed: int, skipped_stale: int) -> None:

@@ -7,8 +7,12 @@ of the recorded files is that today's code must replay yesterday's histories (sl
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from pathlib import Path
+
+import asyncpg
+from temporalio.client import Client, WorkflowFailureError
 
 from cleanup.operations import renew, start_cleanup
 from core import db, embedded
@@ -21,13 +25,49 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 HISTORIES = Path(__file__).resolve().parent / "histories"
 
 
-async def main() -> None:
+async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
+    """A cohort with one account poisoned by a trigger and `max_failed=0`: the run settles, then
+    fails behind the `failed-tolerance` patch."""
+    deadline = deadline_in(-60)
+    accounts = await seed(pool, deadline, 20)
+    await pool.execute(
+        """
+        CREATE OR REPLACE FUNCTION record_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'inventory of % is under legal hold', OLD.account_id;
+        END $$
+        """
+    )
+    await pool.execute(
+        "CREATE TRIGGER record_poison BEFORE DELETE ON inventory_items FOR EACH ROW"
+        f" WHEN (OLD.account_id = '{accounts[7]}') EXECUTE FUNCTION record_poison()"
+    )
+    try:
+        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2, max_failed=0)
+        try:
+            await client.get_workflow_handle(started.workflow_id).result()
+            raise AssertionError("the run should have failed its tolerance")
+        except WorkflowFailureError:
+            pass
+        history = await client.get_workflow_handle(started.workflow_id).fetch_history()
+        (HISTORIES / "cohort_failed_tolerance.json").write_text(history.to_json())
+        print(f"recorded cohort_failed_tolerance: {len(history.events)} events")
+    finally:
+        await pool.execute("DROP TRIGGER record_poison ON inventory_items; DROP FUNCTION record_poison()")
+
+
+async def main(only: list[str] | None = None) -> None:
     settings = embedded.resolve(Settings.from_env())
     assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
     pool = await db.create_pool(settings.database_url)
     client = await connect(settings)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    if only == ["cohort_failed_tolerance"]:  # record just the newest one, leave the others as they are
+        async with build_worker(client, task_queue, await build_activities(pool)):
+            await record_failed_tolerance(client, pool, task_queue)
+        await pool.close()
+        return
     async with build_worker(client, task_queue, await build_activities(pool)):
         sleeping_deadline = deadline_in(2 * 24 * 3600)
         await seed(pool, sleeping_deadline, 20)
@@ -53,8 +93,10 @@ async def main() -> None:
             (HISTORIES / f"{name}.json").write_text(history.to_json())
             print(f"recorded {name}: {len(history.events)} events")
         await handle.terminate("recorded")
+        await record_failed_tolerance(client, pool, task_queue)
     await pool.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # `python -m tests.record_histories` records them all; `... cohort_failed_tolerance` only that one.
+    asyncio.run(main(sys.argv[1:] or None))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, single_accounts
+from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, poisoned_cohort, single_accounts
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
@@ -40,3 +40,10 @@ async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
         assert deltas[table]["heap_bytes"] == 0 and deltas[table]["identity_last_value"] == 0, deltas
     assert result["rerun_rows_inserted"] == 0
     assert deltas["ledger_payments"]["n_tup_upd"] == 0
+
+
+async def test_poisoned_cohort_benchmark_isolates_the_poisoned_and_measures_a_ratio():
+    result = await poisoned_cohort.run(accounts=400, poisoned=4, partitions=4, parallel=2, batch_size=50)
+    assert result["clean_cleaned"] == 400
+    assert (result["poisoned_cleaned"], result["poisoned_failed"]) == (396, 4)
+    assert result["ratio"] > 0

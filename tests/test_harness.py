@@ -53,3 +53,13 @@ def test_a_broken_invariant_makes_the_harness_fail():
     [row] = report["rows"]
     assert not row["passed"] and row["duplicates"] >= 1
     assert any("dup_reminders=1" in v for v in row["violations"]), row["violations"]
+
+
+def test_opt_in_poison_scenario_passes():
+    """Poisoned accounts under a kill after COMMIT and terminated connections."""
+    done = harness("--scenarios", "poison", "--json")
+
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    [row] = json.loads(done.stdout)["rows"]
+    assert row["passed"] and row["duplicates"] == 0 and row["lost"] == 0, row
+    assert any("failed=" in e and "retry-failed cleaned" in e for e in row["evidence"]), row["evidence"]

@@ -81,12 +81,14 @@ def test_every_named_query_is_used_by_the_code() -> None:
 
 
 def test_no_inline_sql_in_the_jobs_and_the_demo() -> None:
-    """Statements live in .sql files of named queries; Python code calls them by name."""
+    """Statements live in .sql files of named queries; Python code calls them by name. (The one
+    exception is cleanup/targets.py, which compiles the declared targets into statements.)"""
     statement = re.compile(r"""["'](SELECT|INSERT|UPDATE|DELETE|WITH)\s""", re.IGNORECASE)
     offenders = [
         f"{p.relative_to(PROJECT_ROOT)}:{i}"
         for pkg in ("cleanup", "ledger", "outbox", "demo", "activities")
         for p in (PROJECT_ROOT / pkg).rglob("*.py")
+        if p != PROJECT_ROOT / "cleanup" / "targets.py"
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if statement.search(line)
     ]

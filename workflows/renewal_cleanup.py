@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         SettleCleanupInput,
     )
     from core import search_attributes as sa
+    from core.errors import FailedToleranceExceeded
 
 T = TypeVar("T")
 
@@ -82,6 +83,7 @@ class RenewalCleanupWorkflow:
         await asyncio.gather(*(self._clean_partition(p, limit) for p in busy))
 
         await self._settle(claim)
+        self._check_failed_tolerance()
         if claim.claimed > 0:
             return self._result("cleaned")
         if input.account_id is not None:
@@ -150,6 +152,20 @@ class RenewalCleanupWorkflow:
         )
         if self._phase != "renewed":
             self._set_phase("settled")
+
+    def _check_failed_tolerance(self) -> None:
+        """Accounts that failed deterministically (cleanup_failed) never block the cohort: it settles
+        with them counted. With a tolerance (`--max-failed`) exceeded, the run then fails loudly,
+        naming the count and the first reasons. Runs without a tolerance (and every history recorded
+        before it existed) take no new step; the failure is behind the `failed-tolerance` patch."""
+        settlement, tolerance = self._settlement, self._input.failed_tolerance()
+        if (
+            tolerance is not None
+            and settlement is not None
+            and self._input.failed_exceeds_tolerance(settlement.failed, settlement.claimed)
+            and workflow.patched("failed-tolerance")
+        ):
+            raise FailedToleranceExceeded(settlement.failed, tolerance, settlement.failed_reasons)
 
     async def _bookkeeping(self, activity: str, arg: Any, result_type: type[T]) -> T:
         """Claim and settlement: short, idempotent statements. Runs started after the

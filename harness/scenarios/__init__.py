@@ -35,6 +35,13 @@ def registry() -> dict[str, Scenario]:
     }
 
 
+def opt_in() -> dict[str, Scenario]:
+    """Scenarios run only when named (`--scenarios poison`): not part of the quick/full tables."""
+    from harness.scenarios import poison
+
+    return {"poison": poison.run}
+
+
 def all_scenarios() -> dict[str, Scenario]:
     """Every scenario the CLI accepts (the default set; kept apart for opt-in scenarios)."""
-    return registry()
+    return registry() | opt_in()

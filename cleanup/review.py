@@ -1,0 +1,131 @@
+"""Review of accounts whose cleanup failed, and the dry run of a cleanup: what the CLI calls.
+
+- `list_failed`: the accounts in `cleanup_failed` with the database's reason.
+- `retry_failed`: after the cause is fixed, clean them with the same compiled statement and the
+  same idempotency key (account_id, cleanup_version) as the partition did, under their original
+  cleanup: an account already cleaned is never cleaned twice; one renewed meanwhile is resolved as
+  renewed/stale, not cleaned; one that still fails stays in review with the new reason. The
+  settlement written when the cohort settled is not rewritten (it records what happened then).
+- `preview_cleanup`: the dry run, one read-only set-based statement.
+
+Failed-account status (migration 006): an isolated account is 'cleanup_failed', still claimed by
+its cleanup and renewable like an active one (`renew` bumps its version, so the failure goes stale).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from cleanup.batches import CompiledCleanup, run_subset
+from cleanup.models import PartitionCounts, cohort_cleanup_id
+from cleanup.operations import check_account_id
+from cleanup.targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_preview
+from core import metrics
+from core.errors import InputError
+from core.queries import load
+
+SQL = load(__file__)
+RETRY_CHUNK = 1000
+
+
+async def list_failed(
+    pool: asyncpg.Pool, cleanup_id: str | None = None, *, include_resolved: bool = False, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Accounts whose cleanup failed (pending review; with `include_resolved`, also the resolved)."""
+    if limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    rows = await pool.fetch(SQL.list_failed, cleanup_id, include_resolved, limit)
+    return [dict(r) for r in rows]
+
+
+async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None) -> dict[str, Any]:
+    """Retry every pending failed account (of one cleanup, or all), set-based per partition."""
+    compiled = await CompiledCleanup.compile(pool, targets)
+    groups = await pool.fetch(SQL.failed_to_retry, cleanup_id)
+    if cleanup_id is not None and not groups:
+        known = await pool.fetchval(SQL.failed_of_cleanup, cleanup_id)
+        if not known:
+            raise InputError(f"no failed account recorded for cleanup {cleanup_id!r}")
+    totals = PartitionCounts()
+    still_failing: list[dict[str, Any]] = []
+    retried = 0
+    for group in groups:
+        ids: list[str] = list(group["account_ids"])
+        retried += len(ids)
+        for start in range(0, len(ids), RETRY_CHUNK):
+            counts, failures = await run_subset(
+                pool, compiled, group["cleanup_id"], group["partition_no"], ids[start : start + RETRY_CHUNK]
+            )
+            totals = totals + counts
+            still_failing += [
+                {
+                    "account_id": f.account_id,
+                    "cleanup_id": group["cleanup_id"],
+                    "sqlstate": f.sqlstate,
+                    "message": f.message,
+                    "target": f.target,
+                }
+                for f in failures
+            ]
+    metrics.record_cleanup_batch(cleaned=totals.cleaned, already_applied=totals.already_applied, failed=totals.failed)
+    return {
+        "retried": retried,
+        "cleaned": totals.cleaned,
+        "already_applied": totals.already_applied,
+        "skipped_renewed": totals.skipped_renewed,
+        "skipped_stale": totals.skipped_stale,
+        "still_failed": totals.failed,
+        "failures": still_failing,
+    }
+
+
+async def preview_cleanup(
+    pool: asyncpg.Pool,
+    targets: CleanupTargets,
+    *,
+    deadline: datetime | None = None,
+    account_id: str | None = None,
+) -> dict[str, Any]:
+    """What `cleanup` would do now: accounts in scope, rows per declared target, reminders to write,
+    accounts already renewed. One read-only, repeatable-read transaction; changes nothing."""
+    if (deadline is None) == (account_id is None):
+        raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
+    if account_id is not None:
+        check_account_id(account_id)
+    async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
+        tables = [t.table for t in targets.target] + [t.archive_table for t in targets.target if t.archive_table]
+        columns = {r["table_name"]: list(r["columns"]) for r in await conn.fetch(SCHEMA_CHECK, tables)}
+        check_against_schema(targets, columns)
+        if account_id is not None:
+            state = await conn.fetchrow(SQL.account_state, account_id)
+            if state is None:
+                raise InputError(f"unknown account {account_id!r}")
+            deadline = state["renewal_deadline"]
+            row = await conn.fetchrow(compile_preview(targets, "account"), account_id)
+        else:
+            if deadline is None or deadline.tzinfo is None:
+                raise InputError("deadline has no timezone")
+            row = await conn.fetchrow(compile_preview(targets, "cohort"), deadline)
+    assert row is not None and deadline is not None
+    return {
+        "dry_run": True,
+        "scope": "account" if account_id else "cohort",
+        "deadline": deadline,
+        "account_id": account_id,
+        "workflow_id": None if account_id else cohort_cleanup_id(deadline),
+        "accounts_in_scope": row["accounts_in_scope"],
+        "already_renewed": row["already_renewed"],
+        "reminders": row["reminders"],
+        "targets": [
+            {
+                "table": t.table,
+                "action": t.action,
+                "archive_table": t.archive_table,
+                "rows": row[f"rows_t{i}"],
+            }
+            for i, t in enumerate(targets.target)
+        ],
+    }
