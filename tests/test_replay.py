@@ -19,6 +19,8 @@ def test_recorded_histories_exist():
     current = {"cohort_mid_sleep", "cohort_completed", "single_account_renewed"}
     # v1_*: recorded before the `local-bookkeeping` patch; they must keep replaying after it.
     assert current <= names and {f"v1_{n}" for n in current} <= names
+    # Ledger: v1_ledger_night was recorded before issue 12 (settlement revisions, re-checks).
+    assert {"ledger_night", "ledger_recheck", "v1_ledger_night"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
