@@ -7,7 +7,8 @@ overlap, and when discrepancies arrive late. Real Temporal, real Postgres; no ti
    released): one correction per key, equal reports, a balanced settlement;
 3. a late discrepancy after the settlement: a re-check (its own workflow ID) writes only the new
    correction and review row and records revision 2 with totals that balance; a re-check that
-   finds nothing new writes nothing.
+   finds nothing new writes nothing;
+4. the night run and a re-check of the same date at once: both complete, one revision.
 """
 
 from __future__ import annotations
@@ -263,3 +264,41 @@ async def test_a_late_discrepancy_after_settlement_becomes_revision_2(client: Cl
     assert all(r.unchanged_since_report for r in again.shards)
     assert again.settlement.revision == 2
     assert await digest(pool) == before
+
+
+async def test_the_night_run_and_a_recheck_of_the_same_date_at_once_serialize(
+    client: Client, db_url, pool, task_queue, worker
+):
+    """Both runs' first batch of shard 0 is held on a row lock until both wait; then released:
+    both complete, one correction per key, one balanced revision (the second run found no change)."""
+    seeded = await seed_day(pool, D, payments=400, shards=2)
+    blocker = await asyncpg.connect(db_url)
+    tx = blocker.transaction()
+    await tx.start()
+    try:
+        await blocker.execute(
+            "SELECT 1 FROM ledger_payments WHERE business_date = $1 AND shard = 0 "
+            "ORDER BY game, payment_id LIMIT 1 FOR UPDATE",
+            D,
+        )
+        runs = asyncio.gather(
+            reconcile(client, pool, task_queue, D, batch_size=50),
+            reconcile(client, pool, task_queue, D, batch_size=50, recheck=True),
+        )
+        await wait_until(lambda: _waiting(pool, 2), within=60)
+    finally:
+        await tx.rollback()
+        await blocker.close()
+    night, recheck = await runs
+
+    assert night.settlement.balanced and recheck.settlement.balanced
+    assert night.settlement.revision == recheck.settlement.revision == 1
+    s = recheck.settlement
+    assert (s.discrepancies_found, s.corrected, s.sent_to_review) == (
+        seeded.expected_discrepancies,
+        seeded.expected_corrections,
+        seeded.expected_review,
+    )
+    assert await pool.fetchval("SELECT count(*) FROM ledger_settlement_revisions") == 1
+    assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == seeded.expected_corrections
+    assert await double_postings(pool) == 0
