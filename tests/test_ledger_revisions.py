@@ -14,6 +14,7 @@ overlap, and when discrepancies arrive late. Real Temporal, real Postgres; no ti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import date
 from typing import Any
 
@@ -196,6 +197,18 @@ async def test_two_attempts_of_one_shard_at_once_leave_one_correction_per_key(db
     assert reports[0].discrepancies_found + other.discrepancies_found == seeded.expected_discrepancies
     assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == seeded.expected_corrections
     assert await double_postings(pool) == 0
+
+    # A zombie attempt that wakes up after all this (a retry's heartbeat details: no shortcut) judges
+    # every key again, finds each applied, writes nothing and fails nothing.
+    before = await digest(pool)
+    zombie_env = ActivityEnvironment()
+    zombie_env.info = dataclasses.replace(
+        zombie_env.info, attempt=3, heartbeat_details=[ShardCheckpoint().model_dump(mode="json")]
+    )
+    late = await zombie_env.run(acts.reconcile_shard, shard0.model_copy(update={"workflow_id": "zombie"}))
+    assert not late.unchanged_since_report and late.batches_this_attempt > 0
+    assert late.model_dump(exclude=keep) == reports[0].model_dump(exclude=keep)
+    assert await digest(pool) == before
 
 
 async def _waiting(pool: asyncpg.Pool, n: int) -> bool:
