@@ -36,5 +36,7 @@ def registry() -> dict[str, Scenario]:
 
 
 def all_scenarios() -> dict[str, Scenario]:
-    """Every scenario the CLI accepts (the default set; kept apart for opt-in scenarios)."""
-    return registry()
+    """Every scenario the CLI accepts: the default set plus the opt-in ones."""
+    from harness.scenarios import ledger_overlap
+
+    return registry() | {"ledger-overlap": ledger_overlap.run}
