@@ -20,7 +20,7 @@ from core.config import Settings
 from core.errors import InputError, validation_message
 from core.models_ledger import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
 
-_LEDGER_ID = re.compile(re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}")
+_LEDGER_ID = re.compile(re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?")
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 Command = Callable[..., argparse.ArgumentParser]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ from core.temporal import describe_or_none
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 SQL = load("ledger.sql")
+_RECHECK_SUFFIX = re.compile(r"-recheck-\d{8}T\d{12}Z")
 
 
 def parse_business_date(text: str, *, today: date | None = None) -> date:
@@ -134,10 +136,13 @@ def recheck_workflow_id(business_date: date, id_prefix: str = DEFAULT_ID_PREFIX,
 
 
 def ledger_target(text: str) -> tuple[date, str]:
-    """`ledger status` takes a date or the workflow ID `ledger-reconciliation-YYYY-MM-DD`."""
+    """`ledger status` takes a date or the workflow ID `ledger-reconciliation-YYYY-MM-DD` (or a
+    re-check's, `...-YYYY-MM-DD-recheck-<UTC time>`: the status of its date)."""
     raw = text.strip()
     if raw.startswith(DEFAULT_ID_PREFIX + "-"):
         raw = raw[len(DEFAULT_ID_PREFIX) + 1 :]
+        if _RECHECK_SUFFIX.fullmatch(raw[10:]):
+            raw = raw[:10]
     try:
         value = date.fromisoformat(raw)
     except ValueError:
