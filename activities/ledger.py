@@ -57,8 +57,10 @@ async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date
 
 
 async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
-    """One batch of a shard: the reconcile_batch statement in its own transaction."""
+    """One batch of a shard: the reconcile_batch statement in its own transaction, after the
+    shard's advisory lock (so attempts of one shard take turns and each batch sees the others')."""
     async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         row = await conn.fetchrow(
             SQL.reconcile_batch,
             input.business_date,
@@ -110,6 +112,13 @@ async def reconcile_shard_batches(
             reviewed_now=checkpoint.reviewed_now + row["reviewed"],
             already_applied=checkpoint.already_applied + row["already_applied"],
             duplicate_report_rows=checkpoint.duplicate_report_rows + row["duplicate_report_rows"],
+            corrections_judged=checkpoint.corrections_judged + row["corrections_judged"],
+            reviews_judged=checkpoint.reviews_judged + row["reviews_judged"],
+            fp_ledger_rows=checkpoint.fp_ledger_rows + row["fp_ledger_rows"],
+            fp_ledger_sum=checkpoint.fp_ledger_sum + int(row["fp_ledger_sum"]),
+            fp_report_rows=checkpoint.fp_report_rows + row["fp_report_rows"],
+            fp_report_max=max(checkpoint.fp_report_max, row["fp_report_max"]),
+            fp_report_sum=checkpoint.fp_report_sum + int(row["fp_report_sum"]),
         )
         after_batch(checkpoint, row)
         if row["batch_rows"] < input.batch_size:
@@ -117,19 +126,34 @@ async def reconcile_shard_batches(
 
 
 async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> ShardReport:
-    """Record the shard's report once (counts read back from the database) and return it."""
+    """Record the shard's report and return the recorded one (read back from the database).
+
+    The report is what this run judged: each key counted as a correction or a review row (now or
+    before), so it balances by construction, with the fingerprint of exactly the judged inputs.
+    Data that changed during the run (a provider row inserted behind the cursor, a ledger row
+    updated after it was judged) is not in that fingerprint, so the next run or re-check finds the
+    shard changed and judges it; nothing is absorbed. See record_shard_report for when a report
+    replaces the recorded one.
+    """
+    if checkpoint.corrections_judged + checkpoint.reviews_judged != checkpoint.discrepancies:
+        raise ApplicationError(  # the batch statement's verdict classes cover every discrepancy
+            f"shard {input.shard} of {input.business_date} does not balance: "
+            f"{checkpoint.discrepancies} discrepancies found, {checkpoint.corrections_judged} corrected, "
+            f"{checkpoint.reviews_judged} sent to review",
+            type="LedgerUnbalanced",
+            non_retryable=True,
+        )
+    judged = checkpoint.judged_fingerprint
     async with pool.acquire() as conn, conn.transaction():
-        effects = await conn.fetchrow(SQL.shard_effects, input.business_date, input.shard)
-        assert effects is not None
-        if effects["corrected"] + effects["sent_to_review"] != checkpoint.discrepancies:
-            raise ApplicationError(
-                f"shard {input.shard} of {input.business_date} does not balance: "
-                f"{checkpoint.discrepancies} discrepancies found, {effects['corrected']} corrected, "
-                f"{effects['sent_to_review']} sent to review",
-                type="LedgerUnbalanced",
-                non_retryable=True,
+        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
+        current = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
+        if current != judged:
+            log.info(
+                "shard %s of %s: inputs changed during the run; the report describes what was judged "
+                "and the next run or re-check judges the change",
+                input.shard,
+                input.business_date,
             )
-        fingerprint = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
         await conn.execute(
             SQL.record_shard_report,
             input.business_date,
@@ -137,11 +161,12 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
             input.workflow_id,
             checkpoint.keys_examined,
             checkpoint.discrepancies,
-            effects["corrected"],
-            effects["sent_to_review"],
+            checkpoint.corrections_judged,
+            checkpoint.reviews_judged,
             checkpoint.duplicate_report_rows,
             checkpoint.batches,
-            fingerprint,
+            judged,
+            current,
         )
         row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
     assert row is not None
@@ -153,13 +178,15 @@ async def report_if_unchanged(pool: asyncpg.Pool, input: ReconcileShardInput) ->
 
     Judging the same inputs again would find every key already corrected, in review or matching and
     write nothing; so a rerun of a reconciled night costs one read of the shard, not a re-judge.
-    Assumes, like the write-once settlement, that a date's data does not change while its shard is
-    being reconciled.
+    The recorded fingerprint is that of the inputs the report's run judged (not of the shard after
+    the run), so a change during that run makes this miss, and the shard is judged again.
     """
-    recorded = await pool.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
-    if recorded is None or recorded["input_fingerprint"] is None:
-        return None
-    fingerprint = await pool.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
+        recorded = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
+        if recorded is None or recorded["input_fingerprint"] is None:
+            return None
+        fingerprint = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
     if fingerprint != recorded["input_fingerprint"]:
         return None
     return _report(recorded).model_copy(update={"unchanged_since_report": True})
@@ -207,7 +234,10 @@ class LedgerActivities:
                 "shard %s of %s: inputs unchanged since its report; nothing to judge", input.shard, input.business_date
             )
             return unchanged.model_copy(update={"attempt": info.attempt})
-        checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
+        # A checkpoint heartbeated by code older than the judged counts cannot be resumed exactly:
+        # start the shard over (batches already applied write nothing).
+        resumable = bool(details) and isinstance(details[0], dict) and "corrections_judged" in details[0]
+        checkpoint = ShardCheckpoint.model_validate(details[0]) if resumable else ShardCheckpoint()
         resumed_from = checkpoint.batches
         if resumed_from:
             log.info(
@@ -259,6 +289,11 @@ class LedgerActivities:
     async def _heartbeating(coro: Any, checkpoint: ShardCheckpoint, interval: float) -> asyncpg.Record:
         """Await a batch while heartbeating the last checkpoint, so a slow or blocked batch is not
         mistaken for a dead worker; a cancelled activity cancels the statement (and rolls it back)."""
+        try:
+            await failpoints.reached("reconcile_shard.before_batch", checkpoint)
+        except BaseException:
+            coro.close()
+            raise
         task: asyncio.Task[asyncpg.Record] = asyncio.ensure_future(coro)
         try:
             while True:
@@ -272,8 +307,12 @@ class LedgerActivities:
 
     @activity.defn
     async def settle_ledger_date(self, input: SettleLedgerInput) -> LedgerSettlement:
-        """Write the date's settlement once, only when every shard has reported and totals balance."""
+        """Settle the date from its shard reports once every shard has reported: the first
+        settlement is revision 1; a later one whose totals differ (late data judged by a re-check)
+        records the next revision with what changed and why; equal totals write nothing. Revisions
+        of one date are serialised by an advisory lock, so a night run and re-checks never race."""
         async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(SQL.lock_settlement, input.business_date)
             await check_day(conn, input.business_date, input.shards)
             missing = await conn.fetch(SQL.unreported_shards, input.business_date, input.shards)
             if missing:
@@ -286,6 +325,7 @@ class LedgerActivities:
             t = await conn.fetchrow(SQL.date_totals, input.business_date)
             assert t is not None
             if t["corrected"] + t["sent_to_review"] != t["discrepancies_found"]:
+                # Unreachable (each shard report balances by CHECK); kept as the last line of defence.
                 raise ApplicationError(
                     f"{input.business_date} does not balance: {t['discrepancies_found']} discrepancies "
                     f"found, {t['corrected']} corrected, {t['sent_to_review']} sent to review",
@@ -293,7 +333,7 @@ class LedgerActivities:
                     non_retryable=True,
                 )
             await conn.execute(
-                SQL.settle_date,
+                SQL.settle_revision,
                 input.business_date,
                 input.shards,
                 t["keys_examined"],
@@ -302,6 +342,7 @@ class LedgerActivities:
                 t["sent_to_review"],
                 t["duplicate_report_rows"],
                 input.workflow_id,
+                input.reason,
             )
             row = await conn.fetchrow(SQL.get_settlement, input.business_date)
         failpoints.hit("settle_ledger.after_commit")

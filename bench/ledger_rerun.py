@@ -44,6 +44,7 @@ LEDGER_TABLES = [
     "ledger_review",
     "ledger_shard_reports",
     "ledger_settlements",
+    "ledger_settlement_revisions",
     "ledger_days",
 ]
 IDENTITY_SEQUENCES = {

@@ -181,6 +181,7 @@ LEDGER_TABLES = {
     "ledger_review": "review_key",
     "ledger_shard_reports": "business_date, shard",
     "ledger_settlements": "business_date",
+    "ledger_settlement_revisions": "business_date, revision",
 }
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import re
 from datetime import date
+from typing import Any
 
 from pydantic import ValidationError
 
 from core import embedded
-from core.cli import CliContext, Commands, emit, table
+from core.cli import CliContext, Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
@@ -23,7 +24,7 @@ from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, Schedu
 from ledger.operations import ledger_status, ledger_target, parse_business_date, review_rows, start_reconciliation
 from ledger.seed import seed_ledger_day, seed_spec
 
-LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}"
+LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
 
 
 def _business_date(text: str) -> date:
@@ -86,13 +87,15 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
+            recheck=args.recheck,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
     emit(
         args,
         data,
         lambda d: (
-            f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
+            f"{'started' if d['started'] else 'already exists (not started again)'}"
+            f"{' (re-check)' if args.recheck else ''}: {d['workflow_id']}\n"
             f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)\n"
             f"{d['ui']}"
         ),
@@ -140,7 +143,18 @@ async def _show_status(args: argparse.Namespace, settings: Settings, business_da
     async with CliContext(settings) as ctx:
         data = await ledger_status(ctx.client, ctx.pool, business_date)
         data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
-    emit(args, data)
+    emit(args, data, _status_text)
+
+
+def _status_text(data: dict[str, Any]) -> str:
+    """Key/value lines, then one line per settlement revision (what changed and why)."""
+    revisions = data.get("revisions") or []
+    text = key_values({k: v for k, v in data.items() if k not in ("revisions", "settlement")})
+    if not revisions:
+        return text
+    columns = ["revision", "discrepancies_found", "corrected", "sent_to_review", "new_corrections"]
+    columns += ["new_review_rows", "settled_at", "reason"]
+    return f"{text}\n\nsettlement revisions\n{table(revisions, columns)}"
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
@@ -178,6 +192,12 @@ def register(commands: Commands) -> None:
 
     p = command("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
     p.add_argument("--date", required=True, help="business date, e.g. 2026-10-25")
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help="re-check a reconciled date under its own workflow ID: judge what changed since (late "
+        "provider rows, ledger updates) and record a new settlement revision if anything did",
+    )
     _run_flags(p, shards_default=None)
 
     p = command("ledger", cmd_ledger, "ledger data and runs: seed a day, status of a date, review rows")

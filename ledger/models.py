@@ -44,6 +44,9 @@ class RunOptions(Model):
 
 class LedgerReconciliationInput(RunOptions):
     business_date: date
+    # A re-check of a date already reconciled (its own workflow ID): judges what changed since and
+    # records a new settlement revision if anything did. Defaulted: older histories replay.
+    recheck: bool = False
 
 
 class ScheduledLedgerInput(RunOptions):
@@ -86,6 +89,24 @@ class ShardCheckpoint(Model):
     reviewed_now: int = 0
     already_applied: int = 0
     duplicate_report_rows: int = 0
+    # What the judged keys count as (a correction or a review row, now or before): the report's
+    # corrected / sent_to_review, so it balances by construction and describes what was judged.
+    corrections_judged: int = 0
+    reviews_judged: int = 0
+    # The fingerprint of the judged inputs, summed batch by batch (see reconcile_batch).
+    fp_ledger_rows: int = 0
+    fp_ledger_sum: int = 0
+    fp_report_rows: int = 0
+    fp_report_max: int = 0
+    fp_report_sum: int = 0
+
+    @property
+    def judged_fingerprint(self) -> str:
+        """In the format of the `shard_fingerprint` query: equal iff the shard's inputs are those judged."""
+        return (
+            f"{self.fp_ledger_rows}:{self.fp_ledger_sum}/"
+            f"{self.fp_report_rows}:{self.fp_report_max}:{self.fp_report_sum}"
+        )
 
 
 class ShardReport(Model):
@@ -108,6 +129,7 @@ class SettleLedgerInput(Model):
     business_date: date
     shards: int = Field(ge=1, le=MAX_SHARDS)
     workflow_id: str
+    reason: str | None = None  # why a new revision would be recorded (None: the default text)
 
 
 class LedgerSettlement(Model):
@@ -120,6 +142,7 @@ class LedgerSettlement(Model):
     duplicate_report_rows: int
     workflow_id: str
     settled_at: datetime
+    revision: int = 1  # 1 for the first settlement of the date, then one more per change
 
     @property
     def balanced(self) -> bool:

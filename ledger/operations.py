@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ from ledger.models import (
 )
 
 SQL = load(__file__)
+_RECHECK_SUFFIX = re.compile(r"-recheck-\d{8}T\d{12}Z")
 
 
 def parse_business_date(text: str, *, today: date | None = None) -> date:
@@ -67,9 +69,16 @@ async def start_reconciliation(
     tolerance_cents: int = 50,
     heartbeat_timeout_seconds: float = 30.0,
     id_prefix: str = DEFAULT_ID_PREFIX,
+    recheck: bool = False,
+    now: datetime | None = None,
 ) -> StartedReconciliation:
     """Start (or find) the reconciliation of one date; its workflow ID is the date, so a manual run
-    and a scheduled run of the same date meet in the same workflow and never double-post."""
+    and a scheduled run of the same date meet in the same workflow and never double-post.
+
+    `recheck`: a new run of a date under its own ID (`{date ID}-recheck-{UTC time}`), so the
+    original run stays in history; it judges only the shards whose inputs changed and records a
+    new settlement revision if anything did. It may run at any time, also next to the night run:
+    shard batches and settlements of one date take turns under advisory locks."""
     day = await pool.fetchrow(SQL.ledger_day, business_date)
     if day is None:
         raise InputError(
@@ -86,10 +95,13 @@ async def start_reconciliation(
             batch_size=batch_size,
             tolerance_cents=tolerance_cents,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            recheck=recheck,
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
     workflow_id = ledger_workflow_id(business_date, id_prefix)
+    if recheck:
+        workflow_id = recheck_workflow_id(business_date, id_prefix, now)
     found = StartedReconciliation(
         workflow_id=workflow_id,
         run_id=None,
@@ -111,7 +123,7 @@ async def start_reconciliation(
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())]),
-            static_summary=f"ledger reconciliation of {business_date.isoformat()} (manual)",
+            static_summary=f"ledger {'re-check' if recheck else 'reconciliation'} of {business_date} (manual)",
         )
     except WorkflowAlreadyStartedError as err:  # a closed run of this date: never make a second one
         return found.model_copy(update={"run_id": err.run_id})
@@ -119,11 +131,20 @@ async def start_reconciliation(
     return found.model_copy(update={"run_id": handle.result_run_id, "started": True})
 
 
+def recheck_workflow_id(business_date: date, id_prefix: str = DEFAULT_ID_PREFIX, now: datetime | None = None) -> str:
+    """One ID per re-check: the date's ID, `-recheck-` and the UTC start time to the microsecond."""
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return f"{ledger_workflow_id(business_date, id_prefix)}-recheck-{stamp}"
+
+
 def ledger_target(text: str) -> tuple[date, str]:
-    """`ledger status` takes a date or the workflow ID `ledger-reconciliation-YYYY-MM-DD`."""
+    """`ledger status` takes a date or the workflow ID `ledger-reconciliation-YYYY-MM-DD` (or a
+    re-check's, `...-YYYY-MM-DD-recheck-<UTC time>`: the status of its date)."""
     raw = text.strip()
     if raw.startswith(DEFAULT_ID_PREFIX + "-"):
         raw = raw[len(DEFAULT_ID_PREFIX) + 1 :]
+        if _RECHECK_SUFFIX.fullmatch(raw[10:]):
+            raw = raw[:10]
     try:
         value = date.fromisoformat(raw)
     except ValueError:
@@ -161,6 +182,7 @@ async def ledger_status(
     totals = await pool.fetchrow(SQL.date_totals, business_date)
     assert totals is not None
     settlement = await pool.fetchrow(SQL.get_settlement, business_date)
+    revisions = await pool.fetch(SQL.settlement_revisions, business_date)
     open_reviews = await pool.fetchval(SQL.open_reviews, business_date)
     out.update(
         {
@@ -171,14 +193,23 @@ async def ledger_status(
             "discrepancies_found": totals["discrepancies_found"],
             "corrections": totals["corrected"],
             "review_rows": totals["sent_to_review"],
+            # Effects written by an attempt that has not reported yet show here before they do above.
+            "corrections_recorded": totals["corrections_recorded"],
+            "review_rows_recorded": totals["review_rows_recorded"],
             "open_review_rows": open_reviews,
             "duplicate_report_rows": totals["duplicate_report_rows"],
             "settled": settlement is not None,
+            "revision": settlement["revision"] if settlement is not None else None,
+            "revisions": [_plain(dict(r)) for r in revisions],
         }
     )
     if settlement is not None:
-        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime | date) else v) for k, v in settlement.items()}
+        out["settlement"] = _plain(dict(settlement))
     return out
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime | date) else v) for k, v in row.items()}
 
 
 async def review_rows(pool: asyncpg.Pool, business_date: date, limit: int = 50) -> list[dict[str, Any]]:

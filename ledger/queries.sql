@@ -3,8 +3,20 @@
 -- name: ledger_day
 SELECT business_date, shards, payments FROM ledger_days WHERE business_date = $1;
 
+-- name: lock_shard
+-- Taken first in every transaction that judges or reports a (date, shard): attempts of the same
+-- shard (a zombie and its retry, the night run and a re-check) take turns batch by batch, and the
+-- batch statement that follows takes its snapshot only after the lock is granted, so it sees every
+-- correction the other attempt committed. Released at COMMIT/ROLLBACK (transaction-scoped).
+-- $1 business date, $2 shard
+SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), $2::int);
+
+-- name: lock_settlement
+-- Serialises the settlements (revisions) of one date. $1 business date
+SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
+
 -- name: reconcile_batch
--- One statement per batch, one transaction: take the next keys of the shard after the cursor
+-- One statement per batch, one transaction (after lock_shard): take the next keys of the shard after the cursor
 -- (ledger keys and provider-report keys alike, so unknown payments are seen too), judge each key,
 -- record corrections under their idempotency key and apply them to the ledger, and send what no
 -- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
@@ -36,7 +48,11 @@ report AS (
     SELECT r.game, r.payment_id,
            count(*)::int AS report_rows,
            count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
-           min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status
+           min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status,
+           max(r.report_row_id) AS max_row_id,
+           sum(hashtextextended(
+               r.game || '|' || r.payment_id || '|' || r.amount_cents || '|' || r.currency || '|' || r.status, 0))
+               AS fp_sum
     FROM ledger_report_rows r JOIN keys k ON k.game = r.game AND k.payment_id = r.payment_id
     WHERE r.business_date = $1 AND r.shard = $2
     GROUP BY r.game, r.payment_id
@@ -132,6 +148,16 @@ reviewed AS (
 ),
 last_key AS (
     SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
+),
+-- The judged inputs as this batch leaves them (a corrected row with its new values and version),
+-- in the terms of shard_fingerprint: the sum over the batches is the fingerprint of exactly what
+-- the shard's run judged, whatever changed elsewhere in the shard meanwhile.
+judged_ledger AS (
+    SELECT hashtextextended(
+               l.game || '|' || l.payment_id || '|' || coalesce(c.new_amount_cents, l.amount_cents) || '|'
+               || l.currency || '|' || coalesce(c.new_status, l.status) || '|'
+               || CASE WHEN c.game IS NULL THEN l.version ELSE c.version_before + 1 END, 0) AS h
+    FROM ledger l LEFT JOIN corrected c ON c.game = l.game AND c.payment_id = l.payment_id
 )
 SELECT
     (SELECT game FROM last_key) AS last_game,
@@ -144,18 +170,30 @@ SELECT
     (SELECT count(*) FROM updated)::int AS updated,
     (SELECT count(*) FROM reviewed)::int AS reviewed,
     (SELECT coalesce(sum(report_rows - 1), 0) FROM judged WHERE variants = 1)::int
-        AS duplicate_report_rows;
-
--- name: shard_effects
--- What the database holds for one shard of a date: read back, so every attempt reports the same.
-SELECT
-    (SELECT count(*) FROM ledger_corrections WHERE business_date = $1 AND shard = $2) AS corrected,
-    (SELECT count(*) FROM ledger_review WHERE business_date = $1 AND shard = $2) AS sent_to_review;
+        AS duplicate_report_rows,
+    -- What the judged keys count as: a correction (now or before) or a review row (now or before).
+    (SELECT count(*) FROM judged
+     WHERE verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled', 'already_corrected'))::int
+        AS corrections_judged,
+    (SELECT count(*) FROM judged
+     WHERE verdict NOT IN ('match', 'refund_not_recorded', 'amount_mismatch', 'not_settled', 'already_corrected'))::int
+        AS reviews_judged,
+    (SELECT count(*) FROM judged_ledger)::int AS fp_ledger_rows,
+    (SELECT coalesce(sum(h), 0) FROM judged_ledger)::text AS fp_ledger_sum,
+    (SELECT coalesce(sum(report_rows), 0) FROM report)::int AS fp_report_rows,
+    (SELECT coalesce(max(max_row_id), 0) FROM report)::bigint AS fp_report_max,
+    (SELECT coalesce(sum(fp_sum), 0) FROM report)::text AS fp_report_sum;
 
 -- name: record_shard_report
--- Written once; a later attempt or run finds the first report and leaves its counts as they are.
--- The input fingerprint is refreshed only by a run that judged every key and arrived at the same
--- counts (so the recorded report is still what judging these inputs gives).
+-- The shard's report: the counts of one full judgement of the shard and the fingerprint of exactly
+-- the inputs it judged. Runs under lock_shard. The first report is inserted; a later one replaces
+-- it only if the recorded report no longer describes the shard's current inputs ($11, the current
+-- fingerprint): a report that still does is exact and a late or zombie attempt, which judged an
+-- older view, leaves it alone. Same counts: only the fingerprint is refreshed (reported_at,
+-- workflow_id and batches stay those of the report that first found them). Nothing differs:
+-- nothing is written.
+-- $1 date, $2 shard, $3 workflow ID, $4 keys examined, $5 discrepancies, $6 corrected,
+-- $7 sent to review, $8 duplicate report rows, $9 batches, $10 judged fingerprint, $11 current fingerprint
 WITH inserted AS (
     INSERT INTO ledger_shard_reports
         (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
@@ -165,12 +203,19 @@ WITH inserted AS (
     ON CONFLICT (business_date, shard) DO NOTHING
     RETURNING 1
 )
-UPDATE ledger_shard_reports
-SET input_fingerprint = $10
-WHERE business_date = $1 AND shard = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
-  AND input_fingerprint IS DISTINCT FROM $10
-  AND keys_examined = $4 AND discrepancies_found = $5 AND corrected = $6 AND sent_to_review = $7
-  AND duplicate_report_rows = $8;
+UPDATE ledger_shard_reports r
+SET input_fingerprint = $10,
+    workflow_id = CASE WHEN same.counts THEN r.workflow_id ELSE $3 END,
+    keys_examined = $4, discrepancies_found = $5, corrected = $6, sent_to_review = $7,
+    duplicate_report_rows = $8,
+    batches = CASE WHEN same.counts THEN r.batches ELSE $9 END,
+    reported_at = CASE WHEN same.counts THEN r.reported_at ELSE now() END
+FROM (SELECT (keys_examined, discrepancies_found, corrected, sent_to_review, duplicate_report_rows)
+             = ($4::bigint, $5::bigint, $6::bigint, $7::bigint, $8::bigint) AS counts
+      FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2) same
+WHERE r.business_date = $1 AND r.shard = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
+  AND r.input_fingerprint IS DISTINCT FROM $11
+  AND (r.input_fingerprint IS DISTINCT FROM $10 OR NOT same.counts);
 
 -- name: shard_fingerprint
 -- Order-independent digest of a shard's inputs: every ledger row with its version (corrections bump
@@ -197,7 +242,9 @@ WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports r WHERE r.business_date = $
 ORDER BY s;
 
 -- name: date_totals
--- The settlement's totals, from the database: the shard reports (the join) and the effect tables.
+-- The settlement's totals: the sum of the shard reports (the join), each a balanced full judgement
+-- of its shard. Effects written by an attempt that has not reported yet are not counted until it
+-- (or a re-check) reports them; the live effect counts are shown next to them by `ledger status`.
 SELECT
     (SELECT count(*) FROM ledger_shard_reports WHERE business_date = $1)::int AS shards_reported,
     (SELECT coalesce(sum(keys_examined), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
@@ -206,22 +253,72 @@ SELECT
         AS discrepancies_found,
     (SELECT coalesce(sum(duplicate_report_rows), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
         AS duplicate_report_rows,
-    (SELECT count(*) FROM ledger_corrections WHERE business_date = $1) AS corrected,
-    (SELECT count(*) FROM ledger_review WHERE business_date = $1) AS sent_to_review;
+    (SELECT coalesce(sum(corrected), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint AS corrected,
+    (SELECT coalesce(sum(sent_to_review), 0) FROM ledger_shard_reports WHERE business_date = $1)::bigint
+        AS sent_to_review,
+    (SELECT count(*) FROM ledger_corrections WHERE business_date = $1) AS corrections_recorded,
+    (SELECT count(*) FROM ledger_review WHERE business_date = $1) AS review_rows_recorded;
 
--- name: settle_date
--- Written exactly once per date; a re-delivered settlement (or another run) changes nothing.
+-- name: settle_revision
+-- Runs under lock_settlement, after date_totals. Totals equal to the latest revision's: nothing is
+-- written (a re-delivered settlement, a rerun or re-check that found nothing new). Otherwise the
+-- next revision, with what changed since the previous one and why, and ledger_settlements (one row
+-- per date) is brought to it.
+-- $1 date, $2 shards, $3 keys examined, $4 discrepancies, $5 corrected, $6 sent to review,
+-- $7 duplicate report rows, $8 workflow ID, $9 why (NULL: the default text)
+WITH latest AS (
+    SELECT * FROM ledger_settlement_revisions WHERE business_date = $1 ORDER BY revision DESC LIMIT 1
+),
+changed AS (
+    SELECT coalesce(array_agg(r.shard ORDER BY r.shard), '{}') AS shards
+    FROM ledger_shard_reports r
+    WHERE r.business_date = $1
+      AND (NOT EXISTS (SELECT 1 FROM latest) OR r.reported_at > (SELECT settled_at FROM latest))
+),
+revision AS (
+    INSERT INTO ledger_settlement_revisions
+        (business_date, revision, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+         duplicate_report_rows, new_discrepancies, new_corrections, new_review_rows, changed_shards, reason,
+         workflow_id)
+    SELECT $1, coalesce(l.revision, 0) + 1, $2, $3, $4, $5, $6, $7,
+           $4 - coalesce(l.discrepancies_found, 0), $5 - coalesce(l.corrected, 0),
+           $6 - coalesce(l.sent_to_review, 0), c.shards,
+           CASE WHEN l.revision IS NULL THEN coalesce($9, 'first settlement of the date')
+                ELSE format('%s: inputs of shard(s) %s changed since revision %s (late provider rows or ledger '
+                            'updates); %s new correction(s), %s new review row(s)',
+                            coalesce($9, 'rerun ' || $8), array_to_string(c.shards, ', '), l.revision,
+                            $5 - l.corrected, $6 - l.sent_to_review)
+           END,
+           $8
+    FROM (SELECT 1) one LEFT JOIN latest l ON true CROSS JOIN changed c
+    WHERE l.revision IS NULL
+       OR (l.keys_examined, l.discrepancies_found, l.corrected, l.sent_to_review, l.duplicate_report_rows)
+          IS DISTINCT FROM ($3::bigint, $4::bigint, $5::bigint, $6::bigint, $7::bigint)
+    ON CONFLICT (business_date, revision) DO NOTHING
+    RETURNING *
+)
 INSERT INTO ledger_settlements
     (business_date, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
-     duplicate_report_rows, workflow_id)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8
-WHERE NOT EXISTS (SELECT 1 FROM ledger_settlements WHERE business_date = $1)
-ON CONFLICT (business_date) DO NOTHING;
+     duplicate_report_rows, workflow_id, settled_at, revision)
+SELECT business_date, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, workflow_id, settled_at, revision
+FROM revision
+ON CONFLICT (business_date) DO UPDATE
+SET shards = EXCLUDED.shards, keys_examined = EXCLUDED.keys_examined,
+    discrepancies_found = EXCLUDED.discrepancies_found, corrected = EXCLUDED.corrected,
+    sent_to_review = EXCLUDED.sent_to_review, duplicate_report_rows = EXCLUDED.duplicate_report_rows,
+    workflow_id = EXCLUDED.workflow_id, settled_at = EXCLUDED.settled_at, revision = EXCLUDED.revision;
 
 -- name: get_settlement
 SELECT business_date, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
-       duplicate_report_rows, workflow_id, settled_at
+       duplicate_report_rows, workflow_id, settled_at, revision
 FROM ledger_settlements WHERE business_date = $1;
+
+-- name: settlement_revisions
+SELECT business_date, revision, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, new_discrepancies, new_corrections, new_review_rows, changed_shards, reason,
+       workflow_id, settled_at
+FROM ledger_settlement_revisions WHERE business_date = $1 ORDER BY revision;
 
 -- name: review_rows
 SELECT review_key, shard, kind, reason, created_at, resolved_at

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
@@ -12,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.ledger import LedgerActivities
 from core.errors import InputError
 from ledger.models import LedgerReconciliationInput, ReconcileShardInput, SettleLedgerInput
-from ledger.operations import ledger_target, parse_business_date, start_reconciliation
+from ledger.operations import ledger_target, parse_business_date, recheck_workflow_id, start_reconciliation
 from ledger.schedule import backfill_range, parse_time_of_day
 from ledger.seed import seed_spec
 from starter import main
@@ -37,6 +37,12 @@ def test_a_business_date_that_is_not_over_is_refused(value):
 def test_ledger_targets_accept_a_date_or_the_workflow_id():
     assert ledger_target("ledger-reconciliation-2026-10-25") == (D, "ledger-reconciliation-2026-10-25")
     assert ledger_target("2026-10-25") == (D, "ledger-reconciliation-2026-10-25")
+    # A re-check's own workflow ID shows the status of its date (with every settlement revision).
+    recheck = recheck_workflow_id(D, now=datetime(2026, 11, 30, 21, 5, 7, 123456, tzinfo=UTC))
+    assert recheck == "ledger-reconciliation-2026-10-25-recheck-20261130T210507123456Z"
+    assert ledger_target(recheck) == (D, "ledger-reconciliation-2026-10-25")
+    with pytest.raises(InputError):
+        ledger_target("ledger-reconciliation-2026-10-25-recheck-soon")
     with pytest.raises(InputError):
         ledger_target("cleanup-cohort-20261101T090000Z")
 

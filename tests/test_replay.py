@@ -21,6 +21,8 @@ def test_recorded_histories_exist():
     assert current <= names and {f"v1_{n}" for n in current} <= names
     # Recorded with the `failed-tolerance` patch: a cohort failing its --max-failed.
     assert "cohort_failed_tolerance" in names
+    # Ledger: v1_ledger_night was recorded before settlement revisions and re-checks.
+    assert {"ledger_night", "ledger_recheck", "v1_ledger_night"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

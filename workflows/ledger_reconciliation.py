@@ -87,6 +87,8 @@ class LedgerReconciliationWorkflow:
                 business_date=input.business_date,
                 shards=input.shards,
                 workflow_id=workflow.info().workflow_id,
+                # Same command either way (no patch needed): only the payload says why a revision.
+                reason=(f"re-check {workflow.info().workflow_id}" if input.recheck else None),
             ),
             result_type=LedgerSettlement,
             # A few aggregate statements: a short timeout so a worker killed after COMMIT is retried

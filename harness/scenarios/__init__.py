@@ -37,11 +37,11 @@ def registry() -> dict[str, Scenario]:
 
 def opt_in() -> dict[str, Scenario]:
     """Scenarios run only when named (`--scenarios poison`): not part of the quick/full tables."""
-    from harness.scenarios import poison
+    from harness.scenarios import ledger_overlap, poison
 
-    return {"poison": poison.run}
+    return {"poison": poison.run, "ledger-overlap": ledger_overlap.run}
 
 
 def all_scenarios() -> dict[str, Scenario]:
-    """Every scenario the CLI accepts (the default set; kept apart for opt-in scenarios)."""
+    """Every scenario the CLI accepts: the default set plus the opt-in ones."""
     return registry() | opt_in()
