@@ -350,7 +350,7 @@ class OutboxRelayActivities:
     ) -> dict[int, Outcome]:
         """Send with at most `concurrency` requests in flight, over the instance's pooled connections."""
         queue: asyncio.Queue[asyncpg.Record] = asyncio.Queue()
-        for row in rows:
+        for row in sorted(rows, key=lambda r: int(r["event_id"])):  # oldest first (RETURNING has no order)
             queue.put_nowait(row)
         outcomes: dict[int, Outcome] = {}
         client = self._client()
