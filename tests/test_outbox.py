@@ -512,7 +512,7 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
 
     async def record(owner: str, outcome: str) -> dict[str, int]:
         row = await pool.fetchrow(
-            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n
+            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n, ["503"] * n
         )
         return dict(row)
 
