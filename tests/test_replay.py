@@ -19,6 +19,8 @@ def test_recorded_histories_exist():
     current = {"cohort_mid_sleep", "cohort_completed", "single_account_renewed"}
     # v1_*: recorded before the `local-bookkeeping` patch; they must keep replaying after it.
     assert current <= names and {f"v1_{n}" for n in current} <= names
+    # v1_: recorded before the outbox relay's `relay-keep-nudges-during-batch` patch.
+    assert {"outbox_relay_nudged_mid_batch", "v1_outbox_relay_nudged_mid_batch"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
