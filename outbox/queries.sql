@@ -32,7 +32,7 @@ RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload,
 -- error text (already redacted), failure kind ('503', 'timeout', ...; NULL when the answer was no
 -- failure: delivered, 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
 -- Safe to run again with the same owner (a relay that lost its database connection does): rows it
--- already recorded are no longer 'pending' and are left alone. 'delivered' is recorded even if the lease was lost meanwhile (the
+-- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again. 'delivered' is recorded even if the lease was lost meanwhile (the
 -- provider has the message, so a second send would only be a deduplicated duplicate); 'retry' and
 -- 'dead' are fenced by the lease owner, so a relay whose lease expired cannot overwrite the outcome
 -- of the relay that took the event over.
@@ -40,6 +40,12 @@ WITH result AS (
     SELECT *
     FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::text[])
         AS r(event_id, outcome, http_status, delay_seconds, error, failure_kind)
+),
+again AS (
+    SELECT r.outcome
+    FROM result r
+    JOIN outbox o ON o.event_id = r.event_id
+    WHERE o.recorded_by = $1
 ),
 updated AS (
     UPDATE outbox o
@@ -57,19 +63,26 @@ updated AS (
             ELSE jsonb_set(o.failure_counts, ARRAY[r.failure_kind],
                            to_jsonb(coalesce((o.failure_counts ->> r.failure_kind)::int, 0) + 1)) END,
         lease_owner = NULL,
-        leased_until = NULL
+        leased_until = NULL,
+        recorded_by = $1
     FROM result r
     WHERE o.event_id = r.event_id
       AND o.status = 'pending'
       AND (r.outcome = 'delivered' OR o.lease_owner = $1)
+      AND o.recorded_by IS DISTINCT FROM $1
     RETURNING r.outcome
+),
+counted AS (
+    SELECT outcome FROM updated
+    UNION ALL
+    SELECT outcome FROM again
 )
 SELECT
     count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
     count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
     count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
     (cardinality($2::bigint[]) - count(*))::int AS fenced
-FROM updated;
+FROM counted;
 
 -- name: release_lease
 -- $1 lease owner. A claim whose answer was lost with the database connection may have committed:

@@ -520,6 +520,11 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
     assert await record("relay-0", "retry") == {"delivered": 0, "retried": 0, "dead": 0, "fenced": n}
     assert (await record("relay-0", "delivered"))["delivered"] == n
     assert (await record("relay-5", "delivered"))["fenced"] == n, "recorded once"
+    # The same owner recording again (its connection died after COMMIT): the same counts, no change.
+    before = await pool.fetch("SELECT * FROM outbox WHERE event_id = ANY($1::bigint[]) ORDER BY event_id", ids)
+    assert (await record("relay-0", "delivered")) == {"delivered": n, "retried": 0, "dead": 0, "fenced": 0}
+    after = await pool.fetch("SELECT * FROM outbox WHERE event_id = ANY($1::bigint[]) ORDER BY event_id", ids)
+    assert [dict(r) for r in before] == [dict(r) for r in after]
 
 
 async def test_relay_continues_as_new_and_keeps_its_totals(client, pool, task_queue, relay_worker, provider):

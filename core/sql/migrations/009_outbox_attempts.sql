@@ -5,6 +5,11 @@
 -- say the provider or the path to it is broken (5xx, 408, 401/403, timeouts, broken connections);
 -- it is what `max_attempts` is compared with. `failure_counts` keeps them by kind, e.g.
 -- {"503": 20, "timeout": 5}, so a dead letter says which failures it counted.
+--
+-- `recorded_by` is the lease owner whose outcome was recorded last. A relay that lost its database
+-- connection right after COMMIT runs record_outcomes again (issue 17); rows it finds recorded by its
+-- own owner are counted as its outcomes again instead of as "fenced", so the totals stay exact.
 ALTER TABLE outbox
     ADD COLUMN failures       integer NOT NULL DEFAULT 0,
-    ADD COLUMN failure_counts jsonb   NOT NULL DEFAULT '{}'::jsonb;
+    ADD COLUMN failure_counts jsonb   NOT NULL DEFAULT '{}'::jsonb,
+    ADD COLUMN recorded_by    text;
