@@ -13,6 +13,7 @@ else: not in activity inputs or results (Temporal history), not in logs, not in 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -20,32 +21,54 @@ import random
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Literal
+from typing import Literal, TypeVar
+from urllib.parse import SplitResult, urlsplit
 
 import asyncpg
+import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 import outbox
-from core import failpoints, metrics
-from core.http_client import HttpConnection, HttpError, HttpResponse, parse_base_url
+from core import db, failpoints, metrics
+from core.errors import HeaderInjectionError
 from core.queries import load
-from outbox.models import RELAY_NOT_CONFIGURED, RelayBatchInput, RelayBatchResult, RelayBatchSettings
+from outbox.models import (
+    FAILURE_CONNECTION,
+    FAILURE_TIMEOUT,
+    NOT_SENT_LEASE_SHORT,
+    RELAY_NOT_CONFIGURED,
+    RelayBatchInput,
+    RelayBatchResult,
+    RelayBatchSettings,
+)
 
 SQL = load(outbox.__file__)
 log = logging.getLogger(__name__)
 
 SEND_PATH = "/v1/messages"
 ERROR_TEXT_LIMIT = 1000
+# Read at most this much of an answer: only its first ERROR_TEXT_LIMIT characters are ever kept.
+MAX_RESPONSE_BYTES = 64 * 1024
 # Stop starting requests this long before the lease ends, to leave time to record the outcomes.
 LEASE_MARGIN_SECONDS = 1.0
+# The connection pool of the one httpx client per activity instance (requests in flight per batch
+# are bounded by RelayBatchSettings.concurrency, at most 256).
+HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30)
+# While the database is away: first pause, longest pause between reconnection attempts.
+DB_RETRY_INITIAL_SECONDS = 0.1
+DB_RETRY_MAX_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
 _JITTER = random.Random()
-_HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")
+_HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")  # an Idempotency-Key: printable ASCII, no space
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")  # RFC 9110 token
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e\t]{0,4000}$")  # visible ASCII, space, tab: never CR, LF, NUL
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,20 @@ class Outcome:
     http_status: int | None = None
     delay_seconds: float = 0.0
     error: str | None = None
+    # Set only for a real failure (counted toward dead-lettering): "503", "timeout", "connection error".
+    failure_kind: str | None = None
+
+
+@dataclass(frozen=True)
+class ProviderAnswer:
+    """The provider's answer, as much of it as the retry policy looks at (header names lower-case)."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+    def text(self, limit: int = ERROR_TEXT_LIMIT) -> str:
+        return self.body[:limit].decode("utf-8", errors="replace")
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -61,6 +98,29 @@ def redact(text: str, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, "***")
     return text
+
+
+def parse_base_url(url: str) -> SplitResult:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    if parts.username or parts.password:
+        raise ValueError("put credentials in the token setting, not in the provider URL")
+    return parts
+
+
+def safe_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Refuse any header whose name or value would break the request (CR/LF injection, controls).
+
+    httpx/h11 refuse some of these too; this guard does not depend on it, and its error never
+    contains the value (the Authorization value is the token).
+    """
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise HeaderInjectionError(f"refusing an invalid header name ({len(name)} characters)")
+        if not _HEADER_VALUE.match(value):
+            raise HeaderInjectionError(f"refusing header {name}: its value contains CR, LF or control characters")
+    return dict(headers)
 
 
 def backoff_seconds(attempts: int, settings: RelayBatchSettings, rng: random.Random | None = None) -> float:
@@ -81,7 +141,7 @@ def retry_after_seconds(value: str | None, settings: RelayBatchSettings, now: da
     else:
         try:
             when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
@@ -89,49 +149,91 @@ def retry_after_seconds(value: str | None, settings: RelayBatchSettings, now: da
     return min(max(seconds, 0.0), settings.retry_after_max_seconds)
 
 
+def failure_summary(counts: Mapping[str, int]) -> str:
+    """{"503": 20, "timeout": 5} -> "20\u00d7 503, 5\u00d7 timeout" (most frequent first)."""
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{n}\u00d7 {kind}" for kind, n in ordered if n > 0)
+
+
 def classify(
-    response: HttpResponse | None,
+    answer: ProviderAnswer | None,
     failure: str | None,
     attempts: int,
     settings: RelayBatchSettings,
     now: datetime | None = None,
+    failures: Mapping[str, int] | None = None,
+    failure_kind: str | None = None,
 ) -> Outcome:
-    """The retry policy, as a pure function of the provider's answer and the event's attempt count.
+    """The retry policy, as a pure function of the provider's answer and the event's past failures.
 
-    2xx delivered. 429 waits Retry-After (or the backoff) and is never dead-lettered: rate limits are
-    the provider's state, not the event's fault. 5xx, 408, 401/403 (credentials are configuration,
-    not the event), timeouts and broken connections retry with backoff until `max_attempts`. Any
-    other 4xx means the provider rejects this event: dead letter with its answer, no retry.
+    `attempts` counts claims (this one included), `failures` the real failures so far by kind.
+    2xx delivered. 429 waits Retry-After (or the backoff) and never counts toward dead-lettering:
+    rate limits are the provider's state, not the event's fault. 5xx, 408, 401/403 (credentials are
+    configuration, not the event), timeouts and broken connections are failures: they retry with
+    backoff (a 503's Retry-After wins) until `max_attempts` failures, then dead-letter with the
+    failures counted by kind. Any other 4xx means the provider rejects this event: dead letter with
+    its answer, no retry.
     """
-    if response is None:
+    now = now or datetime.now(UTC)
+    if answer is None:
         error = failure or "no answer"
         status = None
+        kind = failure_kind or FAILURE_CONNECTION
     else:
-        status = response.status
-        error = f"HTTP {status}: {response.text(ERROR_TEXT_LIMIT)}"
+        status = answer.status
+        error = f"HTTP {status}: {answer.text(ERROR_TEXT_LIMIT)}"
+        kind = str(status)
     if status is not None and 200 <= status < 300:
         return Outcome("delivered", status)
     if status == 429:
-        delay = retry_after_seconds(
-            response.headers.get("retry-after") if response else None, settings, now or datetime.now(UTC)
-        )
+        delay = retry_after_seconds(answer.headers.get("retry-after") if answer else None, settings, now)
         return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
     if status is not None and 400 <= status < 500 and status not in (401, 403, 408):
         return Outcome("dead", status, 0.0, error)
     if status in (401, 403):
         error = f"HTTP {status}: the provider refused the relay's credentials (check MAIL_PROVIDER_TOKEN)"
-    if attempts >= settings.max_attempts:
-        return Outcome("dead", status, 0.0, f"gave up after {attempts} attempts; last: {error}")
-    return Outcome("retry", status, backoff_seconds(attempts, settings), error)
+    counts = dict(failures or {})
+    counts[kind] = counts.get(kind, 0) + 1
+    total = sum(counts.values())
+    if total >= settings.max_attempts:
+        reason = f"gave up after {total} failures: {failure_summary(counts)}; last: {error}"
+        return Outcome("dead", status, 0.0, reason, kind)
+    delay = None
+    if status == 503 and answer is not None:
+        delay = retry_after_seconds(answer.headers.get("retry-after"), settings, now)
+    return Outcome("retry", status, backoff_seconds(total, settings) if delay is None else delay, error, kind)
+
+
+async def with_database(what: str, until: float, statement: Callable[[], Awaitable[T]]) -> T:
+    """Run one statement; if the database connection was lost, run it again once the database is back.
+
+    Gives up (re-raises) at `until` (time.monotonic()). Only for statements that are safe to run
+    twice: the claim (its owner is unique, see release_lease) and the recording of outcomes.
+    """
+    pause = DB_RETRY_INITIAL_SECONDS
+    while True:
+        try:
+            return await statement()
+        except Exception as err:
+            if not db.connection_lost(err) or time.monotonic() + pause > until:
+                raise
+            log.warning("relay: database connection lost during %s (%s); retrying", what, type(err).__name__)
+        if activity.in_activity():
+            activity.heartbeat({"waiting_for_database": what})
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, DB_RETRY_MAX_SECONDS)
 
 
 class OutboxRelayActivities:
-    """Holds the pool and the provider's address and token; one instance per worker process."""
+    """Holds the pool, the provider's address and token, and one pooled httpx client; one per worker."""
 
     def __init__(self, pool: asyncpg.Pool, provider_url: str | None, token: str | None) -> None:
         self.pool = pool
         self._base = parse_base_url(provider_url) if provider_url else None
         self._token = token or None
+        if self._token is not None:
+            safe_headers({"Authorization": f"Bearer {self._token}"})  # a token with CR/LF is refused here
+        self._http: httpx.AsyncClient | None = None
 
     @classmethod
     def from_env(cls, pool: asyncpg.Pool) -> OutboxRelayActivities:
@@ -146,6 +248,25 @@ class OutboxRelayActivities:
     def configured(self) -> bool:
         return self._base is not None and self._token is not None
 
+    def _client(self) -> httpx.AsyncClient:
+        """One client per instance (so per worker), created on first use: pooled keep-alive connections."""
+        if self._http is None:
+            assert self._base is not None
+            self._http = httpx.AsyncClient(
+                base_url=self._base.geturl(),
+                limits=HTTP_LIMITS,
+                timeout=httpx.Timeout(10.0),  # each request passes its own
+                verify=True,  # TLS certificates and host names are checked (the system's CA bundle via certifi)
+                follow_redirects=False,
+                trust_env=False,  # no proxy or netrc from the environment: the Authorization header is ours
+            )
+        return self._http
+
+    async def aclose(self) -> None:
+        client, self._http = self._http, None
+        if client is not None:
+            await client.aclose()
+
     @activity.defn
     async def relay_outbox_batch(self, input: RelayBatchInput) -> RelayBatchResult:
         """Claim up to `batch_size` due events under a lease, send them, record the outcomes."""
@@ -158,24 +279,31 @@ class OutboxRelayActivities:
             )
         s = input.settings
         info = activity.info()
-        # Unique per claim: the fencing token for recording outcomes, readable in `outbox status`.
-        owner = f"{input.relay_id}/{info.activity_id}#{info.attempt}/{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
-        rows = await self.pool.fetch(SQL.claim_batch, owner, s.batch_size, s.lease_seconds)
+        lease_end = started + s.lease_seconds - LEASE_MARGIN_SECONDS
+        owner, rows = await self._claim(input.relay_id, f"{info.activity_id}#{info.attempt}", s, lease_end)
         result = RelayBatchResult(claimed=len(rows))
         if rows:
             activity.heartbeat({"claimed": len(rows)})
             outcomes = await self._send_all(rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS)
             failpoints.hit("outbox_relay.after_send")
             ids = [r["event_id"] for r in rows]
-            recorded = await self.pool.fetchrow(
-                SQL.record_outcomes,
-                owner,
-                ids,
-                [outcomes[i].kind for i in ids],
-                [outcomes[i].http_status for i in ids],
-                [outcomes[i].delay_seconds for i in ids],
-                [outcomes[i].error for i in ids],
+            # A lost connection here (the database restarted, our backend was terminated) must not leave
+            # the rows leased until the lease ends: the outcomes are ours to record (fenced by `owner`)
+            # as soon as the database is back; running the statement twice is harmless.
+            recorded = await with_database(
+                "record_outcomes",
+                started + s.lease_seconds,
+                lambda: self.pool.fetchrow(
+                    SQL.record_outcomes,
+                    owner,
+                    ids,
+                    [outcomes[i].kind for i in ids],
+                    [outcomes[i].http_status for i in ids],
+                    [outcomes[i].delay_seconds for i in ids],
+                    [outcomes[i].error for i in ids],
+                    [outcomes[i].failure_kind for i in ids],
+                ),
             )
             failpoints.hit("outbox_relay.after_commit")
             assert recorded is not None
@@ -187,7 +315,7 @@ class OutboxRelayActivities:
                         "outbox event %s dead-lettered: %s", r["event_key"], outcomes[r["event_id"]].error
                     )
         if len(rows) < s.batch_size:
-            summary = await self.pool.fetchrow(SQL.pending_summary)
+            summary = await with_database("pending_summary", lease_end, lambda: self.pool.fetchrow(SQL.pending_summary))
             assert summary is not None
             result = result.model_copy(update=dict(summary))
         activity.logger.info(
@@ -201,35 +329,46 @@ class OutboxRelayActivities:
         )
         return result
 
+    async def _claim(
+        self, relay_id: str, attempt: str, s: RelayBatchSettings, until: float
+    ) -> tuple[str, list[asyncpg.Record]]:
+        """Claim under a fresh owner. If the connection is lost under the claim, it may have committed:
+        once the database is back, release what that owner holds and claim again under a new one."""
+        while True:
+            # Unique per claim: the fencing token for recording outcomes, readable in `outbox status`.
+            owner = f"{relay_id}/{attempt}/{uuid.uuid4().hex[:8]}"
+            try:
+                return owner, await self.pool.fetch(SQL.claim_batch, owner, s.batch_size, s.lease_seconds)
+            except Exception as err:
+                if not db.connection_lost(err) or time.monotonic() >= until:
+                    raise
+                log.warning("relay %s: database connection lost during the claim; releasing it", relay_id)
+            await with_database("release_lease", until, functools.partial(self.pool.fetchrow, SQL.release_lease, owner))
+
     async def _send_all(
         self, rows: list[asyncpg.Record], s: RelayBatchSettings, send_until: float
     ) -> dict[int, Outcome]:
-        """Send with at most `concurrency` requests in flight, one keep-alive connection each."""
+        """Send with at most `concurrency` requests in flight, over the instance's pooled connections."""
         queue: asyncio.Queue[asyncpg.Record] = asyncio.Queue()
-        for row in rows:
+        for row in sorted(rows, key=lambda r: int(r["event_id"])):  # oldest first (RETURNING has no order)
             queue.put_nowait(row)
         outcomes: dict[int, Outcome] = {}
-        assert self._base is not None
+        client = self._client()
 
         async def sender() -> None:
-            assert self._base is not None
-            conn = HttpConnection(self._base)
-            try:
-                while not queue.empty():
-                    row = queue.get_nowait()
-                    if time.monotonic() + s.request_timeout_seconds > send_until:
-                        # Not sent: the lease would run out before an answer could be recorded.
-                        outcomes[row["event_id"]] = Outcome("retry", None, 0.0, "not sent: lease ran short")
-                        continue
-                    outcomes[row["event_id"]] = await self._send_one(conn, row, s)
-                    activity.heartbeat({"sent": len(outcomes)})
-            finally:
-                await conn.close()
+            while not queue.empty():
+                row = queue.get_nowait()
+                if time.monotonic() + s.request_timeout_seconds > send_until:
+                    # Not sent: the lease would run out before an answer could be recorded. Not a failure.
+                    outcomes[row["event_id"]] = Outcome("retry", None, 0.0, NOT_SENT_LEASE_SHORT)
+                    continue
+                outcomes[row["event_id"]] = await self._send_one(client, row, s)
+                activity.heartbeat({"sent": len(outcomes)})
 
         await asyncio.gather(*(sender() for _ in range(min(s.concurrency, len(rows)))))
         return outcomes
 
-    async def _send_one(self, conn: HttpConnection, row: asyncpg.Record, s: RelayBatchSettings) -> Outcome:
+    async def _send_one(self, client: httpx.AsyncClient, row: asyncpg.Record, s: RelayBatchSettings) -> Outcome:
         if not _HEADER_SAFE.match(row["event_key"]):
             # Never put it in a header (CR/LF would inject headers); a bad event, not a provider problem.
             return Outcome("dead", None, 0.0, "event key is not a valid Idempotency-Key (printable ASCII only)")
@@ -242,23 +381,46 @@ class OutboxRelayActivities:
                 "payload": json.loads(row["payload"]),
             }
         ).encode()
-        headers = {
-            "Authorization": f"Bearer {self._token}",
-            "Idempotency-Key": row["event_key"],
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-        }
-        response: HttpResponse | None = None
+        headers = safe_headers(
+            {
+                "Authorization": f"Bearer {self._token}",
+                "Idempotency-Key": row["event_key"],
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            }
+        )
+        answer: ProviderAnswer | None = None
         failure: str | None = None
+        failure_kind: str | None = None
         try:
-            response = await conn.request("POST", SEND_PATH, headers, body, s.request_timeout_seconds)
-        except TimeoutError:
-            failure = f"timeout: no answer within {s.request_timeout_seconds:g}s"
-        except HttpError as err:
-            failure = str(err)
-        outcome = classify(response, failure, row["attempts"], s)
+            # httpx's timeout bounds each phase (connect, write, each read); this bounds the whole request.
+            async with asyncio.timeout(s.request_timeout_seconds):
+                answer = await self._post(client, body, headers, s.request_timeout_seconds)
+        except (TimeoutError, httpx.TimeoutException):
+            failure, failure_kind = f"timeout: no answer within {s.request_timeout_seconds:g}s", FAILURE_TIMEOUT
+        except httpx.HTTPError as err:  # connection refused/reset, broken answer, ...: never the headers
+            failure, failure_kind = f"connection error: {type(err).__name__}: {err}", FAILURE_CONNECTION
+        counted = row["failure_counts"]
+        failures = json.loads(counted) if isinstance(counted, str) else dict(counted or {})
+        outcome = classify(answer, failure, row["attempts"], s, failures=failures, failure_kind=failure_kind)
         if outcome.error is not None:
             outcome = Outcome(
-                outcome.kind, outcome.http_status, outcome.delay_seconds, redact(outcome.error, self._token)
+                outcome.kind,
+                outcome.http_status,
+                outcome.delay_seconds,
+                redact(outcome.error, self._token)[: ERROR_TEXT_LIMIT + 200],
+                outcome.failure_kind,
             )
         return outcome
+
+    @staticmethod
+    async def _post(
+        client: httpx.AsyncClient, body: bytes, headers: dict[str, str], phase_timeout: float
+    ) -> ProviderAnswer:
+        async with client.stream("POST", SEND_PATH, content=body, headers=headers, timeout=phase_timeout) as response:
+            data = b""
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) >= MAX_RESPONSE_BYTES:
+                    break
+            return ProviderAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()}, data)

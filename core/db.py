@@ -15,6 +15,25 @@ from core.queries import MIGRATIONS_DIR
 _MIGRATION_LOCK = 7_261_002
 
 
+# The connection went away under a statement, or the server is (re)starting: the statement did not
+# run, or ran and committed without us hearing back. Either way the database may be back in seconds.
+_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.PostgresConnectionError,  # class 08, incl. ConnectionDoesNotExistError
+    asyncpg.exceptions.AdminShutdownError,  # pg_terminate_backend, shutdown
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,  # starting up / recovering
+    asyncpg.exceptions.InterfaceError,  # "connection is closed", "connection was closed in the middle of operation"
+    ConnectionError,  # refused / reset while connecting
+)
+
+
+def connection_lost(err: BaseException) -> bool:
+    """True if `err` means the database connection was lost or could not be made (worth retrying)."""
+    if isinstance(err, asyncpg.exceptions.InterfaceError):
+        return "closed" in str(err)
+    return isinstance(err, _CONNECTION_LOST) or (isinstance(err, OSError) and not isinstance(err, TimeoutError))
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=300)
     assert pool is not None

@@ -128,10 +128,22 @@ class MailProvider:
             self.responses: Counter[int] = Counter()
             self.faults: Counter[str] = Counter()
             self.unauthorized = 0
+            self.held: dict[str, threading.Event] = {}
 
     def script(self, key: str, fault: ScriptedFault) -> None:
         with self._lock:
             self.scripted[key] = fault
+
+    def hold(self, key: str) -> None:
+        """Hold the answers to sends of this key (taken, answered only after `release`, at most 120 s)."""
+        with self._lock:
+            self.held.setdefault(key, threading.Event())
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            gate = self.held.pop(key, None)
+        if gate is not None:
+            gate.set()
 
     def configure(self, **shares: Any) -> None:
         with self._lock:
@@ -296,6 +308,10 @@ class MailProvider:
                     response = self._route(method, target, headers, body)
                 with self._lock:
                     self.responses[response.status] += 1
+                with self._lock:
+                    gate = self.held.get(headers.get("idempotency-key", "").strip())
+                if gate is not None:
+                    await asyncio.to_thread(gate.wait, 120)
                 if response.hang:
                     await asyncio.sleep(self.shares.hang_seconds)
                     return  # never answer; the connection closes

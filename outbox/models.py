@@ -14,6 +14,14 @@ from pydantic import Field, model_validator
 from core.model import Model
 
 RELAY_NOT_CONFIGURED = "RelayNotConfigured"
+# Workflow patch: a nudge that arrives while a batch runs is kept for the idle that follows it.
+RELAY_PATCH_KEEP_NUDGES = "relay-keep-nudges-during-batch"
+
+# Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
+FAILURE_TIMEOUT = "timeout"
+FAILURE_CONNECTION = "connection error"
+# Outcomes that never count as failures: the provider's rate limit, and rows released unsent.
+NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -31,7 +39,13 @@ class RelayBatchSettings(Model):
     concurrency: int = Field(default=16, ge=1, le=256, description="requests in flight per batch")
     lease_seconds: float = Field(default=120.0, gt=0, le=3600)
     request_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    max_attempts: int = Field(default=25, ge=1, le=1000, description="5xx/timeouts before an event is dead-lettered")
+    max_attempts: int = Field(
+        default=25,
+        ge=1,
+        le=1000,
+        description="real failures (5xx, 408, 401/403, timeouts, broken connections) before an event is "
+        "dead-lettered; 429 answers and sends skipped because the lease ran short never count",
+    )
     backoff_initial_seconds: float = Field(default=2.0, ge=0, le=3600)
     backoff_max_seconds: float = Field(default=600.0, ge=0, le=86_400)
     retry_after_max_seconds: float = Field(default=3600.0, ge=0, le=86_400)
@@ -92,6 +106,9 @@ class OutboxRelayInput(Model):
     )
     batches_per_run: int = Field(default=500, ge=1, le=10_000, description="then continue-as-new")
     totals: RelayTotals = RelayTotals()
+    # Signals carried across continue-as-new (received by the previous run, not yet acted on).
+    stop_requested: bool = False
+    nudged: bool = False
 
 
 RelayPhase = Literal["relaying", "idle", "stopping", "drained"]

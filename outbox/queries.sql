@@ -23,19 +23,29 @@ SET lease_owner = $1,
     last_attempt_at = now()
 FROM due
 WHERE o.event_id = due.event_id
-RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload, o.attempts;
+RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload, o.attempts, o.failures,
+    o.failure_counts;
 
 -- name: record_outcomes
 -- $1 lease owner, then one array per column: event_id, outcome ('delivered' | 'retry' | 'dead'),
 -- HTTP status (NULL for a timeout or a broken connection), delay before the next attempt (seconds),
--- error text (already redacted). 'delivered' is recorded even if the lease was lost meanwhile (the
+-- error text (already redacted), failure kind ('503', 'timeout', ...; NULL when the answer was no
+-- failure: delivered, 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
+-- Safe to run again with the same owner (a relay that lost its database connection does): rows it
+-- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again. 'delivered' is recorded even if the lease was lost meanwhile (the
 -- provider has the message, so a second send would only be a deduplicated duplicate); 'retry' and
 -- 'dead' are fenced by the lease owner, so a relay whose lease expired cannot overwrite the outcome
 -- of the relay that took the event over.
 WITH result AS (
     SELECT *
-    FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[])
-        AS r(event_id, outcome, http_status, delay_seconds, error)
+    FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::text[])
+        AS r(event_id, outcome, http_status, delay_seconds, error, failure_kind)
+),
+again AS (
+    SELECT r.outcome
+    FROM result r
+    JOIN outbox o ON o.event_id = r.event_id
+    WHERE o.recorded_by = $1
 ),
 updated AS (
     UPDATE outbox o
@@ -48,20 +58,46 @@ updated AS (
         dead_reason = CASE WHEN r.outcome = 'dead' THEN r.error ELSE o.dead_reason END,
         last_error = CASE WHEN r.outcome = 'delivered' THEN o.last_error ELSE r.error END,
         last_http_status = r.http_status,
+        failures = o.failures + (r.failure_kind IS NOT NULL)::int,
+        failure_counts = CASE WHEN r.failure_kind IS NULL THEN o.failure_counts
+            ELSE jsonb_set(o.failure_counts, ARRAY[r.failure_kind],
+                           to_jsonb(coalesce((o.failure_counts ->> r.failure_kind)::int, 0) + 1)) END,
         lease_owner = NULL,
-        leased_until = NULL
+        leased_until = NULL,
+        recorded_by = $1
     FROM result r
     WHERE o.event_id = r.event_id
       AND o.status = 'pending'
       AND (r.outcome = 'delivered' OR o.lease_owner = $1)
+      AND o.recorded_by IS DISTINCT FROM $1
     RETURNING r.outcome
+),
+counted AS (
+    SELECT outcome FROM updated
+    UNION ALL
+    SELECT outcome FROM again
 )
 SELECT
     count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
     count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
     count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
     (cardinality($2::bigint[]) - count(*))::int AS fenced
-FROM updated;
+FROM counted;
+
+-- name: release_lease
+-- $1 lease owner. A claim whose answer was lost with the database connection may have committed:
+-- give back whatever that owner holds, so the rows are claimable at once instead of at lease end.
+-- The claim's `attempts` increment is undone (nothing was sent under it).
+WITH released AS (
+    UPDATE outbox
+    SET lease_owner = NULL,
+        leased_until = NULL,
+        attempts = greatest(attempts - 1, 0)
+    WHERE lease_owner = $1
+      AND status = 'pending'
+    RETURNING event_id
+)
+SELECT count(*)::int AS released FROM released;
 
 -- name: pending_summary
 -- What is left for the relays: all pending events, those claimable now, and when the next one
@@ -91,14 +127,14 @@ SELECT
 FROM outbox;
 
 -- name: dead_letters
-SELECT event_key, account_id, attempts, last_http_status, dead_at, dead_reason
+SELECT event_key, account_id, attempts, failures, last_http_status, dead_at, dead_reason
 FROM outbox
 WHERE status = 'dead'
 ORDER BY dead_at DESC, event_id DESC
 LIMIT $1;
 
 -- name: event_by_key
-SELECT event_id, event_key, kind, account_id, source_id, status, attempts, created_at,
+SELECT event_id, event_key, kind, account_id, source_id, status, attempts, failures, created_at,
        next_attempt_at, delivered_at, last_attempt_at, last_http_status, last_error,
        dead_at, dead_reason, lease_owner, leased_until, redeliveries
 FROM outbox
@@ -112,6 +148,8 @@ UPDATE outbox
 SET status = 'pending',
     next_attempt_at = now(),
     attempts = CASE WHEN status = 'dead' THEN 0 ELSE attempts END,
+    failures = CASE WHEN status = 'dead' THEN 0 ELSE failures END,
+    failure_counts = CASE WHEN status = 'dead' THEN '{}'::jsonb ELSE failure_counts END,
     dead_at = NULL,
     dead_reason = NULL,
     redeliveries = redeliveries + 1

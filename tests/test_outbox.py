@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
+from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -33,14 +34,27 @@ import cleanup
 import outbox
 import starter
 from activities.cleanup import CleanupActivities
-from activities.outbox import OutboxRelayActivities, classify, retry_after_seconds
+from activities.outbox import (
+    OutboxRelayActivities,
+    ProviderAnswer,
+    classify,
+    failure_summary,
+    retry_after_seconds,
+    safe_headers,
+)
 from cleanup.targets import load_targets
-from core.errors import InputError
+from core.errors import HeaderInjectionError, InputError
 from core.failpoints import EXIT_CODE
-from core.http_client import HttpResponse
 from core.queries import load
 from outbox.mail_provider import MailProvider, ProviderThread, ScriptedFault
-from outbox.models import OutboxRelayInput, RelayBatchSettings, RelayTotals
+from outbox.models import (
+    RELAY_OUTBOX_BATCH,
+    OutboxRelayInput,
+    RelayBatchInput,
+    RelayBatchResult,
+    RelayBatchSettings,
+    RelayTotals,
+)
 from outbox.operations import outbox_status, redeliver_event, start_relays
 from tests.helpers import seed, wait_until
 from worker import build_worker
@@ -249,8 +263,8 @@ async def test_retry_after_backoff_and_dead_letter(client, pool, task_queue, rel
     assert "no template for kind 'no_such_template'" in rows["k-bad-kind"]["dead_reason"]
 
     forever = rows["k-503-forever"]
-    assert forever["status"] == "dead" and forever["attempts"] == 4
-    assert forever["dead_reason"].startswith("gave up after 4 attempts; last: HTTP 503")
+    assert forever["status"] == "dead" and forever["attempts"] == 4 and forever["failures"] == 4
+    assert forever["dead_reason"].startswith("gave up after 4 failures: 4\u00d7 503; last: HTTP 503")
 
     assert sum(1 for r in rows.values() if r["status"] == "delivered") == 23
     injection = rows["k-injection\r\nX-Injected: 1"]
@@ -266,23 +280,78 @@ def test_retry_policy_is_a_pure_function():
     s = RelayBatchSettings(backoff_initial_seconds=2, backoff_max_seconds=60, max_attempts=5)
     now = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
-    def answer(status: int, **headers: str) -> HttpResponse:
-        return HttpResponse(status, {k.replace("_", "-"): v for k, v in headers.items()}, b"{}")
+    def answer(status: int, **headers: str) -> ProviderAnswer:
+        return ProviderAnswer(status, {k.replace("_", "-"): v for k, v in headers.items()}, b"{}")
 
     assert classify(answer(202), None, 1, s).kind == "delivered"
     assert classify(answer(200), None, 1, s).kind == "delivered"
     r = classify(answer(429, retry_after="7"), None, 9, s, now)
     assert (r.kind, r.delay_seconds) == ("retry", 7.0), "429 is never dead-lettered and waits Retry-After"
+    assert r.failure_kind is None, "a 429 is not a failure"
     r = classify(answer(429, retry_after="Sun, 01 Nov 2026 09:00:30 GMT"), None, 1, s, now)
     assert r.delay_seconds == 30.0
     assert retry_after_seconds("garbage", s, now) is None
     assert 1.6 <= classify(answer(429), None, 1, s, now).delay_seconds <= 2.0, "no Retry-After: backoff"
-    assert 6.4 <= classify(answer(503), None, 3, s).delay_seconds <= 8.0
-    assert classify(None, "timeout", 2, s).kind == "retry"
+    assert 6.4 <= classify(answer(503), None, 3, s, failures={"503": 2}).delay_seconds <= 8.0
+    r = classify(None, "timeout: no answer", 2, s, failure_kind="timeout")
+    assert (r.kind, r.failure_kind) == ("retry", "timeout")
+    assert classify(None, "connection error: ConnectError", 1, s).failure_kind == "connection error"
     assert classify(answer(401), None, 1, s).kind == "retry", "credentials are configuration, not the event"
     assert classify(answer(422), None, 1, s).kind == "dead"
-    assert classify(answer(500), None, 5, s).kind == "dead"
-    assert classify(answer(500), None, 4, s).kind == "retry"
+    assert classify(answer(500), None, 5, s, failures={"500": 4}).kind == "dead"
+    assert classify(answer(500), None, 5, s, failures={"500": 3}).kind == "retry"
+
+
+def test_only_real_failures_count_toward_dead_lettering():
+    """Claims (429s, rows released unsent) no longer use up max_attempts; the reason says what counted."""
+    s = RelayBatchSettings(max_attempts=25, backoff_initial_seconds=2, backoff_max_seconds=60)
+    now = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    unavailable = ProviderAnswer(503, {}, b"busy")
+    # 24 rate-limited claims before it: the 25th claim's single 503 is the first failure, not the last.
+    r = classify(unavailable, None, 25, s, now, failures={})
+    assert (r.kind, r.failure_kind) == ("retry", "503") and 1.6 <= r.delay_seconds <= 2.0
+    r = classify(unavailable, None, 40, s, now, failures={"503": 19, "timeout": 5})
+    assert r.kind == "dead" and r.failure_kind == "503"
+    assert r.error == "gave up after 25 failures: 20\u00d7 503, 5\u00d7 timeout; last: HTTP 503: busy"
+    r = classify(None, "timeout: no answer within 10s", 30, s, now, failures={"503": 24}, failure_kind="timeout")
+    assert (
+        r.kind == "dead"
+        and r.error is not None
+        and r.error.startswith("gave up after 25 failures: 24\u00d7 503, 1\u00d7 timeout")
+    )
+    assert failure_summary({"timeout": 2, "503": 2, "connection error": 0}) == "2\u00d7 503, 2\u00d7 timeout"
+
+
+def test_retry_after_is_honoured_on_503():
+    s = RelayBatchSettings(backoff_initial_seconds=2, backoff_max_seconds=60, retry_after_max_seconds=120)
+    now = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    r = classify(ProviderAnswer(503, {"retry-after": "40"}), None, 1, s, now)
+    assert (r.kind, r.delay_seconds, r.failure_kind) == ("retry", 40.0, "503"), "seconds"
+    r = classify(ProviderAnswer(503, {"retry-after": "Sun, 01 Nov 2026 09:01:15 GMT"}), None, 1, s, now)
+    assert r.delay_seconds == 75.0, "an HTTP date"
+    r = classify(ProviderAnswer(503, {"retry-after": "999999"}), None, 1, s, now)
+    assert r.delay_seconds == 120.0, "capped at retry_after_max_seconds"
+    assert 1.6 <= classify(ProviderAnswer(503, {"retry-after": "soon"}), None, 1, s, now).delay_seconds <= 2.0
+    r = classify(ProviderAnswer(503, {"retry-after": "40"}), None, 9, s, now, failures={"503": 24})
+    assert r.kind == "dead", "Retry-After does not stop a 503 from counting"
+
+
+def test_header_injection_guard_and_token_redaction():
+    safe_headers({"Idempotency-Key": "renewal-reminder:acct_1:v1", "Authorization": "Bearer abc"})
+    for headers in (
+        {"Idempotency-Key": "k\r\nX-Injected: 1"},
+        {"Idempotency-Key": "k\nX-Injected: 1"},
+        {"X-Evil\r\nX-Injected": "1"},
+        {"Bad Name": "1"},
+        {"Authorization": "Bearer tok\x00"},
+    ):
+        with pytest.raises(HeaderInjectionError) as err:
+            safe_headers(headers)
+        assert "Injected" not in str(err.value) and "tok" not in str(err.value), "the error names no value"
+    # A token that would inject headers is refused when the relay is built, and the error does not show it.
+    with pytest.raises(HeaderInjectionError) as err:
+        OutboxRelayActivities(None, "http://127.0.0.1:9", "secret-tok\r\nX-Injected: 1")
+    assert "secret-tok" not in str(err.value)
 
 
 # -- 3. nothing is sent for a cleanup that did not commit -------------------------------------------
@@ -443,7 +512,7 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
 
     async def record(owner: str, outcome: str) -> dict[str, int]:
         row = await pool.fetchrow(
-            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n
+            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n, ["503"] * n
         )
         return dict(row)
 
@@ -451,6 +520,11 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
     assert await record("relay-0", "retry") == {"delivered": 0, "retried": 0, "dead": 0, "fenced": n}
     assert (await record("relay-0", "delivered"))["delivered"] == n
     assert (await record("relay-5", "delivered"))["fenced"] == n, "recorded once"
+    # The same owner recording again (its connection died after COMMIT): the same counts, no change.
+    before = await pool.fetch("SELECT * FROM outbox WHERE event_id = ANY($1::bigint[]) ORDER BY event_id", ids)
+    assert (await record("relay-0", "delivered")) == {"delivered": n, "retried": 0, "dead": 0, "fenced": 0}
+    after = await pool.fetch("SELECT * FROM outbox WHERE event_id = ANY($1::bigint[]) ORDER BY event_id", ids)
+    assert [dict(r) for r in before] == [dict(r) for r in after]
 
 
 async def test_relay_continues_as_new_and_keeps_its_totals(client, pool, task_queue, relay_worker, provider):
@@ -474,3 +548,227 @@ async def test_relay_continues_as_new_and_keeps_its_totals(client, pool, task_qu
     assert len(history.events) < 40, "each run's history stays short"
     replayer = Replayer(workflows=[OutboxRelayWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)  # deterministic: the recorded run replays without error
+
+
+# -- what counts toward dead-lettering, Retry-After on 503 -------------------------------------
+
+
+async def test_rate_limits_never_count_and_503_waits_its_retry_after(client, pool, task_queue, relay_worker, provider):
+    p = provider.provider
+    await add_event(pool, "k-after-429s")
+    # Its history under the old counting: 24 claims answered 429, so `attempts` is already far past
+    # max_attempts. A single 503 now is its first real failure, not a reason to give up.
+    await pool.execute("UPDATE outbox SET attempts = 24 WHERE event_key = 'k-after-429s'")
+    p.script("k-after-429s", ScriptedFault(503, times=1))
+    await add_event(pool, "k-rate")
+    p.script("k-rate", ScriptedFault(429, times=3, retry_after="0"))
+    await add_event(pool, "k-503-retry-after")
+    p.script("k-503-retry-after", ScriptedFault(503, times=1, retry_after="3"))
+    await add_event(pool, "k-mixed")
+    await pool.execute(
+        "UPDATE outbox SET attempts = 2, failures = 2, failure_counts = '{\"timeout\": 2}' WHERE event_key = 'k-mixed'"
+    )
+    p.script("k-mixed", ScriptedFault(503, times=-1, body="down"))
+    settings = FAST.model_copy(update={"max_attempts": 4})
+
+    totals = await drain(client, task_queue, settings)
+
+    rows = await rows_by_key(pool)
+    after = rows["k-after-429s"]
+    assert after["status"] == "delivered", after["dead_reason"]
+    assert (after["attempts"], after["failures"], json.loads(after["failure_counts"])) == (26, 1, {"503": 1})
+
+    rate = rows["k-rate"]
+    assert rate["status"] == "delivered" and rate["attempts"] == 4
+    assert (rate["failures"], json.loads(rate["failure_counts"])) == (0, {}), "429s are not failures"
+
+    waited = rows["k-503-retry-after"]
+    assert waited["status"] == "delivered" and waited["failures"] == 1
+    first, second = p.times_for("k-503-retry-after")
+    assert second - first >= 2.95, "the resend waited for the 503's Retry-After (backoff alone is 0.3 s)"
+
+    mixed = rows["k-mixed"]
+    assert mixed["status"] == "dead" and mixed["failures"] == 4
+    reason = "gave up after 4 failures: 2\u00d7 503, 2\u00d7 timeout; last: HTTP 503: "
+    assert mixed["dead_reason"] == reason + '{"error": "down"}'
+    assert (totals.delivered, totals.dead) == (3, 1)
+
+
+async def test_rows_released_unsent_when_the_lease_ran_short_do_not_count(
+    client, pool, task_queue, relay_worker, provider
+):
+    p = provider.provider
+    await add_event(pool, "k-hang")  # first in the batch: its request hangs until the request timeout
+    await add_event(pool, "k-short")  # then the lease is too short to start another: released unsent
+    p.script("k-hang", ScriptedFault(None, times=1))
+    p.script("k-short", ScriptedFault(503, times=1))
+    settings = FAST.model_copy(
+        update={"concurrency": 1, "lease_seconds": FAST.request_timeout_seconds + 2, "max_attempts": 2}
+    )
+
+    await drain(client, task_queue, settings)
+
+    short = (await rows_by_key(pool))["k-short"]
+    sends = len(p.times_for("k-short"))
+    assert short["status"] == "delivered", short["dead_reason"]
+    assert sends == 2 and short["attempts"] > sends, "claimed once more than sent: released unsent at least once"
+    assert (short["failures"], json.loads(short["failure_counts"])) == (1, {"503": 1})
+
+
+# -- signals that arrive while a batch runs ---------------------------------------------------
+
+
+class GatedRelay:
+    """The real relay activity, held after chosen batches until the test releases it (a batch in flight)."""
+
+    def __init__(self, relay: OutboxRelayActivities, hold_batches: set[int]) -> None:
+        self.relay = relay
+        self.hold_batches = hold_batches
+        self.calls = 0
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @activity.defn(name=RELAY_OUTBOX_BATCH)
+    async def relay_outbox_batch(self, input: RelayBatchInput) -> RelayBatchResult:
+        self.calls += 1
+        result = await self.relay.relay_outbox_batch(input)
+        if self.calls in self.hold_batches:
+            self.held.set()
+            await self.release.wait()
+        return result
+
+
+@pytest_asyncio.fixture
+async def gated(client, pool, task_queue, provider, token) -> AsyncIterator[GatedRelay]:
+    relay = OutboxRelayActivities(pool, provider.url, token)
+    g = GatedRelay(relay, hold_batches={1})
+    async with build_worker(client, task_queue, [g.relay_outbox_batch]):
+        yield g
+        g.release.set()
+    await relay.aclose()
+
+
+async def test_a_nudge_during_a_batch_is_not_cleared_unseen(client, pool, task_queue, gated, provider):
+    relay_id = f"relay-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow(
+        OutboxRelayWorkflow.run,
+        OutboxRelayInput(relay_id=relay_id, settings=FAST, idle_sleep_seconds=3600),
+        id=relay_id,
+        task_queue=task_queue,
+    )
+    await asyncio.wait_for(gated.held.wait(), 30)  # batch 1 claimed nothing and is still in flight
+    await add_event(pool, "k-late")
+    await handle.signal(OutboxRelayWorkflow.nudge)  # in the history before the batch completes
+    gated.release.set()
+
+    async def delivered() -> bool:
+        return bool(await pool.fetchval("SELECT status = 'delivered' FROM outbox WHERE event_key = 'k-late'"))
+
+    # Without the nudge the relay would idle for idle_sleep_seconds (an hour) before looking again.
+    await wait_until(delivered, within=60, interval=0.1)
+    status = await handle.query(OutboxRelayWorkflow.status)
+    assert status.totals.delivered == 1 and status.totals.batches >= 2
+    await handle.signal(OutboxRelayWorkflow.stop)
+    totals = await asyncio.wait_for(handle.result(), 60)
+    assert totals.delivered == 1 and totals.runs == 1
+
+
+async def test_a_stop_during_the_last_batch_before_continue_as_new_is_kept(client, pool, task_queue, gated, provider):
+    await seed_events(pool, 5)
+    relay_id = f"relay-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow(
+        OutboxRelayWorkflow.run,
+        OutboxRelayInput(relay_id=relay_id, settings=FAST, idle_sleep_seconds=3600, batches_per_run=1),
+        id=relay_id,
+        task_queue=task_queue,
+    )
+    await asyncio.wait_for(gated.held.wait(), 30)  # batch 1 (the run's last) has sent its 5 and is in flight
+    await handle.signal(OutboxRelayWorkflow.stop)
+    gated.release.set()
+    # Dropped, the stop would leave the next run relaying (idling for an hour); kept, the relay finishes.
+    totals = await asyncio.wait_for(handle.result(), 60)
+    assert (totals.delivered, totals.batches) == (5, 1)
+
+    # A stop carried into a new run (by a run recorded before the patch) ends that run before any batch.
+    carried_id = f"{relay_id}-carried"
+    carried = await client.execute_workflow(
+        OutboxRelayWorkflow.run,
+        OutboxRelayInput(relay_id=carried_id, settings=FAST, stop_requested=True, totals=totals),
+        id=carried_id,
+        task_queue=task_queue,
+        execution_timeout=timedelta(seconds=60),
+    )
+    assert carried == totals and gated.calls == 1
+
+
+# -- a relay whose database connection died mid-batch resumes its own lease --------------------
+
+
+async def test_a_batch_whose_database_connection_died_is_recorded_once_the_database_is_back(
+    client, pool, db_url, task_queue, provider, token
+):
+    app = f"relay-under-test-{uuid.uuid4().hex[:6]}"
+    relay_pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4, server_settings={"application_name": app})
+    relay = OutboxRelayActivities(relay_pool, provider.url, token)
+    p = provider.provider
+    await seed_events(pool, 20)
+    held_key = "renewal-reminder:acct_t1:v1"
+    p.hold(held_key)  # keeps the batch in flight until the test has set the trap
+    # A lease far longer than the test may take: delivery must not wait for it.
+    settings = FAST.model_copy(update={"lease_seconds": 600, "request_timeout_seconds": 60})
+    locker = await pool.acquire()
+    try:
+        async with build_worker(client, task_queue, [relay.relay_outbox_batch]):
+            run = asyncio.create_task(drain(client, task_queue, settings))
+
+            async def sending() -> bool:
+                return len(p.times_for(held_key)) == 1
+
+            await wait_until(sending, within=30, interval=0.05)  # claimed (committed) and sending
+            leases = await pool.fetch("SELECT event_id, lease_owner, leased_until FROM outbox ORDER BY event_id")
+            assert len({r["lease_owner"] for r in leases}) == 1 and all(r["leased_until"] for r in leases)
+            lease_end = leases[0]["leased_until"]
+
+            # Hold one row's lock so the batch's recording statement waits on it, then kill every
+            # backend of the relay's pool while that statement is in flight.
+            tx = locker.transaction()
+            await tx.start()
+            await locker.execute("SELECT 1 FROM outbox WHERE event_key = $1 FOR UPDATE", held_key)
+            p.release(held_key)
+
+            async def recording_blocked() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                        "AND wait_event_type = 'Lock' AND query LIKE '%unnest%'",
+                        app,
+                    )
+                )
+
+            await wait_until(recording_blocked, within=30, interval=0.05)
+            killed = await pool.fetchval(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = $1",
+                app,
+            )
+            assert killed >= 1
+            await tx.rollback()
+
+            async def all_delivered() -> bool:
+                return bool(await pool.fetchval("SELECT count(*) = 20 FROM outbox WHERE status = 'delivered'"))
+
+            await wait_until(all_delivered, within=120, interval=0.1)
+            totals = await asyncio.wait_for(run, 60)
+    finally:
+        await pool.release(locker)
+        await relay.aclose()
+        await relay_pool.close()
+
+    rows = await pool.fetch("SELECT attempts, delivered_at, lease_owner, leased_until FROM outbox")
+    # Recorded under the original lease, by its owner: nobody waited for the lease to expire, nothing
+    # was claimed (or sent) a second time.
+    assert all(r["delivered_at"] < lease_end for r in rows)
+    assert all(r["attempts"] == 1 and r["lease_owner"] is None and r["leased_until"] is None for r in rows)
+    assert totals.delivered == 20 and totals.claimed == 20
+    s = stats(provider)
+    assert s["unique_keys"] == 20 and s["received"] == 20 and s["duplicates"] == 0

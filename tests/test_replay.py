@@ -23,6 +23,8 @@ def test_recorded_histories_exist():
     assert "cohort_failed_tolerance" in names
     # Ledger: v1_ledger_night was recorded before settlement revisions and re-checks.
     assert {"ledger_night", "ledger_recheck", "v1_ledger_night"} <= names
+    # v1_: recorded before the outbox relay's `relay-keep-nudges-during-batch` patch.
+    assert {"outbox_relay_nudged_mid_batch", "v1_outbox_relay_nudged_mid_batch"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -19,6 +19,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from outbox.models import (
         RELAY_NOT_CONFIGURED,
+        RELAY_PATCH_KEEP_NUDGES,
         OutboxRelayInput,
         OutboxRelayStatus,
         RelayBatchInput,
@@ -45,15 +46,23 @@ class OutboxRelayWorkflow:
         self._totals = input.totals
         self._phase: RelayPhase = "relaying"
         self._last: RelayBatchResult | None = None
-        self._nudged = False
-        self._stop = False
+        self._nudged = input.nudged
+        # Nudges received so far (a carried one counts as received before this run's first batch).
+        self._nudges = 1 if input.nudged else 0
+        self._stop = input.stop_requested  # a stop the previous run received just before continuing as new
+        self._keep_nudges = False
 
     @workflow.run
     async def run(self, input: OutboxRelayInput) -> RelayTotals:
         s = input.settings
         batches = 0
+        # Runs recorded before this patch clear a nudge received during a batch and stay on the old
+        # command sequence; new runs keep it (no idle sleep) and finish instead of continuing as new
+        # when a stop arrived during the last batch.
+        self._keep_nudges = workflow.patched(RELAY_PATCH_KEEP_NUDGES)
         while not self._stop:
             self._set_phase("relaying")
+            nudges_before_batch = self._nudges
             result = await workflow.execute_activity(
                 "relay_outbox_batch",
                 RelayBatchInput(relay_id=input.relay_id, settings=s),
@@ -75,25 +84,42 @@ class OutboxRelayWorkflow:
                     self._set_phase("drained")
                     return self._totals
                 if result.claimed == 0:
-                    await self._idle(result)
+                    await self._idle(result, nudges_before_batch)
+            if self._stop and self._keep_nudges:
+                break
             if batches >= input.batches_per_run or workflow.info().is_continue_as_new_suggested():
                 workflow.continue_as_new(
-                    input.model_copy(update={"totals": self._totals.model_copy(update={"runs": self._totals.runs + 1})})
+                    input.model_copy(
+                        update={
+                            "totals": self._totals.model_copy(update={"runs": self._totals.runs + 1}),
+                            # Signals this run received and has not acted on yet go to the next run.
+                            "stop_requested": self._stop,
+                            "nudged": self._nudges != nudges_before_batch,
+                        }
+                    )
                 )
         self._set_phase("stopping")
         return self._totals
 
-    async def _idle(self, result: RelayBatchResult) -> None:
-        """Sleep until the next event is due (or idle_sleep_seconds), or until nudged or stopped."""
+    async def _idle(self, result: RelayBatchResult, nudges_before_batch: int) -> None:
+        """Sleep until the next event is due (or idle_sleep_seconds), or until nudged or stopped.
+
+        A nudge that arrived while the batch ran may announce events the batch's claim did not see
+        yet, so it ends the idle at once: only nudges received before the batch started are cleared.
+        """
         self._set_phase("idle")
         wait = timedelta(seconds=self._input.idle_sleep_seconds)
         if result.next_due_in_seconds is not None:
             wait = min(wait, max(_MIN_IDLE, timedelta(seconds=result.next_due_in_seconds)))
-        self._nudged = False
+        if self._keep_nudges:
+            if self._nudges != nudges_before_batch or self._stop:
+                return
+            condition = lambda: self._nudges != nudges_before_batch or self._stop  # noqa: E731
+        else:
+            self._nudged = False
+            condition = lambda: self._nudged or self._stop  # noqa: E731
         try:
-            await workflow.wait_condition(
-                lambda: self._nudged or self._stop, timeout=wait, timeout_summary="outbox idle"
-            )
+            await workflow.wait_condition(condition, timeout=wait, timeout_summary="outbox idle")
         except TimeoutError:
             pass
 
@@ -109,6 +135,7 @@ class OutboxRelayWorkflow:
     def nudge(self) -> None:
         """New events were written: look now instead of at the end of the idle sleep."""
         self._nudged = True
+        self._nudges += 1
 
     @workflow.signal
     def stop(self) -> None:
