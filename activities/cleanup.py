@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import asyncpg
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 import cleanup
 from cleanup.batches import CompiledCleanup, run_keyset_batch
@@ -28,6 +27,7 @@ from cleanup.models import (
 )
 from cleanup.targets import CleanupTargets
 from core import failpoints, metrics
+from core.errors import ErrorType, failure
 from core.queries import load
 
 SQL = load(cleanup.__file__)
@@ -116,7 +116,7 @@ class CleanupActivities:
                 )
                 state = await conn.fetchrow(SQL.account_state, input.account_id)
                 if state is None:
-                    raise ApplicationError(f"unknown account {input.account_id}", non_retryable=True)
+                    raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
                 if state["claimed_by"] != input.cleanup_id:
                     renewed = state["status"] == "renewed" or (
                         state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
@@ -137,7 +137,7 @@ class CleanupActivities:
         """The signal says "renewed"; the database decides whether it is true."""
         state = await self.pool.fetchrow(SQL.account_state, input.account_id)
         if state is None:
-            raise ApplicationError(f"unknown account {input.account_id}", non_retryable=True)
+            raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
         return bool(state["cleanup_version"] != input.expected_version and state["status"] != "cleaning")
 
     @activity.defn
@@ -195,9 +195,9 @@ class CleanupActivities:
             missing = await conn.fetch(SQL.unreported_partitions, input.cleanup_id)
             if missing:
                 # The workflow's join makes this unreachable; the database check makes it provable.
-                raise ApplicationError(
+                raise failure(
+                    ErrorType.JOIN_INCOMPLETE,
                     f"partitions {[r[0] for r in missing]} have not reported; refusing to settle",
-                    type="JoinIncomplete",
                 )
             totals = PartitionCounts()
             for report in input.reports:

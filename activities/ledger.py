@@ -19,8 +19,12 @@ from temporalio.exceptions import ApplicationError
 
 import ledger
 from core import failpoints, metrics
+from core.errors import ErrorType, failure
 from core.queries import load
 from ledger.models import (
+    CHECK_LEDGER_DAY,
+    RECONCILE_SHARD,
+    SETTLE_LEDGER_DATE,
     LedgerDay,
     LedgerDayCheck,
     LedgerSettlement,
@@ -35,7 +39,7 @@ log = logging.getLogger("ledger")
 
 
 def _bad_input(message: str) -> ApplicationError:
-    return ApplicationError(message, type="InvalidLedgerInput", non_retryable=True)
+    return failure(ErrorType.INVALID_LEDGER_INPUT, message)
 
 
 async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date, shards: int) -> LedgerDay:
@@ -74,10 +78,10 @@ async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: 
         assert row is not None
         if row["updated"] != row["corrected"]:
             # Rolls the batch back: a correction must never be recorded without its ledger update.
-            raise ApplicationError(
+            raise failure(
+                ErrorType.LEDGER_CONFLICT,
                 f"shard {input.shard}: {row['corrected']} correction(s) recorded but "
                 f"{row['updated']} ledger row(s) updated; the batch was rolled back",
-                type="LedgerConflict",
             )
     return row
 
@@ -136,12 +140,11 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
     replaces the recorded one.
     """
     if checkpoint.corrections_judged + checkpoint.reviews_judged != checkpoint.discrepancies:
-        raise ApplicationError(  # the batch statement's verdict classes cover every discrepancy
+        raise failure(  # the batch statement's verdict classes cover every discrepancy
+            ErrorType.LEDGER_UNBALANCED,
             f"shard {input.shard} of {input.business_date} does not balance: "
             f"{checkpoint.discrepancies} discrepancies found, {checkpoint.corrections_judged} corrected, "
             f"{checkpoint.reviews_judged} sent to review",
-            type="LedgerUnbalanced",
-            non_retryable=True,
         )
     judged = checkpoint.judged_fingerprint
     async with pool.acquire() as conn, conn.transaction():
@@ -211,11 +214,11 @@ class LedgerActivities:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
-    @activity.defn
+    @activity.defn(name=CHECK_LEDGER_DAY)
     async def check_ledger_day(self, input: LedgerDayCheck) -> LedgerDay:
         return await check_day(self.pool, input.business_date, input.shards)
 
-    @activity.defn
+    @activity.defn(name=RECONCILE_SHARD)
     async def reconcile_shard(self, input: ReconcileShardInput) -> ShardReport:
         """Reconcile one shard in keyset-paged batches, one statement and one transaction per batch.
 
@@ -252,7 +255,7 @@ class LedgerActivities:
         interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
 
         def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
-            failpoints.hit("reconcile_shard.after_commit")
+            failpoints.hit(f"{RECONCILE_SHARD}.after_commit")
             activity.heartbeat(checkpoint.model_dump(mode="json"))
             # What this committed batch inserted (never totals read back), so retries do not double count.
             metrics.record_corrections(row["corrected"])
@@ -305,7 +308,7 @@ class LedgerActivities:
             task.cancel()
             raise
 
-    @activity.defn
+    @activity.defn(name=SETTLE_LEDGER_DATE)
     async def settle_ledger_date(self, input: SettleLedgerInput) -> LedgerSettlement:
         """Settle the date from its shard reports once every shard has reported: the first
         settlement is revision 1; a later one whose totals differ (late data judged by a re-check)
@@ -317,20 +320,19 @@ class LedgerActivities:
             missing = await conn.fetch(SQL.unreported_shards, input.business_date, input.shards)
             if missing:
                 # The workflow's join makes this unreachable; the database check makes it provable.
-                raise ApplicationError(
+                raise failure(
+                    ErrorType.JOIN_INCOMPLETE,
                     f"shards {[r['shard'] for r in missing]} of {input.business_date} have not reported; "
                     "refusing to settle",
-                    type="JoinIncomplete",
                 )
             t = await conn.fetchrow(SQL.date_totals, input.business_date)
             assert t is not None
             if t["corrected"] + t["sent_to_review"] != t["discrepancies_found"]:
                 # Unreachable (each shard report balances by CHECK); kept as the last line of defence.
-                raise ApplicationError(
+                raise failure(
+                    ErrorType.LEDGER_UNBALANCED,
                     f"{input.business_date} does not balance: {t['discrepancies_found']} discrepancies "
                     f"found, {t['corrected']} corrected, {t['sent_to_review']} sent to review",
-                    type="LedgerUnbalanced",
-                    non_retryable=True,
                 )
             await conn.execute(
                 SQL.settle_revision,
@@ -345,6 +347,6 @@ class LedgerActivities:
                 input.reason,
             )
             row = await conn.fetchrow(SQL.get_settlement, input.business_date)
-        failpoints.hit("settle_ledger.after_commit")
+        failpoints.hit(f"{SETTLE_LEDGER_DATE}.after_commit")
         assert row is not None
         return LedgerSettlement.model_validate(dict(row))

@@ -31,17 +31,16 @@ from urllib.parse import SplitResult, urlsplit
 import asyncpg
 import httpx
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 import outbox
 from core import db, failpoints, metrics
-from core.errors import HeaderInjectionError
+from core.errors import ErrorType, HeaderInjectionError, failure
 from core.queries import load
 from outbox.models import (
     FAILURE_CONNECTION,
     FAILURE_TIMEOUT,
     NOT_SENT_LEASE_SHORT,
-    RELAY_NOT_CONFIGURED,
+    RELAY_OUTBOX_BATCH,
     RelayBatchInput,
     RelayBatchResult,
     RelayBatchSettings,
@@ -267,15 +266,14 @@ class OutboxRelayActivities:
         if client is not None:
             await client.aclose()
 
-    @activity.defn
+    @activity.defn(name=RELAY_OUTBOX_BATCH)
     async def relay_outbox_batch(self, input: RelayBatchInput) -> RelayBatchResult:
         """Claim up to `batch_size` due events under a lease, send them, record the outcomes."""
         if not self.configured:
-            raise ApplicationError(
+            raise failure(
+                ErrorType.RELAY_NOT_CONFIGURED,
                 "the outbox relay is not configured on this worker: set MAIL_PROVIDER_URL and "
                 "MAIL_PROVIDER_TOKEN in the worker's environment",
-                type=RELAY_NOT_CONFIGURED,
-                non_retryable=True,
             )
         s = input.settings
         info = activity.info()
@@ -286,7 +284,7 @@ class OutboxRelayActivities:
         if rows:
             activity.heartbeat({"claimed": len(rows)})
             outcomes = await self._send_all(rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS)
-            failpoints.hit("outbox_relay.after_send")
+            failpoints.hit(f"{RELAY_OUTBOX_BATCH}.after_send")
             ids = [r["event_id"] for r in rows]
             # A lost connection here (the database restarted, our backend was terminated) must not leave
             # the rows leased until the lease ends: the outcomes are ours to record (fenced by `owner`)
@@ -305,7 +303,7 @@ class OutboxRelayActivities:
                     [outcomes[i].failure_kind for i in ids],
                 ),
             )
-            failpoints.hit("outbox_relay.after_commit")
+            failpoints.hit(f"{RELAY_OUTBOX_BATCH}.after_commit")
             assert recorded is not None
             result = result.model_copy(update=dict(recorded))
             metrics.record_outbox(result.delivered, result.dead)

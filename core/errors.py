@@ -6,9 +6,53 @@ No asyncpg import here: workflows import this module (through the sandbox's pass
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+from enum import StrEnum
 
 from pydantic import ValidationError
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
+
+
+class ErrorType(StrEnum):
+    """Every failure type an activity raises, by name. Activities raise them through `failure()`;
+    workflows retry with `STEP_RETRY`, whose non-retryable list is built from this enum, so a typo
+    fails at import time instead of silently retrying a permanent error forever."""
+
+    VALIDATION = "ValidationError"  # a payload that does not validate (pydantic)
+    UNKNOWN_ACCOUNT = "UnknownAccount"
+    JOIN_INCOMPLETE = "JoinIncomplete"  # settle before every partition or shard reported: retried
+    INVALID_LEDGER_INPUT = "InvalidLedgerInput"
+    LEDGER_CONFLICT = "LedgerConflict"  # a batch raced another writer: rolled back, retried
+    LEDGER_UNBALANCED = "LedgerUnbalanced"
+    RELAY_NOT_CONFIGURED = "RelayNotConfigured"
+    FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
+
+
+NON_RETRYABLE: frozenset[ErrorType] = frozenset(
+    {
+        ErrorType.VALIDATION,
+        ErrorType.UNKNOWN_ACCOUNT,
+        ErrorType.INVALID_LEDGER_INPUT,
+        ErrorType.LEDGER_UNBALANCED,
+        ErrorType.RELAY_NOT_CONFIGURED,
+        ErrorType.FAILED_TOLERANCE_EXCEEDED,
+    }
+)
+
+# The retry policy of every activity the workflows run: quick first retries, capped back-off, and
+# no retry of a failure that can only recur.
+STEP_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=sorted(t.value for t in NON_RETRYABLE),
+)
+
+
+def failure(type: ErrorType, message: str) -> ApplicationError:
+    """The typed failure an activity raises: non-retryable exactly when its type is in NON_RETRYABLE."""
+    return ApplicationError(message, type=type.value, non_retryable=type in NON_RETRYABLE)
 
 
 class InputError(ValueError):
@@ -76,7 +120,7 @@ class FailedToleranceExceeded(ApplicationError):
     """More accounts failed than the cleanup's `--max-failed` tolerates: the workflow fails loudly
     (non-retryable), after the settlement is written."""
 
-    TYPE = "FailedToleranceExceeded"
+    TYPE = ErrorType.FAILED_TOLERANCE_EXCEEDED.value
 
     def __init__(self, failed: int, tolerance: str, reasons: Sequence[str]) -> None:
         first = "; ".join(reasons) if reasons else "(no reasons recorded)"

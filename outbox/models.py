@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 
 from core.model import Model
 
-RELAY_NOT_CONFIGURED = "RelayNotConfigured"
 # Workflow patch: a nudge that arrives while a batch runs is kept for the idle that follows it.
 RELAY_PATCH_KEEP_NUDGES = "relay-keep-nudges-during-batch"
 

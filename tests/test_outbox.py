@@ -162,7 +162,7 @@ async def test_ten_thousand_events_three_relays_one_killed_mid_batch(
     provider.provider.configure(share_5xx=0.02, share_429=0.01, retry_after="1")
     env = {"MAIL_PROVIDER_URL": provider.url, "MAIL_PROVIDER_TOKEN": token}
     # This relay process dies right after sending its first batch, before recording it as delivered.
-    doomed = worker_processes.start(CLEANUP_FAILPOINTS="outbox_relay.after_send=exit", **env)
+    doomed = worker_processes.start(CLEANUP_FAILPOINTS="relay_outbox_batch.after_send=exit", **env)
 
     async def polling() -> bool:
         return "worker polling" in worker_processes.logs()

@@ -18,7 +18,6 @@ from datetime import UTC, timedelta
 
 from temporalio import workflow
 from temporalio.common import (
-    RetryPolicy,
     SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
@@ -28,7 +27,14 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
+    from core.errors import STEP_RETRY
     from ledger.models import (
+        CHECK_LEDGER_DAY,
+        LEDGER_WORKFLOW,
+        RECONCILE_SHARD,
+        SCHEDULED_LEDGER_WORKFLOW,
+        SETTLE_LEDGER_DATE,
+        STATUS_QUERY,
         LedgerDay,
         LedgerDayCheck,
         LedgerPhase,
@@ -44,18 +50,13 @@ with workflow.unsafe.imports_passed_through():
         ledger_workflow_id,
     )
 
-_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["ValidationError", "InvalidLedgerInput", "LedgerUnbalanced"],
-)
+_RETRY = STEP_RETRY
 
 # Set by the Temporal server on every workflow a schedule starts (backfills included).
 SCHEDULED_START_TIME = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
 
-@workflow.defn
+@workflow.defn(name=LEDGER_WORKFLOW)
 class LedgerReconciliationWorkflow:
     @workflow.init
     def __init__(self, input: LedgerReconciliationInput) -> None:
@@ -68,7 +69,7 @@ class LedgerReconciliationWorkflow:
     async def run(self, input: LedgerReconciliationInput) -> LedgerReconciliationResult:
         workflow.upsert_search_attributes([sa.BUSINESS_DATE.value_set(input.business_date.isoformat())])
         await workflow.execute_activity(
-            "check_ledger_day",
+            CHECK_LEDGER_DAY,
             LedgerDayCheck(business_date=input.business_date, shards=input.shards),
             result_type=LedgerDay,
             start_to_close_timeout=timedelta(minutes=1),
@@ -82,7 +83,7 @@ class LedgerReconciliationWorkflow:
 
         self._phase = "settling"
         self._settlement = await workflow.execute_activity(
-            "settle_ledger_date",
+            SETTLE_LEDGER_DATE,
             SettleLedgerInput(
                 business_date=input.business_date,
                 shards=input.shards,
@@ -107,7 +108,7 @@ class LedgerReconciliationWorkflow:
     async def _reconcile_shard(self, shard: int, limit: asyncio.Semaphore) -> None:
         async with limit:
             report = await workflow.execute_activity(
-                "reconcile_shard",
+                RECONCILE_SHARD,
                 ReconcileShardInput(
                     business_date=self._input.business_date,
                     shard=shard,
@@ -124,7 +125,7 @@ class LedgerReconciliationWorkflow:
             )
         self._reports[shard] = report
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> LedgerStatus:
         reports = self._reports.values()
         return LedgerStatus(
@@ -139,7 +140,7 @@ class LedgerReconciliationWorkflow:
         )
 
 
-@workflow.defn
+@workflow.defn(name=SCHEDULED_LEDGER_WORKFLOW)
 class ScheduledLedgerReconciliationWorkflow:
     """The schedule's action: derive the business date, then start (or find) the date's run."""
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from core.errors import STEP_RETRY
     from outbox.models import (
-        RELAY_NOT_CONFIGURED,
+        RELAY_NUDGE_SIGNAL,
+        RELAY_OUTBOX_BATCH,
         RELAY_PATCH_KEEP_NUDGES,
+        RELAY_STATUS_QUERY,
+        RELAY_STOP_SIGNAL,
+        RELAY_WORKFLOW,
         OutboxRelayInput,
         OutboxRelayStatus,
         RelayBatchInput,
@@ -28,17 +32,12 @@ with workflow.unsafe.imports_passed_through():
         RelayTotals,
     )
 
-_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["ValidationError", RELAY_NOT_CONFIGURED],
-)
+_RETRY = STEP_RETRY
 # Shortest pause when the outbox is not empty but nothing is due yet (leases, retries later).
 _MIN_IDLE = timedelta(milliseconds=200)
 
 
-@workflow.defn
+@workflow.defn(name=RELAY_WORKFLOW)
 class OutboxRelayWorkflow:
     @workflow.init
     def __init__(self, input: OutboxRelayInput) -> None:
@@ -64,7 +63,7 @@ class OutboxRelayWorkflow:
             self._set_phase("relaying")
             nudges_before_batch = self._nudges
             result = await workflow.execute_activity(
-                "relay_outbox_batch",
+                RELAY_OUTBOX_BATCH,
                 RelayBatchInput(relay_id=input.relay_id, settings=s),
                 result_type=RelayBatchResult,
                 # The activity stops sending before its lease ends, so the lease bounds its duration.
@@ -131,18 +130,18 @@ class OutboxRelayWorkflow:
                 f"{phase}: {t.delivered} delivered, {t.retried} retried, {t.dead} dead in {t.batches} batches"
             )
 
-    @workflow.signal
+    @workflow.signal(name=RELAY_NUDGE_SIGNAL)
     def nudge(self) -> None:
         """New events were written: look now instead of at the end of the idle sleep."""
         self._nudged = True
         self._nudges += 1
 
-    @workflow.signal
+    @workflow.signal(name=RELAY_STOP_SIGNAL)
     def stop(self) -> None:
         """Finish after the batch in flight (its outcomes are recorded first)."""
         self._stop = True
 
-    @workflow.query
+    @workflow.query(name=RELAY_STATUS_QUERY)
     def status(self) -> OutboxRelayStatus:
         return OutboxRelayStatus(
             relay_id=self._input.relay_id, phase=self._phase, totals=self._totals, last_batch=self._last

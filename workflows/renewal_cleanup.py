@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from cleanup.models import (
@@ -31,16 +30,11 @@ with workflow.unsafe.imports_passed_through():
         SettleCleanupInput,
     )
     from core import search_attributes as sa
-    from core.errors import FailedToleranceExceeded
+    from core.errors import STEP_RETRY, FailedToleranceExceeded
 
 T = TypeVar("T")
 
-_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["ValidationError"],
-)
+_RETRY = STEP_RETRY
 
 
 @workflow.defn

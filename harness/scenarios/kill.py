@@ -32,10 +32,10 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 POINTS = [
     "cleanup_partition.after_commit",
     "reconcile_shard.after_commit",
-    "outbox_relay.after_send",
+    "relay_outbox_batch.after_send",
     "claim_cleanup.after_commit",
-    "settle_ledger.after_commit",
-    "outbox_relay.after_commit",
+    "settle_ledger_date.after_commit",
+    "relay_outbox_batch.after_commit",
     "settle_cleanup.after_commit",
 ]
 # settle_ledger_date has a 10-minute start-to-close and no heartbeat in LedgerReconciliationWorkflow,
@@ -179,9 +179,9 @@ PREPARE: dict[str, Callable[[Ctx, Lane, str, random.Random], Awaitable[Prepared]
     "claim_cleanup.after_commit": _cleanup,
     "settle_cleanup.after_commit": _cleanup,
     "reconcile_shard.after_commit": _ledger,
-    "settle_ledger.after_commit": _ledger,
-    "outbox_relay.after_send": _relay,
-    "outbox_relay.after_commit": _relay,
+    "settle_ledger_date.after_commit": _ledger,
+    "relay_outbox_batch.after_send": _relay,
+    "relay_outbox_batch.after_commit": _relay,
 }
 
 
