@@ -7,7 +7,6 @@ payment and date, and reports the same counts, read back from the database.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime
@@ -20,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 import ledger
 from core import failpoints, metrics
 from core.errors import ErrorType, failure
+from core.heartbeat import run_heartbeating
 from core.queries import load
 from ledger.models import (
     CHECK_LEDGER_DAY,
@@ -297,16 +297,7 @@ class LedgerActivities:
         except BaseException:
             coro.close()
             raise
-        task: asyncio.Task[asyncpg.Record] = asyncio.ensure_future(coro)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=interval)
-                if done:
-                    return task.result()
-                activity.heartbeat(checkpoint.model_dump(mode="json"))
-        except BaseException:
-            task.cancel()
-            raise
+        return await run_heartbeating(coro, lambda: activity.heartbeat(checkpoint.model_dump(mode="json")), interval)
 
     @activity.defn(name=SETTLE_LEDGER_DATE)
     async def settle_ledger_date(self, input: SettleLedgerInput) -> LedgerSettlement:

@@ -18,7 +18,6 @@ isolated ones. Shared by the cleanup activity and by `retry-failed` (cleanup.rev
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from cleanup.targets import (
     subset_statement,
 )
 from core.errors import AccountCleanupFailed, is_deterministic, sqlstate_of
+from core.heartbeat import run_heartbeating
 from core.queries import load
 
 SQL = load(__file__)
@@ -105,14 +105,11 @@ async def run_keyset_batch(
     """
     try:
         async with pool.acquire() as conn, conn.transaction():
-            statement = conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, after_account_id, batch_size)
-            if while_waiting is None:
-                row = await statement
-            else:
-                task = asyncio.ensure_future(statement)
-                while not (await asyncio.wait({task}, timeout=wait_interval))[0]:
-                    while_waiting()
-                row = task.result()
+            row = await run_heartbeating(
+                conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, after_account_id, batch_size),
+                while_waiting,
+                wait_interval,
+            )
     except Exception as err:
         if not is_deterministic(err):
             raise  # transient: Temporal retries the activity, committed batches are absorbed
