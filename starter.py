@@ -275,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_outbox_commands(sub, command)
     register_ledger_commands(sub, command)
     register_harness_commands(sub, command)
+    __import__("core.cli_planner").cli_planner.register_planner_commands(sub)
     return parser
 
 

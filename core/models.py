@@ -47,6 +47,16 @@ def account_cleanup_id(account_id: str, deadline: datetime) -> str:
     return f"cleanup-account-{account_id}-{_instant(deadline)}"
 
 
+def bucket_cleanup_id(start: datetime, width_ms: int) -> str:
+    """The planner's cohort of one deadline bucket [start, start + width): started twice, one run."""
+    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms"
+
+
+def sweep_cleanup_id(cutoff: datetime) -> str:
+    """The planner's safety-net cohort: every active account whose deadline is before `cutoff`."""
+    return f"cleanup-sweep-{_instant(cutoff)}"
+
+
 class RenewalCleanupInput(Model):
     cleanup_id: str = Field(min_length=1, max_length=200)
     deadline: UtcDatetime
@@ -58,6 +68,15 @@ class RenewalCleanupInput(Model):
     heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
+    # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
+    # sweeps); the run sleeps until deadline_until. None (and in every older history): one instant.
+    deadline_until: UtcDatetime | None = None
+    # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
+    claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+
+    @property
+    def wake_at(self) -> datetime:
+        return self.deadline_until or self.deadline
 
 
 class RenewalSignal(Model):
@@ -77,6 +96,16 @@ class ClaimCleanupInput(Model):
     account_id: AccountId | None = None
     expected_version: int | None = None
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+
+
+class ClaimChunkedInput(Model):
+    """The cohort claim of a deadline range [deadline_from, deadline_until), in bounded chunks."""
+
+    cleanup_id: str
+    deadline_from: UtcDatetime
+    deadline_until: UtcDatetime
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    chunk_size: int = Field(default=10_000, ge=1, le=100_000)
 
 
 class ClaimResult(Model):

@@ -245,6 +245,10 @@ async def renew(
     if until is not None and own_cleanup in outcome.signalled:
         started = await start_cleanup(client, pool, task_queue, account_id=account_id)
         outcome.restarted_cleanup = started.workflow_id
+    if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
+        from cleanup.planner import nudge_planner
+
+        await nudge_planner(client, task_queue)
     return outcome
 
 

@@ -117,10 +117,12 @@ async def test_a_completed_cleanup_is_not_started_again(client, pool, task_queue
 
 async def test_jobs_after_a_renewal_clean_nothing_and_send_no_reminder(client, pool, task_queue, worker):
     deadline = deadline_in(-60)
-    accounts = await seed(pool, deadline, 10)
+    accounts = await seed(pool, deadline_in(3600), 10)
     renewed = accounts[:3]
     for account_id in renewed:
-        assert (await renew(client, pool, task_queue, account_id)).in_time
+        assert (await renew(client, pool, task_queue, account_id)).in_time  # in time: before the deadline
+    # ... which has passed since (a renewal after it would be too late: the renewal rule).
+    await pool.execute("UPDATE accounts SET renewal_deadline = $1 WHERE account_id = ANY($2::text[])", deadline, accounts)
 
     claims, reports, _ = await claim_and_clean_twice(client, task_queue, "cohort-renewed", deadline, 2)
 
