@@ -62,7 +62,7 @@ class PlannerSettings(Model):
     max_parallel_partitions: int = Field(default=4, ge=1, le=256)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
-    iterations_per_run: int = Field(default=100, ge=1, le=10_000)
+    iterations_per_run: int = Field(default=50, ge=1, le=10_000)
 
     @classmethod
     def from_env(cls) -> PlannerSettings:

@@ -19,6 +19,8 @@ def test_recorded_histories_exist():
     current = {"cohort_mid_sleep", "cohort_completed", "single_account_renewed"}
     # v1_*: recorded before the `local-bookkeeping` patch; they must keep replaying after it.
     assert current <= names and {f"v1_{n}" for n in current} <= names
+    # Recorded after the `chunked-claim` patch, with the planner (issue 11).
+    assert {"chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
