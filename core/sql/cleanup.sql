@@ -3,11 +3,11 @@
 -- name: claim_cohort
 -- The linearization point: an account moves to 'cleaning' only if it is still active (not renewed).
 -- A renewal that commits first makes this UPDATE skip the row; one that commits later sees 'cleaning'.
--- Only once the deadline has passed by the database clock (the renewal rule's clock).
+-- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
 WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
-    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= clock_timestamp()
+    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -19,7 +19,7 @@ WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
     WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4 AND status = 'active'
-      AND renewal_deadline <= clock_timestamp()
+      AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -138,14 +138,17 @@ FROM cleanup_settlements WHERE cleanup_id = $1;
 -- name: renew_account
 -- The database is the source of truth for a renewal: mark it and bump the version in one
 -- transaction. The renewal rule: it is in time iff the database judges it before the account's
--- deadline (clock_timestamp() inside this transaction, after the row lock), whoever cleans the
+-- deadline (cleanup_clock() inside this transaction, after the row lock), whoever cleans the
 -- account and however late the workers are. After the deadline it is too late even if no cleanup
 -- claimed the account yet; a claimed ('cleaning') or cleaned account is always too late. An
 -- account renewed for good ('renewed') has no deadline any more: renewing it again is in time.
 WITH current AS (
-    SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by, clock_timestamp() AS judged_at
+    SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by
     FROM accounts WHERE account_id = $1
     FOR UPDATE
+),
+judged AS (  -- read once the row lock is held
+    SELECT c.*, cleanup_clock() AS judged_at FROM current c
 ),
 updated AS (
     UPDATE accounts a
@@ -153,7 +156,7 @@ updated AS (
         renewal_deadline = coalesce($2::timestamptz, a.renewal_deadline),
         cleanup_version = a.cleanup_version + 1,
         renewed_at = now()
-    FROM current c
+    FROM judged c
     WHERE a.account_id = c.account_id
       AND (c.status = 'renewed' OR (c.status = 'active' AND c.judged_at < c.renewal_deadline))
     RETURNING a.account_id, a.cleanup_version
@@ -164,12 +167,12 @@ logged AS (
            CASE WHEN u.account_id IS NULL THEN 'too_late' ELSE 'in_time' END,
            $2::timestamptz, coalesce(u.cleanup_version, c.cleanup_version), c.status,
            c.judged_at, c.renewal_deadline
-    FROM current c LEFT JOIN updated u USING (account_id)
+    FROM judged c LEFT JOIN updated u USING (account_id)
     RETURNING outcome, version_after
 )
 SELECT c.status AS status_seen, c.renewal_deadline AS old_deadline, c.cleanup_version AS old_version,
        c.claimed_by, l.outcome, l.version_after, c.judged_at
-FROM current c CROSS JOIN logged l;
+FROM judged c CROSS JOIN logged l;
 
 -- name: claim_progress_start
 INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
@@ -201,7 +204,7 @@ claimed AS (
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
     FROM scan s
     WHERE a.account_id = s.account_id AND a.status = 'active'
-      AND a.renewal_deadline = s.renewal_deadline AND a.renewal_deadline <= clock_timestamp()
+      AND a.renewal_deadline = s.renewal_deadline AND a.renewal_deadline <= cleanup_clock()
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (
@@ -230,4 +233,4 @@ WHERE cleanup_id = $1;
 
 -- name: seconds_until
 -- How far the database clock is from an instant (negative once it has passed).
-SELECT extract(epoch FROM ($1::timestamptz - clock_timestamp()))::float8;
+SELECT extract(epoch FROM ($1::timestamptz - cleanup_clock()))::float8;

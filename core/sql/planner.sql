@@ -2,7 +2,7 @@
 -- over indexes, LIMITs, or chunks; none reads a whole cohort.
 
 -- name: clock
-SELECT clock_timestamp();
+SELECT cleanup_clock();
 
 -- name: upcoming_buckets
 -- Deadline buckets of width $3 holding active accounts with a deadline in [$1, $2), at most $4:
@@ -95,15 +95,15 @@ FROM (
 -- name: next_deadlines
 SELECT renewal_deadline AS deadline, count(*)::int AS accounts
 FROM accounts
-WHERE status = 'active' AND renewal_deadline >= clock_timestamp()
+WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
 GROUP BY renewal_deadline
 ORDER BY renewal_deadline
 LIMIT $1;
 
 -- name: due_within
 SELECT count(*)::int FROM accounts
-WHERE status = 'active' AND renewal_deadline >= clock_timestamp()
-  AND renewal_deadline < clock_timestamp() + make_interval(secs => $1);
+WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
+  AND renewal_deadline < cleanup_clock() + make_interval(secs => $1);
 
 -- name: sweep_totals
 SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sweeps, max(swept_at) AS last_at

@@ -3,6 +3,14 @@
 -- progress (so a retried claim resumes where its last COMMIT left it), and the planner's record
 -- of what the safety net did (overdue accounts swept, stranded claims recovered).
 
+-- The database clock of the renewal rule: clock_timestamp(). The offset exists only for tests
+-- that skip Temporal's time (the time-skipping server cannot skip the database's clock); nothing
+-- in production sets `cleanup.clock_offset`.
+CREATE FUNCTION cleanup_clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+    SELECT clock_timestamp()
+           + coalesce(nullif(current_setting('cleanup.clock_offset', true), '')::interval, interval '0')
+$$;
+
 -- The planner's skip scan over upcoming deadlines and the chunked claim's keyset
 -- (renewal_deadline, account_id): both walk this index, never a whole cohort at once.
 CREATE INDEX accounts_due_idx ON accounts (renewal_deadline, account_id) WHERE status IN ('active', 'renewed');
