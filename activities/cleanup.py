@@ -66,6 +66,7 @@ async def claim_in_chunks(
                 return ClaimResult(
                     claimed_per_partition=per_partition, skipped_renewed=progress["skipped_renewed"], skipped_stale=0
                 )
+            await conn.execute(SQL.claim_chunk_plan)
             row = await conn.fetchrow(
                 SQL.claim_chunk,
                 input.cleanup_id,

@@ -200,11 +200,12 @@ WITH scan AS (
     LIMIT $6
 ),
 claimed AS (
+    -- By primary key (never a scan of the cohort); the UPDATE re-checks each row it locks.
     UPDATE accounts a
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
-    FROM scan s
-    WHERE a.account_id = s.account_id AND a.status = 'active'
-      AND a.renewal_deadline = s.renewal_deadline AND a.renewal_deadline <= cleanup_clock()
+    WHERE a.account_id = ANY (ARRAY(SELECT account_id FROM scan))
+      AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
+      AND a.renewal_deadline <= cleanup_clock()
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (
@@ -223,6 +224,11 @@ SELECT
     (SELECT renewal_deadline FROM last) AS last_deadline,
     (SELECT account_id FROM last) AS last_account,
     (SELECT coalesce(array_agg(partition_no), '{}') FROM inserted) AS partitions;
+
+-- name: claim_chunk_plan
+-- Each chunk must walk the keyset in index order and stop after its LIMIT: a bitmap scan (or a
+-- sort) would read the rest of the cohort first, so a chunk would grow with the cohort.
+SET LOCAL enable_bitmapscan = off;
 
 -- name: claim_progress_update
 UPDATE cleanup_claim_progress

@@ -6,7 +6,7 @@ SELECT cleanup_clock();
 
 -- name: upcoming_buckets
 -- Deadline buckets of width $3 holding active accounts with a deadline in [$1, $2), at most $4:
--- a skip scan (one index probe per bucket, accounts_due_idx), however many accounts each holds.
+-- a skip scan (one index probe per bucket, accounts_active_due_idx), however many accounts each holds.
 WITH RECURSIVE buckets(start, n) AS (
     SELECT date_bin($3::interval, f.d, 'epoch'::timestamptz), 1
     FROM (SELECT min(renewal_deadline) AS d FROM accounts
@@ -62,7 +62,7 @@ overdue AS (
     WHERE a.status = 'active' AND a.renewal_deadline < $1
       AND NOT EXISTS (SELECT 1 FROM busy b
                       WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
-    ORDER BY a.renewal_deadline
+    ORDER BY a.renewal_deadline, a.account_id
     LIMIT $2
 )
 SELECT count(*)::int AS overdue, min(renewal_deadline) AS oldest FROM overdue;

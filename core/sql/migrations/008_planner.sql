@@ -11,9 +11,14 @@ CREATE FUNCTION cleanup_clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
            + coalesce(nullif(current_setting('cleanup.clock_offset', true), '')::interval, interval '0')
 $$;
 
--- The planner's skip scan over upcoming deadlines and the chunked claim's keyset
--- (renewal_deadline, account_id): both walk this index, never a whole cohort at once.
+-- The chunked claim's keyset (renewal_deadline, account_id) over a cohort's active and renewed
+-- accounts (renewed ones are counted as skipped): each chunk walks the next rows of this index.
 CREATE INDEX accounts_due_idx ON accounts (renewal_deadline, account_id) WHERE status IN ('active', 'renewed');
+-- The planner's skip scan over upcoming deadlines and the overdue sweep: active accounts only, so
+-- accounts renewed for good (which keep their old deadline) never slow them down.
+CREATE INDEX accounts_active_due_idx ON accounts (renewal_deadline, account_id) WHERE status = 'active';
+-- Superseded by the two above (same leading column): one index less to write on every claim.
+DROP INDEX IF EXISTS accounts_cohort_idx;
 
 -- Stranded-claim recovery: the distinct claiming workflows of accounts still in 'cleaning'.
 CREATE INDEX accounts_cleaning_idx ON accounts (claimed_by) WHERE status = 'cleaning';
