@@ -143,8 +143,9 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
             if d["restarted_cleanup"]:
                 text += f"\nnew cleanup for the new deadline: {d['restarted_cleanup']}"
             return text
+        why = "its deadline had passed" if d["status_seen"] == "active" else f"claimed by {d['claimed_by']}"
         return (
-            f"too late: {d['account_id']} was already {d['status_seen']} by {d['claimed_by']}; "
+            f"too late: {d['account_id']} was already {d['status_seen']} ({why}); "
             "the renewal is recorded but the cleanup stands"
         )
 

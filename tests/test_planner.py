@@ -26,6 +26,7 @@ from temporalio.worker import Worker
 
 from activities.cleanup import claim_in_chunks
 from cleanup.planner import PlannerSettings, ensure_planner, planner_status, planner_workflow_id
+from core.cli_planner import _human_status
 from core.config import PROJECT_ROOT
 from core.models import ClaimChunkedInput, CleanupPartitionInput, PartitionReport
 from core.operations import renew, start_cleanup
@@ -187,6 +188,8 @@ async def test_the_planner_alone_cleans_every_account_once_through_renewals_stra
     assert swept.startswith("cleanup-sweep-"), swept
     assert status["overdue_swept"] >= 1 and status["overdue"] == 0
     assert status["lateness_seconds"]["cleanups"] == len(expected)
+    shown = _human_status(status)
+    assert f"stranded claims recovered  {len(stranded)} in 1" in shown, shown
     late_row = await pool.fetchrow(
         "SELECT outcome, judged_at >= deadline_seen AS after_deadline FROM renewals WHERE account_id = $1", late_account
     )
