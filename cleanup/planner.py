@@ -221,8 +221,7 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
 
     watermark = input.lateness_watermark or now - timedelta(seconds=s.tick_seconds)
     recent = await pool.fetch(sql.cleaned_since, watermark, 20_000)
-    for r in recent:
-        metrics.record_lateness(r["lateness"])
+    metrics.record_lateness(r["lateness"] for r in recent)
     if recent:
         watermark = recent[-1]["cleaned_at"]
     return PlanTickResult(

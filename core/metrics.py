@@ -26,7 +26,7 @@ Counters (names as scraped; docs/observability.md):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from temporalio import activity
 from temporalio.common import MetricMeter
@@ -130,13 +130,15 @@ def record_outbox(delivered: int, dead: int) -> None:
 # --- planner (cleanup/planner.py) -------------------------------------------------------------------
 
 
-def record_lateness(seconds: float) -> None:
+def record_lateness(seconds: Iterable[float]) -> None:
+    """One observation per cleanup: seconds from its renewal deadline to its cleanup commit."""
     try:
         meter = _meter()
         if meter is not None:
-            meter.create_histogram_float("cleanup_lateness_seconds", DESCRIPTIONS["cleanup_lateness_seconds"]).record(
-                max(0.0, seconds)
-            )
+            name = "cleanup_lateness_seconds"
+            histogram = meter.create_histogram_float(name, DESCRIPTIONS[name])
+            for value in seconds:
+                histogram.record(max(0.0, value))
     except Exception:
         log.debug("could not record lateness", exc_info=True)
 

@@ -343,3 +343,27 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
     cli("resume")
     await wait_until(lambda: phase("sleeping"), within=60)
     await handle.terminate(reason="test over")
+
+
+async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
+    from core import metrics
+    from core.embedded import free_port
+    from tests.test_observability import samples, scrape, total
+
+    port = free_port()
+    runtime = metrics.runtime(f"127.0.0.1:{port}")
+    metrics.install(runtime.metric_meter)
+    try:
+        metrics.record_lateness([0.3, 0.8, 1.5, 7.0])
+        metrics.set_overdue(12)
+        metrics.set_overdue(4)  # a gauge: the last sweep's value
+        metrics.record_overdue_swept(4)
+        metrics.record_stranded(6)
+        text = await asyncio.to_thread(scrape, port)
+    finally:
+        metrics.install(None)
+    assert total(text, "cleanup_lateness_seconds_count") == 4
+    buckets = {labels["le"]: v for labels, v in samples(text, "cleanup_lateness_seconds_bucket")}
+    assert buckets["1"] == 2 and buckets["2"] == 3 and buckets["10"] == 4, buckets
+    assert total(text, "planner_overdue_accounts") == 4
+    assert total(text, "planner_overdue_swept") == 4 and total(text, "planner_stranded_recovered") == 6
