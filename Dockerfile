@@ -24,6 +24,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # Then the project itself (packages core, workflows, activities; modules worker, starter).
 COPY README.md worker.py starter.py ./
 COPY core ./core
+COPY cleanup ./cleanup
 COPY workflows ./workflows
 COPY activities ./activities
 COPY harness ./harness
