@@ -109,6 +109,8 @@ class PlanTickResult(Model):
 class SweepInput(Model):
     settings: PlannerSettings
     task_queue: str
+    # The sweep cleanup the previous iteration started: while it still runs, no second one starts.
+    previous_sweep_id: str | None = None
 
 
 class SweepResult(Model):
@@ -291,6 +293,14 @@ async def sweep_overdue(
     )
     if overdue == 0:
         return result
+    if input.previous_sweep_id is not None:
+        from temporalio.client import WorkflowExecutionStatus
+
+        from core.temporal import describe_or_none
+
+        previous = await describe_or_none(client, input.previous_sweep_id)
+        if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
+            return result  # still claiming or cleaning; what it does not cover waits for the next sweep
     workflow_id = sweep_cleanup_id(cutoff)
     await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
     await pool.execute(sql.record_sweep, "overdue", workflow_id, overdue, oldest)

@@ -53,6 +53,7 @@ class DeadlinePlannerWorkflow:
         self._last_sweep: SweepResult | None = None
         self._last_iteration_at: datetime | None = None
         self._watermark = input.lateness_watermark
+        self._last_sweep_id: str | None = None
 
     @workflow.run
     async def run(self, input: PlannerInput) -> PlannerTotals:
@@ -77,7 +78,11 @@ class DeadlinePlannerWorkflow:
             self._set_phase("sweeping")
             sweep = await workflow.execute_activity(
                 "sweep_overdue_accounts",
-                SweepInput(settings=s, task_queue=task_queue),
+                SweepInput(
+                    settings=s,
+                    task_queue=task_queue,
+                    previous_sweep_id=self._last_sweep_id,
+                ),
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=30),
                 heartbeat_timeout=timedelta(seconds=60),
@@ -85,6 +90,8 @@ class DeadlinePlannerWorkflow:
                 summary="sweep",
             )
             self._last_sweep = sweep
+            if sweep.sweep_cleanup_id:
+                self._last_sweep_id = sweep.sweep_cleanup_id
             self._last_iteration_at = workflow.now()
             t = self._totals
             self._totals = t.model_copy(
