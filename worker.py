@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ from temporalio.worker import Worker
 from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
+from activities.planner import PlannerActivities
+from cleanup.planner import ensure_planner
 from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics
 from core.config import Settings
@@ -37,9 +40,31 @@ async def build_activities(pool: asyncpg.Pool) -> list[object]:
         cleanup.check_account_renewed,
         cleanup.cleanup_partition,
         cleanup.settle_cleanup,
+        cleanup.claim_cleanup_in_chunks,
         relay.relay_outbox_batch,
+        *planner_activities(pool),
         *ledger_activities(pool),
     ]
+
+
+def planner_activities(pool: asyncpg.Pool) -> list[object]:
+    planner = PlannerActivities(pool)
+    return [planner.plan_deadline_buckets, planner.sweep_overdue_accounts]
+
+
+def planner_enabled() -> bool:
+    """CLEANUP_PLANNER=off: this worker does not ensure the planner (it still runs its tasks)."""
+    return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+async def ensure_planner_running(client: Client, task_queue: str) -> None:
+    """Running workers is enough: each one ensures the planner (a running one is kept)."""
+    try:
+        workflow_id, started = await ensure_planner(client, task_queue)
+    except RPCError as err:
+        log.warning("could not ensure the deadline planner: %s", err.message)
+        return
+    log.info("deadline planner %s %s", workflow_id, "started" if started else "already running")
 
 
 def ledger_activities(pool: asyncpg.Pool) -> list[object]:
@@ -102,6 +127,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             "on" if settings.payload_encryption_key else "off",
         )
         async with worker:
+            if planner_enabled():
+                await ensure_planner_running(client, settings.task_queue)
             await (stop or asyncio.Event()).wait()
     finally:
         await pool.close()

@@ -15,6 +15,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from cleanup.models import (
         AccountRenewalCheck,
+        ClaimChunkedInput,
         ClaimCleanupInput,
         ClaimResult,
         CleanupOutcome,
@@ -57,17 +58,7 @@ class RenewalCleanupWorkflow:
             return self._result("renewed")
 
         self._set_phase("claiming")
-        claim = await self._bookkeeping(
-            "claim_cleanup",
-            ClaimCleanupInput(
-                cleanup_id=input.cleanup_id,
-                deadline=input.deadline,
-                account_id=input.account_id,
-                expected_version=input.expected_version,
-                partitions=input.partitions,
-            ),
-            ClaimResult,
-        )
+        claim = await self._claim_accounts(input)
         self._claim = claim
 
         self._set_phase("cleaning")
@@ -84,11 +75,44 @@ class RenewalCleanupWorkflow:
             return self._result("renewed" if claim.skipped_renewed else "stale")
         return self._result("nothing_to_clean")
 
+    async def _claim_accounts(self, input: RenewalCleanupInput) -> ClaimResult:
+        """Cohorts started after the `chunked-claim` patch claim in bounded chunks, as a regular
+        heartbeating activity (a 10M-account cohort never becomes one statement); older histories
+        and single accounts keep the one-statement claim."""
+        if input.account_id is None and workflow.patched("chunked-claim"):
+            return await workflow.execute_activity(  # type: ignore[no-any-return]
+                "claim_cleanup_in_chunks",
+                ClaimChunkedInput(
+                    cleanup_id=input.cleanup_id,
+                    deadline_from=input.deadline,
+                    # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
+                    deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
+                    partitions=input.partitions,
+                    chunk_size=input.claim_chunk_size,
+                ),
+                result_type=ClaimResult,
+                start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=timedelta(seconds=max(60.0, input.heartbeat_timeout_seconds)),
+                retry_policy=_RETRY,
+                summary="claim",
+            )
+        return await self._bookkeeping(
+            "claim_cleanup",
+            ClaimCleanupInput(
+                cleanup_id=input.cleanup_id,
+                deadline=input.deadline,
+                account_id=input.account_id,
+                expected_version=input.expected_version,
+                partitions=input.partitions,
+            ),
+            ClaimResult,
+        )
+
     async def _sleep_until_deadline(self) -> bool:
         """Sleep durably; for one account, wake on a renewal signal and let the database confirm it."""
         single = self._input.account_id is not None
         while True:
-            remaining = self._input.deadline - workflow.now()
+            remaining = self._input.wake_at - workflow.now()
             if remaining <= timedelta(0):
                 return False
             try:
