@@ -17,6 +17,11 @@ from temporalio import activity
 import cleanup
 from cleanup.batches import CompiledCleanup, run_keyset_batch
 from cleanup.models import (
+    CHECK_ACCOUNT_RENEWED,
+    CLAIM_CLEANUP,
+    CLAIM_CLEANUP_IN_CHUNKS,
+    CLEANUP_PARTITION,
+    SETTLE_CLEANUP,
     AccountRenewalCheck,
     ClaimChunkedInput,
     ClaimCleanupInput,
@@ -96,13 +101,13 @@ async def claim_in_chunks(
                 row["scanned"],
                 done,
             )
-        failpoints.hit("claim_cleanup.after_commit")
+        failpoints.hit(f"{CLAIM_CLEANUP_IN_CHUNKS}.after_commit")
         if after_chunk is not None:
             after_chunk(len(row["partitions"]))
 
 
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:
-    failpoints.hit("cleanup_partition.after_commit")
+    failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
     activity.heartbeat(checkpoint.model_dump(mode="json"))
 
 
@@ -162,7 +167,7 @@ class CleanupActivities:
         compiled = await CompiledCleanup.compile(pool, targets)
         return cls(pool, compiled.batch_sql, compiled)
 
-    @activity.defn
+    @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
         """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
 
@@ -193,21 +198,21 @@ class CleanupActivities:
             per_partition = [0] * input.partitions
             for row in await conn.fetch(SQL.claims_per_partition, input.cleanup_id):
                 per_partition[row["partition_no"]] = row["claimed"]
-        failpoints.hit("claim_cleanup.after_commit")
+        failpoints.hit(f"{CLAIM_CLEANUP}.after_commit")
         return ClaimResult(
             claimed_per_partition=per_partition,
             skipped_renewed=skipped_renewed,
             skipped_stale=skipped_stale,
         )
 
-    @activity.defn
+    @activity.defn(name=CLAIM_CLEANUP_IN_CHUNKS)
     async def claim_cleanup_in_chunks(self, input: ClaimChunkedInput) -> ClaimResult:
         """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
         regular activity that heartbeats after each chunk: no statement grows with the cohort."""
         activity.heartbeat()
         return await claim_in_chunks(self.pool, input, lambda claimed: activity.heartbeat(claimed))
 
-    @activity.defn
+    @activity.defn(name=CHECK_ACCOUNT_RENEWED)
     async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:
         """The signal says "renewed"; the database decides whether it is true."""
         state = await self.pool.fetchrow(SQL.account_state, input.account_id)
@@ -215,7 +220,7 @@ class CleanupActivities:
             raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
         return bool(state["cleanup_version"] != input.expected_version and state["status"] != "cleaning")
 
-    @activity.defn
+    @activity.defn(name=CLEANUP_PARTITION)
     async def cleanup_partition(self, input: CleanupPartitionInput) -> PartitionReport:
         """Clean one partition in keyset-paged batches, one statement and one transaction per batch.
 
@@ -263,7 +268,7 @@ class CleanupActivities:
         )
         return PartitionReport(partition_no=input.partition_no, counts=c, batches=checkpoint.batches)
 
-    @activity.defn
+    @activity.defn(name=SETTLE_CLEANUP)
     async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:
         """Record the cohort's result once; a re-delivery returns the row written the first time."""
         async with self.pool.acquire() as conn, conn.transaction():
@@ -293,7 +298,7 @@ class CleanupActivities:
                 if row is not None and row["failed"]
                 else []
             )
-        failpoints.hit("settle_cleanup.after_commit")
+        failpoints.hit(f"{SETTLE_CLEANUP}.after_commit")
         assert row is not None
         if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
             metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])

@@ -14,6 +14,14 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from cleanup.models import (
+        CHECK_ACCOUNT_RENEWED,
+        CLAIM_CLEANUP,
+        CLAIM_CLEANUP_IN_CHUNKS,
+        CLEANUP_PARTITION,
+        CLEANUP_WORKFLOW,
+        RENEWED_SIGNAL,
+        SETTLE_CLEANUP,
+        STATUS_QUERY,
         AccountRenewalCheck,
         ClaimChunkedInput,
         ClaimCleanupInput,
@@ -38,7 +46,7 @@ T = TypeVar("T")
 _RETRY = STEP_RETRY
 
 
-@workflow.defn
+@workflow.defn(name=CLEANUP_WORKFLOW)
 class RenewalCleanupWorkflow:
     @workflow.init
     def __init__(self, input: RenewalCleanupInput) -> None:
@@ -81,7 +89,7 @@ class RenewalCleanupWorkflow:
         and single accounts keep the one-statement claim."""
         if input.account_id is None and workflow.patched("chunked-claim"):
             return await workflow.execute_activity(  # type: ignore[no-any-return]
-                "claim_cleanup_in_chunks",
+                CLAIM_CLEANUP_IN_CHUNKS,
                 ClaimChunkedInput(
                     cleanup_id=input.cleanup_id,
                     deadline_from=input.deadline,
@@ -97,7 +105,7 @@ class RenewalCleanupWorkflow:
                 summary="claim",
             )
         return await self._bookkeeping(
-            "claim_cleanup",
+            CLAIM_CLEANUP,
             ClaimCleanupInput(
                 cleanup_id=input.cleanup_id,
                 deadline=input.deadline,
@@ -126,7 +134,7 @@ class RenewalCleanupWorkflow:
             self._signals_checked = len(self._renewal_signals)
             assert self._input.account_id is not None and self._input.expected_version is not None
             renewed = await workflow.execute_activity(
-                "check_account_renewed",
+                CHECK_ACCOUNT_RENEWED,
                 AccountRenewalCheck(account_id=self._input.account_id, expected_version=self._input.expected_version),
                 result_type=bool,
                 start_to_close_timeout=self._step_timeout,
@@ -139,7 +147,7 @@ class RenewalCleanupWorkflow:
     async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore) -> None:
         async with limit:
             report = await workflow.execute_activity(
-                "cleanup_partition",
+                CLEANUP_PARTITION,
                 CleanupPartitionInput(
                     cleanup_id=self._input.cleanup_id,
                     partition_no=partition_no,
@@ -157,7 +165,7 @@ class RenewalCleanupWorkflow:
     async def _settle(self, claim: ClaimResult) -> None:
         self._set_phase("settling")
         self._settlement = await self._bookkeeping(
-            "settle_cleanup",
+            SETTLE_CLEANUP,
             SettleCleanupInput(
                 cleanup_id=self._input.cleanup_id,
                 deadline=self._input.deadline,
@@ -212,11 +220,11 @@ class RenewalCleanupWorkflow:
     def _result(self, outcome: CleanupOutcome) -> CleanupResult:
         return CleanupResult(cleanup_id=self._input.cleanup_id, outcome=outcome, settlement=self._settlement)
 
-    @workflow.signal
+    @workflow.signal(name=RENEWED_SIGNAL)
     def renewed(self, signal: RenewalSignal) -> None:
         self._renewal_signals.append(signal)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> CleanupStatus:
         counts = PartitionCounts()
         for report in self._reports.values():
