@@ -145,9 +145,11 @@ async def test_workflows_call_only_registered_activities_by_their_name_constants
     import workflows
     from worker import build_activities
 
-    registered = {
-        d.name for fn in await build_activities(pool) if (d := _Definition.from_callable(fn)  # type: ignore[arg-type]) is not None and d.name
-    }
+    registered: set[str] = set()
+    for fn in await build_activities(pool):
+        definition = _Definition.from_callable(fn)  # type: ignore[arg-type]
+        if definition is not None and definition.name:
+            registered.add(definition.name)
     problems = []
     for path in (PROJECT_ROOT / "workflows").glob("*.py"):
         module = importlib.import_module(f"workflows.{path.stem}")
