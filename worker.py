@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import asyncpg
 from pydantic import ValidationError
@@ -98,7 +98,18 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
     return runtime
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+async def run_worker(
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[object] = (),
+    on_ready: Callable[[], None] | None = None,
+    planner: bool = True,
+) -> None:
+    """The one worker: `python worker.py`, and the harness's and the benchmarks' workers with their
+    extra workflows and activities. `planner=False` (or CLEANUP_PLANNER=off) does not ensure the
+    deadline planner, for runs that drive cleanups themselves."""
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
@@ -117,8 +128,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         worker = build_worker(
             client,
             settings.task_queue,
-            await build_activities(pool),
+            [*(await build_activities(pool)), *extra_activities],
             max_concurrent_activities=settings.max_concurrent_activities,
+            extra_workflows=extra_workflows,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -127,14 +139,23 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             "on" if settings.payload_encryption_key else "off",
         )
         async with worker:
-            if planner_enabled():
+            if planner and planner_enabled():
                 await ensure_planner_running(client, settings.task_queue)
+            if on_ready is not None:
+                on_ready()
             await (stop or asyncio.Event()).wait()
     finally:
         await pool.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[object] = (),
+    on_ready: Callable[[], None] | None = None,
+    planner: bool = True,
+) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
@@ -161,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(settings, stop)
+        await run_worker(
+            settings,
+            stop,
+            extra_workflows=extra_workflows,
+            extra_activities=extra_activities,
+            on_ready=on_ready,
+            planner=planner,
+        )
 
     try:
         asyncio.run(_run())
