@@ -1,7 +1,8 @@
 -- Named queries of the fault harness's ordering checks. Loaded by core.queries.load(__file__).
 -- Each check reads a whole lane database (a lane has a database of its own) after its scenario.
 -- Stamps: recorded_at (clock_timestamp() at the write, after the row locks were granted; migration
--- 010), falling back to the transaction-start column of rows written before it.
+-- 010), falling back to the transaction-start column of rows written before it. A report that is
+-- replaced in place counts at the later of its two stamps (greatest() ignores a NULL).
 
 -- name: ordering_violations
 -- One count per ordering rule; every count must be 0. An account is counted once per rule.
@@ -23,11 +24,11 @@ renewal_chain AS (
     FROM renewal
 ),
 cleanup_reports AS (
-    SELECT cleanup_id, max(coalesce(recorded_at, reported_at)) AS at
+    SELECT cleanup_id, max(greatest(recorded_at, reported_at)) AS at
     FROM cleanup_partition_reports GROUP BY cleanup_id
 ),
 shard_reports AS (
-    SELECT business_date, max(greatest(coalesce(recorded_at, reported_at), reported_at)) AS at
+    SELECT business_date, max(greatest(recorded_at, reported_at)) AS at
     FROM ledger_shard_reports GROUP BY business_date
 ),
 revisions AS (
