@@ -198,13 +198,16 @@ SELECT
     /*target_counts*/;
 
 -- name: record_partition_report
-INSERT INTO cleanup_partition_reports
+-- A retried partition replaces its report until the cleanup settles; after that the reports the
+-- settlement was made from stay as they were (a late or re-delivered partition changes nothing).
+INSERT INTO cleanup_partition_reports AS r
     (cleanup_id, partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (cleanup_id, partition_no) DO UPDATE
-SET reported_at = now(), cleaned = EXCLUDED.cleaned, skipped_renewed = EXCLUDED.skipped_renewed,
-    skipped_stale = EXCLUDED.skipped_stale, already_applied = EXCLUDED.already_applied,
-    failed = EXCLUDED.failed;
+SET reported_at = now(), recorded_at = clock_timestamp(), cleaned = EXCLUDED.cleaned,
+    skipped_renewed = EXCLUDED.skipped_renewed, skipped_stale = EXCLUDED.skipped_stale,
+    already_applied = EXCLUDED.already_applied, failed = EXCLUDED.failed
+WHERE NOT EXISTS (SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = r.cleanup_id);
 
 -- name: unreported_partitions
 SELECT DISTINCT c.partition_no
