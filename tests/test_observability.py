@@ -168,6 +168,7 @@ def test_worker_process_logs_json_lines(tmp_path: Path, settings: Settings) -> N
         DATABASE_URL=settings.database_url,
         LOG_FORMAT="json",
         METRICS_PORT=str(free_port()),
+        CLEANUP_PLANNER="off",  # the test drives its cleanups itself
     )
     proc = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "worker.py")],

@@ -276,7 +276,7 @@ def start_worker(env: dict[str, str], log_file: Path) -> subprocess.Popen[bytes]
     with open(log_file, "wb") as log:
         return subprocess.Popen(
             [sys.executable, str(PROJECT_ROOT / "worker.py")],
-            env={**os.environ, **env},
+            env={**os.environ, "CLEANUP_PLANNER": "off", **env},  # the test drives its cleanups itself
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -285,7 +285,7 @@ def start_worker(env: dict[str, str], log_file: Path) -> subprocess.Popen[bytes]
 def run_worker_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "worker.py")],
-        env={**os.environ, **env},
+        env={**os.environ, "CLEANUP_PLANNER": "off", **env},
         capture_output=True,
         text=True,
         timeout=60,
