@@ -246,7 +246,7 @@ class CleanupActivities:
                 # boundary, with the cursor heartbeated, so another worker resumes it at once
                 # instead of waiting out the heartbeat timeout.
                 raise failure(
-                    ErrorType.WORKER_SHUTDOWN,
+                    ErrorType.HANDED_BACK,
                     f"worker shutting down: partition {input.partition_no} handed back after "
                     f"{checkpoint.last_account_id or 'the start'}",
                 )

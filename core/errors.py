@@ -27,7 +27,7 @@ class ErrorType(StrEnum):
     LEDGER_UNBALANCED = "LedgerUnbalanced"
     RELAY_NOT_CONFIGURED = "RelayNotConfigured"
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
-    WORKER_SHUTDOWN = "WorkerShutdown"  # a gracefully stopping worker hands its work back: retried at once
+    HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(

@@ -30,6 +30,7 @@ from temporalio.client import (
     ScheduleRange,
     ScheduleSpec,
     ScheduleState,
+    WorkflowExecutionStatus,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -37,7 +38,7 @@ from core.errors import InputError
 from ledger.models import SCHEDULE_ID, SCHEDULED_LEDGER_WORKFLOW, ScheduledLedgerInput
 
 DEFAULT_AT = time(2, 0)
-OVERLAP = ScheduleOverlapPolicy.ALLOW_ALL
+OVERLAP = ScheduleOverlapPolicy.BUFFER_ALL
 CATCHUP_WINDOW = timedelta(days=1)
 MAX_BACKFILL_DAYS = 366
 
@@ -137,10 +138,17 @@ async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> d
                 "scheduled_at": a.scheduled_at.astimezone(UTC).isoformat(),
                 "workflow_id": getattr(a.action, "workflow_id", None),
                 "run_id": getattr(a.action, "first_execution_run_id", None),
+                # What the Temporal UI badges the run with: the server updates it when the run
+                # closes only for actions it tracks (not under ALLOW_ALL; see docs/ledger.md).
+                "status": _run_status(raw.start_workflow_status),
             }
-            for a in info.recent_actions
+            for a, raw in zip(info.recent_actions, desc.raw_description.info.recent_actions, strict=False)
         ],
     }
+
+
+def _run_status(value: int) -> str | None:
+    return WorkflowExecutionStatus(value).name if value else None
 
 
 async def pause_schedule(client: Client, note: str = "", schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
