@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -56,7 +57,7 @@ async def test_a_refused_renewal_signal_is_reported_not_swallowed(client, pool, 
     [account] = await seed(pool, deadline_in(3600), 1)
     single = await start_cleanup(client, pool, task_queue, account_id=account)
 
-    async def refused(self: WorkflowHandle, *args: object, **kwargs: object) -> None:
+    async def refused(self: WorkflowHandle[Any, Any], *args: object, **kwargs: object) -> None:
         raise RPCError("signal count limit exceeded", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
 
     monkeypatch.setattr(WorkflowHandle, "signal", refused)
@@ -84,7 +85,7 @@ async def test_a_cleanup_ended_by_a_renewal_stays_in_phase_renewed_and_list_show
     desc = await handle.describe()
     assert desc.typed_search_attributes.get(sa.CLEANUP_PHASE) == "renewed"
 
-    async def listed() -> list[dict]:
+    async def listed() -> list[dict[str, Any]]:
         return [r for r in await list_cleanups(client) if r["workflow_id"] == started.workflow_id]
 
     async def visible() -> bool:
@@ -191,10 +192,11 @@ async def test_the_cli_links_to_a_ui_only_where_one_is_known(client, pool, setti
 async def test_heartbeat_timeout_and_interval_come_from_the_cli_or_the_environment(
     client, pool, settings, task_queue, monkeypatch
 ):
-    async def input_of(workflow_id: str) -> dict:
+    async def input_of(workflow_id: str) -> dict[str, Any]:
         history = await client.get_workflow_handle(workflow_id).fetch_history()
         started = history.events[0].workflow_execution_started_event_attributes
-        return json.loads(started.input.payloads[0].data)
+        data: dict[str, Any] = json.loads(started.input.payloads[0].data)
+        return data
 
     for name in ("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "CLEANUP_HEARTBEAT_INTERVAL_SECONDS"):
         monkeypatch.delenv(name, raising=False)
