@@ -43,6 +43,8 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
+# A partition handed back by a worker shutting down is retried this soon (not the policy's back-off).
+HAND_BACK_RETRY_DELAY = timedelta(milliseconds=100)
 
 
 async def wait_for_database_clock(pool: asyncpg.Pool, instant: datetime, limit: float = MAX_CLOCK_WAIT_SECONDS) -> None:
@@ -249,6 +251,7 @@ class CleanupActivities:
                     ErrorType.HANDED_BACK,
                     f"worker shutting down: partition {input.partition_no} handed back after "
                     f"{checkpoint.last_account_id or 'the start'}",
+                    next_retry_delay=HAND_BACK_RETRY_DELAY,
                 )
 
         def still_working(checkpoint: PartitionCheckpoint) -> None:
