@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 
 import asyncpg
 from pydantic import ValidationError
@@ -79,6 +80,7 @@ def build_worker(
     *,
     max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
+    graceful_shutdown_seconds: float = 20.0,
 ) -> Worker:
     return Worker(
         client,
@@ -86,6 +88,7 @@ def build_worker(
         workflows=[*ALL_WORKFLOWS, *extra_workflows],
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
     )
 
 
@@ -131,6 +134,7 @@ async def run_worker(
             [*(await build_activities(pool)), *extra_activities],
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
+            graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -144,6 +148,10 @@ async def run_worker(
             if on_ready is not None:
                 on_ready()
             await (stop or asyncio.Event()).wait()
+            log.info(
+                "worker shutting down: running activities get %ss to finish or hand their work back",
+                settings.worker_graceful_shutdown_seconds,
+            )
     finally:
         await pool.close()
 

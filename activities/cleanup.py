@@ -43,6 +43,8 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
+# A partition handed back by a worker shutting down is retried this soon (not the policy's back-off).
+HAND_BACK_RETRY_DELAY = timedelta(milliseconds=100)
 
 
 async def wait_for_database_clock(pool: asyncpg.Pool, instant: datetime, limit: float = MAX_CLOCK_WAIT_SECONDS) -> None:
@@ -227,7 +229,8 @@ class CleanupActivities:
         The heartbeat carries the cursor, so a retry on another node resumes after the last batch
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
-        details = activity.info().heartbeat_details
+        info = activity.info()
+        details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
         counted = start.counts
 
@@ -240,11 +243,22 @@ class CleanupActivities:
                 failed=checkpoint.counts.failed - counted.failed,
             )
             counted = checkpoint.counts
+            if activity.is_worker_shutdown():
+                # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
+                # boundary, with the cursor heartbeated, so another worker resumes it at once
+                # instead of waiting out the heartbeat timeout.
+                raise failure(
+                    ErrorType.HANDED_BACK,
+                    f"worker shutting down: partition {input.partition_no} handed back after "
+                    f"{checkpoint.last_account_id or 'the start'}",
+                    next_retry_delay=HAND_BACK_RETRY_DELAY,
+                )
 
         def still_working(checkpoint: PartitionCheckpoint) -> None:
             activity.heartbeat(checkpoint.model_dump(mode="json"))
 
-        timeout = activity.info().heartbeat_timeout
+        timeout = info.heartbeat_timeout
+        interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
             self.pool,
             self.partition_batch_sql,
@@ -252,7 +266,7 @@ class CleanupActivities:
             start,
             after_batch,
             while_waiting=still_working,
-            wait_interval=timeout.total_seconds() / 3 if timeout else 10.0,
+            wait_interval=interval,
             compiled=self.compiled,
         )
         c = checkpoint.counts
@@ -266,7 +280,17 @@ class CleanupActivities:
             c.already_applied,
             c.failed,
         )
-        return PartitionReport(partition_no=input.partition_no, counts=c, batches=checkpoint.batches)
+        in_database = await self.pool.fetchrow(SQL.partition_applied, input.cleanup_id, input.partition_no)
+        assert in_database is not None
+        return PartitionReport(
+            partition_no=input.partition_no,
+            counts=c,
+            batches=checkpoint.batches,
+            claimed=in_database["claimed"],
+            applied=in_database["applied"],
+            attempt=info.attempt,
+            attempt_counts=c - start.counts,
+        )
 
     @activity.defn(name=SETTLE_CLEANUP)
     async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:

@@ -58,19 +58,32 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
             note=args.note,
             allow_empty=args.allow_empty,
             max_failed=args.max_failed,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
+            heartbeat_interval_seconds=args.heartbeat_interval,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
         if args.wait:
             data["result"] = await wait_for_cleanup(ctx.client, started.workflow_id)
-    emit(
-        args,
-        data,
-        lambda d: (
-            f"{'started' if d['started'] else 'already exists (not started again)'}: {d['workflow_id']}\n"
-            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope\n{d['ui']}"
-            + (f"\noutcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}" if args.wait else "")
-        ),
-    )
+    emit(args, data, lambda d: _started_text(d, wait=args.wait))
+
+
+def _started_text(d: dict[str, Any], *, wait: bool) -> str:
+    if d["started"]:
+        lines = [
+            f"started: {d['workflow_id']}",
+            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope",
+        ]
+    else:
+        lines = [f"already exists (not started again): {d['workflow_id']}", f"deadline {d['deadline']}"]
+        if d.get("outcome"):
+            lines.append(f"finished: outcome {d['outcome']}")
+        elif d.get("temporal_status"):
+            lines.append(f"run {d['temporal_status'].lower()}")
+    if d.get("ui"):
+        lines.append(d["ui"])
+    if wait:
+        lines.append(f"outcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}")
+    return "\n".join(lines)
 
 
 async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
@@ -128,6 +141,8 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
                 text += f"\nsignalled: {', '.join(d['signalled'])}"
             if d["restarted_cleanup"]:
                 text += f"\nnew cleanup for the new deadline: {d['restarted_cleanup']}"
+            for error in d["signal_errors"]:
+                text += f"\nsignal refused (the renewal stands; the cleanup's claim skips it): {error}"
             return text
         why = "its deadline had passed" if d["status_seen"] == "active" else f"claimed by {d['claimed_by']}"
         return (
@@ -143,14 +158,24 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
     async with CliContext(settings) as ctx:
         data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
-        data["ui"] = ctx.settings.workflow_url(args.workflow_id)
+        _add_ui(data, ctx.settings, args.workflow_id)
     emit(args, data, key_values)
+
+
+def _add_ui(data: dict[str, Any], settings: Settings, workflow_id: str) -> None:
+    """A UI link only where a UI is known to be (see Settings.ui_url)."""
+    url = settings.workflow_url(workflow_id)
+    if url is not None:
+        data["ui"] = url
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
     async with CliContext(settings) as ctx:
         rows = await list_cleanups(ctx.client, limit=args.limit)
-    emit(args, rows, table)
+    emit(args, rows, lambda r: table(r, LIST_COLUMNS))
+
+
+LIST_COLUMNS = ["workflow_id", "status", "phase", "outcome", "deadline", "account_id", "partitions_done"]
 
 
 FAILED_COLUMNS = [
@@ -247,7 +272,7 @@ async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
         queue = ctx.settings.task_queue
         if args.action == "status":
             data = await planner_status(ctx.client, ctx.pool, queue)
-            data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+            _add_ui(data, ctx.settings, data["workflow_id"])
             emit(args, data, _planner_human_status)
             return
         if args.action == "start":
@@ -256,7 +281,7 @@ async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
         else:
             await signal_planner(ctx.client, queue, args.action, args.reason)
             data = {"workflow_id": planner_workflow_id(queue), "signalled": args.action}
-        data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+        _add_ui(data, ctx.settings, data["workflow_id"])
     emit(args, data)
 
 
@@ -276,6 +301,20 @@ def register(commands: Commands) -> None:
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
     p.add_argument(
         "--dry-run", action="store_true", help="show what the cleanup would do now; start and change nothing"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a partition whose worker died resumes elsewhere after this long without a heartbeat "
+        "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 10)",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        metavar="SECONDS",
+        help="heartbeat at least this often while a batch runs "
+        "(default: $CLEANUP_HEARTBEAT_INTERVAL_SECONDS or a third of the timeout)",
     )
     p.add_argument(
         "--max-failed",

@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field
+from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from core.model import Model
 
@@ -42,6 +42,25 @@ CHECK_ACCOUNT_RENEWED = "check_account_renewed"
 CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
+
+# A partition whose worker died is retried elsewhere once no heartbeat came for this long; a worker
+# shut down gracefully (SIGTERM) hands its partitions back at once instead (activities/cleanup.py).
+DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 10.0
+HEARTBEAT_TIMEOUT_ENV = "CLEANUP_HEARTBEAT_TIMEOUT_SECONDS"
+HEARTBEAT_INTERVAL_ENV = "CLEANUP_HEARTBEAT_INTERVAL_SECONDS"
+
+
+def heartbeat_from_env() -> tuple[float, float | None]:
+    """(timeout, interval) of the partition heartbeat: CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (default
+    10) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout)."""
+    values: list[float | None] = []
+    for name in (HEARTBEAT_TIMEOUT_ENV, HEARTBEAT_INTERVAL_ENV):
+        raw = os.environ.get(name, "").strip()
+        try:
+            values.append(float(raw) if raw else None)
+        except ValueError:
+            raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    return values[0] or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, values[1]
 
 
 def _instant(deadline: datetime) -> str:
@@ -77,7 +96,7 @@ class RenewalCleanupInput(Model):
     partitions: int = Field(default=16, ge=1, le=MAX_PARTITIONS)
     max_parallel_partitions: int = Field(default=8, ge=1, le=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
-    heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    heartbeat_timeout_seconds: float = Field(default=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, gt=0, le=3600)
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
     # Tolerance of accounts whose cleanup failed deterministically (cleanup_failed); beyond it the
@@ -103,6 +122,17 @@ class RenewalCleanupInput(Model):
     deadline_until: UtcDatetime | None = None
     # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
     claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+
+    # How often a partition heartbeats while a batch runs; None (and in older histories): a third
+    # of the heartbeat timeout.
+    heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _interval_below_timeout(self) -> RenewalCleanupInput:
+        interval = self.heartbeat_interval_seconds
+        if interval is not None and interval >= self.heartbeat_timeout_seconds:
+            raise ValueError("heartbeat interval must be shorter than the heartbeat timeout")
+        return self
 
     @property
     def wake_at(self) -> datetime:
@@ -152,6 +182,7 @@ class CleanupPartitionInput(Model):
     cleanup_id: str
     partition_no: int = Field(ge=0, lt=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
+    heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
 class PartitionCounts(Model):
@@ -170,6 +201,15 @@ class PartitionCounts(Model):
             failed=self.failed + other.failed,
         )
 
+    def __sub__(self, other: PartitionCounts) -> PartitionCounts:
+        return PartitionCounts(
+            cleaned=self.cleaned - other.cleaned,
+            skipped_renewed=self.skipped_renewed - other.skipped_renewed,
+            skipped_stale=self.skipped_stale - other.skipped_stale,
+            already_applied=self.already_applied - other.already_applied,
+            failed=self.failed - other.failed,
+        )
+
 
 class PartitionCheckpoint(Model):
     """Heartbeat details: where a retried partition resumes, and what it had counted so far."""
@@ -180,9 +220,18 @@ class PartitionCheckpoint(Model):
 
 
 class PartitionReport(Model):
+    """`counts` is what the activity counted along its heartbeated cursor (the last attempt, plus
+    what earlier attempts heartbeated); `claimed` and `applied` are what the database says about
+    the partition (cleanup_claims, cleanup_applied), as the settlement counts them, however many
+    attempts it took; `attempt_counts` is the reporting attempt's own work."""
+
     partition_no: int
     counts: PartitionCounts
     batches: int
+    claimed: int = 0
+    applied: int = 0
+    attempt: int = 1
+    attempt_counts: PartitionCounts = PartitionCounts()
 
 
 class SettleCleanupInput(Model):
@@ -229,6 +278,7 @@ class CleanupStatus(Model):
     renewal_signals: int
     counts: PartitionCounts
     claimed: int | None = None
+    applied: int = 0  # per the database, summed over the partitions that reported
 
 
 # --- the deadline planner -----------------------------------------------------------------------------

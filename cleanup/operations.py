@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from cleanup.models import (
     CLEANUP_WORKFLOW,
@@ -30,6 +31,7 @@ from cleanup.models import (
     RenewalSignal,
     account_cleanup_id,
     cohort_cleanup_id,
+    heartbeat_from_env,
     is_account_id,
 )
 from cleanup.planner import nudge_planner
@@ -40,6 +42,7 @@ from core.queries import load
 from core.temporal import describe_or_none
 
 SQL = load(__file__)
+log = logging.getLogger("cleanup")
 SEED = load(__file__, "seed.sql")
 
 
@@ -101,6 +104,21 @@ class StartedCleanup(BaseModel):
     deadline: datetime
     account_id: str | None
     accounts_in_scope: int
+    # For a run that already existed: its Temporal status and, once it completed, its outcome.
+    temporal_status: str | None = None
+    outcome: str | None = None
+
+
+async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, str | None, str | None] | None:
+    """(run ID, Temporal status, outcome if completed) of the latest run with this ID, or None."""
+    desc = await describe_or_none(client, workflow_id)
+    if desc is None:
+        return None
+    outcome: str | None = None
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        handle = client.get_workflow_handle(workflow_id, run_id=desc.run_id, result_type=CleanupResult)
+        outcome = (await handle.result()).outcome
+    return desc.run_id, desc.status.name if desc.status else None, outcome
 
 
 async def start_cleanup(
@@ -113,7 +131,8 @@ async def start_cleanup(
     partitions: int = 16,
     max_parallel_partitions: int = 8,
     batch_size: int = 1000,
-    heartbeat_timeout_seconds: float = 30.0,
+    heartbeat_timeout_seconds: float | None = None,
+    heartbeat_interval_seconds: float | None = None,
     step_timeout_seconds: float = 300.0,
     note: str = "",
     allow_empty: bool = False,
@@ -123,7 +142,21 @@ async def start_cleanup(
 
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
+    The heartbeat timeout and interval default to CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (10 s) and
+    CLEANUP_HEARTBEAT_INTERVAL_SECONDS (a third of the timeout).
+
+    An account whose cleanup already ran (it is `cleaning` or `cleaned`) gets that run back, with
+    its outcome, as a cohort started twice does; an account renewed for good is refused (exit 2),
+    as there is nothing to clean.
     """
+    try:
+        env_timeout, env_interval = heartbeat_from_env()
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    if heartbeat_timeout_seconds is None:
+        heartbeat_timeout_seconds = env_timeout
+    if heartbeat_interval_seconds is None:
+        heartbeat_interval_seconds = env_interval
     max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
     if (deadline is None) == (account_id is None):
         raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
@@ -135,7 +168,26 @@ async def start_cleanup(
         state = await pool.fetchrow(SQL.account_state, account_id)
         if state is None:
             raise InputError(f"unknown account {account_id!r}")
-        if state["status"] in ("cleaning", "cleaned"):  # 'cleanup_failed' may be started again
+        if state["status"] == "renewed":
+            raise InputError(
+                f"account {account_id} is renewed (it has no renewal deadline any more): nothing to clean, "
+                "nothing was started"
+            )
+        if state["status"] in ("cleaning", "cleaned") and state["claimed_by"]:  # 'cleanup_failed' may start again
+            found = await _existing_run(client, state["claimed_by"])
+            if found is not None:
+                claimed_run, temporal_status, outcome = found
+                return StartedCleanup(
+                    workflow_id=state["claimed_by"],
+                    run_id=claimed_run,
+                    started=False,
+                    deadline=state["renewal_deadline"],
+                    account_id=account_id,
+                    accounts_in_scope=0,
+                    temporal_status=temporal_status,
+                    outcome=outcome,
+                )
+        if state["status"] in ("cleaning", "cleaned"):
             raise InputError(f"account {account_id} is already {state['status']}")
         deadline = state["renewal_deadline"]
         expected_version = state["cleanup_version"]
@@ -163,6 +215,7 @@ async def start_cleanup(
             max_parallel_partitions=min(max_parallel_partitions, partitions),
             batch_size=batch_size,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            heartbeat_interval_seconds=heartbeat_interval_seconds,
             step_timeout_seconds=step_timeout_seconds,
             note=note,
             max_failed=max_failed_count,
@@ -172,15 +225,18 @@ async def start_cleanup(
         raise InputError(validation_message(err)) from None
     ensure_within_envelope(client, input)
 
-    existing = await describe_or_none(client, workflow_id)
+    existing = await _existing_run(client, workflow_id)
     if existing is not None:
+        existing_run, temporal_status, outcome = existing
         return StartedCleanup(
             workflow_id=workflow_id,
-            run_id=existing.run_id,
+            run_id=existing_run,
             started=False,
             deadline=input.deadline,
             account_id=account_id,
             accounts_in_scope=in_scope,
+            temporal_status=temporal_status,
+            outcome=outcome,
         )
     attrs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
@@ -206,14 +262,17 @@ async def start_cleanup(
         )
         run_id = handle.result_run_id
     except WorkflowAlreadyStartedError as err:  # a closed run with this ID: never make a second one
-        run_id = err.run_id
+        found = await _existing_run(client, workflow_id)
+        existing_run, temporal_status, outcome = found if found is not None else (err.run_id, None, None)
         return StartedCleanup(
             workflow_id=workflow_id,
-            run_id=run_id,
+            run_id=existing_run,
             started=False,
             deadline=input.deadline,
             account_id=account_id,
             accounts_in_scope=in_scope,
+            temporal_status=temporal_status,
+            outcome=outcome,
         )
     return StartedCleanup(
         workflow_id=workflow_id,
@@ -235,6 +294,9 @@ class RenewalOutcome(BaseModel):
     claimed_by: str | None
     signalled: list[str]
     restarted_cleanup: str | None = None
+    # Signals the server refused ("workflow_id: reason"): the renewal stands (the database decided
+    # it), but the cleanup learns of it only at its claim. Logged too; never swallowed silently.
+    signal_errors: list[str] = []
 
 
 async def renew(
@@ -269,20 +331,34 @@ async def renew(
     )
     if not in_time:
         return outcome
+    # Only a single-account cleanup waits on the signal; a cohort's claim skips renewed accounts by
+    # itself, so signalling it would only grow its history (and meet the server's signal cap).
     signal = RenewalSignal(account_id=account_id, version_after=row["version_after"], new_deadline=until)
     own_cleanup = account_cleanup_id(public_account_id(client, account_id), row["old_deadline"])
-    for workflow_id in (own_cleanup, cohort_cleanup_id(row["old_deadline"])):
-        with contextlib.suppress(RPCError):
-            handle = client.get_workflow_handle(workflow_id)
-            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
-                await handle.signal(RENEWED_SIGNAL, signal)
-                outcome.signalled.append(workflow_id)
+    handle = client.get_workflow_handle(own_cleanup)
+    try:
+        running = (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    except RPCError as err:
+        running = False
+        if err.status != RPCStatusCode.NOT_FOUND:
+            _signal_refused(outcome, own_cleanup, err)
+    if running:
+        try:
+            await handle.signal(RENEWED_SIGNAL, signal)
+            outcome.signalled.append(own_cleanup)
+        except RPCError as err:
+            _signal_refused(outcome, own_cleanup, err)
     if until is not None and own_cleanup in outcome.signalled:
         started = await start_cleanup(client, pool, task_queue, account_id=account_id)
         outcome.restarted_cleanup = started.workflow_id
     if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
         await nudge_planner(client, task_queue)
     return outcome
+
+
+def _signal_refused(outcome: RenewalOutcome, workflow_id: str, err: RPCError) -> None:
+    log.warning("renewal of %s committed, but signalling %s failed: %s", outcome.account_id, workflow_id, err.message)
+    outcome.signal_errors.append(f"{workflow_id}: {err.message}")
 
 
 async def seed_accounts(
@@ -338,15 +414,22 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
 
 
 async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]:
+    """Cleanups with phase, progress and outcome (the result of a completed run; else empty)."""
     rows: list[dict[str, Any]] = []
     async for wf in client.list_workflows(f"WorkflowType = '{CLEANUP_WORKFLOW}'", limit=limit):
         memo = await wf.memo()
         deadline = wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE)
+        outcome: str | None = None
+        if wf.status == WorkflowExecutionStatus.COMPLETED:
+            with contextlib.suppress(RPCError):
+                handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=CleanupResult)
+                outcome = (await handle.result()).outcome
         rows.append(
             {
                 "workflow_id": wf.id,
                 "status": wf.status.name if wf.status else None,
                 "phase": wf.typed_search_attributes.get(sa.CLEANUP_PHASE),
+                "outcome": outcome,
                 "deadline": deadline.isoformat() if deadline else None,
                 "account_id": wf.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
                 "partitions_done": memo.get("partitions_done"),

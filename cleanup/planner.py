@@ -49,6 +49,7 @@ from cleanup.models import (
     SweepInput,
     SweepResult,
     bucket_cleanup_id,
+    heartbeat_from_env,
     planner_workflow_id,
     sweep_cleanup_id,
 )
@@ -71,6 +72,7 @@ async def _start_cohort(
     summary: str,
 ) -> bool:
     """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
+    heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
     input = RenewalCleanupInput(
         cleanup_id=workflow_id,
         deadline=start,
@@ -79,6 +81,8 @@ async def _start_cohort(
         max_parallel_partitions=min(settings.max_parallel_partitions, settings.partitions),
         batch_size=settings.batch_size,
         claim_chunk_size=settings.claim_chunk_size,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        heartbeat_interval_seconds=heartbeat_interval,
         note="started by the deadline planner",
     )
     try:

@@ -365,3 +365,9 @@ SELECT count(*) FROM cleanup_failed WHERE cleanup_id = $1;
 -- What `status` shows of a cleanup's failed accounts. $1 cleanup ID.
 SELECT count(*) FILTER (WHERE resolved_at IS NULL)::int AS pending, count(*)::int AS total
 FROM cleanup_failed WHERE cleanup_id = $1;
+
+-- name: partition_applied
+-- What the database says one partition of a cleanup claimed and applied, over every attempt (the
+-- settlement counts the same tables). $1 cleanup ID, $2 partition.
+SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_no = $2) AS claimed,
+       (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1 AND partition_no = $2) AS applied;

@@ -50,6 +50,9 @@ class Settings(BaseModel):
     temporal_ui_url: str | None = None
     pool_max_size: int = Field(default=8, ge=1, le=200)
     max_concurrent_activities: int = Field(default=16, ge=1, le=1000)
+    # On SIGTERM a worker stops polling and gives running activities this long to finish or hand
+    # their work back (cleanup partitions do at the next batch) before cancelling them.
+    worker_graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "0.0.0.0"
@@ -89,6 +92,8 @@ class Settings(BaseModel):
             values["pool_max_size"] = int(env["DB_POOL_MAX_SIZE"])
         if env.get("WORKER_MAX_CONCURRENT_ACTIVITIES"):
             values["max_concurrent_activities"] = int(env["WORKER_MAX_CONCURRENT_ACTIVITIES"])
+        if env.get("WORKER_GRACEFUL_SHUTDOWN_SECONDS"):
+            values["worker_graceful_shutdown_seconds"] = float(env["WORKER_GRACEFUL_SHUTDOWN_SECONDS"])
         if env.get("METRICS_PORT"):
             values["metrics_port"] = int(env["METRICS_PORT"])
         if env.get("METRICS_HOST"):
@@ -114,13 +119,15 @@ class Settings(BaseModel):
                 found += [m.group("password") for m in pattern.finditer(self.database_url)]
         return [s for s in found if s]
 
-    def ui_url(self) -> str:
+    def ui_url(self) -> str | None:
+        """Where a Temporal UI is known to be: TEMPORAL_UI_URL, or the embedded dev server's. A
+        server given by address only may be headless, so no link is guessed for it (None)."""
         if self.temporal_ui_url:
             return self.temporal_ui_url.rstrip("/")
         if self.temporal_address is None:
             return f"http://127.0.0.1:{EMBEDDED_UI_PORT}"
-        host = self.temporal_address.rsplit(":", 1)[0]
-        return f"http://{host}:8080"
+        return None
 
-    def workflow_url(self, workflow_id: str) -> str:
-        return f"{self.ui_url()}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
+    def workflow_url(self, workflow_id: str) -> str | None:
+        ui = self.ui_url()
+        return None if ui is None else f"{ui}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"

@@ -27,6 +27,7 @@ class ErrorType(StrEnum):
     LEDGER_UNBALANCED = "LedgerUnbalanced"
     RELAY_NOT_CONFIGURED = "RelayNotConfigured"
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
+    HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(
@@ -50,9 +51,12 @@ STEP_RETRY = RetryPolicy(
 )
 
 
-def failure(type: ErrorType, message: str) -> ApplicationError:
-    """The typed failure an activity raises: non-retryable exactly when its type is in NON_RETRYABLE."""
-    return ApplicationError(message, type=type.value, non_retryable=type in NON_RETRYABLE)
+def failure(type: ErrorType, message: str, *, next_retry_delay: timedelta | None = None) -> ApplicationError:
+    """The typed failure an activity raises: non-retryable exactly when its type is in NON_RETRYABLE.
+    `next_retry_delay` overrides the retry policy's back-off for this one failure."""
+    return ApplicationError(
+        message, type=type.value, non_retryable=type in NON_RETRYABLE, next_retry_delay=next_retry_delay
+    )
 
 
 class InputError(ValueError):

@@ -148,10 +148,12 @@ async def run_demo(
     report = "\n".join(
         [f"\nResult of {started.workflow_id} ({result.outcome})", "-" * (width + 12)]
         + [f"{k.ljust(width)}  {v}" for k, v in rows]
-        + [
-            f"\nBrowse it in the Temporal UI: {settings.workflow_url(started.workflow_id)}",
-            "Stop the embedded Temporal server with: python starter.py dev down",
-        ]
+        + (
+            [f"\nBrowse it in the Temporal UI: {settings.workflow_url(started.workflow_id)}"]
+            if settings.workflow_url(started.workflow_id)
+            else []
+        )
+        + ["Stop the embedded Temporal server with: python starter.py dev down"]
     )
     return {
         "workflow_id": started.workflow_id,

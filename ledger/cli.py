@@ -96,8 +96,8 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
         lambda d: (
             f"{'started' if d['started'] else 'already exists (not started again)'}"
             f"{' (re-check)' if args.recheck else ''}: {d['workflow_id']}\n"
-            f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)\n"
-            f"{d['ui']}"
+            f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)"
+            + (f"\n{d['ui']}" if d["ui"] else "")
         ),
     )
 
@@ -142,7 +142,9 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
     async with CliContext(settings) as ctx:
         data = await ledger_status(ctx.client, ctx.pool, business_date)
-        data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+        url = ctx.settings.workflow_url(data["workflow_id"])
+        if url is not None:  # only where a UI is known to be
+            data["ui"] = url
     emit(args, data, _status_text)
 
 

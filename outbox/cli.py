@@ -80,7 +80,11 @@ async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -
         )
         for s in started:
             s["ui"] = ctx.settings.workflow_url(s["workflow_id"])
-    emit(args, started, lambda d: "\n".join(f"relay {s['workflow_id']} running: {s['ui']}" for s in d))
+    emit(
+        args,
+        started,
+        lambda d: "\n".join(f"relay {s['workflow_id']} running" + (f": {s['ui']}" if s["ui"] else "") for s in d),
+    )
 
 
 async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) -> None:

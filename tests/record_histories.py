@@ -59,6 +59,18 @@ async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue
         await pool.execute("DROP TRIGGER record_poison ON inventory_items; DROP FUNCTION record_poison()")
 
 
+async def record_renewed_phase_kept(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
+    """A single-account cleanup ended by a renewal, after the `renewed-phase-kept` patch: it settles
+    without upserting `settling`/`settled` over the phase `renewed`."""
+    [account] = await seed(pool, deadline_in(3600), 1)
+    single = await start_cleanup(client, pool, task_queue, account_id=account)
+    await renew(client, pool, task_queue, account)
+    await client.get_workflow_handle(single.workflow_id).result()
+    history = await client.get_workflow_handle(single.workflow_id).fetch_history()
+    (HISTORIES / "single_account_renewed_phase_kept.json").write_text(history.to_json())
+    print(f"recorded single_account_renewed_phase_kept: {len(history.events)} events")
+
+
 async def main(only: list[str] | None = None) -> None:
     settings = embedded.resolve(Settings.from_env())
     assert settings.database_url is not None
@@ -69,6 +81,11 @@ async def main(only: list[str] | None = None) -> None:
     if only == ["cohort_failed_tolerance"]:  # record just the newest one, leave the others as they are
         async with build_worker(client, task_queue, await build_activities(pool)):
             await record_failed_tolerance(client, pool, task_queue)
+        await pool.close()
+        return
+    if only == ["single_account_renewed_phase_kept"]:
+        async with build_worker(client, task_queue, await build_activities(pool)):
+            await record_renewed_phase_kept(client, pool, task_queue)
         await pool.close()
         return
     async with build_worker(client, task_queue, await build_activities(pool)):
@@ -97,6 +114,7 @@ async def main(only: list[str] | None = None) -> None:
             print(f"recorded {name}: {len(history.events)} events")
         await handle.terminate("recorded")
         await record_failed_tolerance(client, pool, task_queue)
+        await record_renewed_phase_kept(client, pool, task_queue)
     await pool.close()
 
 

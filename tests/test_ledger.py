@@ -247,7 +247,7 @@ async def test_pause_unpause_and_backfill_reconcile_each_missed_date_once(client
         # While paused, an operator reconciles the middle date by hand.
         await reconcile(client, pool, task_queue, dates[1])
         described = await ls.unpause_schedule(client, "", schedule_id)
-        assert described["paused"] is False and described["overlap"] == "ALLOW_ALL"
+        assert described["paused"] is False and described["overlap"] == "BUFFER_ALL"
         assert described["actions_taken"] == 0
 
         await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
@@ -398,7 +398,7 @@ async def test_cli_seed_reconcile_status_and_schedule_commands(
 
     sid = ["--schedule-id", f"ledger-nightly-{uuid.uuid4().hex[:8]}"]
     created = await cli("schedule", "create", *sid, "--at", "03:30", "--paused", "--shards", "2")
-    assert (created["runs_at"], created["paused"], created["overlap"]) == ("03:30 UTC", True, "ALLOW_ALL")
+    assert (created["runs_at"], created["paused"], created["overlap"]) == ("03:30 UTC", True, "BUFFER_ALL")
     assert created["catchup_window"] == "1 day, 0:00:00"
     assert (await cli("schedule", "unpause", *sid))["paused"] is False
     assert (await cli("schedule", "pause", *sid, "--note", "provider outage"))["note"] == "provider outage"

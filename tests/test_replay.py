@@ -27,6 +27,8 @@ def test_recorded_histories_exist():
     assert {"outbox_relay_nudged_mid_batch", "v1_outbox_relay_nudged_mid_batch"} <= names
     # Recorded after the `chunked-claim` patch, with the planner.
     assert {"chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running"} <= names
+    # Recorded with the `renewed-phase-kept` patch (single_account_renewed was recorded before it).
+    assert "single_account_renewed_phase_kept" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -152,6 +152,7 @@ class RenewalCleanupWorkflow:
                     cleanup_id=self._input.cleanup_id,
                     partition_no=partition_no,
                     batch_size=self._input.batch_size,
+                    heartbeat_interval_seconds=self._input.heartbeat_interval_seconds,
                 ),
                 result_type=PartitionReport,
                 start_to_close_timeout=timedelta(hours=2),
@@ -163,8 +164,19 @@ class RenewalCleanupWorkflow:
         workflow.upsert_memo({"partitions_done": len(self._reports)})
 
     async def _settle(self, claim: ClaimResult) -> None:
+        """A single-account cleanup ended by a renewal keeps the phase `renewed` (so
+        `CleanupPhase = 'renewed'` finds it). Runs started before the `renewed-phase-kept` patch
+        upserted `settling` and then `settled` over it; their histories replay that way."""
+        if self._phase == "renewed" and workflow.patched("renewed-phase-kept"):
+            self._settlement = await self._settle_activity(claim)
+            return
         self._set_phase("settling")
-        self._settlement = await self._bookkeeping(
+        self._settlement = await self._settle_activity(claim)
+        if self._phase != "renewed":
+            self._set_phase("settled")
+
+    async def _settle_activity(self, claim: ClaimResult) -> CleanupSettlement:
+        return await self._bookkeeping(
             SETTLE_CLEANUP,
             SettleCleanupInput(
                 cleanup_id=self._input.cleanup_id,
@@ -176,8 +188,6 @@ class RenewalCleanupWorkflow:
             ),
             CleanupSettlement,
         )
-        if self._phase != "renewed":
-            self._set_phase("settled")
 
     def _check_failed_tolerance(self) -> None:
         """Accounts that failed deterministically (cleanup_failed) never block the cohort: it settles
@@ -241,4 +251,5 @@ class RenewalCleanupWorkflow:
             renewal_signals=len(self._renewal_signals),
             counts=counts,
             claimed=claim.claimed if claim else None,
+            applied=sum(report.applied for report in self._reports.values()),
         )

@@ -1,0 +1,120 @@
+"""A worker stopped with SIGTERM mid-partition finishes the batch it is in and hands the partition
+back at once: the other worker resumes it after that batch, without waiting out the heartbeat
+timeout, and the cohort settles exactly once. (A worker that is simply cancelled at shutdown fails
+the activity as `WorkerShutdown` and its in-flight batch rolls back and is redone: that is what this
+test tells apart.)
+
+Deterministic on a loaded machine: a row lock held by the test keeps the partition mid-way until
+the worker has begun shutting down; the proof is in the history (the retry's last failure is the
+hand-back, not a timeout), never in wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.api.enums.v1 import EventType
+
+from cleanup.models import CLEANUP_PARTITION, CleanupResult, PartitionReport
+from cleanup.operations import start_cleanup
+from tests.helpers import deadline_in, effect_counts, seed, wait_until
+
+ACCOUNTS = 600
+BATCH = 50
+LOCKED_INDEX = 300  # the first account of the 7th batch: six batches commit, the seventh waits
+
+
+async def test_a_worker_sigtermed_mid_partition_hands_it_back_without_a_timeout(
+    client, pool, db_url, task_queue, worker_processes
+):
+    deadline = deadline_in(2)
+    accounts = await seed(pool, deadline, ACCOUNTS)
+    first = worker_processes.start()
+
+    # The claim never touches cloud_saves; the batch that deletes this account's saves waits on it.
+    locker = await pool.acquire()
+    tx = locker.transaction()
+    await tx.start()
+    await locker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[LOCKED_INDEX])
+    try:
+        started = await start_cleanup(
+            client,
+            pool,
+            task_queue,
+            deadline=deadline,
+            partitions=1,
+            batch_size=BATCH,
+            heartbeat_timeout_seconds=60,  # a timeout this test must never wait out
+        )
+
+        async def applied() -> int:
+            return await pool.fetchval("SELECT count(*) FROM cleanup_applied")  # type: ignore[no-any-return]
+
+        async def mid_partition() -> bool:
+            return await applied() == LOCKED_INDEX
+
+        await wait_until(mid_partition, within=120)
+        second = worker_processes.start()
+        first.terminate()  # SIGTERM
+
+        async def shutting_down() -> bool:  # (a worker that drops its work at once just exits)
+            return "worker shutting down" in worker_processes.logs() or first.poll() is not None
+
+        await wait_until(shutting_down, within=60)
+        assert await applied() == LOCKED_INDEX, "still held by the lock"
+    finally:
+        await tx.rollback()
+        await pool.release(locker)
+
+    async def exited() -> bool:
+        return first.poll() is not None
+
+    await wait_until(exited, within=60)
+    assert first.returncode == 0, worker_processes.logs()
+
+    handle = client.get_workflow_handle(started.workflow_id, result_type=CleanupResult)
+    result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
+    assert second.poll() is None, worker_processes.logs()
+
+    assert result.outcome == "cleaned" and result.settlement is not None
+    assert result.settlement.cleaned == ACCOUNTS
+    counts = await effect_counts(pool)
+    assert counts["applied"] == counts["reminders"] == counts["cleaned_accounts"] == ACCOUNTS, "lost = 0"
+    assert counts["duplicate_reminders"] == counts["duplicate_archives"] == 0, "duplicates = 0"
+    assert counts["settlements"] == 1
+
+    history = await handle.fetch_history()
+    partition_events = {
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == CLEANUP_PARTITION
+    }
+    [resumed] = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.scheduled_event_id in partition_events
+    ]
+    assert resumed.attempt == 2, "one hand-back, one retry"
+    assert resumed.last_failure.application_failure_info.type == "HandedBackOnShutdown", (
+        "the retry followed the hand-back, not a heartbeat timeout: "
+        f"{resumed.last_failure.message} {resumed.last_failure.timeout_failure_info}"
+    )
+    assert not resumed.last_failure.HasField("timeout_failure_info")
+    assert str(second.pid) in resumed.identity, "the other worker resumed it"
+
+    [completed] = [
+        e.activity_task_completed_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and e.activity_task_completed_event_attributes.scheduled_event_id in partition_events
+    ]
+    report = PartitionReport.model_validate_json(completed.result.payloads[0].data)
+    assert report.attempt == 2
+    assert report.claimed == report.applied == ACCOUNTS, "what the database says the partition applied"
+    # The retry's own work: only what the first attempt left, as the batch held by the lock was
+    # finished by the first worker, not rolled back (if its cursor was not heartbeated before the
+    # hand-back, the retry finds that batch already applied).
+    assert 0 < report.attempt_counts.cleaned <= ACCOUNTS - LOCKED_INDEX - BATCH
+    assert report.attempt_counts.cleaned + report.attempt_counts.already_applied <= ACCOUNTS - LOCKED_INDEX
