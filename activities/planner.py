@@ -10,15 +10,9 @@ from __future__ import annotations
 import asyncpg
 from temporalio import activity
 
-from cleanup.models import (
-    PLAN_DEADLINE_BUCKETS,
-    SWEEP_OVERDUE_ACCOUNTS,
-    PlanTickInput,
-    PlanTickResult,
-    SweepInput,
-    SweepResult,
-)
+from cleanup.models import PLAN_DEADLINE_BUCKETS, SWEEP_OVERDUE_ACCOUNTS
 from cleanup.planner import plan_buckets, sweep_overdue
+from cleanup.planner_models import PlanTickInput, PlanTickResult, SweepInput, SweepResult
 
 
 class PlannerActivities:

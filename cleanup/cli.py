@@ -30,9 +30,6 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
-from cleanup.planner import ensure_planner, planner_status, signal_planner
-from cleanup.review import list_failed, preview_cleanup, retry_failed
-from cleanup.targets import load_targets
 from core import db, embedded
 from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, emit, key_values, table
 from core.config import Settings
@@ -204,12 +201,17 @@ async def _database(settings: Settings, *, migrate: bool) -> AsyncIterator[async
 
 
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+
     async with _database(settings, migrate=True) as pool:
         rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
 
 
 async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.targets import load_targets
+
     targets = load_targets()
     async with _database(settings, migrate=True) as pool:
         data = await retry_failed(pool, targets, args.cleanup)
@@ -228,6 +230,9 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
 
 async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> None:
     """Reads the database only: no Temporal connection, no migration, one read-only transaction."""
+    from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.targets import load_targets
+
     deadline = parse_deadline(args.deadline) if args.deadline else None
     targets = load_targets()
     async with _database(settings, migrate=False) as pool:
@@ -268,6 +273,12 @@ def _planner_human_status(d: dict[str, Any]) -> str:
 
 
 async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.planner import (  # lazy: keeps `starter.py --help` and `renew` fast to start
+        ensure_planner,
+        planner_status,
+        signal_planner,
+    )
+
     async with CliContext(settings) as ctx:
         queue = ctx.settings.task_queue
         if args.action == "status":

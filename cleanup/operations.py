@@ -23,6 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from cleanup.models import (
     CLEANUP_WORKFLOW,
     MAX_PARTITIONS,
+    PLANNER_NUDGE_SIGNAL,
     RENEWED_SIGNAL,
     STATUS_QUERY,
     CleanupResult,
@@ -33,8 +34,8 @@ from cleanup.models import (
     cohort_cleanup_id,
     heartbeat_from_env,
     is_account_id,
+    planner_workflow_id,
 )
-from cleanup.planner import nudge_planner
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
@@ -359,6 +360,14 @@ async def renew(
 def _signal_refused(outcome: RenewalOutcome, workflow_id: str, err: RPCError) -> None:
     log.warning("renewal of %s committed, but signalling %s failed: %s", outcome.account_id, workflow_id, err.message)
     outcome.signal_errors.append(f"{workflow_id}: {err.message}")
+
+
+async def nudge_planner(client: Client, task_queue: str) -> None:
+    """Plan now (e.g. after a renewal to a near deadline) instead of at the end of the tick."""
+    try:
+        await client.get_workflow_handle(planner_workflow_id(task_queue)).signal(PLANNER_NUDGE_SIGNAL)
+    except RPCError:  # no planner (e.g. turned off): the renewal stands, the sweep still catches it
+        pass
 
 
 async def seed_accounts(

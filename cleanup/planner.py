@@ -27,31 +27,31 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
 
 import cleanup
 from cleanup.models import (
     CLEANUP_WORKFLOW,
     OVERDUE_COUNT_CAP,
-    PLANNER_NUDGE_SIGNAL,
     PLANNER_PAUSE_SIGNAL,
     PLANNER_RESUME_SIGNAL,
     PLANNER_WORKFLOW,
     RELEASE_CHUNK,
     STATUS_QUERY,
     CleanupResult,
+    RenewalCleanupInput,
+    bucket_cleanup_id,
+    heartbeat_from_env,
+    planner_workflow_id,
+    sweep_cleanup_id,
+)
+from cleanup.planner_models import (
     PlannerInput,
     PlannerSettings,
     PlannerStatus,
     PlanTickInput,
     PlanTickResult,
-    RenewalCleanupInput,
     SweepInput,
     SweepResult,
-    bucket_cleanup_id,
-    heartbeat_from_env,
-    planner_workflow_id,
-    sweep_cleanup_id,
 )
 from core import metrics
 from core import search_attributes as sa
@@ -244,14 +244,6 @@ async def signal_planner(client: Client, task_queue: str, action: Literal["pause
         await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
     else:
         await handle.signal(PLANNER_RESUME_SIGNAL)
-
-
-async def nudge_planner(client: Client, task_queue: str) -> None:
-    """Plan now (e.g. after a renewal to a near deadline) instead of at the end of the tick."""
-    try:
-        await client.get_workflow_handle(planner_workflow_id(task_queue)).signal(PLANNER_NUDGE_SIGNAL)
-    except RPCError:  # no planner (e.g. turned off): the renewal stands, the sweep still catches it
-        pass
 
 
 async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:

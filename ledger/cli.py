@@ -19,10 +19,8 @@ from core.cli import CliContext, Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
-from ledger import schedule as ls
 from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
 from ledger.operations import ledger_status, ledger_target, parse_business_date, review_rows, start_reconciliation
-from ledger.seed import seed_ledger_day, seed_spec
 
 LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
 
@@ -32,6 +30,8 @@ def _business_date(text: str) -> date:
 
 
 async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
     schedule_id = args.schedule_id
     first = last = None
     if args.action == "backfill":
@@ -103,6 +103,8 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger.seed import seed_ledger_day, seed_spec  # lazy: keeps `starter.py --help` fast to start
+
     if args.action == "seed":
         if not args.date or args.payments is None:
             raise InputError("ledger seed needs --date YYYY-MM-DD and --payments N")

@@ -119,8 +119,9 @@ async def main(only: list[str] | None = None) -> None:
 
 
 async def record_planner() -> None:
-    from cleanup.models import PlannerSettings, planner_workflow_id
+    from cleanup.models import planner_workflow_id
     from cleanup.planner import ensure_planner
+    from cleanup.planner_models import PlannerSettings
 
     settings = embedded.resolve(Settings.from_env())
     assert settings.database_url is not None

@@ -27,15 +27,10 @@ from temporalio.worker import Worker
 import cleanup
 from activities.cleanup import claim_in_chunks
 from cleanup.cli import _planner_human_status as _human_status
-from cleanup.models import (
-    ClaimChunkedInput,
-    CleanupPartitionInput,
-    PartitionReport,
-    PlannerSettings,
-    planner_workflow_id,
-)
+from cleanup.models import ClaimChunkedInput, CleanupPartitionInput, PartitionReport, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
 from cleanup.planner import ensure_planner, planner_status
+from cleanup.planner_models import PlannerSettings
 from core.config import PROJECT_ROOT
 from core.queries import load
 from tests.helpers import deadline_in, seed, wait_until

@@ -27,6 +27,8 @@ with workflow.unsafe.imports_passed_through():
         PLANNER_WORKFLOW,
         STATUS_QUERY,
         SWEEP_OVERDUE_ACCOUNTS,
+    )
+    from cleanup.planner_models import (
         PlannerInput,
         PlannerPhase,
         PlannerStatus,
