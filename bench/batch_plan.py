@@ -1,5 +1,6 @@
-"""One partition batch under EXPLAIN ANALYZE: `python -m bench.batch_plan --accounts 20000`.
+"""One batch of each job under EXPLAIN ANALYZE: `python -m bench.batch_plan --accounts 20000 --payments 40000`.
 
+Cleanup:
 Seeds one cohort into a fresh database (no Temporal), claims it into one partition with the
 pipeline's own chunked claim, then runs the compiled batch statement (the worker's, from the
 declared targets) under `EXPLAIN (ANALYZE, FORMAT JSON)` for the first batch of each size, each in
@@ -7,6 +8,10 @@ a transaction that is rolled back, so every size sees the same data. Prints the 
 the time per account and the plan's most expensive join nodes, for the custom plan (what the first
 executions of a prepared statement use) and for the generic plan (what asyncpg's cached prepared
 statement may switch to after five executions).
+
+Ledger: one business date seeded with the generator (default discrepancy rates) into one shard,
+analyzed as a nightly load is, and the reconcile_batch statement for the first batch of each size,
+rolled back likewise.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+import ledger
 from activities.cleanup import claim_in_chunks
 from cleanup.batches import CompiledCleanup
 from cleanup.models import ClaimChunkedInput
@@ -29,6 +35,10 @@ from cleanup.operations import seed_accounts
 from cleanup.targets import load_targets
 from core import db, embedded
 from core.config import Settings
+from core.queries import load
+from ledger.seed import seed_ledger_day, seed_spec
+
+LEDGER_SQL = load(ledger.__file__)
 
 JOIN_NODES = {"Nested Loop", "Hash Join", "Merge Join"}
 
@@ -73,7 +83,11 @@ def summarize(plan_json: Any) -> dict[str, Any]:
         ),
         key=lambda j: -j["total_ms"],
     )
-    return {"execution_ms": round(doc["Execution Time"], 2), "planning_ms": round(doc["Planning Time"], 2), "top_joins": joins[:3]}
+    return {
+        "execution_ms": round(doc["Execution Time"], 2),
+        "planning_ms": round(doc["Planning Time"], 2),
+        "top_joins": joins[:3],
+    }
 
 
 async def explain_batch(
@@ -95,7 +109,50 @@ async def explain_batch(
     return summary
 
 
-async def run(accounts: int = 20_000, sizes: tuple[int, ...] = (1000, 5000), repeat: int = 3) -> dict[str, Any]:
+async def explain_ledger_batch(
+    pool: asyncpg.Pool, business_date: date, batch_size: int, generic: bool
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            if generic:
+                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            raw = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + LEDGER_SQL.reconcile_batch,
+                business_date,
+                0,
+                "",
+                "",
+                batch_size,
+                50,
+                "explain",
+            )
+        finally:
+            await tx.rollback()
+    summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
+    summary["ms_per_key"] = round(summary["execution_ms"] / batch_size, 4)
+    return summary
+
+
+async def run_ledger(payments: int, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
+    async with fresh_database() as pool:
+        business_date = date(2026, 10, 1)
+        await seed_ledger_day(pool, seed_spec(business_date=business_date, payments=payments, shards=1))
+        await pool.execute("VACUUM ANALYZE")
+        results: dict[str, Any] = {}
+        for generic in (False, True):
+            for size in sizes:
+                runs = [await explain_ledger_batch(pool, business_date, size, generic) for _ in range(repeat)]
+                best = min(runs, key=lambda r: r["execution_ms"])
+                best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
+                results[f"ledger_{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
+    return results
+
+
+async def run(
+    accounts: int = 20_000, sizes: tuple[int, ...] = (1000, 5000), repeat: int = 3, payments: int = 40_000
+) -> dict[str, Any]:
     async with fresh_database() as pool:
         deadline = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         await seed_accounts(pool, prefix="e", deadline=deadline, count=accounts)
@@ -121,7 +178,9 @@ async def run(accounts: int = 20_000, sizes: tuple[int, ...] = (1000, 5000), rep
                 best = min(runs, key=lambda r: r["execution_ms"])
                 best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
                 results[f"{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
-    return {"scenario": "batch_plan", "accounts": accounts, **results}
+    if payments:
+        results.update(await run_ledger(payments, sizes, repeat))
+    return {"scenario": "batch_plan", "accounts": accounts, "payments": payments, **results}
 
 
 def main() -> None:
@@ -129,8 +188,9 @@ def main() -> None:
     parser.add_argument("--accounts", type=int, default=20_000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--payments", type=int, default=40_000, help="0: skip the ledger")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.repeat)), indent=2))
+    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.repeat, args.payments)), indent=2))
 
 
 if __name__ == "__main__":

@@ -173,7 +173,10 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         "floor_seconds_before_and_after": [round(floor["seconds"], 3), round(floor_2["seconds"], 3)],
         "floor_accounts_per_s": round(floor_rate, 1),
         "direct_seconds_before_and_after": [round(direct["seconds"], 3), round(direct_2["seconds"], 3)],
-        "direct_claim_seconds_before_and_after": [round(direct["claim_seconds"], 3), round(direct_2["claim_seconds"], 3)],
+        "direct_claim_seconds_before_and_after": [
+            round(direct["claim_seconds"], 3),
+            round(direct_2["claim_seconds"], 3),
+        ],
         "direct_accounts_per_s": round(direct_rate, 1),
         "pipeline_seconds_from_deadline": round(after_deadline, 3),
         "pipeline_seconds_from_start": round(t_end - t_start, 3),
