@@ -37,10 +37,18 @@ WITH keys AS (
     ORDER BY u.game, u.payment_id
     LIMIT $5
 ),
+-- The batch's keys lie in (cursor, last key]: the ledger and report rows are read by that index
+-- range, never by a scan (or hash) of the whole shard per batch, which would make each batch cost
+-- as much as the shard and a shard cost its size squared over the batch size.
+last_key AS (
+    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
+),
 ledger AS (
     SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
     FROM ledger_payments l JOIN keys k ON k.game = l.game AND k.payment_id = l.payment_id
     WHERE l.business_date = $1 AND l.shard = $2
+      AND (l.game, l.payment_id) > ($3::text, $4::text)
+      AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
     ORDER BY l.game, l.payment_id
     FOR UPDATE OF l
 ),
@@ -55,6 +63,8 @@ report AS (
                AS fp_sum
     FROM ledger_report_rows r JOIN keys k ON k.game = r.game AND k.payment_id = r.payment_id
     WHERE r.business_date = $1 AND r.shard = $2
+      AND (r.game, r.payment_id) > ($3::text, $4::text)
+      AND (r.game, r.payment_id) <= (SELECT game, payment_id FROM last_key)
     GROUP BY r.game, r.payment_id
 ),
 facts AS (
@@ -145,9 +155,6 @@ reviewed AS (
       AND NOT EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = j.key)
     ON CONFLICT (review_key) DO NOTHING
     RETURNING 1
-),
-last_key AS (
-    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
 ),
 -- The judged inputs as this batch leaves them (a corrected row with its new values and version),
 -- in the terms of shard_fingerprint: the sum over the batches is the fingerprint of exactly what
