@@ -20,7 +20,8 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- (ledger keys and provider-report keys alike, so unknown payments are seen too), judge each key,
 -- record corrections under their idempotency key and apply them to the ledger, and send what no
 -- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
--- is found by the anti-join and counted again as a discrepancy, but nothing is inserted twice.
+-- is found by the batch's probe of the effect tables (`already`) and counted again as a discrepancy,
+-- but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
 -- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
 -- $6 tolerance in cents, $7 workflow ID (audit only)
 WITH keys AS (
@@ -78,13 +79,21 @@ facts AS (
     LEFT JOIN ledger l ON l.game = k.game AND l.payment_id = k.payment_id
     LEFT JOIN report r ON r.game = k.game AND r.payment_id = k.payment_id
 ),
+-- The effect tables are probed once per batch with all of the batch's keys (index probes on a big
+-- table, one short scan on a small one), never once per key: a plan made while they were empty
+-- (fresh date, after a vacuum) would otherwise scan them whole for every key as they fill up.
+already AS (
+    SELECT
+        ARRAY(SELECT c.idempotency_key FROM ledger_corrections c
+              WHERE c.idempotency_key = ANY (ARRAY(SELECT key FROM facts))) AS corrected,
+        ARRAY(SELECT v.review_key FROM ledger_review v
+              WHERE v.review_key = ANY (ARRAY(SELECT key FROM facts))) AS reviewed
+),
 judged AS (
     SELECT f.*,
         CASE
-            WHEN EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = f.key)
-                THEN 'already_corrected'
-            WHEN EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = f.key)
-                THEN 'already_in_review'
+            WHEN f.key = ANY (a.corrected) THEN 'already_corrected'
+            WHEN f.key = ANY (a.reviewed) THEN 'already_in_review'
             WHEN NOT f.in_ledger THEN 'unknown_payment'
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
@@ -96,7 +105,7 @@ judged AS (
             WHEN f.l_amount <> f.r_amount THEN 'amount_mismatch'
             ELSE 'match'
         END AS verdict
-    FROM facts f
+    FROM facts f CROSS JOIN already a
 ),
 corrected AS (
     INSERT INTO ledger_corrections
@@ -108,8 +117,8 @@ corrected AS (
                           ELSE j.l_status END,
            j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $7
     FROM judged j
+    -- (a key already corrected is judged 'already_corrected' in this same snapshot: never sent here)
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
-      AND NOT EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = j.key)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING game, payment_id, new_status, new_amount_cents, version_before
 ),
@@ -152,7 +161,6 @@ reviewed AS (
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
-      AND NOT EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = j.key)
     ON CONFLICT (review_key) DO NOTHING
     RETURNING 1
 ),
