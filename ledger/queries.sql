@@ -84,10 +84,9 @@ facts AS (
 -- (fresh date, after a vacuum) would otherwise scan them whole for every key as they fill up.
 already AS (
     SELECT
-        ARRAY(SELECT c.idempotency_key FROM ledger_corrections c
-              WHERE c.idempotency_key = ANY (ARRAY(SELECT key FROM facts))) AS corrected,
-        ARRAY(SELECT v.review_key FROM ledger_review v
-              WHERE v.review_key = ANY (ARRAY(SELECT key FROM facts))) AS reviewed
+        ARRAY(SELECT c.idempotency_key FROM facts f JOIN ledger_corrections c ON c.idempotency_key = f.key)
+            AS corrected,
+        ARRAY(SELECT v.review_key FROM facts f JOIN ledger_review v ON v.review_key = f.key) AS reviewed
 ),
 judged AS (
     SELECT f.*,
