@@ -53,9 +53,10 @@ WITH batch AS (
 ),
 -- Each account is judged on the row it locked, which carries its claim (so no join of two CTEs,
 -- whose sizes the planner cannot know: it would compare every row with every row), and the
--- idempotency record is probed per account by its unique key (LATERAL ... LIMIT 1 is always an
--- index probe, never a scan of the whole, ever-growing table). Cost per account stays flat
--- whatever the batch size and however stale the statistics of the claims just written.
+-- idempotency record is probed per account by its unique key (LATERAL ... LIMIT 1: a probe of
+-- cleanup_applied_once, never a join filter over the whole, ever-growing table). Cost per account
+-- stays flat whatever the batch size and however stale the statistics of the claims just written
+-- (EXPLAIN before/after: BENCHMARKS.md, "The Postgres floor").
 locked AS (
     SELECT a.account_id, b.claimed_version, a.status, a.cleanup_version, a.claimed_by
     FROM batch b JOIN accounts a ON a.account_id = b.account_id
