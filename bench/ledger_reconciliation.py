@@ -1,6 +1,6 @@
-"""Ledger reconciliation, pipeline vs. the physical limit: `python -m bench.ledger_reconciliation --payments 1000000`.
+"""Ledger reconciliation, floor vs. direct path vs. pipeline: `python -m bench.ledger_reconciliation --payments 200000`.
 
-Three business dates of the same size are seeded into one fresh database (the same generator as
+Five business dates of the same size are seeded into one fresh database (the same generator as
 `starter.py ledger seed`, default discrepancy rates). The *direct* runs reconcile a date from this
 process with no Temporal: `check_day`, then every shard through `reconcile_shard_batches` (the
 very loop and batch statement the activity runs, same batch size, same shard parallelism), each
@@ -8,7 +8,12 @@ shard's report, and the settlement; once before and once after the pipeline, and
 is the limit. The *pipeline* run is the real thing: `start_reconciliation` (the CLI's start path,
 date-keyed workflow ID) of `LedgerReconciliationWorkflow`, executed by a separate worker process,
 timed from the start call to the settled result.
-The ratio is payments/s of the pipeline over that of the faster direct run.
+The ratio is payments/s of the pipeline over that of the faster direct run. The *floor* runs
+reconcile a date with `ledger_floor` (bench/floor.sql): one set-based statement for the whole date
+on one backend, the same rules and effects (row locks, corrections under their idempotency key and
+their ledger updates, review rows), no shards, no keyset batches, no fingerprint, no reports; once
+before and once after the pipeline, the faster one is the floor. Also printed: direct / floor and
+pipeline / floor.
 
 Every run starts from the same effect tables: the batch statement's "already corrected / already
 in review" checks hash the whole of `ledger_corrections` and `ledger_review` once per batch, so a
@@ -29,8 +34,10 @@ from typing import Any
 
 import asyncpg
 
+import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import machine, stack, wait_for_worker
+from core.queries import load
 from ledger.models import (
     DEFAULT_ID_PREFIX,
     LedgerReconciliationResult,
@@ -47,6 +54,7 @@ from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 # Business dates well in the past (a date must be over to be reconciled).
 FIRST_DATE = date(2026, 10, 1)
 TOLERANCE_CENTS = 50
+FLOOR = load(bench.__file__, "floor.sql")
 
 
 def business_dates(n: int) -> list[date]:
@@ -65,6 +73,18 @@ async def clear_effects(pool: asyncpg.Pool, business_date: date) -> None:
     await pool.execute("DELETE FROM ledger_corrections WHERE business_date = $1", business_date)
     await pool.execute("DELETE FROM ledger_review WHERE business_date = $1", business_date)
     await pool.execute("VACUUM ANALYZE ledger_corrections, ledger_review")
+
+
+async def floor_reconciliation(pool: asyncpg.Pool, business_date: date, workflow_id: str) -> dict[str, Any]:
+    """The whole date in one statement and one transaction, on one backend."""
+    t0 = time.perf_counter()
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(FLOOR.ledger_floor, business_date, TOLERANCE_CENTS, workflow_id)
+    assert row is not None
+    return {"seconds": time.perf_counter() - t0, "outcome": {k: row[k] for k in FLOOR_OUTCOME}}
+
+
+FLOOR_OUTCOME = ("keys_examined", "discrepancies_found", "corrected", "sent_to_review")
 
 
 def _noop(_: ShardCheckpoint, __: asyncpg.Record) -> None:
@@ -193,26 +213,34 @@ def expected(seeded: LedgerSeedResult) -> dict[str, int]:
 async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
     load_before = round(os.getloadavg()[0], 2)
     async with stack() as s:
-        direct_date, pipeline_date, direct_after_date = business_dates(3)
+        direct_date, pipeline_date, direct_after_date, floor_date, floor_after_date = business_dates(5)
         t = time.perf_counter()
-        seeded = [await seed(s.pool, d, payments, shards) for d in (direct_date, pipeline_date, direct_after_date)]
+        seeded = [
+            await seed(s.pool, d, payments, shards)
+            for d in (direct_date, pipeline_date, direct_after_date, floor_date, floor_after_date)
+        ]
         await s.pool.execute("VACUUM ANALYZE")
         seed_seconds = time.perf_counter() - t
 
         worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
 
+        floor = await floor_reconciliation(s.pool, floor_date, "floor-before")
+        await clear_effects(s.pool, floor_date)
         direct = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-before")
         await clear_effects(s.pool, direct_date)
         pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
         await clear_effects(s.pool, pipeline_date)
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_reconciliation(s.pool, direct_after_date, shards, parallel, batch_size, "direct-after")
+        await clear_effects(s.pool, direct_after_date)
+        floor_2 = await floor_reconciliation(s.pool, floor_after_date, "floor-after")
         memory = s.memory()
         assert worker.poll() is None, "the worker process died"
 
     direct_rate = max(payments / d["seconds"] for d in (direct, direct_2))
     pipeline_rate = payments / pipeline["seconds"]
+    floor_rate = max(payments / f["seconds"] for f in (floor, floor_2))
     return {
         "scenario": "ledger_reconciliation",
         "payments": payments,
@@ -220,12 +248,19 @@ async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: in
         "parallel_shards": parallel,
         "batch_size": batch_size,
         "seed_seconds": round(seed_seconds, 2),
+        "floor_seconds_before_and_after": [round(floor["seconds"], 3), round(floor_2["seconds"], 3)],
+        "floor_payments_per_s": round(floor_rate, 1),
         "direct_seconds_before_and_after": [round(direct["seconds"], 3), round(direct_2["seconds"], 3)],
         "direct_payments_per_s": round(direct_rate, 1),
         "pipeline_seconds": round(pipeline["seconds"], 3),
         "pipeline_payments_per_s": round(pipeline_rate, 1),
         "ratio": round(pipeline_rate / direct_rate, 3),
-        "target": ">= 0.8",
+        "target": ">= 0.85",
+        "direct_over_floor": round(direct_rate / floor_rate, 3),
+        "direct_over_floor_target": ">= 0.7",
+        "pipeline_over_floor": round(pipeline_rate / floor_rate, 3),
+        "floor_outcomes": [floor["outcome"], floor_2["outcome"]],
+        "floor_expected": [expected(seeded[3]), expected(seeded[4])],
         "expected": expected(seeded[1]),
         "pipeline_outcome": outcome(pipeline["settlement"]),
         "direct_outcomes": [outcome(direct["settlement"]), outcome(direct_2["settlement"])],
@@ -243,7 +278,7 @@ async def run(payments: int, shards: int = 16, parallel: int = 8, batch_size: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--payments", type=int, default=1_000_000)
+    parser.add_argument("--payments", type=int, default=200_000)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)

@@ -25,7 +25,7 @@ Scenario = Callable[[], Awaitable[dict[str, Any]]]
 
 FULL: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=100_000),
-    "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=1_000_000),
+    "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=200_000),
     "single_account_cleanups": lambda: single_accounts.run(workflows=2000),
     "ledger_rerun": lambda: ledger_rerun.run(payments=1_000_000),
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),

@@ -51,26 +51,34 @@ WITH batch AS (
     ORDER BY c.account_id
     LIMIT $4
 ),
+-- Each account is judged on the row it locked, which carries its claim (so no join of two CTEs,
+-- whose sizes the planner cannot know: it would compare every row with every row), and the
+-- idempotency record is probed per account by its unique key (LATERAL ... LIMIT 1: a probe of
+-- cleanup_applied_once, never a join filter over the whole, ever-growing table). Cost per account
+-- stays flat whatever the batch size and however stale the statistics of the claims just written
+-- (EXPLAIN before/after: BENCHMARKS.md, "The Postgres floor").
 locked AS (
-    SELECT a.account_id, a.status, a.cleanup_version, a.claimed_by
-    FROM accounts a JOIN batch b USING (account_id)
+    SELECT a.account_id, b.claimed_version, a.status, a.cleanup_version, a.claimed_by
+    FROM batch b JOIN accounts a ON a.account_id = b.account_id
     ORDER BY a.account_id
     FOR UPDATE OF a
 ),
 verdicts AS (
-    SELECT b.account_id, b.claimed_version, l.status AS account_status,
+    SELECT l.account_id, l.claimed_version, l.status AS account_status,
         CASE
-            WHEN done.account_id IS NOT NULL THEN 'already_applied'
-            WHEN l.status = 'cleaned' AND l.cleanup_version = b.claimed_version THEN 'already_applied'
-            WHEN l.cleanup_version <> b.claimed_version THEN 'stale'
+            WHEN done.applied THEN 'already_applied'
+            WHEN l.status = 'cleaned' AND l.cleanup_version = l.claimed_version THEN 'already_applied'
+            WHEN l.cleanup_version <> l.claimed_version THEN 'stale'
             WHEN l.status = 'renewed' THEN 'renewed'
             WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = $1 THEN 'apply'
             ELSE 'stale'
         END AS verdict
-    FROM batch b
-    JOIN locked l USING (account_id)
-    LEFT JOIN cleanup_applied done
-        ON done.account_id = b.account_id AND done.cleanup_version = b.claimed_version
+    FROM locked l
+    LEFT JOIN LATERAL (
+        SELECT true AS applied FROM cleanup_applied d
+        WHERE d.account_id = l.account_id AND d.cleanup_version = l.claimed_version
+        LIMIT 1
+    ) done ON true
 ),
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
@@ -89,6 +97,8 @@ resolved AS (
         END
     FROM verdicts v
     WHERE f.account_id = v.account_id AND f.cleanup_version = v.claimed_version AND f.resolved_at IS NULL
+      -- by primary key: never a scan of every pending failure per judged account
+      AND f.account_id = ANY (ARRAY(SELECT account_id FROM verdicts))
     RETURNING 1
 ),
 reminders AS (

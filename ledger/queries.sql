@@ -20,7 +20,8 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- (ledger keys and provider-report keys alike, so unknown payments are seen too), judge each key,
 -- record corrections under their idempotency key and apply them to the ledger, and send what no
 -- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
--- is found by the anti-join and counted again as a discrepancy, but nothing is inserted twice.
+-- is found by the batch's probe of the effect tables (`already`) and counted again as a discrepancy,
+-- but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
 -- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
 -- $6 tolerance in cents, $7 workflow ID (audit only)
 WITH keys AS (
@@ -37,10 +38,18 @@ WITH keys AS (
     ORDER BY u.game, u.payment_id
     LIMIT $5
 ),
+-- The batch's keys lie in (cursor, last key]: the ledger and report rows are read by that index
+-- range, never by a scan (or hash) of the whole shard per batch, which would make each batch cost
+-- as much as the shard and a shard cost its size squared over the batch size.
+last_key AS (
+    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
+),
 ledger AS (
     SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
     FROM ledger_payments l JOIN keys k ON k.game = l.game AND k.payment_id = l.payment_id
     WHERE l.business_date = $1 AND l.shard = $2
+      AND (l.game, l.payment_id) > ($3::text, $4::text)
+      AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
     ORDER BY l.game, l.payment_id
     FOR UPDATE OF l
 ),
@@ -55,6 +64,8 @@ report AS (
                AS fp_sum
     FROM ledger_report_rows r JOIN keys k ON k.game = r.game AND k.payment_id = r.payment_id
     WHERE r.business_date = $1 AND r.shard = $2
+      AND (r.game, r.payment_id) > ($3::text, $4::text)
+      AND (r.game, r.payment_id) <= (SELECT game, payment_id FROM last_key)
     GROUP BY r.game, r.payment_id
 ),
 facts AS (
@@ -68,13 +79,20 @@ facts AS (
     LEFT JOIN ledger l ON l.game = k.game AND l.payment_id = k.payment_id
     LEFT JOIN report r ON r.game = k.game AND r.payment_id = k.payment_id
 ),
+-- The effect tables are probed once per batch with all of the batch's keys (index probes on a big
+-- table, one short scan on a small one), never once per key: a plan made while they were empty
+-- (fresh date, after a vacuum) would otherwise scan them whole for every key as they fill up.
+already AS (
+    SELECT
+        ARRAY(SELECT c.idempotency_key FROM facts f JOIN ledger_corrections c ON c.idempotency_key = f.key)
+            AS corrected,
+        ARRAY(SELECT v.review_key FROM facts f JOIN ledger_review v ON v.review_key = f.key) AS reviewed
+),
 judged AS (
     SELECT f.*,
         CASE
-            WHEN EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = f.key)
-                THEN 'already_corrected'
-            WHEN EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = f.key)
-                THEN 'already_in_review'
+            WHEN f.key = ANY (a.corrected) THEN 'already_corrected'
+            WHEN f.key = ANY (a.reviewed) THEN 'already_in_review'
             WHEN NOT f.in_ledger THEN 'unknown_payment'
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
@@ -86,7 +104,7 @@ judged AS (
             WHEN f.l_amount <> f.r_amount THEN 'amount_mismatch'
             ELSE 'match'
         END AS verdict
-    FROM facts f
+    FROM facts f CROSS JOIN already a
 ),
 corrected AS (
     INSERT INTO ledger_corrections
@@ -98,8 +116,8 @@ corrected AS (
                           ELSE j.l_status END,
            j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $7
     FROM judged j
+    -- (a key already corrected is judged 'already_corrected' in this same snapshot: never sent here)
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
-      AND NOT EXISTS (SELECT 1 FROM ledger_corrections c WHERE c.idempotency_key = j.key)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING game, payment_id, new_status, new_amount_cents, version_before
 ),
@@ -142,12 +160,8 @@ reviewed AS (
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
-      AND NOT EXISTS (SELECT 1 FROM ledger_review v WHERE v.review_key = j.key)
     ON CONFLICT (review_key) DO NOTHING
     RETURNING 1
-),
-last_key AS (
-    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
 ),
 -- The judged inputs as this batch leaves them (a corrected row with its new values and version),
 -- in the terms of shard_fingerprint: the sum over the batches is the fingerprint of exactly what

@@ -8,6 +8,8 @@ from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, poisoned_
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
     result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50)
     assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
+    assert result["floor_cleaned"] == [300, 300]
+    assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
     assert result["worker_0_peak_rss_mib"] > 0 and result["temporal_server_peak_rss_mib"] > 0
 
@@ -22,6 +24,8 @@ async def test_ledger_reconciliation_benchmark_runs_and_measures_a_ratio():
     result = await ledger_reconciliation.run(payments=300, shards=4, parallel=2, batch_size=50)
     assert result["pipeline_outcome"] == result["expected"]
     assert result["direct_outcomes"] == result["direct_expected"]
+    assert result["floor_outcomes"] == result["floor_expected"]
+    assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["pipeline_outcome"]["keys_examined"] > 300 and result["pipeline_outcome"]["corrected"] > 0
     assert result["ratio"] > 0
     assert result["worker_0_peak_rss_mib"] > 0 and result["temporal_server_peak_rss_mib"] > 0

@@ -1,0 +1,197 @@
+"""One batch of each job under EXPLAIN ANALYZE: `python -m bench.batch_plan --accounts 20000 --payments 40000`.
+
+Cleanup:
+Seeds one cohort into a fresh database (no Temporal), claims it into one partition with the
+pipeline's own chunked claim, then runs the compiled batch statement (the worker's, from the
+declared targets) under `EXPLAIN (ANALYZE, FORMAT JSON)` for the first batch of each size, each in
+a transaction that is rolled back, so every size sees the same data. Prints the execution time,
+the time per account and the plan's most expensive join nodes, for the custom plan (what the first
+executions of a prepared statement use) and for the generic plan (what asyncpg's cached prepared
+statement may switch to after five executions).
+
+Ledger: one business date seeded with the generator (default discrepancy rates) into one shard,
+analyzed as a nightly load is, and the reconcile_batch statement for the first batch of each size,
+rolled back likewise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+import ledger
+from activities.cleanup import claim_in_chunks
+from cleanup.batches import CompiledCleanup
+from cleanup.models import ClaimChunkedInput
+from cleanup.operations import seed_accounts
+from cleanup.targets import load_targets
+from core import db, embedded
+from core.config import Settings
+from core.queries import load
+from ledger.seed import seed_ledger_day, seed_spec
+
+LEDGER_SQL = load(ledger.__file__)
+
+JOIN_NODES = {"Nested Loop", "Hash Join", "Merge Join"}
+
+
+@contextlib.asynccontextmanager
+async def fresh_database() -> AsyncIterator[asyncpg.Pool]:
+    """A fresh, migrated database in the embedded Postgres (or $DATABASE_URL's server); no Temporal."""
+    base = Settings.from_env()
+    admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    url = await db.create_database(admin_url, name, migrate=True)
+    pool = await db.create_pool(url, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+        await db.drop_database(admin_url, name)
+
+
+def _walk(node: dict[str, Any], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:
+    out = [(depth, node)]
+    for child in node.get("Plans", []):
+        out.extend(_walk(child, depth + 1))
+    return out
+
+
+def summarize(plan_json: Any) -> dict[str, Any]:
+    doc = plan_json[0] if isinstance(plan_json, list) else plan_json
+    nodes = _walk(doc["Plan"])
+    joins = sorted(
+        (
+            {
+                "node": n["Node Type"],
+                "join_filter": n.get("Join Filter"),
+                "estimated_rows": n.get("Plan Rows"),
+                "actual_rows": n.get("Actual Rows"),
+                "rows_removed_by_join_filter": n.get("Rows Removed by Join Filter", 0),
+                "total_ms": round(n.get("Actual Total Time", 0.0) * n.get("Actual Loops", 1), 2),
+            }
+            for _, n in nodes
+            if n["Node Type"] in JOIN_NODES
+        ),
+        key=lambda j: -j["total_ms"],
+    )
+    return {
+        "execution_ms": round(doc["Execution Time"], 2),
+        "planning_ms": round(doc["Planning Time"], 2),
+        "top_joins": joins[:3],
+    }
+
+
+async def explain_batch(
+    pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, batch_size: int, generic: bool
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            if generic:
+                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            raw = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.batch_sql, cleanup_id, 0, "", batch_size
+            )
+        finally:
+            await tx.rollback()
+    summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
+    summary["ms_per_account"] = round(summary["execution_ms"] / batch_size, 4)
+    return summary
+
+
+async def explain_ledger_batch(
+    pool: asyncpg.Pool, business_date: date, batch_size: int, generic: bool
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            if generic:
+                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            raw = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + LEDGER_SQL.reconcile_batch,
+                business_date,
+                0,
+                "",
+                "",
+                batch_size,
+                50,
+                "explain",
+            )
+        finally:
+            await tx.rollback()
+    summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
+    summary["ms_per_key"] = round(summary["execution_ms"] / batch_size, 4)
+    return summary
+
+
+async def run_ledger(payments: int, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
+    async with fresh_database() as pool:
+        business_date = date(2026, 10, 1)
+        await seed_ledger_day(pool, seed_spec(business_date=business_date, payments=payments, shards=1))
+        await pool.execute("VACUUM ANALYZE")
+        results: dict[str, Any] = {}
+        for generic in (False, True):
+            for size in sizes:
+                runs = [await explain_ledger_batch(pool, business_date, size, generic) for _ in range(repeat)]
+                best = min(runs, key=lambda r: r["execution_ms"])
+                best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
+                results[f"ledger_{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
+    return results
+
+
+async def run(
+    accounts: int = 20_000, sizes: tuple[int, ...] = (1000, 5000), repeat: int = 3, payments: int = 40_000
+) -> dict[str, Any]:
+    async with fresh_database() as pool:
+        deadline = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
+        await seed_accounts(pool, prefix="e", deadline=deadline, count=accounts)
+        # Statistics as a real deadline sees them (and the cohort benchmark): the tables analyzed
+        # before the claim, the claim's rows just written and not analyzed yet.
+        await pool.execute("VACUUM ANALYZE")
+        cleanup_id = "explain"
+        await claim_in_chunks(
+            pool,
+            ClaimChunkedInput(
+                cleanup_id=cleanup_id,
+                deadline_from=deadline,
+                deadline_until=deadline + timedelta(microseconds=1),
+                partitions=1,
+            ),
+        )
+        compiled = await CompiledCleanup.compile(pool, load_targets())
+        results: dict[str, Any] = {}
+        for generic in (False, True):
+            for size in sizes:
+                # The fastest of a few runs: the machine is shared, the plan is what is measured.
+                runs = [await explain_batch(pool, compiled, cleanup_id, size, generic) for _ in range(repeat)]
+                best = min(runs, key=lambda r: r["execution_ms"])
+                best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
+                results[f"{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
+    if payments:
+        results.update(await run_ledger(payments, sizes, repeat))
+    return {"scenario": "batch_plan", "accounts": accounts, "payments": payments, **results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--accounts", type=int, default=20_000)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--payments", type=int, default=40_000, help="0: skip the ledger")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.repeat, args.payments)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
