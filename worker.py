@@ -20,7 +20,7 @@ from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from cleanup.targets import load_targets
-from core import db, embedded, logs, metrics
+from core import db, embedded, logs, metrics, outage
 from core.config import Settings
 from core.errors import InputError
 from core.temporal import connect, ensure_search_attributes
@@ -61,7 +61,21 @@ def build_worker(
         workflows=[*ALL_WORKFLOWS, *extra_workflows],
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
+        interceptors=[outage.OutageInterceptor()],
     )
+
+
+def configure_logs(fmt: str = "text", secrets: Sequence[str] = (), level: int = logging.INFO) -> logging.Handler:
+    """The worker's log handler: Temporal IDs on each line, and lost-connection errors kept out of
+    WARNING (one line when the database goes away, one when it is back: core.outage)."""
+    handler = logs.configure(fmt, level=level, secrets=secrets)
+    handler.addFilter(outage.RetriedErrorFilter())
+    return handler
+
+
+async def open_pool(url: str, max_size: int) -> asyncpg.Pool:
+    """The worker's pool; each new connection tells core.outage the database is back."""
+    return await db.create_pool(url, max_size=max_size, on_connect=outage.OUTAGE.back)
 
 
 def metrics_runtime(settings: Settings) -> Runtime | None:
@@ -80,7 +94,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     if runtime is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await db.migrate_url(settings.database_url)
-    pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
+    pool = await open_pool(settings.database_url, settings.pool_max_size)
     try:
         client = await connect(settings, runtime=runtime)
         try:
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         logs.configure("text")
         log.error("bad configuration: %s", err)
         return 2
-    logs.configure(settings.log_format, secrets=settings.secrets())
+    configure_logs(settings.log_format, secrets=sorted(settings.secrets()))
 
     async def _run() -> None:
         stop = asyncio.Event()

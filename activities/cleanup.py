@@ -26,7 +26,7 @@ from cleanup.models import (
     SettleCleanupInput,
 )
 from cleanup.targets import CleanupTargets
-from core import failpoints, metrics
+from core import db, failpoints, metrics
 from core.errors import ErrorType, failure
 from core.queries import load
 
@@ -101,7 +101,7 @@ class CleanupActivities:
 
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
                 await conn.execute(SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions)
@@ -191,7 +191,7 @@ class CleanupActivities:
     @activity.defn
     async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:
         """Record the cohort's result once; a re-delivery returns the row written the first time."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             missing = await conn.fetch(SQL.unreported_partitions, input.cleanup_id)
             if missing:
                 # The workflow's join makes this unreachable; the database check makes it provable.

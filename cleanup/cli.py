@@ -11,12 +11,9 @@ import asyncio
 import contextlib
 import re
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
@@ -32,8 +29,7 @@ from cleanup.operations import (
 )
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
-from core import db, embedded
-from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, emit, key_values, table
+from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
 
@@ -139,14 +135,21 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
-        data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
+    """Answers from Temporal alone while the database is down, and says what is missing."""
+    async with CliContext(settings, database="optional") as ctx:
+        data = await cleanup_status(ctx.client, ctx.optional_pool, args.workflow_id)
+        if ctx.database_missing and "database" in data:
+            data["database"] = f"{ctx.database_missing}; {DB_PART}"
         data["ui"] = ctx.settings.workflow_url(args.workflow_id)
     emit(args, data, key_values)
 
 
+DB_PART = "partitions reported, settlement and failed accounts are not shown"
+
+
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
+    """Temporal only (visibility): works whether or not the database is up."""
+    async with CliContext(settings, database="unused") as ctx:
         rows = await list_cleanups(ctx.client, limit=args.limit)
     emit(args, rows, table)
 
@@ -163,28 +166,15 @@ FAILED_COLUMNS = [
 ]
 
 
-@asynccontextmanager
-async def _database(settings: Settings, *, migrate: bool) -> AsyncIterator[asyncpg.Pool]:
-    """These commands need the database only: no Temporal connection (nor embedded dev server)."""
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
-    if migrate:
-        await db.migrate_url(url)
-    pool = await db.create_pool(url, max_size=2)
-    try:
-        yield pool
-    finally:
-        await pool.close()
-
-
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
-    async with _database(settings, migrate=True) as pool:
+    async with database_pool(settings, migrate=True) as pool:
         rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
 
 
 async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
     targets = load_targets()
-    async with _database(settings, migrate=True) as pool:
+    async with database_pool(settings, migrate=True) as pool:
         data = await retry_failed(pool, targets, args.cleanup)
 
     def human(d: dict[str, Any]) -> str:
@@ -203,7 +193,7 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     """Reads the database only: no Temporal connection, no migration, one read-only transaction."""
     deadline = parse_deadline(args.deadline) if args.deadline else None
     targets = load_targets()
-    async with _database(settings, migrate=False) as pool:
+    async with database_pool(settings, migrate=False) as pool:
         data = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)
 
     def human(d: dict[str, Any]) -> str:

@@ -59,6 +59,13 @@ class InputError(ValueError):
     """Bad input from a user: reported plainly, nothing is started."""
 
 
+class DatabaseUnavailable(Exception):
+    """The application's database cannot be reached (down, restarting, refusing connections).
+
+    The message names the database (its URL without the password) and says it is unavailable; the
+    CLI exits 2 with it."""
+
+
 class HeaderInjectionError(ValueError):
     """A header name or value built from data would break the request (CR/LF, control characters).
 

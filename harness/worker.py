@@ -14,7 +14,6 @@ import signal
 import sys
 
 import worker as app_worker
-from core import db
 from core.config import Settings
 from core.temporal import connect
 from harness.redelivery import HarnessRedeliverWorkflow
@@ -23,10 +22,10 @@ READY = "HARNESS_WORKER_READY"
 
 
 async def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    app_worker.configure_logs(secrets=sorted(settings.secrets()), level=logging.INFO)
     assert settings.database_url is not None and settings.temporal_address is not None
-    pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
+    pool = await app_worker.open_pool(settings.database_url, settings.pool_max_size)
     try:
         client = await connect(settings)
         stop = asyncio.Event()

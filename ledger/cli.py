@@ -21,7 +21,14 @@ from core.errors import InputError, validation_message
 from core.temporal import connect
 from ledger import schedule as ls
 from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
-from ledger.operations import ledger_status, ledger_target, parse_business_date, review_rows, start_reconciliation
+from ledger.operations import (
+    DB_PART,
+    ledger_status,
+    ledger_target,
+    parse_business_date,
+    review_rows,
+    start_reconciliation,
+)
 from ledger.seed import seed_ledger_day, seed_spec
 
 LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
@@ -140,8 +147,10 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
-    async with CliContext(settings) as ctx:
-        data = await ledger_status(ctx.client, ctx.pool, business_date)
+    async with CliContext(settings, database="optional") as ctx:
+        data = await ledger_status(ctx.client, ctx.optional_pool, business_date)
+        if ctx.database_missing and "database" in data:
+            data["database"] = f"{ctx.database_missing}; {DB_PART}"
         data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
     emit(args, data, _status_text)
 
