@@ -5,6 +5,7 @@ Sandbox-safe: imports nothing but temporalio and the standard library.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 
@@ -26,3 +27,37 @@ class LoggingWorkflow:
     async def run(self, text: str) -> str:
         workflow.logger.info("sdk workflow logger: %s", text)
         return await workflow.execute_activity(log_from_activity, text, start_to_close_timeout=timedelta(seconds=30))
+
+
+# A task created while an activity runs copies the activity's context and may outlive it, as the
+# asyncpg pool's reconnect task does. The test releases it after the workflow completed.
+release_lingering = asyncio.Event()
+lingering_done = asyncio.Event()
+
+
+async def _linger(text: str) -> None:
+    await release_lingering.wait()
+    plain.warning("lingering task, after its activity: %s", text)
+    activity.logger.warning("sdk logger in a lingering task: %s", text)
+    lingering_done.set()
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+@activity.defn
+async def spawn_lingering_task(text: str) -> str:
+    task = asyncio.get_running_loop().create_task(_linger(text))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    plain.info("plain logger in an activity: %s", text)
+    return text
+
+
+@workflow.defn
+class LingeringTaskWorkflow:
+    @workflow.run
+    async def run(self, text: str) -> str:
+        return await workflow.execute_activity(
+            spawn_lingering_task, text, start_to_close_timeout=timedelta(seconds=30)
+        )
