@@ -58,6 +58,4 @@ async def spawn_lingering_task(text: str) -> str:
 class LingeringTaskWorkflow:
     @workflow.run
     async def run(self, text: str) -> str:
-        return await workflow.execute_activity(
-            spawn_lingering_task, text, start_to_close_timeout=timedelta(seconds=30)
-        )
+        return await workflow.execute_activity(spawn_lingering_task, text, start_to_close_timeout=timedelta(seconds=30))
