@@ -12,7 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from core.config import mask_url
-from core.errors import DatabaseUnavailable, InputError
+from core.errors import (
+    ConnectionLostBeforeCommit,
+    ConnectionLostInTransaction,
+    DatabaseUnavailable,
+    InputError,
+)
 from core.queries import MIGRATIONS_DIR
 
 # Any constant works; it only has to be the same for every process that migrates this database.
@@ -34,7 +39,8 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 def connection_lost(err: BaseException) -> bool:
     """True if `err` means the database connection was lost or could not be made (worth retrying)."""
     if isinstance(err, asyncpg.exceptions.InterfaceError):
-        return "closed" in str(err)
+        # A pool detaches a connection it sees closed: the next call says it was released back to the pool.
+        return "closed" in str(err) or "released back to the pool" in str(err)
     return isinstance(err, _CONNECTION_LOST) or (isinstance(err, OSError) and not isinstance(err, TimeoutError))
 
 
@@ -82,8 +88,10 @@ async def transaction(conn: asyncpg.Connection, **options: Any) -> AsyncIterator
     With a plain `async with conn.transaction()`, a body that fails because the connection closed
     ("connection was closed in the middle of operation") is followed by a rollback on that closed
     connection, whose `InterfaceError: cannot call Transaction.__aexit__(): the underlying
-    connection is closed` replaces the body's error. Here the body's error is re-raised (the failed
-    rollback is noted on it); an error of the commit itself is raised as it is.
+    connection is closed` (or an InternalClientError about the protocol's state) replaces the body's
+    error. Here the body's error is re-raised whenever the rollback fails (the failure is noted on it). A connection found closed at COMMIT (the body's last statement
+    succeeded, then the server went away) raises ConnectionLostBeforeCommit: nothing was committed.
+    An error of the COMMIT itself is raised as it is (its outcome is unknown).
     """
     body_error: BaseException | None = None
     exit_error: BaseException | None = None
@@ -95,12 +103,27 @@ async def transaction(conn: asyncpg.Connection, **options: Any) -> AsyncIterator
                 body_error = err
                 raise
     except BaseException as err:
-        if body_error is None or err is body_error or not connection_lost(err):
-            raise
+        if body_error is None and _closed_before_exit(err):
+            raise ConnectionLostBeforeCommit(
+                "the database connection was closed before COMMIT; the server rolled the transaction back"
+            ) from err
+        if body_error is None or err is body_error or not isinstance(err, Exception):
+            raise  # no body error to keep, or a cancellation during the rollback
         exit_error = err
     if body_error is not None:  # raised outside the handler: its own cause and context stay as they were
         body_error.add_note(f"(the rollback failed too: {type(exit_error).__name__}: {exit_error})")
+        client_side = asyncpg.exceptions.InternalClientError | asyncpg.exceptions.InterfaceError
+        if isinstance(body_error, client_side) and not connection_lost(body_error) and conn.is_closed():
+            raise ConnectionLostInTransaction(
+                f"the database connection closed during the transaction ({type(body_error).__name__}: {body_error});"
+                " nothing was committed"
+            ) from body_error
         raise body_error
+
+
+def _closed_before_exit(err: BaseException) -> bool:
+    """asyncpg's `cannot call Transaction.__aexit__(): the underlying connection is closed`."""
+    return isinstance(err, asyncpg.exceptions.InterfaceError) and "underlying connection is closed" in str(err)
 
 
 async def await_db(url: str | None, step: Awaitable[Any]) -> Any:

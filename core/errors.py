@@ -66,6 +66,22 @@ class DatabaseUnavailable(Exception):
     CLI exits 2 with it."""
 
 
+class DatabaseConnectionLost(ConnectionError):
+    """The database connection of a transaction closed under it (core.db.transaction). A
+    ConnectionError, so it is judged a lost connection and retried like one."""
+
+
+class ConnectionLostBeforeCommit(DatabaseConnectionLost):
+    """The connection was already closed when the transaction was to be committed: the COMMIT was
+    never sent and the server rolled the transaction back. Retrying the work is safe."""
+
+
+class ConnectionLostInTransaction(DatabaseConnectionLost):
+    """A statement of the transaction failed because its connection was closing (asyncpg may then
+    report a confused protocol state instead of the lost connection); the error it raised is the
+    cause. Nothing of the transaction was committed."""
+
+
 class HeaderInjectionError(ValueError):
     """A header name or value built from data would break the request (CR/LF, control characters).
 

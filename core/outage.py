@@ -16,6 +16,7 @@ connection error and is retried; each used to write a WARNING with a traceback. 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from datetime import UTC, datetime
@@ -69,14 +70,21 @@ class Outage:
         self.retried = 0
         self.outages += 1
         at = datetime.now(UTC).strftime("%H:%M:%S")
-        log.warning("database unavailable at %s (%s), retrying", at, describe(err))
+        _process_wide(log.warning, "database unavailable at %s (%s), retrying", at, describe(err))
 
     def back(self) -> None:
         if self.down_since is None:
             return
         took = self._clock() - self.down_since
         self.down_since = None
-        log.info("database back after %.1f s (%d retried errors logged below WARNING)", took, self.retried)
+        _process_wide(
+            log.info, "database back after %.1f s (%d retried errors logged below WARNING)", took, self.retried
+        )
+
+
+def _process_wide(write: Any, *args: Any) -> None:
+    """The outage is the process's, not the activity's that noticed it: logged with no Temporal IDs."""
+    contextvars.Context().run(write, *args)
 
 
 OUTAGE = Outage()

@@ -17,6 +17,7 @@ import starter
 from cleanup.operations import start_cleanup
 from core import db, logs, outage
 from core.embedded import free_port
+from core.errors import ConnectionLostBeforeCommit
 from tests import logging_workflow as lw
 from tests.helpers import deadline_in
 from worker import build_worker
@@ -108,22 +109,44 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends() -> None:
     assert lines.records[0]["level"] == "WARNING" and lines.records[1]["level"] == "INFO"
 
 
-async def test_a_transaction_whose_connection_dies_raises_the_real_error(pool: asyncpg.Pool, db_url: str) -> None:
+async def test_a_transaction_whose_connection_dies_raises_the_real_error(db_url: str) -> None:
     admin = await asyncpg.connect(db_url)
+    conn = await asyncpg.connect(db_url)  # not pooled: a pool detaches a connection once it sees it closed
     try:
-        async with pool.acquire() as conn:
-            pid = await conn.fetchval("SELECT pg_backend_pid()")
-            with pytest.raises(Exception) as caught:
-                async with db.transaction(conn):
-                    await conn.execute("SELECT 1")
-                    await admin.execute("SELECT pg_terminate_backend($1)", pid)
-                    for _ in range(100):  # the server closes the socket; the next statement notices
-                        await conn.execute("SELECT pg_sleep(0.05)")
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(Exception) as caught:
+            async with db.transaction(conn):
+                await conn.execute("SELECT 1")
+                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+                for _ in range(100):  # the server closes the socket; the next statement notices
+                    await conn.execute("SELECT pg_sleep(0.05)")
     finally:
         await admin.close()
+        conn.terminate()
     err = caught.value
     assert db.connection_lost(err), repr(err)
     assert "Transaction.__aexit__" not in str(err), "the rollback's error does not hide the real one"
+
+
+async def test_a_connection_closed_before_commit_says_so(db_url: str) -> None:
+    admin = await asyncpg.connect(db_url)
+    conn = await asyncpg.connect(db_url)
+    try:
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(ConnectionLostBeforeCommit) as caught:
+            async with db.transaction(conn):
+                await conn.execute("SELECT 1")
+                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+                for _ in range(600):  # asyncpg notices the closed socket on its own
+                    if conn.is_closed():
+                        break
+                    await asyncio.sleep(0.05)
+                assert conn.is_closed()
+    finally:
+        await admin.close()
+        conn.terminate()
+    assert db.connection_lost(caught.value), "retried like any lost connection"
+    assert "before COMMIT" in str(caught.value)
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
