@@ -88,10 +88,12 @@ async def transaction(conn: asyncpg.Connection, **options: Any) -> AsyncIterator
     With a plain `async with conn.transaction()`, a body that fails because the connection closed
     ("connection was closed in the middle of operation") is followed by a rollback on that closed
     connection, whose `InterfaceError: cannot call Transaction.__aexit__(): the underlying
-    connection is closed` (or an InternalClientError about the protocol's state) replaces the body's
-    error. Here the body's error is re-raised whenever the rollback fails (the failure is noted on it). A connection found closed at COMMIT (the body's last statement
-    succeeded, then the server went away) raises ConnectionLostBeforeCommit: nothing was committed.
-    An error of the COMMIT itself is raised as it is (its outcome is unknown).
+    connection is closed` replaces the body's error. Here the body's error is re-raised whenever the
+    rollback fails (the failure is noted on it); a body that failed with a confused client state
+    (InternalClientError) on a connection that closed raises ConnectionLostInTransaction. A
+    connection found closed at COMMIT (the body's last statement succeeded, then the server went
+    away) raises ConnectionLostBeforeCommit: nothing was committed. An error of the COMMIT itself is
+    raised as it is (its outcome is unknown).
     """
     body_error: BaseException | None = None
     exit_error: BaseException | None = None
