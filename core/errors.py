@@ -27,6 +27,7 @@ class ErrorType(StrEnum):
     LEDGER_UNBALANCED = "LedgerUnbalanced"
     RELAY_NOT_CONFIGURED = "RelayNotConfigured"
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
+    DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(

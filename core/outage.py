@@ -11,7 +11,9 @@ connection error and is retried; each used to write a WARNING with a traceback. 
   lost connection into an INFO line without a traceback, at most one per logger every
   `every_seconds`; the others are counted and dropped. The cause stays in the line.
 - `OutageInterceptor` runs every activity inside `logs.work_scope()` (so tasks that outlive it log
-  without its IDs) and reports lost connections and successes to `OUTAGE`.
+  without its IDs), reports lost connections and successes to `OUTAGE`, and fails an attempt that
+  lost its connection with a short, retryable `DatabaseUnavailable` failure naming the cause (the
+  full asyncpg chain exceeds the size Temporal keeps for an attempt's last failure).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -30,6 +33,7 @@ from temporalio.worker import (
 
 from core import logs
 from core.db import connection_lost
+from core.errors import ErrorType, failure
 
 log = logging.getLogger("database")
 
@@ -39,10 +43,14 @@ def lost_connection_in(err: BaseException | None) -> BaseException | None:
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if connection_lost(err):
+        if connection_lost(err) or _unavailable_failure(err):
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def _unavailable_failure(err: BaseException) -> bool:
+    return isinstance(err, ApplicationError) and err.type == ErrorType.DATABASE_UNAVAILABLE.value
 
 
 def describe(err: BaseException) -> str:
@@ -127,11 +135,14 @@ class _ActivityInbound(ActivityInboundInterceptor):
         with logs.work_scope():
             try:
                 result = await super().execute_activity(input)
-            except BaseException as err:
-                lost = lost_connection_in(err)
-                if lost is not None:
-                    OUTAGE.lost(lost)
-                raise
+            except Exception as err:
+                lost = None if isinstance(err, ApplicationError) else lost_connection_in(err)
+                if lost is None:
+                    raise
+                OUTAGE.lost(lost)
+                # A short typed failure instead of asyncpg's chain of tracebacks: Temporal keeps it whole
+                # (a large one reaches the UI as "Failure exceeds size limit.") and it names the cause.
+                raise failure(ErrorType.DATABASE_UNAVAILABLE, f"database connection lost: {describe(lost)}") from None
             OUTAGE.back()
             return result
 

@@ -38,6 +38,7 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 T = TypeVar("T")
 REMINDER_GOAL_SECONDS = 10.0
+RELAYS = RELAY.model_copy(update={"batch_size": 20, "concurrency": 8})
 
 
 async def _retrying(step: Callable[[], Awaitable[T]], within: float = 60) -> T:
@@ -82,11 +83,11 @@ async def run(ctx: Ctx) -> Row:
         lane = await ctx.h.lane("dbrestart", 2, admin_url=pg.admin_url)
         client, pool, tq = ctx.client, lane.pool, lane.task_queue
         offsets = {s.name: s.log_path.stat().st_size if s.log_path.exists() else 0 for s in lane.slots}
-        n = rng.randint(400, 600) * ctx.profile.scale
+        n = rng.randint(1200, 1500) * ctx.profile.scale
         prefix, deadline = ctx.ids.prefix("dr"), ctx.ids.past_deadline()
         await seed_cohort(pool, prefix, deadline, n)
         d = ctx.ids.business_date()
-        seeded = await seed_day(pool, d, rng.randint(3000, 4000) * ctx.profile.scale, 4)
+        seeded = await seed_day(pool, d, rng.randint(6000, 8000) * ctx.profile.scale, 4)
         await seed_events(pool, ctx.ids.prefix("dre"), 100)
         cleanup = await start_cleanup(
             client, pool, tq, deadline=deadline, partitions=4, batch_size=5, heartbeat_timeout_seconds=5
@@ -94,7 +95,7 @@ async def run(ctx: Ctx) -> Row:
         await start_reconciliation(client, pool, tq, d, batch_size=10, heartbeat_timeout_seconds=5)
         relay_prefix = f"harness-relay-{prefix}-"
         relays = await start_relays(
-            client, tq, relays=2, settings=RELAY, idle_sleep_seconds=0.5, id_prefix=relay_prefix
+            client, tq, relays=2, settings=RELAYS, idle_sleep_seconds=0.5, id_prefix=relay_prefix
         )
         relay_ids = [str(r["workflow_id"]) for r in relays]
 
@@ -131,7 +132,7 @@ async def run(ctx: Ctx) -> Row:
             await asyncio.to_thread(pg.restart)
             downtime.append(time.monotonic() - t_down)
             if not last:
-                await asyncio.sleep(rng.uniform(1.5, 3.0))
+                await asyncio.sleep(rng.uniform(1.0, 2.0))
         t_restart = time.monotonic()
         restart_at = await _retrying(lambda: pool.fetchval("SELECT pg_postmaster_start_time()"))
         pending_at_restart = await _retrying(
