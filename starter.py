@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(redact(f"error: {err}", settings), file=sys.stderr)
         return EXIT_INPUT
     except Exception as err:
+        if db.is_database_error(err):  # a command that opened the database without CliContext
+            print(redact(f"error: {db.unavailable(settings.database_url, err)}", settings), file=sys.stderr)
+            return EXIT_INPUT
         if os.environ.get("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
