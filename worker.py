@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -54,14 +55,18 @@ def build_worker(
     *,
     max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
+    pool: asyncpg.Pool | None = None,
 ) -> Worker:
+    """With the activities' `pool`, an attempt that lost its database connection waits for the
+    database and runs again at once (core.outage) instead of waiting out Temporal's back-off."""
+    probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[*ALL_WORKFLOWS, *extra_workflows],
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
-        interceptors=[outage.OutageInterceptor()],
+        interceptors=[outage.OutageInterceptor(probe)],
     )
 
 
@@ -108,6 +113,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             settings.task_queue,
             await build_activities(pool),
             max_concurrent_activities=settings.max_concurrent_activities,
+            pool=pool,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",

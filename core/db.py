@@ -38,6 +38,10 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 def connection_lost(err: BaseException) -> bool:
     """True if `err` means the database connection was lost or could not be made (worth retrying)."""
+    if isinstance(err, asyncpg.exceptions.InternalClientError):
+        # "cannot switch to state 15; another operation (2) is in progress": the protocol's state,
+        # confused by a connection that closed between two messages of a statement.
+        return "another operation" in str(err) and "in progress" in str(err)
     if isinstance(err, asyncpg.exceptions.InterfaceError):
         # A pool detaches a connection it sees closed: the next call says it was released back to the pool.
         return "closed" in str(err) or "released back to the pool" in str(err)
@@ -121,6 +125,11 @@ async def transaction(conn: asyncpg.Connection, **options: Any) -> AsyncIterator
                 " nothing was committed"
             ) from body_error
         raise body_error
+
+
+async def ping(pool: asyncpg.Pool) -> None:
+    """The cheapest statement: answers once the database is reachable again (core.outage)."""
+    await pool.fetchval("SELECT 1")
 
 
 def _closed_before_exit(err: BaseException) -> bool:

@@ -38,6 +38,7 @@ async def main() -> None:
             await app_worker.build_activities(pool),
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=[HarnessRedeliverWorkflow],
+            pool=pool,
         )
         async with w:
             print(f"{READY} pid={os.getpid()} failpoints={os.environ.get('CLEANUP_FAILPOINTS', '')}", flush=True)
