@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
 
 plain = logging.getLogger("tests.plain")
 
@@ -59,3 +61,30 @@ class LingeringTaskWorkflow:
     @workflow.run
     async def run(self, text: str) -> str:
         return await workflow.execute_activity(spawn_lingering_task, text, start_to_close_timeout=timedelta(seconds=30))
+
+
+# A step against the database that the test takes down under it (tests/test_outage.py): the test
+# sets `database_step_body`; each run of the activity is counted.
+database_step_body: Callable[[], Awaitable[object]] | None = None
+database_step_started = asyncio.Event()
+database_step_runs: list[int] = []
+
+
+@activity.defn
+async def database_step() -> list[int]:
+    database_step_runs.append(activity.info().attempt)
+    database_step_started.set()
+    assert database_step_body is not None
+    await database_step_body()
+    return database_step_runs
+
+
+@workflow.defn
+class DatabaseStepWorkflow:
+    @workflow.run
+    async def run(self) -> list[int]:
+        return await workflow.execute_activity(
+            database_step,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=RetryPolicy(maximum_attempts=1),  # only a re-run inside the attempt can succeed
+        )

@@ -182,3 +182,52 @@ async def test_status_and_list_answer_from_temporal_while_the_database_is_down(
         assert code == 2, (argv, code, err)
         assert "database postgresql://app:***@127.0.0.1" in err and "is unavailable" in err, err
         assert "pw-not-shown" not in err and "Traceback" not in err
+
+
+async def test_an_attempt_whose_database_restarts_runs_again_when_it_is_back(client: Client, task_queue: str) -> None:
+    from harness.private_pg import PrivatePostgres
+
+    pg = PrivatePostgres()
+    await asyncio.to_thread(pg.init)
+    lines = Capture()
+    outage_log = logging.getLogger("database")
+    outage_log.addHandler(lines)
+    old_level = outage_log.level
+    outage_log.setLevel(logging.INFO)
+    pool = await db.create_pool(pg.admin_url, max_size=2, on_connect=outage.OUTAGE.back)
+    try:
+        lw.database_step_runs.clear()
+        lw.database_step_started.clear()
+
+        async def body() -> None:
+            if len(lw.database_step_runs) == 1:
+                await pool.fetchval("SELECT pg_sleep(60)")  # the server crashes under it
+            else:
+                await pool.fetchval("SELECT 1")
+
+        lw.database_step_body = body
+        worker = build_worker(
+            client, task_queue, [lw.database_step], extra_workflows=[lw.DatabaseStepWorkflow], pool=pool
+        )
+        async with worker:
+            handle = await client.start_workflow(
+                lw.DatabaseStepWorkflow.run, id=f"db-step-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+            )
+            await asyncio.wait_for(lw.database_step_started.wait(), 60)
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(pg.crash)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(pg.restart)
+            runs = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        lw.database_step_body = None
+        outage_log.removeHandler(lines)
+        outage_log.setLevel(old_level)
+        pool.terminate()
+        await asyncio.to_thread(pg.close)
+    assert runs == [1, 1], "ran again inside attempt 1 (the retry policy allows no second attempt)"
+    messages = [r["message"] for r in lines.records]
+    assert any(m.startswith("database unavailable at ") for m in messages), messages
+    assert any(m.startswith("database back after ") for m in messages), messages
+    for r in lines.records:
+        assert "workflow_id" not in r, "the outage is the process's, not the activity's"
