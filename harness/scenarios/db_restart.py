@@ -38,7 +38,7 @@ from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 T = TypeVar("T")
 REMINDER_GOAL_SECONDS = 10.0
-RELAYS = RELAY.model_copy(update={"batch_size": 20, "concurrency": 8})
+RELAYS = RELAY.model_copy(update={"batch_size": 40, "concurrency": 16})
 
 
 async def _retrying(step: Callable[[], Awaitable[T]], within: float = 60) -> T:
@@ -95,7 +95,7 @@ async def run(ctx: Ctx) -> Row:
         await start_reconciliation(client, pool, tq, d, batch_size=10, heartbeat_timeout_seconds=5)
         relay_prefix = f"harness-relay-{prefix}-"
         relays = await start_relays(
-            client, tq, relays=2, settings=RELAYS, idle_sleep_seconds=0.5, id_prefix=relay_prefix
+            client, tq, relays=3, settings=RELAYS, idle_sleep_seconds=0.5, id_prefix=relay_prefix
         )
         relay_ids = [str(r["workflow_id"]) for r in relays]
 
@@ -171,6 +171,11 @@ async def run(ctx: Ctx) -> Row:
         def since_restart(at: Any) -> float | None:
             return (at - restart_at).total_seconds() if at is not None else None
 
+        tail = await pool.fetchrow(
+            "SELECT attempts, last_error FROM outbox WHERE created_at < $1 AND delivered_at > $1"
+            " ORDER BY delivered_at DESC LIMIT 1",
+            restart_at,
+        )
         first_seconds = since_restart(after["first"])
         reminder_seconds = since_restart(after["last_waiting"])
         overall_seconds = since_restart(after["last"])
@@ -230,6 +235,12 @@ async def run(ctx: Ctx) -> Row:
             + (f" first delivery {first_seconds:.1f} s" if first_seconds is not None else "")
             + (f", last reminder of the run {overall_seconds:.1f} s" if overall_seconds is not None else "")
             + " (the cohort writes reminders until it ends)"
+            + (
+                f"; that last one took {tail['attempts']} attempt(s) at the provider"
+                + (f", last error: {tail['last_error']}" if tail["last_error"] else "")
+                if tail is not None
+                else ""
+            )
         )
         row.notes.append(
             f"worker logs ({processes} processes): {counts['unavailable_lines']} 'database unavailable' lines, "
