@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import functools
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import asyncpg
 from pydantic import ValidationError
@@ -20,6 +21,8 @@ from temporalio.worker import Worker
 from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
+from activities.planner import PlannerActivities
+from cleanup.planner import ensure_planner
 from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage
 from core.config import Settings
@@ -38,9 +41,31 @@ async def build_activities(pool: asyncpg.Pool) -> list[object]:
         cleanup.check_account_renewed,
         cleanup.cleanup_partition,
         cleanup.settle_cleanup,
+        cleanup.claim_cleanup_in_chunks,
         relay.relay_outbox_batch,
+        *planner_activities(pool),
         *ledger_activities(pool),
     ]
+
+
+def planner_activities(pool: asyncpg.Pool) -> list[object]:
+    planner = PlannerActivities(pool)
+    return [planner.plan_deadline_buckets, planner.sweep_overdue_accounts]
+
+
+def planner_enabled() -> bool:
+    """CLEANUP_PLANNER=off: this worker does not ensure the planner (it still runs its tasks)."""
+    return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+async def ensure_planner_running(client: Client, task_queue: str) -> None:
+    """Running workers is enough: each one ensures the planner (a running one is kept)."""
+    try:
+        workflow_id, started = await ensure_planner(client, task_queue)
+    except RPCError as err:
+        log.warning("could not ensure the deadline planner: %s", err.message)
+        return
+    log.info("deadline planner %s %s", workflow_id, "started" if started else "already running")
 
 
 def ledger_activities(pool: asyncpg.Pool) -> list[object]:
@@ -92,7 +117,18 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
     return runtime
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+async def run_worker(
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[object] = (),
+    on_ready: Callable[[], None] | None = None,
+    planner: bool = True,
+) -> None:
+    """The one worker: `python worker.py`, and the harness's and the benchmarks' workers with their
+    extra workflows and activities. `planner=False` (or CLEANUP_PLANNER=off) does not ensure the
+    deadline planner, for runs that drive cleanups themselves."""
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
@@ -111,8 +147,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         worker = build_worker(
             client,
             settings.task_queue,
-            await build_activities(pool),
+            [*(await build_activities(pool)), *extra_activities],
             max_concurrent_activities=settings.max_concurrent_activities,
+            extra_workflows=extra_workflows,
             pool=pool,
         )
         log.info(
@@ -122,12 +159,23 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             "on" if settings.payload_encryption_key else "off",
         )
         async with worker:
+            if planner and planner_enabled():
+                await ensure_planner_running(client, settings.task_queue)
+            if on_ready is not None:
+                on_ready()
             await (stop or asyncio.Event()).wait()
     finally:
         await pool.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[object] = (),
+    on_ready: Callable[[], None] | None = None,
+    planner: bool = True,
+) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
@@ -154,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(settings, stop)
+        await run_worker(
+            settings,
+            stop,
+            extra_workflows=extra_workflows,
+            extra_activities=extra_activities,
+            on_ready=on_ready,
+            planner=planner,
+        )
 
     try:
         asyncio.run(_run())

@@ -6,8 +6,10 @@ retried on another node after its COMMIT, it leaves exactly one effect per (acco
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import asyncpg
 from temporalio import activity
@@ -15,7 +17,13 @@ from temporalio import activity
 import cleanup
 from cleanup.batches import CompiledCleanup, run_keyset_batch
 from cleanup.models import (
+    CHECK_ACCOUNT_RENEWED,
+    CLAIM_CLEANUP,
+    CLAIM_CLEANUP_IN_CHUNKS,
+    CLEANUP_PARTITION,
+    SETTLE_CLEANUP,
     AccountRenewalCheck,
+    ClaimChunkedInput,
     ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
@@ -32,10 +40,74 @@ from core.queries import load
 
 SQL = load(cleanup.__file__)
 FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for the tolerance error
+# The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
+# a little early by another clock waits here, up to this long, instead of claiming too little.
+MAX_CLOCK_WAIT_SECONDS = 30.0
+
+
+async def wait_for_database_clock(pool: asyncpg.Pool, instant: datetime, limit: float = MAX_CLOCK_WAIT_SECONDS) -> None:
+    """Return once the database clock has reached `instant` (if it is at most `limit` seconds away)."""
+    while True:
+        remaining = await pool.fetchval(SQL.seconds_until, instant)
+        if remaining is None or remaining < 0 or remaining > limit:
+            return
+        await asyncio.sleep(remaining + 0.001)
+
+
+async def claim_in_chunks(
+    pool: asyncpg.Pool, input: ClaimChunkedInput, after_chunk: Callable[[int], None] | None = None
+) -> ClaimResult:
+    """The cohort claim as bounded statements: each chunk claims at most `chunk_size` accounts of
+    the range, in one transaction that also advances the keyset cursor and the counts in
+    cleanup_claim_progress. A retry (or a second delivery) resumes after the last committed chunk
+    and reports the same result, read back from the database."""
+    last_instant = input.deadline_until - timedelta(microseconds=1)
+    await wait_for_database_clock(pool, last_instant)
+    await pool.execute(
+        SQL.claim_progress_start, input.cleanup_id, input.partitions, input.deadline_from, input.deadline_until
+    )
+    while True:
+        async with pool.acquire() as conn, db.transaction(conn):
+            progress = await conn.fetchrow(SQL.claim_progress_lock, input.cleanup_id)
+            assert progress is not None
+            per_partition = list(progress["claimed_per_partition"])
+            if progress["done"]:
+                return ClaimResult(
+                    claimed_per_partition=per_partition, skipped_renewed=progress["skipped_renewed"], skipped_stale=0
+                )
+            await conn.execute(SQL.claim_chunk_plan)
+            row = await conn.fetchrow(
+                SQL.claim_chunk,
+                input.cleanup_id,
+                input.deadline_from,
+                input.deadline_until,
+                progress["cursor_deadline"],
+                progress["cursor_account"],
+                input.chunk_size,
+                input.partitions,
+                sum(per_partition),
+            )
+            assert row is not None
+            for p in row["partitions"]:
+                per_partition[p] += 1
+            done = row["scanned"] < input.chunk_size
+            await conn.execute(
+                SQL.claim_progress_update,
+                input.cleanup_id,
+                row["last_deadline"],
+                row["last_account"],
+                per_partition,
+                row["renewed"],
+                row["scanned"],
+                done,
+            )
+        failpoints.hit(f"{CLAIM_CLEANUP_IN_CHUNKS}.after_commit")
+        if after_chunk is not None:
+            after_chunk(len(row["partitions"]))
 
 
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:
-    failpoints.hit("cleanup_partition.after_commit")
+    failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
     activity.heartbeat(checkpoint.model_dump(mode="json"))
 
 
@@ -95,12 +167,13 @@ class CleanupActivities:
         compiled = await CompiledCleanup.compile(pool, targets)
         return cls(pool, compiled.batch_sql, compiled)
 
-    @activity.defn
+    @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
         """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
 
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
+        await wait_for_database_clock(self.pool, input.deadline)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
@@ -125,14 +198,21 @@ class CleanupActivities:
             per_partition = [0] * input.partitions
             for row in await conn.fetch(SQL.claims_per_partition, input.cleanup_id):
                 per_partition[row["partition_no"]] = row["claimed"]
-        failpoints.hit("claim_cleanup.after_commit")
+        failpoints.hit(f"{CLAIM_CLEANUP}.after_commit")
         return ClaimResult(
             claimed_per_partition=per_partition,
             skipped_renewed=skipped_renewed,
             skipped_stale=skipped_stale,
         )
 
-    @activity.defn
+    @activity.defn(name=CLAIM_CLEANUP_IN_CHUNKS)
+    async def claim_cleanup_in_chunks(self, input: ClaimChunkedInput) -> ClaimResult:
+        """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
+        regular activity that heartbeats after each chunk: no statement grows with the cohort."""
+        activity.heartbeat()
+        return await claim_in_chunks(self.pool, input, lambda claimed: activity.heartbeat(claimed))
+
+    @activity.defn(name=CHECK_ACCOUNT_RENEWED)
     async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:
         """The signal says "renewed"; the database decides whether it is true."""
         state = await self.pool.fetchrow(SQL.account_state, input.account_id)
@@ -140,7 +220,7 @@ class CleanupActivities:
             raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
         return bool(state["cleanup_version"] != input.expected_version and state["status"] != "cleaning")
 
-    @activity.defn
+    @activity.defn(name=CLEANUP_PARTITION)
     async def cleanup_partition(self, input: CleanupPartitionInput) -> PartitionReport:
         """Clean one partition in keyset-paged batches, one statement and one transaction per batch.
 
@@ -188,7 +268,7 @@ class CleanupActivities:
         )
         return PartitionReport(partition_no=input.partition_no, counts=c, batches=checkpoint.batches)
 
-    @activity.defn
+    @activity.defn(name=SETTLE_CLEANUP)
     async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:
         """Record the cohort's result once; a re-delivery returns the row written the first time."""
         async with self.pool.acquire() as conn, db.transaction(conn):
@@ -218,7 +298,7 @@ class CleanupActivities:
                 if row is not None and row["failed"]
                 else []
             )
-        failpoints.hit("settle_cleanup.after_commit")
+        failpoints.hit(f"{SETTLE_CLEANUP}.after_commit")
         assert row is not None
         if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
             metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])

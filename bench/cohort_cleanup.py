@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import cleanup
-from activities.cleanup import CleanupActivities, clean_partition_batches
+from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
 from bench.common import machine, stack, wait_for_worker
 from cleanup.models import (
-    ClaimCleanupInput,
+    ClaimChunkedInput,
     CleanupPartitionInput,
     CleanupResult,
     PartitionCheckpoint,
@@ -41,7 +41,16 @@ async def direct_cleanup(
 ) -> dict[str, Any]:
     cleanup_id = f"direct-{deadline:%H%M%S}"
     t0 = time.perf_counter()
-    claim = await acts.claim_cleanup(ClaimCleanupInput(cleanup_id=cleanup_id, deadline=deadline, partitions=partitions))
+    # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
+    claim = await claim_in_chunks(
+        acts.pool,
+        ClaimChunkedInput(
+            cleanup_id=cleanup_id,
+            deadline_from=deadline,
+            deadline_until=deadline + timedelta(microseconds=1),
+            partitions=partitions,
+        ),
+    )
     limit = asyncio.Semaphore(parallel)
 
     async def partition(p: int) -> PartitionReport:
@@ -78,7 +87,8 @@ def _noop(_: PartitionCheckpoint) -> None:
 
 async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
     async with stack() as s:
-        base = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+        # Deadlines already passed by the database clock: the claim never takes an account before it.
+        base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         direct_deadline, pipeline_deadline_seed, direct_after = (
             base,
             base + timedelta(hours=1),

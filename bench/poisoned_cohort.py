@@ -43,7 +43,8 @@ async def run(
     if not 0 < poisoned < accounts:
         raise ValueError("poisoned must be between 1 and accounts - 1")
     async with stack() as s:
-        base = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+        # Deadlines already passed by the database clock: the claim never takes an account before it.
+        base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         clean_deadline, poisoned_deadline = base, base + timedelta(hours=1)
         await seed_accounts(s.pool, prefix="c", deadline=clean_deadline, count=accounts)
         await seed_accounts(s.pool, prefix="x", deadline=poisoned_deadline, count=accounts)

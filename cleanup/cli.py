@@ -17,7 +17,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus
+from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
     list_cleanups,
@@ -27,6 +27,7 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
+from cleanup.planner import ensure_planner, planner_status, signal_planner
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
 from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
@@ -124,8 +125,9 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
             if d["restarted_cleanup"]:
                 text += f"\nnew cleanup for the new deadline: {d['restarted_cleanup']}"
             return text
+        why = "its deadline had passed" if d["status_seen"] == "active" else f"claimed by {d['claimed_by']}"
         return (
-            f"too late: {d['account_id']} was already {d['status_seen']} by {d['claimed_by']}; "
+            f"too late: {d['account_id']} was already {d['status_seen']} ({why}); "
             "the renewal is recorded but the cleanup stands"
         )
 
@@ -209,6 +211,45 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     emit(args, data, human)
 
 
+def _planner_human_status(d: dict[str, Any]) -> str:
+    lateness = d["lateness_seconds"]
+
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}s"
+
+    lines = {
+        "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
+        "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
+        "next deadlines": ", ".join(f"{r['deadline'].isoformat()} x{r['accounts']}" for r in d["next_deadlines"])
+        or "(none)",
+        "due in the next hour": d["due_next_hour"],
+        "overdue now": d["overdue"],
+        "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
+        "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
+        "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
+        f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
+    }
+    return key_values(lines)
+
+
+async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
+    async with CliContext(settings) as ctx:
+        queue = ctx.settings.task_queue
+        if args.action == "status":
+            data = await planner_status(ctx.client, ctx.pool, queue)
+            data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+            emit(args, data, _planner_human_status)
+            return
+        if args.action == "start":
+            workflow_id, started = await ensure_planner(ctx.client, queue)
+            data = {"workflow_id": workflow_id, "started": started}
+        else:
+            await signal_planner(ctx.client, queue, args.action, args.reason)
+            data = {"workflow_id": planner_workflow_id(queue), "signalled": args.action}
+        data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
+    emit(args, data)
+
+
 def register(commands: Commands) -> None:
     """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
     command = commands.add
@@ -256,3 +297,8 @@ def register(commands: Commands) -> None:
         "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
     )
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
+
+    help = "the deadline planner: status (next deadlines, overdue, recovered, lateness), pause, resume, start"
+    p = command("planner", cmd_planner, help)
+    p.add_argument("action", choices=["status", "pause", "resume", "start"])
+    p.add_argument("--reason", default="", help="pause: why (shown by status and in the Temporal UI)")

@@ -5,9 +5,10 @@ Payloads carry IDs, versions and counts only, never account data, so histories s
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field
 
@@ -36,6 +37,7 @@ CLEANUP_WORKFLOW = "RenewalCleanupWorkflow"
 RENEWED_SIGNAL = "renewed"
 STATUS_QUERY = "status"
 CLAIM_CLEANUP = "claim_cleanup"
+CLAIM_CLEANUP_IN_CHUNKS = "claim_cleanup_in_chunks"
 CHECK_ACCOUNT_RENEWED = "check_account_renewed"
 CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
@@ -55,6 +57,16 @@ def cohort_cleanup_id(deadline: datetime) -> str:
 
 def account_cleanup_id(account_id: str, deadline: datetime) -> str:
     return f"cleanup-account-{account_id}-{_instant(deadline)}"
+
+
+def bucket_cleanup_id(start: datetime, width_ms: int) -> str:
+    """The planner's cohort of one deadline bucket [start, start + width): started twice, one run."""
+    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms"
+
+
+def sweep_cleanup_id(cutoff: datetime) -> str:
+    """The planner's safety-net cohort: every active account whose deadline is before `cutoff`."""
+    return f"cleanup-sweep-{_instant(cutoff)}"
 
 
 class RenewalCleanupInput(Model):
@@ -86,6 +98,16 @@ class RenewalCleanupInput(Model):
             return True
         return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
+    # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
+    # sweeps); the run sleeps until deadline_until. None (and in every older history): one instant.
+    deadline_until: UtcDatetime | None = None
+    # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
+    claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+
+    @property
+    def wake_at(self) -> datetime:
+        return self.deadline_until or self.deadline
+
 
 class RenewalSignal(Model):
     account_id: AccountId
@@ -104,6 +126,16 @@ class ClaimCleanupInput(Model):
     account_id: AccountId | None = None
     expected_version: int | None = None
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+
+
+class ClaimChunkedInput(Model):
+    """The cohort claim of a deadline range [deadline_from, deadline_until), in bounded chunks."""
+
+    cleanup_id: str
+    deadline_from: UtcDatetime
+    deadline_until: UtcDatetime
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    chunk_size: int = Field(default=10_000, ge=1, le=100_000)
 
 
 class ClaimResult(Model):
@@ -197,3 +229,113 @@ class CleanupStatus(Model):
     renewal_signals: int
     counts: PartitionCounts
     claimed: int | None = None
+
+
+# --- the deadline planner -----------------------------------------------------------------------------
+# Every account whose deadline passes is cleaned (or renewed) exactly once, with no operator action:
+# the planner ensures one sleeping cohort cleanup per upcoming deadline bucket, sweeps overdue
+# accounts and recovers stranded claims (cleanup/planner.py, workflows/deadline_planner.py).
+
+PLANNER_WORKFLOW = "DeadlinePlannerWorkflow"
+PLANNER_PAUSE_SIGNAL = "pause"
+PLANNER_RESUME_SIGNAL = "resume"
+PLANNER_NUDGE_SIGNAL = "nudge"
+PLAN_DEADLINE_BUCKETS = "plan_deadline_buckets"
+SWEEP_OVERDUE_ACCOUNTS = "sweep_overdue_accounts"
+PLANNER_ID = "deadline-planner"
+DEFAULT_TASK_QUEUE = "deadline-cleanup"
+# At most this many overdue accounts are counted per sweep (the count is a bounded scan).
+OVERDUE_COUNT_CAP = 100_000
+RELEASE_CHUNK = 10_000
+
+PlannerPhase = Literal["planning", "sweeping", "sleeping", "paused"]
+
+
+def planner_workflow_id(task_queue: str) -> str:
+    """One planner per deployment (task queue): `deadline-planner` on the default queue."""
+    return PLANNER_ID if task_queue == DEFAULT_TASK_QUEUE else f"{PLANNER_ID}-{task_queue}"
+
+
+class PlannerSettings(Model):
+    """The planner's knobs. Lateness L of a bucketed account: at most `bucket_seconds` plus the
+    time to claim and clean; anything missed is caught by the sweep within
+    `sweep_grace_seconds + tick_seconds`."""
+
+    bucket_seconds: float = Field(default=1.0, ge=0.001, le=3600)
+    horizon_seconds: float = Field(default=120.0, ge=1, le=86_400)
+    tick_seconds: float = Field(default=5.0, ge=0.1, le=30)
+    sweep_grace_seconds: float = Field(default=10.0, ge=0, le=3600)
+    max_buckets_per_tick: int = Field(default=1000, ge=1, le=10_000)
+    partitions: int = Field(default=8, ge=1, le=256)
+    max_parallel_partitions: int = Field(default=4, ge=1, le=256)
+    batch_size: int = Field(default=1000, ge=1, le=20_000)
+    claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+    iterations_per_run: int = Field(default=50, ge=1, le=10_000)
+
+    @classmethod
+    def from_env(cls) -> PlannerSettings:
+        """PLANNER_BUCKET_SECONDS, PLANNER_HORIZON_SECONDS, PLANNER_TICK_SECONDS, ... override defaults."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"PLANNER_{name.upper()}")
+            if raw:
+                values[name] = raw
+        return cls.model_validate(values)
+
+
+class PlannerTotals(Model):
+    runs: int = 1
+    iterations: int = 0
+    buckets_ensured: int = 0
+    sweeps_started: int = 0
+    overdue_swept: int = 0
+    stranded_recovered: int = 0
+
+
+class PlannerInput(Model):
+    settings: PlannerSettings = PlannerSettings()
+    paused: bool = False
+    pause_reason: str = ""
+    totals: PlannerTotals = PlannerTotals()
+    lateness_watermark: UtcDatetime | None = None
+
+
+class PlanTickInput(Model):
+    settings: PlannerSettings
+    task_queue: str
+    lateness_watermark: UtcDatetime | None = None
+
+
+class PlanTickResult(Model):
+    buckets: int
+    first_bucket: UtcDatetime | None = None
+    last_bucket: UtcDatetime | None = None
+    lateness_watermark: UtcDatetime | None = None
+    lateness_recorded: int = 0
+
+
+class SweepInput(Model):
+    settings: PlannerSettings
+    task_queue: str
+    # The sweep cleanup the previous iteration started: while it still runs, no second one starts.
+    previous_sweep_id: str | None = None
+
+
+class SweepResult(Model):
+    overdue: int
+    oldest_overdue: UtcDatetime | None = None
+    sweep_cleanup_id: str | None = None
+    stranded_workflows: list[str] = []
+    stranded_recovered: int = 0
+
+
+class PlannerStatus(Model):
+    planner_id: str
+    phase: PlannerPhase
+    paused: bool
+    pause_reason: str
+    settings: PlannerSettings
+    totals: PlannerTotals
+    last_plan: PlanTickResult | None = None
+    last_sweep: SweepResult | None = None
+    last_iteration_at: UtcDatetime | None = None

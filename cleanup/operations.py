@@ -32,6 +32,7 @@ from cleanup.models import (
     cohort_cleanup_id,
     is_account_id,
 )
+from cleanup.planner import nudge_planner
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
@@ -280,6 +281,8 @@ async def renew(
     if until is not None and own_cleanup in outcome.signalled:
         started = await start_cleanup(client, pool, task_queue, account_id=account_id)
         outcome.restarted_cleanup = started.workflow_id
+    if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
+        await nudge_planner(client, task_queue)
     return outcome
 
 

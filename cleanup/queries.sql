@@ -3,10 +3,11 @@
 -- name: claim_cohort
 -- The linearization point: an account moves to 'cleaning' only if it is still active (not renewed).
 -- A renewal that commits first makes this UPDATE skip the row; one that commits later sees 'cleaning'.
+-- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
 WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
-    WHERE renewal_deadline = $2 AND status = 'active'
+    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -18,7 +19,7 @@ WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
     WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
-      AND status IN ('active', 'cleanup_failed')
+      AND status IN ('active', 'cleanup_failed') AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -197,13 +198,16 @@ SELECT
     /*target_counts*/;
 
 -- name: record_partition_report
-INSERT INTO cleanup_partition_reports
+-- A retried partition replaces its report until the cleanup settles; after that the reports the
+-- settlement was made from stay as they were (a late or re-delivered partition changes nothing).
+INSERT INTO cleanup_partition_reports AS r
     (cleanup_id, partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (cleanup_id, partition_no) DO UPDATE
-SET reported_at = now(), cleaned = EXCLUDED.cleaned, skipped_renewed = EXCLUDED.skipped_renewed,
-    skipped_stale = EXCLUDED.skipped_stale, already_applied = EXCLUDED.already_applied,
-    failed = EXCLUDED.failed;
+SET reported_at = now(), recorded_at = clock_timestamp(), cleaned = EXCLUDED.cleaned,
+    skipped_renewed = EXCLUDED.skipped_renewed, skipped_stale = EXCLUDED.skipped_stale,
+    already_applied = EXCLUDED.already_applied, failed = EXCLUDED.failed
+WHERE NOT EXISTS (SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = r.cleanup_id);
 
 -- name: unreported_partitions
 SELECT DISTINCT c.partition_no
@@ -233,13 +237,20 @@ FROM cleanup_settlements WHERE cleanup_id = $1;
 
 -- name: renew_account
 -- The database is the source of truth for a renewal: mark it and bump the version in one
--- transaction, unless a cleanup already claimed the account (then the renewal is too late).
--- An account whose cleanup failed ('cleanup_failed', see cleanup_failed) is renewable like an
--- active one: the version bump makes its pending failure stale.
+-- transaction. The renewal rule: it is in time iff the database judges it before the account's
+-- deadline (cleanup_clock() inside this transaction, after the row lock), whoever cleans the
+-- account and however late the workers are. After the deadline it is too late even if no cleanup
+-- claimed the account yet; a claimed ('cleaning') or cleaned account is always too late. An
+-- account renewed for good ('renewed') has no deadline any more: renewing it again is in time.
+-- An account whose cleanup failed ('cleanup_failed', see cleanup_failed) follows the same rule as
+-- an active one; a renewal in time makes its pending failure stale (the version bump).
 WITH current AS (
     SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by
     FROM accounts WHERE account_id = $1
     FOR UPDATE
+),
+judged AS (  -- read once the row lock is held
+    SELECT c.*, cleanup_clock() AS judged_at FROM current c
 ),
 updated AS (
     UPDATE accounts a
@@ -247,21 +258,91 @@ updated AS (
         renewal_deadline = coalesce($2::timestamptz, a.renewal_deadline),
         cleanup_version = a.cleanup_version + 1,
         renewed_at = now()
-    FROM current c
-    WHERE a.account_id = c.account_id AND c.status IN ('active', 'renewed', 'cleanup_failed')
+    FROM judged c
+    WHERE a.account_id = c.account_id
+      AND (c.status = 'renewed'
+           OR (c.status IN ('active', 'cleanup_failed') AND c.judged_at < c.renewal_deadline))
     RETURNING a.account_id, a.cleanup_version
 ),
 logged AS (
-    INSERT INTO renewals (account_id, outcome, new_deadline, version_after, status_seen)
+    INSERT INTO renewals (account_id, outcome, new_deadline, version_after, status_seen, judged_at, deadline_seen)
     SELECT c.account_id,
            CASE WHEN u.account_id IS NULL THEN 'too_late' ELSE 'in_time' END,
-           $2::timestamptz, coalesce(u.cleanup_version, c.cleanup_version), c.status
-    FROM current c LEFT JOIN updated u USING (account_id)
+           $2::timestamptz, coalesce(u.cleanup_version, c.cleanup_version), c.status,
+           c.judged_at, c.renewal_deadline
+    FROM judged c LEFT JOIN updated u USING (account_id)
     RETURNING outcome, version_after
 )
 SELECT c.status AS status_seen, c.renewal_deadline AS old_deadline, c.cleanup_version AS old_version,
-       c.claimed_by, l.outcome, l.version_after
-FROM current c CROSS JOIN logged l;
+       c.claimed_by, l.outcome, l.version_after, c.judged_at
+FROM judged c CROSS JOIN logged l;
+
+-- name: claim_progress_start
+INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
+VALUES ($1, array_fill(0, ARRAY[$2::int]), $3, $4)
+ON CONFLICT (cleanup_id) DO NOTHING;
+
+-- name: claim_progress_lock
+SELECT cursor_deadline, cursor_account, claimed_per_partition, skipped_renewed, chunks, max_chunk_rows, done
+FROM cleanup_claim_progress WHERE cleanup_id = $1
+FOR UPDATE;
+
+-- name: claim_chunk
+-- One chunk of a cohort's claim: the next $6 accounts of the deadline range [$2, $3) after the
+-- keyset cursor ($4, $5) on accounts_due_idx, whatever the cohort's size. Active accounts whose
+-- deadline has passed by the database clock move to 'cleaning' (a renewal that committed first
+-- changed the row, and the UPDATE re-checks the row it locks); renewed ones are counted.
+-- Partitions continue round-robin from $8 (accounts claimed by the earlier chunks).
+WITH scan AS (
+    SELECT account_id, renewal_deadline, status
+    FROM accounts
+    WHERE status IN ('active', 'renewed')
+      AND renewal_deadline >= $2 AND renewal_deadline < $3
+      AND (renewal_deadline, account_id) > ($4::timestamptz, $5::text)
+    ORDER BY renewal_deadline, account_id
+    LIMIT $6
+),
+claimed AS (
+    -- By primary key (never a scan of the cohort); the UPDATE re-checks each row it locks.
+    UPDATE accounts a
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    WHERE a.account_id = ANY (ARRAY(SELECT account_id FROM scan))
+      AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
+      AND a.renewal_deadline <= cleanup_clock()
+    RETURNING a.account_id, a.cleanup_version
+),
+inserted AS (
+    INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
+    SELECT $1, account_id, cleanup_version, (($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) % $7
+    FROM claimed
+    ON CONFLICT DO NOTHING
+    RETURNING partition_no
+),
+last AS (
+    SELECT renewal_deadline, account_id FROM scan ORDER BY renewal_deadline DESC, account_id DESC LIMIT 1
+)
+SELECT
+    (SELECT count(*) FROM scan)::int AS scanned,
+    (SELECT count(*) FROM scan WHERE status = 'renewed')::int AS renewed,
+    (SELECT renewal_deadline FROM last) AS last_deadline,
+    (SELECT account_id FROM last) AS last_account,
+    (SELECT coalesce(array_agg(partition_no), '{}') FROM inserted) AS partitions;
+
+-- name: claim_chunk_plan
+-- Each chunk must walk the keyset in index order and stop after its LIMIT: a bitmap scan (or a
+-- sort) would read the rest of the cohort first, so a chunk would grow with the cohort.
+SET LOCAL enable_bitmapscan = off;
+
+-- name: claim_progress_update
+UPDATE cleanup_claim_progress
+SET cursor_deadline = coalesce($2, cursor_deadline), cursor_account = coalesce($3, cursor_account),
+    claimed_per_partition = $4, skipped_renewed = skipped_renewed + $5, chunks = chunks + 1,
+    max_chunk_rows = greatest(max_chunk_rows, $6), done = $7, updated_at = now()
+WHERE cleanup_id = $1;
+
+-- name: seconds_until
+-- How far the database clock is from an instant (negative once it has passed).
+SELECT extract(epoch FROM ($1::timestamptz - cleanup_clock()))::float8;
 
 -- name: partition_reports_of_cleanup
 -- What `status` shows per partition. $1 cleanup ID.

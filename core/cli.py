@@ -1,5 +1,7 @@
 """What every CLI command shares: JSON or human output (Rich tables and progress bars), the
-services a command opens, and the registrar through which each job adds its own commands."""
+services a command opens, and the registrar through which each job adds its own commands.
+
+Rich is imported inside the functions that draw: `starter.py --help` and `renew` stay fast to start."""
 
 from __future__ import annotations
 

@@ -19,12 +19,16 @@ Counters (names as scraped; docs/observability.md):
   ledger_corrections                  ledger corrections written            record_corrections(n)
   ledger_review_rows                  rows sent to manual review            record_review_rows(n)
   outbox_delivered, outbox_dead_lettered   outbox outcomes                  record_outbox(d, x)
+  cleanup_lateness_seconds            histogram of cleaned_at - renewal_deadline (the planner reads it)
+  planner_overdue_accounts            gauge: active accounts past deadline + grace at the last sweep
+  planner_overdue_swept               overdue accounts handed to a sweep cleanup
+  planner_stranded_recovered          claims of closed cleanups released for re-claiming
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from temporalio import activity
 from temporalio.common import MetricMeter
@@ -44,12 +48,24 @@ DESCRIPTIONS: dict[str, str] = {
     "ledger_review_rows": "ledger rows sent to manual review",
     "outbox_delivered": "outbox events delivered",
     "outbox_dead_lettered": "outbox events dead-lettered after their last attempt",
+    "cleanup_lateness_seconds": "seconds from an account's renewal deadline to its cleanup commit",
+    "planner_overdue_accounts": "active accounts past their deadline (and the sweep grace) at the last sweep",
+    "planner_overdue_swept": "overdue accounts handed to a sweep cleanup by the planner",
+    "planner_stranded_recovered": "claims of closed cleanups released by the planner for re-claiming",
 }
+LATENESS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0]
 
 
 def runtime(bind_address: str) -> Runtime:
     """A Temporal runtime exporting Prometheus metrics on `bind_address` (`host:port`)."""
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind_address)))
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(
+                bind_address=bind_address,
+                histogram_bucket_overrides={"cleanup_lateness_seconds": LATENESS_BUCKETS},
+            )
+        )
+    )
 
 
 def install(meter: MetricMeter | None) -> None:
@@ -113,3 +129,36 @@ def record_outbox(delivered: int, dead: int) -> None:
     """Call once per relay batch with the events it marked delivered and dead-lettered."""
     count("outbox_delivered", delivered)
     count("outbox_dead_lettered", dead)
+
+
+# --- planner (cleanup/planner.py) -------------------------------------------------------------------
+
+
+def record_lateness(seconds: Iterable[float]) -> None:
+    """One observation per cleanup: seconds from its renewal deadline to its cleanup commit."""
+    try:
+        meter = _meter()
+        if meter is not None:
+            name = "cleanup_lateness_seconds"
+            histogram = meter.create_histogram_float(name, DESCRIPTIONS[name])
+            for value in seconds:
+                histogram.record(max(0.0, value))
+    except Exception:
+        log.debug("could not record lateness", exc_info=True)
+
+
+def set_overdue(n: int) -> None:
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge("planner_overdue_accounts", DESCRIPTIONS["planner_overdue_accounts"]).set(n)
+    except Exception:
+        log.debug("could not set the overdue gauge", exc_info=True)
+
+
+def record_overdue_swept(n: int) -> None:
+    count("planner_overdue_swept", n)
+
+
+def record_stranded(n: int) -> None:
+    count("planner_stranded_recovered", n)

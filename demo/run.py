@@ -39,8 +39,10 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         TEMPORAL_NAMESPACE=settings.temporal_namespace,
         TEMPORAL_TASK_QUEUE=settings.task_queue,
         DATABASE_URL=settings.database_url,
-        **extra,
+        # The demo shows the explicit cohort command; the deadline planner stays off in its workers.
+        CLEANUP_PLANNER="off",
     )
+    env.update(extra)
     return env
 
 

@@ -13,7 +13,10 @@ from typing import Any
 
 import asyncpg
 
+from core.queries import load
 from outbox.mail_provider import MailProvider
+
+SQL = load(__file__)
 
 
 @dataclass
@@ -195,3 +198,65 @@ async def ledger_digest(pool: asyncpg.Pool) -> dict[str, Any]:
         assert row is not None
         out[table] = (row["n"], row["h"])
     return out
+
+
+@dataclass
+class Ordering:
+    """Ordering violations of one lane: each rule's count (`ord_*`), 0 when the order held."""
+
+    violations: int = 0
+    details: dict[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: Ordering) -> Ordering:
+        merged = dict(self.details)
+        for k, v in other.details.items():
+            merged[k] = merged.get(k, 0) + v
+        return Ordering(self.violations + other.violations, merged)
+
+    def problems(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.details.items() if v]
+
+
+def mailbox_order(messages: list[dict[str, Any]], reminders: list[asyncpg.Record]) -> dict[str, int]:
+    """The customer's side: per account, reminders received in version order, the last one the latest.
+
+    `messages` is the provider's mailbox in the order it received them (it only appends, so an
+    earlier message never replaces a later one); `reminders` are the lane's outbox reminders with
+    the version each was written for and the account's own version and state.
+    """
+    by_key = {r["event_key"]: r for r in reminders if r["version"] is not None}
+    highest: dict[str, int] = {}
+    last: dict[str, int] = {}
+    out_of_order: set[str] = set()
+    for m in messages:
+        r = by_key.get(m["idempotency_key"])
+        if r is None:
+            continue
+        account, version = str(r["account_id"]), int(r["version"])
+        if version < highest.get(account, version):
+            out_of_order.add(account)
+        highest[account] = max(highest.get(account, version), version)
+        last[account] = version
+    accounts = {str(r["account_id"]): r for r in reminders}
+    stale_last = [
+        a for a, v in last.items() if accounts[a]["account_status"] == "cleaned" and v != accounts[a]["account_version"]
+    ]
+    return {"ord_provider_out_of_order": len(out_of_order), "ord_provider_last_not_latest": len(stale_last)}
+
+
+async def ordering_effects(pool: asyncpg.Pool, provider: MailProvider) -> Ordering:
+    """Every ordering rule over a lane's whole database, and its reminders at the provider."""
+    row = await pool.fetchrow(SQL.ordering_violations)
+    assert row is not None
+    details = {k: int(v) for k, v in dict(row).items()}
+    details |= mailbox_order(provider.messages(), await pool.fetch(SQL.reminder_versions))
+    return Ordering(sum(details.values()), details)
+
+
+async def inject_ordering_violation(pool: asyncpg.Pool, business_date: date) -> int:
+    """The deliberately broken order (`--inject-ordering-violation`): a settlement revision of the
+    date stamped before the revision it follows. Written straight into the database; the ordering
+    checks must catch it."""
+    revision = await pool.fetchval(SQL.inject_revision_out_of_order, business_date)
+    assert revision is not None, f"{business_date} has no settlement revision to follow"
+    return int(revision)

@@ -31,7 +31,9 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
 
     if not args.json:
         print(f"harness: profile {args.profile}, seed {args.seed}", file=sys.stderr, flush=True)
-    report = await run_profile(args.profile, args.seed, only, args.inject_violation, progress=progress)
+    report = await run_profile(
+        args.profile, args.seed, only, args.inject_violation, args.inject_ordering_violation, progress=progress
+    )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -56,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--inject-violation",
         action="store_true",
         help="write a duplicate reminder into the database during 'replay' (proves the harness can fail)",
+    )
+    p.add_argument(
+        "--inject-ordering-violation",
+        action="store_true",
+        help="write a settlement revision stamped before the one it follows during 'replay' "
+        "(proves the ordering column can fail)",
     )
     return p
 

@@ -55,6 +55,7 @@ class Row:
     lost: int = 0
     recovery_seconds: float | None = None
     dead_letters: int = 0
+    ordering: int = 0  # ordering violations, counted when the scenario's lanes close
     operator_visibility: bool = False
     evidence: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -63,7 +64,13 @@ class Row:
 
     @property
     def passed(self) -> bool:
-        return not self.violations and self.duplicates == 0 and self.lost == 0 and self.operator_visibility
+        return (
+            not self.violations
+            and self.duplicates == 0
+            and self.lost == 0
+            and self.ordering == 0
+            and self.operator_visibility
+        )
 
     def recovered(self, seconds: float) -> None:
         self.recovery_seconds = max(self.recovery_seconds or 0.0, round(seconds, 1))
@@ -108,6 +115,7 @@ class Ctx:
     seed: int
     ids: Ids
     inject_violation: bool = False
+    inject_ordering_violation: bool = False
 
     def rng(self, scenario: str) -> random.Random:
         return random.Random(f"{self.seed}:{scenario}")

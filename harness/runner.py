@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import PROJECT_ROOT
+from harness.checks import Ordering
 from harness.common import PROFILES, Ctx, Ids, Row
 from harness.scenarios import all_scenarios, registry
 from harness.stack import harness
@@ -20,6 +21,7 @@ COLUMNS = [
     ("lost", "lost work"),
     ("recovery_seconds", "recovery (s, max)"),
     ("dead_letters", "dead letters"),
+    ("ordering", "ordering violations"),
     ("operator_visibility", "operator visibility"),
     ("passed", "result"),
 ]
@@ -30,6 +32,7 @@ async def run_profile(
     seed: int = 7,
     only: list[str] | None = None,
     inject_violation: bool = False,
+    inject_ordering_violation: bool = False,
     log_dir: Path | None = None,
     progress: Any = None,
 ) -> dict[str, Any]:
@@ -43,14 +46,19 @@ async def run_profile(
     started = time.monotonic()
     rows: list[Row] = []
     async with harness(logs) as h:
-        ctx = Ctx(h, chosen, seed, Ids(random.Random(seed)), inject_violation)
+        ctx = Ctx(h, chosen, seed, Ids(random.Random(seed)), inject_violation, inject_ordering_violation)
         for name in names:
             t0 = time.monotonic()
+            closed = len(h.ordering)
             try:
                 row = await scenarios[name](ctx)
             except Exception as err:
                 row = Row(name, violations=[f"scenario crashed: {type(err).__name__}: {err}"])
                 row.notes.append(traceback.format_exc(limit=6))
+            ordering = sum((o for _, o in h.ordering[closed:]), Ordering())
+            row.ordering = ordering.violations
+            row.violations += ordering.problems()
+            row.notes += [f"ordering, lane {lane}: {o.details}" for lane, o in h.ordering[closed:]]
             row.seconds = round(time.monotonic() - t0, 1)
             rows.append(row)
             if progress is not None:

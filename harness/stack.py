@@ -27,6 +27,7 @@ from bench.common import Stack, stack
 from core import db, embedded
 from core.config import PROJECT_ROOT
 from core.temporal import connect
+from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
 from outbox.mail_provider import MailProvider, ProviderThread
 
@@ -196,6 +197,8 @@ class Harness:
     log_dir: Path
     lanes: list[Lane] = field(default_factory=list)
     databases: list[str] = field(default_factory=list)
+    # The ordering checks of every closed lane, in closing order (the runner takes each scenario's).
+    ordering: list[tuple[str, Ordering]] = field(default_factory=list)
 
     @property
     def client(self) -> Client:
@@ -239,7 +242,11 @@ class Harness:
         for s in lane.slots:
             s.supervised = False
         await asyncio.gather(*(self.supervisor.stop(s) for s in lane.slots))
-        await lane.pool.close()
+        try:
+            # After every scenario, over the lane's whole database and its reminders at the provider.
+            self.ordering.append((lane.name, await ordering_effects(lane.pool, self.provider.provider)))
+        finally:
+            await lane.pool.close()
 
 
 async def harness_pool(url: str, max_size: int = 6) -> asyncpg.Pool:

@@ -209,7 +209,8 @@ SET input_fingerprint = $10,
     keys_examined = $4, discrepancies_found = $5, corrected = $6, sent_to_review = $7,
     duplicate_report_rows = $8,
     batches = CASE WHEN same.counts THEN r.batches ELSE $9 END,
-    reported_at = CASE WHEN same.counts THEN r.reported_at ELSE now() END
+    reported_at = CASE WHEN same.counts THEN r.reported_at ELSE now() END,
+    recorded_at = CASE WHEN same.counts THEN r.recorded_at ELSE clock_timestamp() END
 FROM (SELECT (keys_examined, discrepancies_found, corrected, sent_to_review, duplicate_report_rows)
              = ($4::bigint, $5::bigint, $6::bigint, $7::bigint, $8::bigint) AS counts
       FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2) same

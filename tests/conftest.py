@@ -167,8 +167,11 @@ class WorkerProcesses:
             TEMPORAL_NAMESPACE=self.settings.temporal_namespace,
             TEMPORAL_TASK_QUEUE=self.settings.task_queue,
             DATABASE_URL=self.settings.database_url,
-            **extra_env,
+            # Tests of the explicit commands count what their own cleanup did: the planner (which
+            # every worker.py ensures by default) is opted into with CLEANUP_PLANNER="on".
+            CLEANUP_PLANNER="off",
         )
+        env.update(extra_env)
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, str(PROJECT_ROOT / "worker.py")], env=env, stdout=log, stderr=subprocess.STDOUT

@@ -23,6 +23,9 @@ from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
+# Recorded after the `chunked-claim` patch: `python -m tests.record_histories planner`
+# records only these, so the files recorded before it keep proving that older runs replay.
+PLANNER_HISTORIES = ("chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running")
 
 
 async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
@@ -94,6 +97,39 @@ async def main(only: list[str] | None = None) -> None:
             print(f"recorded {name}: {len(history.events)} events")
         await handle.terminate("recorded")
         await record_failed_tolerance(client, pool, task_queue)
+    await pool.close()
+
+
+async def record_planner() -> None:
+    from cleanup.models import PlannerSettings, planner_workflow_id
+    from cleanup.planner import ensure_planner
+
+    settings = embedded.resolve(Settings.from_env())
+    assert settings.database_url is not None
+    await db.migrate_url(settings.database_url)
+    pool = await db.create_pool(settings.database_url)
+    client = await connect(settings)
+    task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, task_queue, await build_activities(pool)):
+        deadline = deadline_in(3)
+        await seed(pool, deadline, 200)
+        bucketed = await seed(pool, deadline_in(6), 50)
+        cohort = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
+        await renew(client, pool, task_queue, bucketed[0])
+        await ensure_planner(client, task_queue, PlannerSettings(tick_seconds=1, iterations_per_run=1000))
+        await client.get_workflow_handle(cohort.workflow_id).result()
+        bucket_id = None
+        while bucket_id is None:
+            await asyncio.sleep(1)
+            bucket_id = await pool.fetchval(
+                "SELECT cleanup_id FROM cleanup_settlements WHERE cleanup_id LIKE 'cleanup-bucket-%' LIMIT 1"
+            )
+        planner = planner_workflow_id(task_queue)
+        for name, workflow_id in zip(PLANNER_HISTORIES, [cohort.workflow_id, bucket_id, planner], strict=True):
+            history = await client.get_workflow_handle(workflow_id).fetch_history()
+            (HISTORIES / f"{name}.json").write_text(history.to_json())
+            print(f"recorded {name}: {len(history.events)} events")
+        await client.get_workflow_handle(planner).terminate("recorded")
     await pool.close()
 
 

@@ -28,6 +28,13 @@ async def test_deadline_days_away_fires_on_the_time_skipping_server(time_skippin
         assert status.phase == "sleeping"
         assert (await effect_counts(pool))["applied"] == 0, "nothing happens before the deadline"
 
+        # The time-skipping server skips Temporal's clock, not the database's, and the claim follows
+        # the renewal rule's clock (cleanup_clock()): skip the database's clock by the same amount.
+        await pool.execute(
+            f"ALTER DATABASE {await pool.fetchval('SELECT current_database()')}"
+            " SET cleanup.clock_offset = '3 days 1 minute'"
+        )
+        await pool.expire_connections()
         await env.sleep(timedelta(days=3, minutes=1))
         result: CleanupResult = await handle.result()
 

@@ -236,7 +236,9 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     assert (await effect_counts(pool))["duplicate_reminders"] == 0
 
 
-async def test_a_failed_account_is_renewable_and_its_failure_then_resolves_as_renewed(client, pool, task_queue, worker):
+async def test_a_failed_account_follows_the_renewal_rule_like_an_active_one(client, pool, task_queue, worker):
+    """Past its deadline a renewal is too late, whether the account was cleaned, is active, or failed:
+    the renewal is recorded, the failure stays pending for retry-failed, nothing is cleaned twice."""
     deadline = deadline_in(-60)
     accounts = await seed(pool, deadline, 10)
     await poison_by_trigger(pool, [accounts[4]])
@@ -244,11 +246,9 @@ async def test_a_failed_account_is_renewable_and_its_failure_then_resolves_as_re
     assert result.settlement is not None and result.settlement.failed == 1
 
     outcome = await renew(client, pool, task_queue, accounts[4])
-    assert outcome.in_time and outcome.status_seen == "cleanup_failed"
-    retried = await retry_failed(pool, load_targets())
-    assert (retried["retried"], retried["cleaned"], retried["skipped_stale"]) == (1, 0, 1)
+    assert not outcome.in_time and outcome.status_seen == "cleanup_failed"
     [row] = await list_failed(pool, include_resolved=True)
-    assert row["resolution"] == "renewed"
+    assert row["resolution"] is None, "a renewal after the deadline does not resolve the failure"
     assert await rows_left(pool, [accounts[4]]) == {
         "cloud_saves": 2,
         "inventory_items": 5,
@@ -336,8 +336,12 @@ async def test_dry_run_changes_nothing_and_matches_what_the_cleanup_then_does(
 ):
     deadline = deadline_in(-60)
     accounts = await seed(pool, deadline, 60)
-    for account in accounts[:5]:
-        await renew(client, pool, task_queue, account)
+    for account in accounts[:5]:  # renewed before the deadline: judged in time, then back in the cohort's range
+        await pool.execute(
+            "UPDATE accounts SET renewal_deadline = now() + interval '1 hour' WHERE account_id = $1", account
+        )
+        assert (await renew(client, pool, task_queue, account)).in_time
+        await pool.execute("UPDATE accounts SET renewal_deadline = $2 WHERE account_id = $1", account, deadline)
     await seed(pool, deadline_in(3600), 7)  # another cohort: out of scope
     iso = deadline.isoformat().replace("+00:00", "Z")
 

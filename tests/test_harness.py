@@ -36,10 +36,11 @@ def test_quick_profile_passes_every_scenario():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
     rows = {r["scenario"]: r for r in report["rows"]}
-    assert len(rows) == 9, list(rows)
+    assert len(rows) == 10, list(rows)
     for name, r in rows.items():
         assert r["passed"], (name, r["violations"], r["notes"])
         assert r["runs"] >= 1 and r["duplicates"] == 0 and r["lost"] == 0, (name, r)
+        assert r["ordering"] == 0, (name, r["violations"], r["notes"])
         assert r["operator_visibility"], (name, r["evidence"])
     kill = next(r for r in report["rows"] if r["scenario"].startswith("2 "))
     assert kill["runs"] >= 7, "every commit point killed at least once"
@@ -53,6 +54,23 @@ def test_a_broken_invariant_makes_the_harness_fail():
     [row] = report["rows"]
     assert not row["passed"] and row["duplicates"] >= 1
     assert any("dup_reminders=1" in v for v in row["violations"]), row["violations"]
+
+
+def test_an_out_of_order_settlement_shows_in_the_ordering_column():
+    """A settlement revision stamped before the one it follows: only the ordering column sees it."""
+    done = harness("--scenarios", "replay", "--inject-ordering-violation", "--json")
+
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
+    [row] = json.loads(done.stdout)["rows"]
+    assert not row["passed"] and row["ordering"] >= 1, row
+    assert row["duplicates"] == 0 and row["lost"] == 0, row
+    assert any(v.startswith("ord_settlement_revisions=") for v in row["violations"]), row["violations"]
+    table = harness("--scenarios", "replay", "--inject-ordering-violation")
+    assert table.returncode == 1
+    header, _, line = table.stdout.splitlines()[:3]
+    assert "ordering violations" in header
+    column = header.index("ordering violations")
+    assert int(line[column:].split()[0]) >= 1, table.stdout
 
 
 def test_opt_in_poison_scenario_passes():

@@ -134,3 +134,35 @@ def test_no_code_points_at_an_issue_number() -> None:
         if pattern.search(line)
     ]
     assert not offenders, offenders
+
+
+async def test_workflows_call_only_registered_activities_by_their_name_constants(pool) -> None:
+    """A misspelt activity name fails here, not in production (where it would be retried forever)."""
+    import importlib
+
+    from temporalio.activity import _Definition
+
+    import workflows
+    from worker import build_activities
+
+    registered: set[str] = set()
+    for fn in await build_activities(pool):
+        definition = _Definition.from_callable(fn)  # type: ignore[arg-type]
+        if definition is not None and definition.name:
+            registered.add(definition.name)
+    problems = []
+    for path in (PROJECT_ROOT / "workflows").glob("*.py"):
+        module = importlib.import_module(f"workflows.{path.stem}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in ("execute_activity", "execute_local_activity", "_bookkeeping") or not node.args:
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant):
+                problems.append(f"{path.name}:{node.lineno}: activity named by a string literal {first.value!r}")
+            elif isinstance(first, ast.Name) and first.id != "activity":
+                name = getattr(module, first.id, None)
+                if name not in registered:
+                    problems.append(f"{path.name}:{node.lineno}: {first.id} = {name!r} is not a registered activity")
+    assert workflows.ALL_WORKFLOWS and not problems, problems

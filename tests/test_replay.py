@@ -25,6 +25,8 @@ def test_recorded_histories_exist():
     assert {"ledger_night", "ledger_recheck", "v1_ledger_night"} <= names
     # v1_: recorded before the outbox relay's `relay-keep-nudges-during-batch` patch.
     assert {"outbox_relay_nudged_mid_batch", "v1_outbox_relay_nudged_mid_batch"} <= names
+    # Recorded after the `chunked-claim` patch, with the planner.
+    assert {"chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -14,7 +14,16 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from cleanup.models import (
+        CHECK_ACCOUNT_RENEWED,
+        CLAIM_CLEANUP,
+        CLAIM_CLEANUP_IN_CHUNKS,
+        CLEANUP_PARTITION,
+        CLEANUP_WORKFLOW,
+        RENEWED_SIGNAL,
+        SETTLE_CLEANUP,
+        STATUS_QUERY,
         AccountRenewalCheck,
+        ClaimChunkedInput,
         ClaimCleanupInput,
         ClaimResult,
         CleanupOutcome,
@@ -37,7 +46,7 @@ T = TypeVar("T")
 _RETRY = STEP_RETRY
 
 
-@workflow.defn
+@workflow.defn(name=CLEANUP_WORKFLOW)
 class RenewalCleanupWorkflow:
     @workflow.init
     def __init__(self, input: RenewalCleanupInput) -> None:
@@ -57,17 +66,7 @@ class RenewalCleanupWorkflow:
             return self._result("renewed")
 
         self._set_phase("claiming")
-        claim = await self._bookkeeping(
-            "claim_cleanup",
-            ClaimCleanupInput(
-                cleanup_id=input.cleanup_id,
-                deadline=input.deadline,
-                account_id=input.account_id,
-                expected_version=input.expected_version,
-                partitions=input.partitions,
-            ),
-            ClaimResult,
-        )
+        claim = await self._claim_accounts(input)
         self._claim = claim
 
         self._set_phase("cleaning")
@@ -84,11 +83,44 @@ class RenewalCleanupWorkflow:
             return self._result("renewed" if claim.skipped_renewed else "stale")
         return self._result("nothing_to_clean")
 
+    async def _claim_accounts(self, input: RenewalCleanupInput) -> ClaimResult:
+        """Cohorts started after the `chunked-claim` patch claim in bounded chunks, as a regular
+        heartbeating activity (a 10M-account cohort never becomes one statement); older histories
+        and single accounts keep the one-statement claim."""
+        if input.account_id is None and workflow.patched("chunked-claim"):
+            return await workflow.execute_activity(  # type: ignore[no-any-return]
+                CLAIM_CLEANUP_IN_CHUNKS,
+                ClaimChunkedInput(
+                    cleanup_id=input.cleanup_id,
+                    deadline_from=input.deadline,
+                    # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
+                    deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
+                    partitions=input.partitions,
+                    chunk_size=input.claim_chunk_size,
+                ),
+                result_type=ClaimResult,
+                start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=timedelta(seconds=max(60.0, input.heartbeat_timeout_seconds)),
+                retry_policy=_RETRY,
+                summary="claim",
+            )
+        return await self._bookkeeping(
+            CLAIM_CLEANUP,
+            ClaimCleanupInput(
+                cleanup_id=input.cleanup_id,
+                deadline=input.deadline,
+                account_id=input.account_id,
+                expected_version=input.expected_version,
+                partitions=input.partitions,
+            ),
+            ClaimResult,
+        )
+
     async def _sleep_until_deadline(self) -> bool:
         """Sleep durably; for one account, wake on a renewal signal and let the database confirm it."""
         single = self._input.account_id is not None
         while True:
-            remaining = self._input.deadline - workflow.now()
+            remaining = self._input.wake_at - workflow.now()
             if remaining <= timedelta(0):
                 return False
             try:
@@ -102,7 +134,7 @@ class RenewalCleanupWorkflow:
             self._signals_checked = len(self._renewal_signals)
             assert self._input.account_id is not None and self._input.expected_version is not None
             renewed = await workflow.execute_activity(
-                "check_account_renewed",
+                CHECK_ACCOUNT_RENEWED,
                 AccountRenewalCheck(account_id=self._input.account_id, expected_version=self._input.expected_version),
                 result_type=bool,
                 start_to_close_timeout=self._step_timeout,
@@ -115,7 +147,7 @@ class RenewalCleanupWorkflow:
     async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore) -> None:
         async with limit:
             report = await workflow.execute_activity(
-                "cleanup_partition",
+                CLEANUP_PARTITION,
                 CleanupPartitionInput(
                     cleanup_id=self._input.cleanup_id,
                     partition_no=partition_no,
@@ -133,7 +165,7 @@ class RenewalCleanupWorkflow:
     async def _settle(self, claim: ClaimResult) -> None:
         self._set_phase("settling")
         self._settlement = await self._bookkeeping(
-            "settle_cleanup",
+            SETTLE_CLEANUP,
             SettleCleanupInput(
                 cleanup_id=self._input.cleanup_id,
                 deadline=self._input.deadline,
@@ -188,11 +220,11 @@ class RenewalCleanupWorkflow:
     def _result(self, outcome: CleanupOutcome) -> CleanupResult:
         return CleanupResult(cleanup_id=self._input.cleanup_id, outcome=outcome, settlement=self._settlement)
 
-    @workflow.signal
+    @workflow.signal(name=RENEWED_SIGNAL)
     def renewed(self, signal: RenewalSignal) -> None:
         self._renewal_signals.append(signal)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> CleanupStatus:
         counts = PartitionCounts()
         for report in self._reports.values():

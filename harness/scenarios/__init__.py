@@ -16,6 +16,7 @@ def registry() -> dict[str, Scenario]:
         delay,
         kill,
         oversized,
+        renewal_order,
         renewal_race,
         replay,
         schedule,
@@ -32,6 +33,7 @@ def registry() -> dict[str, Scenario]:
         "schedule": schedule.run,
         "db-faults": db_faults.run,
         "server-restart": server_restart.run,
+        "renewal-order": renewal_order.run,
     }
 
 

@@ -33,7 +33,7 @@ POINTS = [
     "cleanup_partition.after_commit",
     "reconcile_shard.after_commit",
     "relay_outbox_batch.after_send",
-    "claim_cleanup.after_commit",
+    "claim_cleanup_in_chunks.after_commit",
     "settle_ledger_date.after_commit",
     "relay_outbox_batch.after_commit",
     "settle_cleanup.after_commit",
@@ -176,7 +176,7 @@ async def _relay(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepar
 
 PREPARE: dict[str, Callable[[Ctx, Lane, str, random.Random], Awaitable[Prepared]]] = {
     "cleanup_partition.after_commit": _cleanup,
-    "claim_cleanup.after_commit": _cleanup,
+    "claim_cleanup_in_chunks.after_commit": _cleanup,
     "settle_cleanup.after_commit": _cleanup,
     "reconcile_shard.after_commit": _ledger,
     "settle_ledger_date.after_commit": _ledger,

@@ -17,7 +17,14 @@ from cleanup.models import (
     SettleCleanupInput,
 )
 from cleanup.operations import cleanup_status, start_cleanup
-from harness.checks import cleanup_effects, inject_duplicate, ledger_digest, ledger_effects, outbox_effects
+from harness.checks import (
+    cleanup_effects,
+    inject_duplicate,
+    inject_ordering_violation,
+    ledger_digest,
+    ledger_effects,
+    outbox_effects,
+)
 from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
 from ledger.models import ReconcileShardInput, SettleLedgerInput, ledger_workflow_id
 from ledger.operations import ledger_status, start_reconciliation
@@ -92,6 +99,9 @@ async def run(ctx: Ctx) -> Row:
             )
             if await ledger_digest(pool) != before:
                 row.violations.append(f"ledger {d}: re-delivered shards or settlement changed the database")
+            if ctx.inject_ordering_violation:
+                revision = await inject_ordering_violation(pool, d)
+                row.notes.append(f"--inject-ordering-violation: wrote revision {revision} of {d} stamped too early")
             effects = effects + await ledger_effects(
                 pool,
                 d,

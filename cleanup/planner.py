@@ -1,0 +1,298 @@
+"""The deadline planner's operations, run by its activities and its commands.
+
+- buckets: each planner iteration finds the deadline buckets (width `bucket_seconds`) that hold
+  active accounts within the look-ahead horizon and ensures one sleeping cohort cleanup
+  (RenewalCleanupWorkflow over the range [start, start + width)) per bucket, with a workflow ID
+  derived from the bucket, so ensuring it again is harmless. The durable timer does the rest.
+- overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
+  bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
+- stranded claims: accounts left in 'cleaning' by a closed (terminated, cancelled, failed) cleanup
+  are released to 'active' and then swept; the key (account_id, cleanup_version) keeps one effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import asyncpg
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+import cleanup
+from cleanup.models import (
+    CLEANUP_WORKFLOW,
+    OVERDUE_COUNT_CAP,
+    PLANNER_NUDGE_SIGNAL,
+    PLANNER_PAUSE_SIGNAL,
+    PLANNER_RESUME_SIGNAL,
+    PLANNER_WORKFLOW,
+    RELEASE_CHUNK,
+    STATUS_QUERY,
+    CleanupResult,
+    PlannerInput,
+    PlannerSettings,
+    PlannerStatus,
+    PlanTickInput,
+    PlanTickResult,
+    RenewalCleanupInput,
+    SweepInput,
+    SweepResult,
+    bucket_cleanup_id,
+    planner_workflow_id,
+    sweep_cleanup_id,
+)
+from core import metrics
+from core import search_attributes as sa
+from core.queries import load
+from core.temporal import describe_or_none
+
+log = logging.getLogger("planner")
+SQL = load(cleanup.__file__, "planner.sql")
+
+
+async def _start_cohort(
+    client: Client,
+    task_queue: str,
+    settings: PlannerSettings,
+    workflow_id: str,
+    start: datetime,
+    until: datetime,
+    summary: str,
+) -> bool:
+    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
+    input = RenewalCleanupInput(
+        cleanup_id=workflow_id,
+        deadline=start,
+        deadline_until=until,
+        partitions=settings.partitions,
+        max_parallel_partitions=min(settings.max_parallel_partitions, settings.partitions),
+        batch_size=settings.batch_size,
+        claim_chunk_size=settings.claim_chunk_size,
+        note="started by the deadline planner",
+    )
+    try:
+        await client.start_workflow(
+            CLEANUP_WORKFLOW,
+            input,
+            result_type=CleanupResult,
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(sa.CLEANUP_DEADLINE, start), SearchAttributePair(sa.CLEANUP_PHASE, "sleeping")]
+            ),
+            memo={"partitions_done": 0, "note": input.note},
+            static_summary=summary,
+        )
+    except WorkflowAlreadyStartedError:  # closed with this ID: never a second run of one bucket
+        return False
+    return True
+
+
+async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput) -> PlanTickResult:
+    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness."""
+    s = input.settings
+    now: datetime = await pool.fetchval(SQL.clock)
+    width = timedelta(seconds=s.bucket_seconds)
+    lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
+    rows = await pool.fetch(
+        SQL.upcoming_buckets, now - lookback, now + timedelta(seconds=s.horizon_seconds), width, s.max_buckets_per_tick
+    )
+    starts: list[datetime] = [r["start"] for r in rows]
+    width_ms = max(1, round(s.bucket_seconds * 1000))
+    limit = asyncio.Semaphore(16)
+
+    async def ensure(start: datetime) -> bool:
+        async with limit:
+            return await _start_cohort(
+                client,
+                input.task_queue,
+                s,
+                bucket_cleanup_id(start, width_ms),
+                start,
+                start + width,
+                f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+            )
+
+    started = await asyncio.gather(*(ensure(b) for b in starts))
+    if any(started):
+        log.info("planner started %d bucket cleanup(s) of %d upcoming", sum(started), len(starts))
+
+    watermark = input.lateness_watermark or now - timedelta(seconds=s.tick_seconds)
+    recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)
+    metrics.record_lateness(r["lateness"] for r in recent)
+    if recent:
+        watermark = recent[-1]["cleaned_at"]
+    return PlanTickResult(
+        buckets=len(starts),
+        first_bucket=starts[0] if starts else None,
+        last_bucket=starts[-1] if starts else None,
+        lateness_watermark=watermark,
+        lateness_recorded=len(recent),
+    )
+
+
+async def recover_stranded(
+    pool: asyncpg.Pool, client: Client, heartbeat: Callable[[], None] = lambda: None
+) -> tuple[list[str], int]:
+    """Release the claims of closed cleanups (terminated, cancelled, failed, timed out, or gone)."""
+    closed: list[str] = []
+    released = 0
+    for row in await pool.fetch(SQL.claiming_workflows, 1000):
+        workflow_id: str = row["claimed_by"]
+        desc = await describe_or_none(client, workflow_id)
+        if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
+            continue
+        n = 0
+        while True:
+            done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK)
+            chunk = int(done.split()[-1])
+            n += chunk
+            heartbeat()
+            if chunk == 0:
+                break
+        if n:
+            closed.append(workflow_id)
+            released += n
+            await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
+            log.warning(
+                "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
+                n,
+                workflow_id,
+                desc.status.name if desc is not None and desc.status else "not found",
+            )
+    return closed, released
+
+
+async def sweep_overdue(
+    pool: asyncpg.Pool, client: Client, input: SweepInput, heartbeat: Callable[[], None] = lambda: None
+) -> SweepResult:
+    """The safety net: recover stranded claims, then hand every overdue active account to a sweep."""
+    s = input.settings
+    stranded, released = await recover_stranded(pool, client, heartbeat)
+    metrics.record_stranded(released)
+    now: datetime = await pool.fetchval(SQL.clock)
+    cutoff = now - timedelta(seconds=s.sweep_grace_seconds)
+    row = await pool.fetchrow(SQL.overdue_accounts, cutoff, OVERDUE_COUNT_CAP)
+    assert row is not None
+    overdue, oldest = row["overdue"], row["oldest"]
+    metrics.set_overdue(overdue)
+    result = SweepResult(
+        overdue=overdue, oldest_overdue=oldest, stranded_workflows=stranded, stranded_recovered=released
+    )
+    if overdue == 0:
+        return result
+    if input.previous_sweep_id is not None:
+        previous = await describe_or_none(client, input.previous_sweep_id)
+        if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
+            return result  # still claiming or cleaning; what it does not cover waits for the next sweep
+    workflow_id = sweep_cleanup_id(cutoff)
+    await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
+    await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
+    metrics.record_overdue_swept(overdue)
+    log.warning(
+        "swept %d overdue account(s) (deadlines from %s, more than %ss ago) into %s",
+        overdue,
+        oldest.isoformat(),
+        s.sweep_grace_seconds,
+        workflow_id,
+    )
+    return result.model_copy(update={"sweep_cleanup_id": workflow_id})
+
+
+# --- operations (CLI) ---------------------------------------------------------------------------------
+
+
+async def ensure_planner(client: Client, task_queue: str, settings: PlannerSettings | None = None) -> tuple[str, bool]:
+    """Start the planner unless it runs already (the running one is kept): (workflow ID, started)."""
+    workflow_id = planner_workflow_id(task_queue)
+    existing = await describe_or_none(client, workflow_id)
+    if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
+        return workflow_id, False
+    await client.start_workflow(
+        PLANNER_WORKFLOW,
+        PlannerInput(settings=settings or PlannerSettings.from_env()),
+        id=workflow_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        static_summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+    )
+    started = True
+    return workflow_id, started
+
+
+async def signal_planner(client: Client, task_queue: str, action: Literal["pause", "resume"], reason: str = "") -> None:
+    handle = client.get_workflow_handle(planner_workflow_id(task_queue))
+    if action == "pause":
+        await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
+    else:
+        await handle.signal(PLANNER_RESUME_SIGNAL)
+
+
+async def nudge_planner(client: Client, task_queue: str) -> None:
+    """Plan now (e.g. after a renewal to a near deadline) instead of at the end of the tick."""
+    try:
+        await client.get_workflow_handle(planner_workflow_id(task_queue)).signal(PLANNER_NUDGE_SIGNAL)
+    except RPCError:  # no planner (e.g. turned off): the renewal stands, the sweep still catches it
+        pass
+
+
+async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
+    """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness."""
+    workflow_id = planner_workflow_id(task_queue)
+    out: dict[str, Any] = {"workflow_id": workflow_id}
+    desc = await describe_or_none(client, workflow_id)
+    out["temporal_status"] = desc.status.name if desc is not None and desc.status else None
+    live: PlannerStatus | None = None
+    if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
+        live = await client.get_workflow_handle(workflow_id).query(STATUS_QUERY, result_type=PlannerStatus)
+    settings = live.settings if live else PlannerSettings.from_env()
+    out["phase"] = live.phase if live else None
+    out["paused"] = live.paused if live else None
+    if live and live.pause_reason:
+        out["pause_reason"] = live.pause_reason
+    now: datetime = await pool.fetchval(SQL.clock)
+    out["database_clock"] = now
+    out["next_deadlines"] = [dict(r) for r in await pool.fetch(SQL.next_deadlines, 5)]
+    out["due_next_hour"] = await pool.fetchval(SQL.due_within, 3600.0)
+    overdue = await pool.fetchrow(
+        SQL.overdue_accounts, now - timedelta(seconds=settings.sweep_grace_seconds), OVERDUE_COUNT_CAP
+    )
+    assert overdue is not None
+    out["overdue"] = overdue["overdue"]
+    out["oldest_overdue"] = overdue["oldest"]
+    totals = {r["kind"]: r for r in await pool.fetch(SQL.sweep_totals)}
+    stranded, swept = totals.get("stranded"), totals.get("overdue")
+    out["stranded_claims_recovered"] = int(stranded["accounts"]) if stranded else 0
+    out["stranded_recoveries"] = stranded["sweeps"] if stranded else 0
+    out["overdue_swept"] = int(swept["accounts"]) if swept else 0
+    out["overdue_sweeps"] = swept["sweeps"] if swept else 0
+    stats = await pool.fetchrow(SQL.lateness_stats, 3600.0, 100_000)
+    assert stats is not None
+    out["lateness_seconds"] = {
+        "window": "cleanups of the last hour (at most 100,000)",
+        "cleanups": stats["cleanups"],
+        "p50": stats["p50"],
+        "p99": stats["p99"],
+        "max": stats["max"],
+    }
+    out["settings"] = settings.model_dump()
+    if live:
+        out["totals"] = live.totals.model_dump()
+        out["last_iteration_at"] = live.last_iteration_at
+        out["last_plan"] = live.last_plan.model_dump(mode="json") if live.last_plan else None
+        out["last_sweep"] = live.last_sweep.model_dump(mode="json") if live.last_sweep else None
+    return out

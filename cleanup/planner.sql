@@ -1,0 +1,110 @@
+-- Named queries of the deadline planner (cleanup/planner.py). Every one is bounded: skip scans
+-- over indexes, LIMITs, or chunks; none reads a whole cohort.
+
+-- name: clock
+SELECT cleanup_clock();
+
+-- name: upcoming_buckets
+-- Deadline buckets of width $3 holding active accounts with a deadline in [$1, $2), at most $4:
+-- a skip scan (one index probe per bucket, accounts_active_due_idx), however many accounts each holds.
+WITH RECURSIVE buckets(start, n) AS (
+    SELECT date_bin($3::interval, f.d, 'epoch'::timestamptz), 1
+    FROM (SELECT min(renewal_deadline) AS d FROM accounts
+          WHERE status = 'active' AND renewal_deadline >= $1 AND renewal_deadline < $2) f
+    WHERE f.d IS NOT NULL
+  UNION ALL
+    SELECT date_bin($3::interval, f.d, 'epoch'::timestamptz), b.n + 1
+    FROM buckets b
+    CROSS JOIN LATERAL (SELECT min(renewal_deadline) AS d FROM accounts
+                        WHERE status = 'active' AND renewal_deadline >= b.start + $3::interval
+                          AND renewal_deadline < $2) f
+    WHERE f.d IS NOT NULL AND b.n < $4
+)
+SELECT start FROM buckets ORDER BY start;
+
+-- name: claiming_workflows
+-- The distinct workflows holding accounts in 'cleaning' (a skip scan over accounts_cleaning_idx).
+WITH RECURSIVE w(claimed_by) AS (
+    (SELECT claimed_by FROM accounts WHERE status = 'cleaning' AND claimed_by IS NOT NULL
+     ORDER BY claimed_by LIMIT 1)
+  UNION ALL
+    SELECT (SELECT a.claimed_by FROM accounts a
+            WHERE a.status = 'cleaning' AND a.claimed_by > w.claimed_by
+            ORDER BY a.claimed_by LIMIT 1)
+    FROM w WHERE w.claimed_by IS NOT NULL
+)
+SELECT claimed_by FROM w WHERE claimed_by IS NOT NULL LIMIT $1;
+
+-- name: release_stranded_chunk
+-- Claims of a closed workflow go back to 'active' (same version) for the sweep to re-claim. Safe
+-- under the renewal rule: their deadline has passed, so a renewal now is too late either way, and
+-- the idempotency key (account_id, cleanup_version) still allows one effect only.
+WITH chunk AS (
+    SELECT account_id FROM accounts
+    WHERE status = 'cleaning' AND claimed_by = $1
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE accounts a
+SET status = 'active', claimed_by = NULL, claimed_at = NULL
+FROM chunk c
+WHERE a.account_id = c.account_id AND a.status = 'cleaning' AND a.claimed_by = $1;
+
+-- name: overdue_accounts
+-- Active accounts whose deadline is before $1 (the database clock minus the grace), outside the
+-- ranges of claims in progress; counted up to $2.
+WITH busy AS MATERIALIZED (
+    SELECT deadline_from, deadline_until FROM cleanup_claim_progress
+    WHERE NOT done AND updated_at > clock_timestamp() - interval '60 seconds'
+),
+overdue AS (
+    SELECT a.renewal_deadline FROM accounts a
+    WHERE a.status = 'active' AND a.renewal_deadline < $1
+      AND NOT EXISTS (SELECT 1 FROM busy b
+                      WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
+    ORDER BY a.renewal_deadline, a.account_id
+    LIMIT $2
+)
+SELECT count(*)::int AS overdue, min(renewal_deadline) AS oldest FROM overdue;
+
+-- name: record_sweep
+INSERT INTO planner_sweeps (kind, cleanup_id, accounts, oldest_deadline) VALUES ($1, $2, $3, $4);
+
+-- name: cleaned_since
+-- Lateness (cleaned_at - renewal_deadline) of cleanups committed after $1, oldest first, at most $2.
+SELECT cleaned_at, extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness
+FROM accounts
+WHERE status = 'cleaned' AND cleaned_at > $1
+ORDER BY cleaned_at
+LIMIT $2;
+
+-- name: lateness_stats
+-- Lateness of the most recent cleanups (at most $2, within the last $1 seconds), in seconds.
+SELECT count(*)::int AS cleanups,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
+       max(lateness) AS max
+FROM (
+    SELECT extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness
+    FROM accounts
+    WHERE status = 'cleaned' AND cleaned_at > clock_timestamp() - make_interval(secs => $1)
+    ORDER BY cleaned_at DESC
+    LIMIT $2
+) recent;
+
+-- name: next_deadlines
+SELECT renewal_deadline AS deadline, count(*)::int AS accounts
+FROM accounts
+WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
+GROUP BY renewal_deadline
+ORDER BY renewal_deadline
+LIMIT $1;
+
+-- name: due_within
+SELECT count(*)::int FROM accounts
+WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
+  AND renewal_deadline < cleanup_clock() + make_interval(secs => $1);
+
+-- name: sweep_totals
+SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sweeps, max(swept_at) AS last_at
+FROM planner_sweeps GROUP BY kind;

@@ -1,0 +1,120 @@
+-- Named queries of the fault harness's ordering checks. Loaded by core.queries.load(__file__).
+-- Each check reads a whole lane database (a lane has a database of its own) after its scenario.
+-- Stamps: recorded_at (clock_timestamp() at the write, after the row locks were granted; migration
+-- 010), falling back to the transaction-start column of rows written before it. A report that is
+-- replaced in place counts at the later of its two stamps (greatest() ignores a NULL).
+
+-- name: ordering_violations
+-- One count per ordering rule; every count must be 0. An account is counted once per rule.
+WITH renewal AS (
+    SELECT account_id, version_after, new_deadline, renewal_id,
+           coalesce(recorded_at, requested_at) AS at
+    FROM renewals WHERE outcome = 'in_time'
+),
+effect AS (
+    SELECT account_id, cleanup_version, coalesce(recorded_at, applied_at) AS at FROM cleanup_applied
+),
+latest AS (
+    SELECT DISTINCT ON (account_id) account_id, version_after, new_deadline
+    FROM renewal ORDER BY account_id, version_after DESC, renewal_id DESC
+),
+renewal_chain AS (
+    SELECT account_id, version_after,
+           lag(version_after, 1, 1) OVER (PARTITION BY account_id ORDER BY at, renewal_id) AS previous
+    FROM renewal
+),
+cleanup_reports AS (
+    SELECT cleanup_id, max(greatest(recorded_at, reported_at)) AS at
+    FROM cleanup_partition_reports GROUP BY cleanup_id
+),
+shard_reports AS (
+    SELECT business_date, max(greatest(recorded_at, reported_at)) AS at
+    FROM ledger_shard_reports GROUP BY business_date
+),
+revisions AS (
+    SELECT business_date, revision, coalesce(recorded_at, settled_at) AS at,
+           lag(revision) OVER w AS previous_revision,
+           lag(coalesce(recorded_at, settled_at)) OVER w AS previous_at,
+           row_number() OVER (PARTITION BY business_date ORDER BY revision DESC) AS newest_first
+    FROM ledger_settlement_revisions
+    WINDOW w AS (PARTITION BY business_date ORDER BY revision)
+),
+corrections AS (
+    SELECT game, payment_id, version_before, version_after,
+           lag(version_after, 1, 1) OVER w AS previous_after,
+           row_number() OVER (PARTITION BY game, payment_id ORDER BY correction_id DESC) AS newest_first
+    FROM ledger_corrections
+    WINDOW w AS (PARTITION BY game, payment_id ORDER BY correction_id)
+)
+SELECT
+  -- a cleanup effect of version v committed after a renewal to a later version, or after the
+  -- effect of a later version
+  (SELECT count(DISTINCT e.account_id) FROM effect e
+     WHERE EXISTS (SELECT 1 FROM renewal r WHERE r.account_id = e.account_id
+                     AND r.version_after > e.cleanup_version AND r.at < e.at)
+        OR EXISTS (SELECT 1 FROM effect n WHERE n.account_id = e.account_id
+                     AND n.cleanup_version > e.cleanup_version AND n.at < e.at))::int
+      AS ord_effect_after_newer_version,
+  -- in-time renewals committed out of version order, or a version skipped or taken twice
+  (SELECT count(DISTINCT account_id) FROM renewal_chain WHERE version_after <> previous + 1)::int
+      AS ord_renewal_chain,
+  -- the account's state is not the one its latest version implies: its version is not the latest
+  -- renewal's; cleaned by another version's cleanup, or at another deadline than the latest one;
+  -- 'renewed' although the latest renewal moved the deadline (or there was none); a reminder of an
+  -- older version
+  (SELECT count(*) FROM accounts a LEFT JOIN latest l USING (account_id)
+     WHERE (l.account_id IS NOT NULL AND a.cleanup_version <> l.version_after)
+        OR (a.status = 'cleaned' AND (
+              NOT EXISTS (SELECT 1 FROM effect e WHERE e.account_id = a.account_id
+                            AND e.cleanup_version = a.cleanup_version)
+              OR EXISTS (SELECT 1 FROM effect e WHERE e.account_id = a.account_id
+                           AND e.cleanup_version <> a.cleanup_version)
+              OR (l.account_id IS NOT NULL AND l.new_deadline IS NULL)
+              OR (l.new_deadline IS NOT NULL AND a.renewal_deadline <> l.new_deadline)
+              OR EXISTS (SELECT 1 FROM outbox o WHERE o.account_id = a.account_id
+                           AND o.kind = 'renewal_reminder'
+                           AND (o.payload ->> 'cleanup_version')::int <> a.cleanup_version)))
+        OR (a.status = 'renewed' AND (l.account_id IS NULL OR l.new_deadline IS NOT NULL)))::int
+      AS ord_terminal_state,
+  -- a cleanup settled before one of its partitions reported (or reported again)
+  (SELECT count(*) FROM cleanup_settlements s JOIN cleanup_reports p USING (cleanup_id)
+     WHERE p.at > coalesce(s.recorded_at, s.settled_at))::int AS ord_cleanup_settled_before_report,
+  -- a ledger date whose latest settlement revision precedes one of its shard reports
+  (SELECT count(*) FROM revisions v JOIN shard_reports r USING (business_date)
+     WHERE v.newest_first = 1 AND r.at > v.at)::int AS ord_ledger_settled_before_report,
+  -- a settlement revision not after the one before it, a revision number skipped, or the date's
+  -- settlement row not showing the latest revision
+  ((SELECT count(*) FROM revisions
+      WHERE coalesce(previous_revision, 0) <> revision - 1 OR at <= previous_at)
+   + (SELECT count(*) FROM ledger_settlements s JOIN revisions v
+        ON v.business_date = s.business_date AND v.newest_first = 1
+      WHERE s.revision <> v.revision))::int AS ord_settlement_revisions,
+  -- a correction whose version_before is not the version the previous correction of the payment
+  -- left (a gap or a fork), or a chain that does not end at the payment's current version
+  ((SELECT count(*) FROM corrections WHERE version_before <> previous_after)
+   + (SELECT count(*) FROM corrections c JOIN ledger_payments p USING (game, payment_id)
+      WHERE c.newest_first = 1 AND c.version_after <> p.version))::int AS ord_correction_chain;
+
+-- name: reminder_versions
+-- Every reminder of the lane with the version it was written for, and the account's own version
+-- and state (NULL for events the harness seeded for accounts that do not exist).
+SELECT o.event_key, o.account_id, (o.payload ->> 'cleanup_version')::int AS version,
+       a.cleanup_version AS account_version, a.status AS account_status
+FROM outbox o LEFT JOIN accounts a USING (account_id)
+WHERE o.kind = 'renewal_reminder';
+
+-- name: inject_revision_out_of_order
+-- The deliberately broken ordering (`--inject-ordering-violation`): a settlement revision of the
+-- date stamped before the revision it follows, as a settlement that raced an older one would be.
+INSERT INTO ledger_settlement_revisions
+    (business_date, revision, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+     duplicate_report_rows, new_discrepancies, new_corrections, new_review_rows, changed_shards, reason,
+     workflow_id, settled_at, recorded_at)
+SELECT business_date, revision + 1, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
+       duplicate_report_rows, 0, 0, 0, '{}', 'injected ordering violation', workflow_id,
+       settled_at - interval '1 second', coalesce(recorded_at, settled_at) - interval '1 second'
+FROM ledger_settlement_revisions
+WHERE business_date = $1
+ORDER BY revision DESC
+LIMIT 1
+RETURNING revision;

@@ -1,0 +1,376 @@
+"""Every account is cleaned at its deadline with nobody running a command.
+
+Real Temporal, real Postgres. The planner alone (no `cleanup` command) cleans accounts whose
+deadlines are spread over ~20 s, including a renewal to a new deadline, a stranded claim of a
+terminated cleanup, a row edited by hand and a worker outage longer than L; effects are counted in
+the database. The renewal rule is checked at the deadline +- a few ms by the database clock, and
+the claim is shown to run as bounded statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+import cleanup
+from activities.cleanup import claim_in_chunks
+from cleanup.cli import _planner_human_status as _human_status
+from cleanup.models import (
+    ClaimChunkedInput,
+    CleanupPartitionInput,
+    PartitionReport,
+    PlannerSettings,
+    planner_workflow_id,
+)
+from cleanup.operations import renew, start_cleanup
+from cleanup.planner import ensure_planner, planner_status
+from core.config import PROJECT_ROOT
+from core.queries import load
+from tests.helpers import deadline_in, seed, wait_until
+from worker import build_activities, build_worker
+
+SQL = load(cleanup.__file__)
+FAST = PlannerSettings(
+    bucket_seconds=1.0,
+    horizon_seconds=60,
+    tick_seconds=1.0,
+    sweep_grace_seconds=3.0,
+    partitions=2,
+    max_parallel_partitions=2,
+    batch_size=100,
+    iterations_per_run=20,  # several continue-as-new during the test
+)
+
+
+@asynccontextmanager
+async def planner_worker(
+    client: Client, pool: asyncpg.Pool, task_queue: str, settings: PlannerSettings = FAST
+) -> AsyncIterator[Worker]:
+    """A worker on the task queue that (like worker.py) ensures the planner when it starts."""
+    w = build_worker(client, task_queue, await build_activities(pool))
+    async with w:
+        await ensure_planner(client, task_queue, settings)
+        yield w
+
+
+async def db_clock_past(pool: asyncpg.Pool, instant: Any) -> bool:
+    return bool(await pool.fetchval("SELECT clock_timestamp() > $1", instant))
+
+
+async def all_settled(pool: asyncpg.Pool, accounts: list[str]) -> bool:
+    """Every account is in a terminal state: cleaned, renewed for good, or active before its deadline."""
+    pending = await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[])"
+        " AND (status = 'cleaning' OR (status = 'active' AND renewal_deadline <= clock_timestamp()))",
+        accounts,
+    )
+    return pending == 0 and not await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'active'", accounts
+    )
+
+
+@activity.defn(name="cleanup_partition")
+async def stuck_cleanup_partition(input: CleanupPartitionInput) -> PartitionReport:
+    """A partition that never finishes: its cleanup is terminated mid-run, after its claim."""
+    while True:
+        await asyncio.sleep(0.5)
+        activity.heartbeat()
+
+
+async def strand_a_claim(client: Client, pool: asyncpg.Pool, accounts: list[str], deadline: Any) -> str:
+    """A cohort cleanup that claims its accounts, then is terminated mid-run: they stay in 'cleaning'."""
+    queue = f"stuck-{uuid.uuid4().hex[:8]}"
+    real = await build_activities(pool)
+    activities = [a for a in real if getattr(a, "__name__", "") != "cleanup_partition"] + [stuck_cleanup_partition]
+    async with build_worker(client, queue, activities):
+        started = await start_cleanup(client, pool, queue, deadline=deadline, partitions=1)
+
+        async def claimed() -> bool:
+            n = await pool.fetchval(
+                "SELECT count(*) FROM accounts WHERE status = 'cleaning' AND claimed_by = $1", started.workflow_id
+            )
+            return bool(n == len(accounts))
+
+        await wait_until(claimed, within=60)
+        await client.get_workflow_handle(started.workflow_id).terminate(reason="test: terminated after its claim")
+    return started.workflow_id
+
+
+async def test_the_planner_alone_cleans_every_account_once_through_renewals_strands_and_an_outage(
+    client, pool, task_queue
+):
+    # Deadlines spread over ~20 s, 6 cohorts of 8 accounts (each cohort at its own random instant).
+    groups = [await seed(pool, deadline_in(8 + 3 * i), 8, prefix=f"g{i}{uuid.uuid4().hex[:6]}") for i in range(6)]
+    deadlines = {
+        i: await pool.fetchval("SELECT renewal_deadline FROM accounts WHERE account_id = $1", g[0])
+        for i, g in enumerate(groups)
+    }
+    # A stranded claim: a cohort whose cleanup was terminated after claiming (before the planner runs).
+    stranded_deadline = deadline_in(-30)
+    stranded = await seed(pool, stranded_deadline, 6, prefix=f"st{uuid.uuid4().hex[:6]}")
+    stranded_by = await strand_a_claim(client, pool, stranded, stranded_deadline)
+    # A row edited by hand into the past: no bucket will ever cover it, only the sweep.
+    [edited] = await seed(pool, deadline_in(3600), 1, prefix=f"ed{uuid.uuid4().hex[:6]}")
+    await pool.execute(
+        "UPDATE accounts SET renewal_deadline = clock_timestamp() - interval '40 seconds' WHERE account_id = $1",
+        edited,
+    )
+    # Renewed for good before their deadline: never cleaned.
+    renewed_for_good = groups[3][:2]
+    for account in renewed_for_good:
+        assert (await renew(client, pool, task_queue, account)).in_time
+    # Renewed to a new deadline (inside the outage below): version 2 is cleaned, once, with its own reminder.
+    moved = groups[0][0]
+    moved_outcome = await renew(client, pool, task_queue, moved, deadlines[2] + timedelta(seconds=2))
+    assert moved_outcome.in_time and moved_outcome.version_after == 2
+
+    everyone = [a for g in groups for a in g] + stranded + [edited]
+    async with planner_worker(client, pool, task_queue):
+        # The first cohort is cleaned by the planner's bucket cleanup, nobody ran a command.
+        await wait_until(lambda: db_clock_past(pool, deadlines[0] + timedelta(seconds=1)), within=60)
+
+        async def first_cleaned() -> bool:
+            n = await pool.fetchval(
+                "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'cleaned'",
+                groups[0][1:],
+            )
+            return bool(n == len(groups[0]) - 1)
+
+        await wait_until(first_cleaned, within=60)
+    # Worker outage longer than L (5 s): later cohorts' deadlines (and the moved account's) pass meanwhile.
+    [late_account] = await seed(pool, deadline_in(3600), 1, prefix=f"la{uuid.uuid4().hex[:6]}")
+    late_deadline = await pool.fetchval(
+        "UPDATE accounts SET renewal_deadline = cleanup_clock() + interval '1 second' WHERE account_id = $1"
+        " RETURNING renewal_deadline",
+        late_account,
+    )
+    everyone.append(late_account)
+    await wait_until(lambda: db_clock_past(pool, late_deadline + timedelta(seconds=6)), within=60)
+    await wait_until(lambda: db_clock_past(pool, deadlines[4] + timedelta(seconds=1)), within=60)
+    # A renewal after the deadline is too late even though no worker has claimed the account yet.
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", late_account) == "active"
+    late = await renew(client, pool, task_queue, late_account)
+    assert not late.in_time and late.status_seen == "active"
+
+    async with planner_worker(client, pool, task_queue):
+        await wait_until(lambda: db_clock_past(pool, deadlines[5] + timedelta(seconds=1)), within=60)
+        await wait_until(lambda: all_settled(pool, everyone), within=120, interval=0.5)
+        status = await planner_status(client, pool, task_queue)
+        await client.get_workflow_handle(planner_workflow_id(task_queue)).terminate(reason="test over")
+
+    # Exactly once, counted in the database: duplicates 0, lost 0.
+    applied = await pool.fetch(
+        "SELECT account_id, cleanup_version, count(*) AS n FROM cleanup_applied GROUP BY 1, 2 ORDER BY 1"
+    )
+    reminders = await pool.fetch(
+        "SELECT account_id, event_key, count(*) AS n FROM outbox WHERE kind = 'renewal_reminder' GROUP BY 1, 2"
+    )
+    expected = set(everyone) - set(renewed_for_good)
+    assert [r for r in applied if r["n"] != 1] == [], "duplicates"
+    assert {r["account_id"] for r in applied} == expected, "lost (or extra) cleanups"
+    assert len(applied) == len(expected), "one effect per account"
+    assert {r["account_id"]: r["cleanup_version"] for r in applied}[moved] == 2
+    assert {r["account_id"] for r in reminders} == expected and len(reminders) == len(expected)
+    assert {r["event_key"] for r in reminders if r["account_id"] == moved} == {f"renewal-reminder:{moved}:v2"}
+    statuses = dict(await pool.fetch("SELECT status, count(*) FROM accounts GROUP BY 1"))
+    assert statuses == {"cleaned": len(expected), "renewed": len(renewed_for_good)}
+    # No command started any cleanup but the stranded one: buckets and sweeps came from the planner.
+    started_by_hand = await pool.fetchval(
+        "SELECT count(DISTINCT cleanup_id) FROM cleanup_applied WHERE cleanup_id NOT LIKE 'cleanup-bucket-%'"
+        " AND cleanup_id NOT LIKE 'cleanup-sweep-%'"
+    )
+    assert started_by_hand == 0
+    # The safety net is visible: the stranded claims recovered, the edited row swept as overdue.
+    assert status["stranded_claims_recovered"] == len(stranded), status
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM planner_sweeps WHERE kind = 'stranded' AND cleanup_id = $1", stranded_by
+        )
+        == 1
+    )
+    swept = await pool.fetchval("SELECT cleanup_id FROM cleanup_applied WHERE account_id = $1", edited)
+    assert swept.startswith("cleanup-sweep-"), swept
+    assert status["overdue_swept"] >= 1 and status["overdue"] == 0
+    assert status["lateness_seconds"]["cleanups"] == len(expected)
+    shown = _human_status(status)
+    assert f"stranded claims recovered  {len(stranded)} in 1" in shown, shown
+    late_row = await pool.fetchrow(
+        "SELECT outcome, judged_at >= deadline_seen AS after_deadline FROM renewals WHERE account_id = $1", late_account
+    )
+    assert dict(late_row) == {"outcome": "too_late", "after_deadline": True}
+
+
+async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue):
+    """Accounts whose bucket cleanup is planned ahead are cleaned within L of their deadline."""
+    groups = [await seed(pool, deadline_in(5 + 2.5 * i), 20, prefix=f"l{i}{uuid.uuid4().hex[:6]}") for i in range(5)]
+    everyone = [a for g in groups for a in g]
+    # A long sweep grace: whatever the load, these are cleaned by their buckets, not by the sweep.
+    async with planner_worker(client, pool, task_queue, FAST.model_copy(update={"sweep_grace_seconds": 60.0})):
+        await wait_until(lambda: all_settled(pool, everyone), within=120, interval=0.5)
+        status = await planner_status(client, pool, task_queue)
+        await client.get_workflow_handle(planner_workflow_id(task_queue)).terminate(reason="test over")
+    lateness = status["lateness_seconds"]
+    print("lateness:", lateness)
+    assert lateness["cleanups"] == len(everyone)
+    # L: a bucket of 1 s plus claim + clean; generous for a loaded 2-core CI machine.
+    assert 0 <= lateness["p50"] and lateness["max"] <= 15.0, lateness
+    assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+
+
+async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(client, pool, task_queue):
+    """In time iff the database judges the renewal before the deadline, a few ms either side."""
+    accounts = await seed(pool, deadline_in(3600), 40)
+    outcomes = []
+    for i, account in enumerate(accounts):
+        offset_ms = [-5, -2, 2, 5][i % 4] if i < 20 else [-1, 1][i % 2]
+        async with pool.acquire() as conn:
+            # The deadline is set relative to the database clock, then the renewal runs at once.
+            await conn.execute(
+                "UPDATE accounts SET renewal_deadline = clock_timestamp() + make_interval(secs => $2 / 1000.0)"
+                " WHERE account_id = $1",
+                account,
+                offset_ms,
+            )
+            row = await conn.fetchrow(SQL.renew_account, account, None)
+        outcomes.append((offset_ms, row["outcome"]))
+    judged = await pool.fetch(
+        "SELECT r.outcome, r.judged_at < r.deadline_seen AS before, a.status"
+        " FROM renewals r JOIN accounts a USING (account_id) WHERE a.account_id = ANY($1::text[])",
+        accounts,
+    )
+    assert len(judged) == len(accounts)
+    for r in judged:  # the rule, for every renewal: in time exactly when judged before the deadline
+        assert (r["outcome"] == "in_time") == r["before"], dict(r)
+        assert r["status"] == ("renewed" if r["before"] else "active")
+    # After the deadline it is always too late (no worker has claimed these accounts).
+    assert all(o == "too_late" for ms, o in outcomes if ms < 0)
+    assert any(o == "in_time" for ms, o in outcomes if ms >= 5), outcomes
+
+    # The same rule through the CLI's operation, and the claim agrees with it.
+    [early, late] = await seed(pool, deadline_in(3600), 2)
+    await pool.execute(
+        "UPDATE accounts SET renewal_deadline = clock_timestamp() + interval '1 second' WHERE account_id = $1", early
+    )
+    await pool.execute(
+        "UPDATE accounts SET renewal_deadline = clock_timestamp() - interval '3 milliseconds' WHERE account_id = $1",
+        late,
+    )
+    assert (await renew(client, pool, task_queue, early)).in_time
+    assert not (await renew(client, pool, task_queue, late)).in_time
+    lo = await pool.fetchval("SELECT clock_timestamp() - interval '10 seconds'")
+    result = await claim_in_chunks(
+        pool,
+        ClaimChunkedInput(
+            cleanup_id="rule-claim", deadline_from=lo, deadline_until=lo + timedelta(seconds=12), partitions=1
+        ),
+    )
+    claimed = await pool.fetch("SELECT account_id FROM cleanup_claims WHERE cleanup_id = 'rule-claim'")
+    assert late in {r[0] for r in claimed} and early not in {r[0] for r in claimed}
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", early) == "renewed"
+    assert result.claimed == len(claimed)
+
+
+async def test_the_claim_runs_as_bounded_chunks_and_a_redelivery_claims_nothing_new(pool):
+    deadline = deadline_in(-5)
+    accounts = await seed(pool, deadline, 2500)
+    for account in accounts[:100]:  # renewed before the deadline: skipped and counted
+        await pool.execute("UPDATE accounts SET status = 'renewed', cleanup_version = 2 WHERE account_id = $1", account)
+    claim = ClaimChunkedInput(
+        cleanup_id="chunked",
+        deadline_from=deadline,
+        deadline_until=deadline + timedelta(microseconds=1),
+        partitions=4,
+        chunk_size=1000,
+    )
+    chunks: list[int] = []
+    first = await claim_in_chunks(pool, claim, chunks.append)
+    again = await claim_in_chunks(pool, claim, chunks.append)
+
+    progress = await pool.fetchrow("SELECT chunks, max_chunk_rows, done FROM cleanup_claim_progress")
+    assert dict(progress) == {"chunks": 3, "max_chunk_rows": 1000, "done": True}, "3 statements of <= 1000 rows"
+    assert chunks == [900, 1000, 500], chunks
+    assert first == again, "a second delivery reports the same claim and claims nothing"
+    assert first.claimed == 2400 and first.skipped_renewed == 100
+    assert first.claimed_per_partition == [600, 600, 600, 600]
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_claims") == 2400
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE status = 'cleaning'") == 2400
+
+
+async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cli(
+    client, pool, task_queue, worker_processes, settings
+):
+    accounts = await seed(pool, deadline_in(6), 30)
+    worker_processes.start(
+        CLEANUP_PLANNER="on", PLANNER_TICK_SECONDS="1", PLANNER_SWEEP_GRACE_SECONDS="3", PLANNER_PARTITIONS="2"
+    )
+    await wait_until(lambda: all_settled(pool, accounts), within=120, interval=0.5)
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == 30
+
+    def cli(*args: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, str(PROJECT_ROOT / "starter.py"), "planner", *args, "--json"],
+            env={
+                **__import__("os").environ,
+                "TEMPORAL_ADDRESS": settings.temporal_address,
+                "DATABASE_URL": settings.database_url,
+                "TEMPORAL_TASK_QUEUE": task_queue,
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return dict(json.loads(out.stdout))
+
+    status = cli("status")
+    assert status["workflow_id"] == planner_workflow_id(task_queue) and status["temporal_status"] == "RUNNING"
+    assert status["lateness_seconds"]["cleanups"] == 30 and status["overdue"] == 0
+    assert {"next_deadlines", "due_next_hour", "stranded_claims_recovered"} <= set(status)
+    cli("pause", "--reason", "maintenance")
+    from workflows.deadline_planner import DeadlinePlannerWorkflow
+
+    handle = client.get_workflow_handle_for(DeadlinePlannerWorkflow.run, planner_workflow_id(task_queue))
+
+    async def phase(expected: str) -> bool:
+        return bool((await handle.query(DeadlinePlannerWorkflow.status)).phase == expected)
+
+    await wait_until(lambda: phase("paused"), within=60)
+    cli("resume")
+    await wait_until(lambda: phase("sleeping"), within=60)
+    await handle.terminate(reason="test over")
+
+
+async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
+    from core import metrics
+    from core.embedded import free_port
+    from tests.test_observability import samples, scrape, total
+
+    port = free_port()
+    runtime = metrics.runtime(f"127.0.0.1:{port}")
+    metrics.install(runtime.metric_meter)
+    try:
+        metrics.record_lateness([0.3, 0.8, 1.5, 7.0])
+        metrics.set_overdue(12)
+        metrics.set_overdue(4)  # a gauge: the last sweep's value
+        metrics.record_overdue_swept(4)
+        metrics.record_stranded(6)
+        text = await asyncio.to_thread(scrape, port)
+    finally:
+        metrics.install(None)
+    assert total(text, "cleanup_lateness_seconds_count") == 4
+    buckets = {labels["le"]: v for labels, v in samples(text, "cleanup_lateness_seconds_bucket")}
+    assert buckets["1"] == 2 and buckets["2"] == 3 and buckets["10"] == 4, buckets
+    assert total(text, "planner_overdue_accounts") == 4
+    assert total(text, "planner_overdue_swept") == 4 and total(text, "planner_stranded_recovered") == 6

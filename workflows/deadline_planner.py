@@ -1,0 +1,168 @@
+"""DeadlinePlannerWorkflow: every account is cleaned at its deadline with nobody running a command.
+
+A long-running loop (one per deployment, ID `deadline-planner`, ensured by every worker at start):
+each iteration ensures one sleeping cohort cleanup per upcoming deadline bucket
+(`plan_deadline_buckets`), then runs the safety net (`sweep_overdue_accounts`: stranded claims of
+closed cleanups are released, overdue active accounts handed to a sweep cleanup), then sleeps
+`tick_seconds` (a `nudge` signal wakes it early). It continues as new every `iterations_per_run`
+iterations so its history stays small. `pause` / `resume` signals steer it; the `status` query
+shows it. The durable timers of the cohort cleanups are what fire at the deadlines.
+
+Deterministic by construction: time from the workflow, all I/O in activities called by name, so
+this module never imports asyncpg (see DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from cleanup.models import (
+        PLAN_DEADLINE_BUCKETS,
+        PLANNER_NUDGE_SIGNAL,
+        PLANNER_PAUSE_SIGNAL,
+        PLANNER_RESUME_SIGNAL,
+        PLANNER_WORKFLOW,
+        STATUS_QUERY,
+        SWEEP_OVERDUE_ACCOUNTS,
+        PlannerInput,
+        PlannerPhase,
+        PlannerStatus,
+        PlannerTotals,
+        PlanTickInput,
+        PlanTickResult,
+        SweepInput,
+        SweepResult,
+    )
+    from core.errors import STEP_RETRY
+
+_RETRY = STEP_RETRY
+
+
+@workflow.defn(name=PLANNER_WORKFLOW)
+class DeadlinePlannerWorkflow:
+    @workflow.init
+    def __init__(self, input: PlannerInput) -> None:
+        self._input = input
+        self._paused = input.paused
+        self._pause_reason = input.pause_reason
+        self._totals = input.totals
+        self._phase: PlannerPhase = "paused" if input.paused else "planning"
+        self._nudged = False
+        self._last_plan: PlanTickResult | None = None
+        self._last_sweep: SweepResult | None = None
+        self._last_iteration_at: datetime | None = None
+        self._watermark = input.lateness_watermark
+        self._last_sweep_id: str | None = None
+
+    @workflow.run
+    async def run(self, input: PlannerInput) -> PlannerTotals:
+        s = input.settings
+        task_queue = workflow.info().task_queue
+        iterations = 0
+        while True:
+            if self._paused:
+                self._set_phase("paused")
+                await workflow.wait_condition(lambda: not self._paused)
+            self._set_phase("planning")
+            plan = await workflow.execute_activity(
+                PLAN_DEADLINE_BUCKETS,
+                PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
+                result_type=PlanTickResult,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=_RETRY,
+                summary="plan buckets",
+            )
+            self._last_plan = plan
+            self._watermark = plan.lateness_watermark
+            self._set_phase("sweeping")
+            sweep = await workflow.execute_activity(
+                SWEEP_OVERDUE_ACCOUNTS,
+                SweepInput(
+                    settings=s,
+                    task_queue=task_queue,
+                    previous_sweep_id=self._last_sweep_id,
+                ),
+                result_type=SweepResult,
+                start_to_close_timeout=timedelta(minutes=30),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=_RETRY,
+                summary="sweep",
+            )
+            self._last_sweep = sweep
+            if sweep.sweep_cleanup_id:
+                self._last_sweep_id = sweep.sweep_cleanup_id
+            self._last_iteration_at = workflow.now()
+            t = self._totals
+            self._totals = t.model_copy(
+                update={
+                    "iterations": t.iterations + 1,
+                    "buckets_ensured": t.buckets_ensured + plan.buckets,
+                    "sweeps_started": t.sweeps_started + (1 if sweep.sweep_cleanup_id else 0),
+                    "overdue_swept": t.overdue_swept + (sweep.overdue if sweep.sweep_cleanup_id else 0),
+                    "stranded_recovered": t.stranded_recovered + sweep.stranded_recovered,
+                }
+            )
+            iterations += 1
+            if iterations >= s.iterations_per_run or workflow.info().is_continue_as_new_suggested():
+                workflow.continue_as_new(
+                    input.model_copy(
+                        update={
+                            "paused": self._paused,
+                            "pause_reason": self._pause_reason,
+                            "totals": self._totals.model_copy(update={"runs": self._totals.runs + 1}),
+                            "lateness_watermark": self._watermark,
+                        }
+                    )
+                )
+            self._set_phase("sleeping")
+            self._nudged = False
+            try:
+                await workflow.wait_condition(
+                    lambda: self._nudged or self._paused,
+                    timeout=timedelta(seconds=s.tick_seconds),
+                    timeout_summary="planner tick",
+                )
+            except TimeoutError:
+                pass
+
+    def _set_phase(self, phase: PlannerPhase) -> None:
+        self._phase = phase
+        t = self._totals
+        detail = f"{phase}: {t.iterations} iterations, {t.buckets_ensured} buckets ensured"
+        detail += f", {t.overdue_swept} overdue swept, {t.stranded_recovered} stranded claims recovered"
+        if self._paused:
+            detail += f" (paused: {self._pause_reason or 'no reason given'})"
+        workflow.set_current_details(detail)
+
+    @workflow.signal(name=PLANNER_PAUSE_SIGNAL)
+    def pause(self, reason: str = "") -> None:
+        """Stop planning and sweeping after the iteration in flight (started cleanups still run)."""
+        self._paused = True
+        self._pause_reason = reason
+
+    @workflow.signal(name=PLANNER_RESUME_SIGNAL)
+    def resume(self) -> None:
+        self._paused = False
+        self._pause_reason = ""
+
+    @workflow.signal(name=PLANNER_NUDGE_SIGNAL)
+    def nudge(self) -> None:
+        """Plan now (a renewal moved a deadline close) instead of at the end of the tick."""
+        self._nudged = True
+
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> PlannerStatus:
+        return PlannerStatus(
+            planner_id=workflow.info().workflow_id,
+            phase=self._phase,
+            paused=self._paused,
+            pause_reason=self._pause_reason,
+            settings=self._input.settings,
+            totals=self._totals,
+            last_plan=self._last_plan,
+            last_sweep=self._last_sweep,
+            last_iteration_at=self._last_iteration_at,
+        )
