@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
 traceback), 2 bad input or configuration, or the database unavailable (nothing was started), 3 a
-renewal that came too late. While the database is down, `status` and `list` still answer what
+renewal that came too late. While the database is down, `status`, `list` and `planner status` answer what
 Temporal knows and say which part is missing.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """

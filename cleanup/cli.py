@@ -27,7 +27,7 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
-from cleanup.planner import ensure_planner, planner_status, signal_planner
+from cleanup.planner import PLANNER_DB_PART, ensure_planner, planner_status, signal_planner
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
 from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
@@ -212,14 +212,18 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
 
 
 def _planner_human_status(d: dict[str, Any]) -> str:
+    head = {
+        "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
+        "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
+    }
+    if "database" in d:  # the database is down: what Temporal knows, and what is missing
+        return key_values(head | {"database": d["database"]})
     lateness = d["lateness_seconds"]
 
     def secs(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}s"
 
-    lines = {
-        "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
-        "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
+    lines = head | {
         "next deadlines": ", ".join(f"{r['deadline'].isoformat()} x{r['accounts']}" for r in d["next_deadlines"])
         or "(none)",
         "due in the next hour": d["due_next_hour"],
@@ -233,10 +237,14 @@ def _planner_human_status(d: dict[str, Any]) -> str:
 
 
 async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
+    """`planner status` answers from Temporal while the database is down; the other actions need it."""
+    status = args.action == "status"
+    async with CliContext(settings, database="optional" if status else "required") as ctx:
         queue = ctx.settings.task_queue
-        if args.action == "status":
-            data = await planner_status(ctx.client, ctx.pool, queue)
+        if status:
+            data = await planner_status(ctx.client, ctx.optional_pool, queue)
+            if ctx.database_missing and "database" in data:
+                data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
             data["ui"] = ctx.settings.workflow_url(data["workflow_id"])
             emit(args, data, _planner_human_status)
             return

@@ -173,9 +173,20 @@ async def test_status_and_list_answer_from_temporal_while_the_database_is_down(
     assert data["settled"] is None and "unavailable" in data["database"] and "127.0.0.1" in data["database"]
     assert "not shown" in data["database"] and "pw-not-shown" not in out
 
+    code, out, err = await asyncio.to_thread(run, "status", started.workflow_id)
+    assert code == 0, err
+    assert "RUNNING" in out and "is unavailable" in out and "not shown" in out, out
+
     code, out, err = await asyncio.to_thread(run, "list", "--json")
     assert code == 0, err
     assert started.workflow_id in {r["workflow_id"] for r in json.loads(out)}
+
+    code, out, err = await asyncio.to_thread(run, "planner", "status", "--json")
+    assert code == 0, err
+    planner = json.loads(out)
+    assert "is unavailable" in planner["database"] and "next deadlines" in planner["database"], planner
+    code, out, err = await asyncio.to_thread(run, "planner", "status")
+    assert code == 0 and "is unavailable" in out, (out, err)
 
     for argv in (("failed",), ("seed", "--accounts", "3", "--deadline", "2027-01-01T09:00:00Z"), ("migrate",)):
         code, out, err = await asyncio.to_thread(run, *argv)
