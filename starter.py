@@ -1,7 +1,9 @@
 """The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
-traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late.
+traceback), 2 bad input or configuration, or the database unavailable (nothing was started), 3 a
+renewal that came too late. While the database is down, `status`, `list` and `planner status` answer what
+Temporal knows and say which part is missing.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """
 
@@ -20,7 +22,7 @@ from cleanup import cli as cleanup_cli
 from core import db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
 from core.config import Settings, mask_url
-from core.errors import InputError
+from core.errors import DatabaseUnavailable, InputError
 from core.temporal import connect
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
@@ -29,7 +31,7 @@ from outbox import cli as outbox_cli
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
-    applied = await db.migrate_url(settings.database_url)
+    applied = await db.await_db(settings.database_url, db.migrate_url(settings.database_url))
     data: dict[str, Any] = {"applied": applied}
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(settings.database_url, args.grant_worker_role)
@@ -148,10 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     try:
         asyncio.run(args.handler(args, settings))
-    except InputError as err:
+    except (InputError, DatabaseUnavailable) as err:
         print(redact(f"error: {err}", settings), file=sys.stderr)
         return EXIT_INPUT
     except Exception as err:
+        if db.is_database_error(err):  # a command that opened the database without CliContext
+            print(redact(f"error: {db.unavailable(settings.database_url, err)}", settings), file=sys.stderr)
+            return EXIT_INPUT
         if os.environ.get("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)

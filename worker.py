@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner
 from cleanup.targets import load_targets
-from core import db, embedded, logs, metrics
+from core import db, embedded, logs, metrics, outage
 from core.config import Settings
 from core.errors import InputError
 from core.temporal import connect, ensure_search_attributes
@@ -81,7 +82,11 @@ def build_worker(
     max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
     graceful_shutdown_seconds: float = 20.0,
+    pool: asyncpg.Pool | None = None,
 ) -> Worker:
+    """With the activities' `pool`, an attempt that lost its database connection waits for the
+    database and runs again at once (core.outage) instead of waiting out Temporal's back-off."""
+    probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
         task_queue=task_queue,
@@ -89,7 +94,21 @@ def build_worker(
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
+        interceptors=[outage.OutageInterceptor(probe)],
     )
+
+
+def configure_logs(fmt: str = "text", secrets: Sequence[str] = (), level: int = logging.INFO) -> logging.Handler:
+    """The worker's log handler: Temporal IDs on each line, and lost-connection errors kept out of
+    WARNING (one line when the database goes away, one when it is back: core.outage)."""
+    handler = logs.configure(fmt, level=level, secrets=secrets)
+    handler.addFilter(outage.RetriedErrorFilter())
+    return handler
+
+
+async def open_pool(url: str, max_size: int) -> asyncpg.Pool:
+    """The worker's pool; each new connection tells core.outage the database is back."""
+    return await db.create_pool(url, max_size=max_size, on_connect=outage.OUTAGE.back)
 
 
 def metrics_runtime(settings: Settings) -> Runtime | None:
@@ -119,7 +138,7 @@ async def run_worker(
     if runtime is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await db.migrate_url(settings.database_url)
-    pool = await db.create_pool(settings.database_url, max_size=settings.pool_max_size)
+    pool = await open_pool(settings.database_url, settings.pool_max_size)
     try:
         client = await connect(settings, runtime=runtime)
         try:
@@ -135,6 +154,7 @@ async def run_worker(
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
+            pool=pool,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -183,7 +203,7 @@ def main(
         logs.configure("text")
         log.error("bad configuration: %s", err)
         return 2
-    logs.configure(settings.log_format, secrets=settings.secrets())
+    configure_logs(settings.log_format, secrets=sorted(settings.secrets()))
 
     async def _run() -> None:
         stop = asyncio.Event()

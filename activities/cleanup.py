@@ -34,7 +34,7 @@ from cleanup.models import (
     SettleCleanupInput,
 )
 from cleanup.targets import CleanupTargets
-from core import failpoints, metrics
+from core import db, failpoints, metrics
 from core.errors import ErrorType, failure
 from core.queries import load
 
@@ -69,7 +69,7 @@ async def claim_in_chunks(
         SQL.claim_progress_start, input.cleanup_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
-        async with pool.acquire() as conn, conn.transaction():
+        async with pool.acquire() as conn, db.transaction(conn):
             progress = await conn.fetchrow(SQL.claim_progress_lock, input.cleanup_id)
             assert progress is not None
             per_partition = list(progress["claimed_per_partition"])
@@ -176,7 +176,7 @@ class CleanupActivities:
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
         await wait_for_database_clock(self.pool, input.deadline)
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
                 await conn.execute(SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions)
@@ -295,7 +295,7 @@ class CleanupActivities:
     @activity.defn(name=SETTLE_CLEANUP)
     async def settle_cleanup(self, input: SettleCleanupInput) -> CleanupSettlement:
         """Record the cohort's result once; a re-delivery returns the row written the first time."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             missing = await conn.fetch(SQL.unreported_partitions, input.cleanup_id)
             if missing:
                 # The workflow's join makes this unreachable; the database check makes it provable.

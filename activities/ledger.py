@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 import ledger
-from core import failpoints, metrics
+from core import db, failpoints, metrics
 from core.errors import ErrorType, failure
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -63,7 +63,7 @@ async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date
 async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
     """One batch of a shard: the reconcile_batch statement in its own transaction, after the
     shard's advisory lock (so attempts of one shard take turns and each batch sees the others')."""
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, db.transaction(conn):
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         row = await conn.fetchrow(
             SQL.reconcile_batch,
@@ -147,7 +147,7 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
             f"{checkpoint.reviews_judged} sent to review",
         )
     judged = checkpoint.judged_fingerprint
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, db.transaction(conn):
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         current = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
         if current != judged:
@@ -184,7 +184,7 @@ async def report_if_unchanged(pool: asyncpg.Pool, input: ReconcileShardInput) ->
     The recorded fingerprint is that of the inputs the report's run judged (not of the shard after
     the run), so a change during that run makes this miss, and the shard is judged again.
     """
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, db.transaction(conn):
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         recorded = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
         if recorded is None or recorded["input_fingerprint"] is None:
@@ -305,7 +305,7 @@ class LedgerActivities:
         settlement is revision 1; a later one whose totals differ (late data judged by a re-check)
         records the next revision with what changed and why; equal totals write nothing. Revisions
         of one date are serialised by an advisory lock, so a night run and re-checks never race."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             await conn.execute(SQL.lock_settlement, input.business_date)
             await check_day(conn, input.business_date, input.shards)
             missing = await conn.fetch(SQL.unreported_shards, input.business_date, input.shards)

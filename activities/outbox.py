@@ -35,6 +35,7 @@ from temporalio import activity
 import outbox
 from core import db, failpoints, metrics
 from core.errors import ErrorType, HeaderInjectionError, failure
+from core.outage import OUTAGE
 from core.queries import load
 from outbox.models import (
     FAILURE_CONNECTION,
@@ -216,7 +217,8 @@ async def with_database(what: str, until: float, statement: Callable[[], Awaitab
         except Exception as err:
             if not db.connection_lost(err) or time.monotonic() + pause > until:
                 raise
-            log.warning("relay: database connection lost during %s (%s); retrying", what, type(err).__name__)
+            OUTAGE.lost(err)  # one WARNING per outage; each retry below it
+            log.info("relay: database connection lost during %s (%s); retrying", what, type(err).__name__)
         if activity.in_activity():
             activity.heartbeat({"waiting_for_database": what})
         await asyncio.sleep(pause)
@@ -340,7 +342,8 @@ class OutboxRelayActivities:
             except Exception as err:
                 if not db.connection_lost(err) or time.monotonic() >= until:
                     raise
-                log.warning("relay %s: database connection lost during the claim; releasing it", relay_id)
+                OUTAGE.lost(err)
+                log.info("relay %s: database connection lost during the claim; releasing it", relay_id)
             await with_database("release_lease", until, functools.partial(self.pool.fetchrow, SQL.release_lease, owner))
 
     async def _send_all(

@@ -33,6 +33,7 @@ from cleanup.targets import (
     compile_target_probes,
     subset_statement,
 )
+from core import db
 from core.errors import AccountCleanupFailed, is_deterministic, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -104,7 +105,7 @@ async def run_keyset_batch(
     on a row lock) and after each statement of a bisection, so a slow batch keeps heartbeating.
     """
     try:
-        async with pool.acquire() as conn, conn.transaction():
+        async with pool.acquire() as conn, db.transaction(conn):
             row = await run_heartbeating(
                 conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, after_account_id, batch_size),
                 while_waiting,
@@ -154,7 +155,7 @@ async def run_subset(
 async def _subset(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, partition_no: int, account_ids: Sequence[str]
 ) -> PartitionCounts:
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, db.transaction(conn):
         row = await conn.fetchrow(compiled.subset_sql, cleanup_id, partition_no, list(account_ids), len(account_ids))
     assert row is not None
     return counts_of(row)

@@ -11,12 +11,9 @@ import asyncio
 import contextlib
 import re
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
@@ -30,8 +27,7 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
-from core import db, embedded
-from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, emit, key_values, table
+from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
 
@@ -153,10 +149,16 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
-        data = await cleanup_status(ctx.client, ctx.pool, args.workflow_id)
+    """Answers from Temporal alone while the database is down, and says what is missing."""
+    async with CliContext(settings, database="optional") as ctx:
+        data = await cleanup_status(ctx.client, ctx.optional_pool, args.workflow_id)
+        if ctx.database_missing and "database" in data:
+            data["database"] = f"{ctx.database_missing}; {DB_PART}"
         _add_ui(data, ctx.settings, args.workflow_id)
     emit(args, data, key_values)
+
+
+DB_PART = "partitions reported, settlement and failed accounts are not shown"
 
 
 def _add_ui(data: dict[str, Any], settings: Settings, workflow_id: str) -> None:
@@ -167,7 +169,8 @@ def _add_ui(data: dict[str, Any], settings: Settings, workflow_id: str) -> None:
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
+    """Temporal only (visibility): works whether or not the database is up."""
+    async with CliContext(settings, database="unused") as ctx:
         rows = await list_cleanups(ctx.client, limit=args.limit)
     emit(args, rows, lambda r: table(r, LIST_COLUMNS))
 
@@ -187,23 +190,10 @@ FAILED_COLUMNS = [
 ]
 
 
-@asynccontextmanager
-async def _database(settings: Settings, *, migrate: bool) -> AsyncIterator[asyncpg.Pool]:
-    """These commands need the database only: no Temporal connection (nor embedded dev server)."""
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
-    if migrate:
-        await db.migrate_url(url)
-    pool = await db.create_pool(url, max_size=2)
-    try:
-        yield pool
-    finally:
-        await pool.close()
-
-
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
     from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
 
-    async with _database(settings, migrate=True) as pool:
+    async with database_pool(settings, migrate=True) as pool:
         rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
 
@@ -213,7 +203,7 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
     from cleanup.targets import load_targets
 
     targets = load_targets()
-    async with _database(settings, migrate=True) as pool:
+    async with database_pool(settings, migrate=True) as pool:
         data = await retry_failed(pool, targets, args.cleanup)
 
     def human(d: dict[str, Any]) -> str:
@@ -235,7 +225,7 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
 
     deadline = parse_deadline(args.deadline) if args.deadline else None
     targets = load_targets()
-    async with _database(settings, migrate=False) as pool:
+    async with database_pool(settings, migrate=False) as pool:
         data = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)
 
     def human(d: dict[str, Any]) -> str:
@@ -252,14 +242,18 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
 
 
 def _planner_human_status(d: dict[str, Any]) -> str:
+    head = {
+        "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
+        "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
+    }
+    if "database" in d:  # the database is down: what Temporal knows, and what is missing
+        return key_values(head | {"database": d["database"]})
     lateness = d["lateness_seconds"]
 
     def secs(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}s"
 
-    lines = {
-        "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
-        "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
+    lines = head | {
         "next deadlines": ", ".join(f"{r['deadline'].isoformat()} x{r['accounts']}" for r in d["next_deadlines"])
         or "(none)",
         "due in the next hour": d["due_next_hour"],
@@ -273,16 +267,21 @@ def _planner_human_status(d: dict[str, Any]) -> str:
 
 
 async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
+    """`planner status` answers from Temporal while the database is down; the other actions need it."""
     from cleanup.planner import (  # lazy: keeps `starter.py --help` and `renew` fast to start
+        PLANNER_DB_PART,
         ensure_planner,
         planner_status,
         signal_planner,
     )
 
-    async with CliContext(settings) as ctx:
+    status = args.action == "status"
+    async with CliContext(settings, database="optional" if status else "required") as ctx:
         queue = ctx.settings.task_queue
-        if args.action == "status":
-            data = await planner_status(ctx.client, ctx.pool, queue)
+        if status:
+            data = await planner_status(ctx.client, ctx.optional_pool, queue)
+            if ctx.database_missing and "database" in data:
+                data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
             _add_ui(data, ctx.settings, data["workflow_id"])
             emit(args, data, _planner_human_status)
             return

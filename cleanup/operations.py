@@ -36,6 +36,7 @@ from cleanup.models import (
     is_account_id,
     planner_workflow_id,
 )
+from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
@@ -386,8 +387,11 @@ async def seed_accounts(
     return dict(row)
 
 
-async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -> dict[str, Any]:
-    """What an operator asks: sleeping until when, partitions k/P, settled, counts."""
+async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> dict[str, Any]:
+    """What an operator asks: sleeping until when, partitions k/P, settled, counts.
+
+    Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
+    knows, and `database` says that the counts from the database are missing."""
     desc = await describe_or_none(client, workflow_id)
     if desc is None:
         raise InputError(f"no cleanup with workflow ID {workflow_id!r}")
@@ -409,6 +413,27 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool, workflow_id: str) -
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome
         out["phase"] = out["phase"] or ("renewed" if result.outcome == "renewed" else "settled")
+    if pool is None:
+        return out | _database_missing("not connected")
+    try:
+        out.update(await _cleanup_status_from_database(pool, workflow_id))
+    except Exception as err:
+        if not db.is_database_error(err):
+            raise
+        return out | _database_missing(f"{type(err).__name__}: {err}")
+    return out
+
+
+def _database_missing(why: str) -> dict[str, Any]:
+    return {
+        "partitions_reported": "unknown (database unavailable)",
+        "settled": None,  # not known: the database is missing
+        "database": f"unavailable ({why}); partitions reported, settlement and failed accounts are not shown",
+    }
+
+
+async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     reports = await pool.fetch(SQL.partition_reports_of_cleanup, workflow_id)
     partitions_with_work = await pool.fetchval(SQL.partitions_with_work, workflow_id)
     settlement = await pool.fetchrow(SQL.get_settlement, workflow_id)

@@ -53,7 +53,7 @@ from cleanup.planner_models import (
     SweepInput,
     SweepResult,
 )
-from core import metrics
+from core import db, metrics
 from core import search_attributes as sa
 from core.queries import load
 from core.temporal import describe_or_none
@@ -246,8 +246,11 @@ async def signal_planner(client: Client, task_queue: str, action: Literal["pause
         await handle.signal(PLANNER_RESUME_SIGNAL)
 
 
-async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
-    """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness."""
+async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: str) -> dict[str, Any]:
+    """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness.
+
+    Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
+    knows, and `database` says that the deadlines, overdue accounts, recoveries and lateness are missing."""
     workflow_id = planner_workflow_id(task_queue)
     out: dict[str, Any] = {"workflow_id": workflow_id}
     desc = await describe_or_none(client, workflow_id)
@@ -260,6 +263,30 @@ async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) ->
     out["paused"] = live.paused if live else None
     if live and live.pause_reason:
         out["pause_reason"] = live.pause_reason
+    missing = "not connected" if pool is None else None
+    if pool is not None:
+        try:
+            out.update(await _planner_status_from_database(pool, settings))
+        except Exception as err:
+            if not db.is_database_error(err):
+                raise
+            missing = f"{type(err).__name__}: {err}"
+    if missing is not None:
+        out["database"] = f"unavailable ({missing}); {PLANNER_DB_PART}"
+    out["settings"] = settings.model_dump()
+    if live:
+        out["totals"] = live.totals.model_dump()
+        out["last_iteration_at"] = live.last_iteration_at
+        out["last_plan"] = live.last_plan.model_dump(mode="json") if live.last_plan else None
+        out["last_sweep"] = live.last_sweep.model_dump(mode="json") if live.last_sweep else None
+    return out
+
+
+PLANNER_DB_PART = "next deadlines, overdue accounts, recoveries and lateness are not shown"
+
+
+async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSettings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     now: datetime = await pool.fetchval(SQL.clock)
     out["database_clock"] = now
     out["next_deadlines"] = [dict(r) for r in await pool.fetch(SQL.next_deadlines, 5)]
@@ -285,10 +312,4 @@ async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) ->
         "p99": stats["p99"],
         "max": stats["max"],
     }
-    out["settings"] = settings.model_dump()
-    if live:
-        out["totals"] = live.totals.model_dump()
-        out["last_iteration_at"] = live.last_iteration_at
-        out["last_plan"] = live.last_plan.model_dump(mode="json") if live.last_plan else None
-        out["last_sweep"] = live.last_sweep.model_dump(mode="json") if live.last_sweep else None
     return out

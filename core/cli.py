@@ -11,13 +11,14 @@ import json
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 from core import db, embedded
 from core.config import Settings
-from core.errors import InputError
+from core.errors import DatabaseUnavailable, InputError
 from core.temporal import connect
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 
-# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration (nothing was
-# started), 3 a renewal that came too late.
+# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration, or the
+# database unavailable (nothing was started), 3 a renewal that came too late.
 EXIT_ERROR = 1
 EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
@@ -132,23 +133,79 @@ class Progress:
 
 
 class CliContext:
-    """Opens what a command needs (embedded services, migrated pool, client) and closes it after."""
+    """Opens what a command needs (embedded services, migrated pool, client) and closes it after.
+
+    `database`: "required" (default): an unreachable database fails the command with
+    DatabaseUnavailable (exit 2, naming the database); "optional" (status commands): the command
+    still answers what Temporal knows, `pool` is None and `database_missing` says why; "unused": no
+    connection is made. A connection lost in the middle of the command is reported the same way.
+    """
 
     pool: asyncpg.Pool
     client: Client
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, database: str = "required") -> None:
+        if database not in ("required", "optional", "unused"):
+            raise ValueError(f"database must be required, optional or unused, got {database!r}")
         self.settings = embedded.resolve(settings)
+        self.database = database
+        self.database_missing: str | None = None
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def optional_pool(self) -> asyncpg.Pool | None:
+        return self._pool
 
     async def __aenter__(self) -> CliContext:
-        assert self.settings.database_url is not None
-        await db.migrate_url(self.settings.database_url)
-        self.pool = await db.create_pool(self.settings.database_url, max_size=4)
+        url = self.settings.database_url
+        assert url is not None
+        if self.database != "unused":
+            try:
+                await db.migrate_url(url)
+                self._pool = await db.create_pool(url, max_size=4, connect_timeout=15)
+            except Exception as err:
+                if not (db.connection_lost(err) or isinstance(err, TimeoutError)):
+                    raise
+                if self.database == "required":
+                    raise db.unavailable(url, err) from err
+                self.database_missing = str(db.unavailable(url, err))
+        if self._pool is not None:
+            self.pool = self._pool
         self.client = await connect(self.settings)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pool.close()
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if self._pool is not None:
+            if exc is None:
+                await self._pool.close()
+            else:
+                self._pool.terminate()
+        if exc is not None and not isinstance(exc, DatabaseUnavailable) and db.is_database_error(exc):
+            raise db.unavailable(self.settings.database_url, exc) from exc
+
+
+@asynccontextmanager
+async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
+    """For commands that need the database only: no Temporal connection (nor embedded dev server).
+    An unreachable database, or one lost mid-command, raises DatabaseUnavailable."""
+    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    try:
+        if migrate:
+            await db.migrate_url(url)
+        pool = await db.create_pool(url, max_size=max_size, connect_timeout=15)
+    except Exception as err:
+        if db.connection_lost(err) or isinstance(err, TimeoutError):
+            raise db.unavailable(url, err) from err
+        raise
+    try:
+        yield pool
+    except Exception as err:
+        pool.terminate()
+        if db.is_database_error(err):
+            raise db.unavailable(url, err) from err
+        raise
+    else:
+        await pool.close()
 
 
 class Commands:

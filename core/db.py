@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from core.errors import InputError
+from core.config import mask_url
+from core.errors import (
+    ConnectionLostBeforeCommit,
+    ConnectionLostInTransaction,
+    DatabaseUnavailable,
+    InputError,
+)
 from core.queries import MIGRATIONS_DIR
 
 # Any constant works; it only has to be the same for every process that migrates this database.
@@ -29,15 +38,113 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 def connection_lost(err: BaseException) -> bool:
     """True if `err` means the database connection was lost or could not be made (worth retrying)."""
+    if isinstance(err, asyncpg.exceptions.InternalClientError):
+        # "cannot switch to state 15; another operation (2) is in progress": the protocol's state,
+        # confused by a connection that closed between two messages of a statement.
+        return "another operation" in str(err) and "in progress" in str(err)
     if isinstance(err, asyncpg.exceptions.InterfaceError):
-        return "closed" in str(err)
+        # A pool detaches a connection it sees closed: the next call says it was released back to the pool.
+        return "closed" in str(err) or "released back to the pool" in str(err)
     return isinstance(err, _CONNECTION_LOST) or (isinstance(err, OSError) and not isinstance(err, TimeoutError))
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=300)
+def is_database_error(err: BaseException) -> bool:
+    """A lost connection raised by asyncpg (or refused while connecting): not any OSError of any
+    library, so a Temporal or HTTP failure is never reported as the database's."""
+    if isinstance(err, asyncpg.exceptions.PostgresError | asyncpg.exceptions.InterfaceError):
+        return connection_lost(err)
+    return isinstance(err, ConnectionRefusedError | ConnectionResetError) and connection_lost(err)
+
+
+def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
+    """The error a command reports when the database cannot be reached: names the database (no password)."""
+    where = mask_url(url) if url else "the embedded Postgres"
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    cause = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+    return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
+
+
+async def create_pool(
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 8,
+    on_connect: Callable[[], None] | None = None,
+    connect_timeout: float = 60.0,
+) -> asyncpg.Pool:
+    """The asyncpg pool; `on_connect` runs after each new connection (the worker notes a recovery)."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if on_connect is not None:
+            on_connect()
+
+    pool = await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, command_timeout=300, init=init, timeout=connect_timeout
+    )
     assert pool is not None
     return pool
+
+
+@asynccontextmanager
+async def transaction(conn: asyncpg.Connection, **options: Any) -> AsyncIterator[Any]:
+    """`conn.transaction()` that keeps the real error when the connection dies under the body.
+
+    With a plain `async with conn.transaction()`, a body that fails because the connection closed
+    ("connection was closed in the middle of operation") is followed by a rollback on that closed
+    connection, whose `InterfaceError: cannot call Transaction.__aexit__(): the underlying
+    connection is closed` replaces the body's error. Here the body's error is re-raised whenever the
+    rollback fails (the failure is noted on it); a body that failed with a confused client state
+    (InternalClientError) on a connection that closed raises ConnectionLostInTransaction. A
+    connection found closed at COMMIT (the body's last statement succeeded, then the server went
+    away) raises ConnectionLostBeforeCommit: nothing was committed. An error of the COMMIT itself is
+    raised as it is (its outcome is unknown).
+    """
+    body_error: BaseException | None = None
+    exit_error: BaseException | None = None
+    try:
+        async with conn.transaction(**options) as tx:
+            try:
+                yield tx
+            except BaseException as err:
+                body_error = err
+                raise
+    except BaseException as err:
+        if body_error is None and _closed_before_exit(err):
+            raise ConnectionLostBeforeCommit(
+                "the database connection was closed before COMMIT; the server rolled the transaction back"
+            ) from err
+        if body_error is None or err is body_error or not isinstance(err, Exception):
+            raise  # no body error to keep, or a cancellation during the rollback
+        exit_error = err
+    if body_error is not None:  # raised outside the handler: its own cause and context stay as they were
+        body_error.add_note(f"(the rollback failed too: {type(exit_error).__name__}: {exit_error})")
+        client_side = asyncpg.exceptions.InternalClientError | asyncpg.exceptions.InterfaceError
+        if isinstance(body_error, client_side) and not connection_lost(body_error) and conn.is_closed():
+            raise ConnectionLostInTransaction(
+                f"the database connection closed during the transaction ({type(body_error).__name__}: {body_error});"
+                " nothing was committed"
+            ) from body_error
+        raise body_error
+
+
+async def ping(pool: asyncpg.Pool) -> None:
+    """The cheapest statement: answers once the database is reachable again (core.outage)."""
+    await pool.fetchval("SELECT 1")
+
+
+def _closed_before_exit(err: BaseException) -> bool:
+    """asyncpg's `cannot call Transaction.__aexit__(): the underlying connection is closed`."""
+    return isinstance(err, asyncpg.exceptions.InterfaceError) and "underlying connection is closed" in str(err)
+
+
+async def await_db(url: str | None, step: Awaitable[Any]) -> Any:
+    """Await a step that opens the database; a lost or refused connection becomes DatabaseUnavailable."""
+    try:
+        return await step
+    except Exception as err:
+        if connection_lost(err):
+            raise unavailable(url, err) from err
+        raise
 
 
 def migration_files() -> list[Path]:

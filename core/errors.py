@@ -28,6 +28,7 @@ class ErrorType(StrEnum):
     RELAY_NOT_CONFIGURED = "RelayNotConfigured"
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
     HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
+    DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(
@@ -61,6 +62,29 @@ def failure(type: ErrorType, message: str, *, next_retry_delay: timedelta | None
 
 class InputError(ValueError):
     """Bad input from a user: reported plainly, nothing is started."""
+
+
+class DatabaseUnavailable(Exception):
+    """The application's database cannot be reached (down, restarting, refusing connections).
+
+    The message names the database (its URL without the password) and says it is unavailable; the
+    CLI exits 2 with it."""
+
+
+class DatabaseConnectionLost(ConnectionError):
+    """The database connection of a transaction closed under it (core.db.transaction). A
+    ConnectionError, so it is judged a lost connection and retried like one."""
+
+
+class ConnectionLostBeforeCommit(DatabaseConnectionLost):
+    """The connection was already closed when the transaction was to be committed: the COMMIT was
+    never sent and the server rolled the transaction back. Retrying the work is safe."""
+
+
+class ConnectionLostInTransaction(DatabaseConnectionLost):
+    """A statement of the transaction failed because its connection was closing (asyncpg may then
+    report a confused protocol state instead of the lost connection); the error it raised is the
+    cause. Nothing of the transaction was committed."""
 
 
 class HeaderInjectionError(ValueError):

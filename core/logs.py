@@ -6,6 +6,12 @@ Every record emitted from an activity or a workflow carries the Temporal IDs: `w
 `activity.logger` / `workflow.logger` add, and, for any other logger used inside an activity or a
 workflow, from `activity.info()` / `workflow.info()`.
 
+Log context belongs to the work, not to whatever task happened to be created during it: a task
+spawned while an activity runs (asyncpg's pool maintenance, a reconnect, a helper's background job)
+inherits the activity's context variables and may outlive it. `work_scope()` (entered around every
+activity by core.interceptors) marks the activity finished when it returns, so a line written
+later from such a task carries no IDs of the finished activity.
+
 Known secrets (Settings.secrets(): the API key, the encryption key, the database password) and any
 `scheme://user:password@` in a line are replaced with `***` before the line is written.
 """
@@ -15,7 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,8 +46,41 @@ _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "tempo
 _RESERVED |= {"activity_info", "workflow_info", "temporal", *CONTEXT_FIELDS}
 
 
+class _Work:
+    """One activity execution; tasks created during it share this object through their copied context."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = False
+
+
+_WORK: ContextVar[_Work | None] = ContextVar("deadline_cleanup_work", default=None)
+
+
+@contextmanager
+def work_scope() -> Iterator[None]:
+    """Around one activity execution: lines logged from tasks that outlive it carry none of its IDs."""
+    work = _Work()
+    token = _WORK.set(work)
+    try:
+        yield
+    finally:
+        work.finished = True
+        _WORK.reset(token)
+
+
+def finished_work() -> bool:
+    """True in a task that inherited the context of an activity that has since finished."""
+    work = _WORK.get()
+    return work is not None and work.finished
+
+
 def temporal_context(record: logging.LogRecord | None = None) -> dict[str, Any]:
-    """The Temporal IDs of the activity or workflow this code runs in ({} outside both)."""
+    """The Temporal IDs of the activity or workflow this code runs in ({} outside both, and {} in a
+    task that outlived the activity it was created in)."""
+    if finished_work():
+        return {}
     for extra in ("temporal_activity", "temporal_workflow"):
         details = getattr(record, extra, None) if record is not None else None
         if isinstance(details, Mapping):

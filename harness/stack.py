@@ -209,11 +209,13 @@ class Harness:
         assert self.stack.settings.temporal_address is not None
         return self.stack.settings.temporal_address
 
-    async def lane(self, name: str, workers: int, *, address: str | None = None) -> Lane:
-        """A fresh migrated database, a task queue and `workers` started slots."""
+    async def lane(self, name: str, workers: int, *, address: str | None = None, admin_url: str | None = None) -> Lane:
+        """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
+        database on another server (a private one a scenario may crash), which the caller removes."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
-        url = await db.create_database(self.stack.admin_url, database)
-        self.databases.append(database)
+        url = await db.create_database(admin_url or self.stack.admin_url, database)
+        if admin_url is None:
+            self.databases.append(database)
         pool = await harness_pool(url)
         task_queue = f"harness-{name}-{uuid.uuid4().hex[:6]}"
         env = dict(

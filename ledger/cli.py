@@ -20,7 +20,14 @@ from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
 from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
-from ledger.operations import ledger_status, ledger_target, parse_business_date, review_rows, start_reconciliation
+from ledger.operations import (
+    DB_PART,
+    ledger_status,
+    ledger_target,
+    parse_business_date,
+    review_rows,
+    start_reconciliation,
+)
 
 LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
 
@@ -142,8 +149,10 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
-    async with CliContext(settings) as ctx:
-        data = await ledger_status(ctx.client, ctx.pool, business_date)
+    async with CliContext(settings, database="optional") as ctx:
+        data = await ledger_status(ctx.client, ctx.optional_pool, business_date)
+        if ctx.database_missing and "database" in data:
+            data["database"] = f"{ctx.database_missing}; {DB_PART}"
         url = ctx.settings.workflow_url(data["workflow_id"])
         if url is not None:  # only where a UI is known to be
             data["ui"] = url

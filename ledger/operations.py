@@ -17,8 +17,9 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from core import db
 from core import search_attributes as sa
-from core.errors import InputError, validation_message
+from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
 from core.temporal import describe_or_none
 from ledger.models import (
@@ -155,15 +156,29 @@ def ledger_target(text: str) -> tuple[date, str]:
 
 
 async def ledger_status(
-    client: Client, pool: asyncpg.Pool, business_date: date, *, id_prefix: str = DEFAULT_ID_PREFIX
+    client: Client, pool: asyncpg.Pool | None, business_date: date, *, id_prefix: str = DEFAULT_ID_PREFIX
 ) -> dict[str, Any]:
-    """Shards done k/S, corrections, review rows, settled: from Temporal and from the database."""
+    """Shards done k/S, corrections, review rows, settled: from Temporal and from the database.
+
+    Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
+    knows, and `database` says that the counts from the database are missing."""
     workflow_id = ledger_workflow_id(business_date, id_prefix)
-    day = await pool.fetchrow(SQL.ledger_day, business_date)
     desc = await describe_or_none(client, workflow_id)
-    if desc is None and day is None:
+    missing: str | None = "not connected" if pool is None else None
+    day = None
+    if pool is not None:
+        try:
+            day = await pool.fetchrow(SQL.ledger_day, business_date)
+        except Exception as err:
+            if not db.is_database_error(err):
+                raise
+            missing = f"{type(err).__name__}: {err}"
+    if desc is None and day is None and missing is None:
         raise InputError(f"nothing known about business date {business_date.isoformat()}")
-    shards = day["shards"] if day else None
+    if desc is None and missing is not None:
+        raise DatabaseUnavailable(
+            f"Temporal has no run {workflow_id} and the database is unavailable ({missing}): nothing to show"
+        )
     out: dict[str, Any] = {
         "business_date": business_date.isoformat(),
         "workflow_id": workflow_id,
@@ -179,6 +194,26 @@ async def ledger_status(
         elif desc.status == WorkflowExecutionStatus.COMPLETED:
             result: LedgerReconciliationResult = await handle.result()
             out["phase"] = "settled" if result.settlement else None
+    if pool is not None and missing is None:
+        try:
+            out.update(await _ledger_status_from_database(pool, business_date, day))
+            return out
+        except Exception as err:
+            if not db.is_database_error(err):
+                raise
+            missing = f"{type(err).__name__}: {err}"
+    out["shards_done"] = "unknown (database unavailable)"
+    out["settled"] = None  # not known: the database is missing
+    out["database"] = f"unavailable ({missing}); {DB_PART}"
+    return out
+
+
+DB_PART = "shards done, corrections, review rows and the settlement are not shown"
+
+
+async def _ledger_status_from_database(pool: asyncpg.Pool, business_date: date, day: Any) -> dict[str, Any]:
+    shards = day["shards"] if day else None
+    out: dict[str, Any] = {}
     totals = await pool.fetchrow(SQL.date_totals, business_date)
     assert totals is not None
     settlement = await pool.fetchrow(SQL.get_settlement, business_date)

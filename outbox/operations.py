@@ -17,6 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 import outbox
+from core import db
 from core.errors import InputError
 from core.queries import load
 from outbox.models import (
@@ -88,7 +89,7 @@ async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_l
 async def redeliver_event(pool: asyncpg.Pool, event_key: str, client: Client | None = None) -> dict[str, Any]:
     """Make a dead (or waiting) event due now; refuse delivered or currently leased ones."""
     check_event_key(event_key)
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn, db.transaction(conn):
         current = await conn.fetchrow(SQL.event_by_key + " FOR UPDATE", event_key)
         if current is None:
             raise InputError(f"no outbox event with key {event_key!r}")

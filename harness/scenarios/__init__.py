@@ -39,9 +39,9 @@ def registry() -> dict[str, Scenario]:
 
 def opt_in() -> dict[str, Scenario]:
     """Scenarios run only when named (`--scenarios poison`): not part of the quick/full tables."""
-    from harness.scenarios import ledger_overlap, poison
+    from harness.scenarios import db_restart, ledger_overlap, poison
 
-    return {"poison": poison.run, "ledger-overlap": ledger_overlap.run}
+    return {"poison": poison.run, "ledger-overlap": ledger_overlap.run, "db-restart": db_restart.run}
 
 
 def all_scenarios() -> dict[str, Scenario]:
