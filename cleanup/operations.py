@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from datetime import UTC, datetime
@@ -447,17 +446,29 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
     return out
 
 
+UNREADABLE = "(unreadable with this client's payload key)"
+
+
 async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]:
     """Cleanups with phase, progress and outcome (the result of a completed run; else empty)."""
     rows: list[dict[str, Any]] = []
     async for wf in client.list_workflows(f"WorkflowType = '{CLEANUP_WORKFLOW}'", limit=limit):
-        memo = await wf.memo()
+        # A run whose payloads this client cannot decode (encrypted with another key) is still
+        # listed from its search attributes; its memo and outcome show as unreadable.
+        try:
+            memo = await wf.memo()
+        except (KeyError, ValueError):
+            memo = {"partitions_done": UNREADABLE}
         deadline = wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE)
         outcome: str | None = None
         if wf.status == WorkflowExecutionStatus.COMPLETED:
-            with contextlib.suppress(RPCError):
-                handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=CleanupResult)
+            handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=CleanupResult)
+            try:
                 outcome = (await handle.result()).outcome
+            except RPCError:
+                pass
+            except (KeyError, ValueError):
+                outcome = UNREADABLE
         rows.append(
             {
                 "workflow_id": wf.id,

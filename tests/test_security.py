@@ -28,7 +28,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import TLSConfig
 
 from cleanup.models import CleanupResult, RenewalCleanupInput
-from cleanup.operations import start_cleanup
+from cleanup.operations import UNREADABLE, list_cleanups, start_cleanup
 from core import db
 from core.codec import ENCODING, EncryptionCodec, EncryptionKeyError, new_key, parse_key
 from core.codec_server import CodecServer
@@ -324,6 +324,9 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
         started = await start_cleanup(enc, pool, task_queue, account_id=accounts[0])
         result = await asyncio.wait_for(enc.get_workflow_handle(started.workflow_id).result(), 60)
         assert result["outcome"] == "cleaned" if isinstance(result, dict) else result.outcome == "cleaned"
+        # A client without the key still lists the run (from its search attributes), marked unreadable.
+        listed = {r["workflow_id"]: r for r in await list_cleanups(client, limit=1000)}
+        assert listed[started.workflow_id]["outcome"] == UNREADABLE
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -335,9 +338,9 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
     assert json.loads(dev_up.stdout)["database_url"].count("***") == 1
     outputs["dev up"] = dev_up.stdout + dev_up.stderr
     unreachable = run_cli(
-        "list", env={**env, "DATABASE_URL": f"postgresql://app:{password}@127.0.0.1:1/x?password={password}"}
+        "failed", env={**env, "DATABASE_URL": f"postgresql://app:{password}@127.0.0.1:1/x?password={password}"}
     )
-    assert unreachable.returncode == 1 and unreachable.stderr.startswith("error:"), unreachable.stderr
+    assert unreachable.returncode == 2 and "unavailable" in unreachable.stderr, unreachable.stderr
     outputs["unreachable database"] = unreachable.stdout + unreachable.stderr
     bad_key = run_cli("list", env={**env, "PAYLOAD_ENCRYPTION_KEY": f"{key[:-8]}!{api_key}"})
     assert bad_key.returncode == 2 and "PAYLOAD_ENCRYPTION_KEY" in bad_key.stderr, bad_key.stderr
