@@ -54,6 +54,7 @@ from cleanup.models import (
 )
 from core import metrics
 from core import search_attributes as sa
+from core.budget import budget_status
 from core.queries import load
 from core.temporal import describe_or_none
 
@@ -290,6 +291,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool, task_queue: str) ->
         "max": stats["max"],
     }
     out["settings"] = settings.model_dump()
+    out["budget"] = await budget_status(pool)
     if live:
         out["totals"] = live.totals.model_dump()
         out["last_iteration_at"] = live.last_iteration_at
