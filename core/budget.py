@@ -55,7 +55,7 @@ class BudgetSettings(BaseModel):
     latency_ms: float = Field(default=1500.0, gt=0)  # mean batch latency per 1,000 rows that means stress
     max_lock_waits: int = Field(default=4, ge=0)
     max_replication_lag_seconds: float = Field(default=10.0, gt=0)
-    lease_seconds: float = Field(default=30.0, gt=0)
+    lease_seconds: float = Field(default=15.0, gt=0)
     adjust_seconds: float = Field(default=2.0, gt=0)
     burst_seconds: float = Field(default=1.0, gt=0)
     min_scale: float = Field(default=0.1, gt=0, le=1)
