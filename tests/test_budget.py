@@ -192,7 +192,13 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
 
 
 def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
-    common: dict[str, Any] = dict(latency_threshold=1000.0, max_lock_waits=4, max_lag=10.0, min_scale=0.1, grow_step=0.1)
+    common: dict[str, Any] = {
+        "latency_threshold": 1000.0,
+        "max_lock_waits": 4,
+        "max_lag": 10.0,
+        "min_scale": 0.1,
+        "grow_step": 0.1,
+    }
     slow = judge(scale=1.0, latency_ms=2500.0, lock_waits=0, replication_lag=None, **common)
     assert slow["scale"] == 0.5 and "batch latency" in slow["stress"]
     locked = judge(scale=0.15, latency_ms=None, lock_waits=9, replication_lag=None, **common)
