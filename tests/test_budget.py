@@ -183,7 +183,7 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
         # waits until the leases expire, then runs.
         held = [await budgets[0].acquire("dead", 1) for _ in range(3)]
         assert sorted(g.slot for g in held if g.slot is not None) == [0, 1, 2]
-        waits: list[dict] = []
+        waits: list[dict[str, Any]] = []
         grant = await budgets[1].acquire("alive", 1, waits.append)
         assert grant.slot is not None and waits, "it waited for an expired lease, then got a slot"
     finally:
