@@ -132,7 +132,10 @@ async def run(
     parallel: int = 8,
     batch_size: int = 1000,
     player_connections: int = 8,
+    max_in_flight: int | None = None,
+    rows_per_second: float | None = None,
 ) -> dict[str, Any]:
+    """`max_in_flight` / `rows_per_second`: set the budget of phase 3 (default: the defaults)."""
     assert players + 2 * accounts <= 200_000, "keep this benchmark modest: the machine is shared"
     async with stack() as s:
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
@@ -195,7 +198,10 @@ async def run(
             loads["no_budget"].append(load_average())
             off_budget = await budget_status(s.pool)
 
-            await set_budget(s.pool, enabled=True, reset_scale=True)
+            limits: dict[str, Any] = {
+                k: v for k, v in {"max_in_flight": max_in_flight, "rows_per_second": rows_per_second}.items() if v
+            }
+            await set_budget(s.pool, enabled=True, reset_scale=True, **limits)
             loads["default_budget"] = [load_average()]
             phases["default_budget"], on = await crowd.measure(lambda: cleanup(seeds["default"]))
             loads["default_budget"].append(load_average())
@@ -231,6 +237,7 @@ async def run(
         "target": "<= 1.2",
         "throughput_target": ">= 0.5",
         "default_budget": BudgetSettings().model_dump(),
+        "budget_of_phase_3": limits or "the defaults",
         "budget_after_default_run": {
             k: on_budget[k]
             for k in ("scale", "effective_in_flight", "stress", "observed", "peak_in_flight", "granted", "denied")
@@ -251,6 +258,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--max-in-flight", type=int, help="phase 3's budget instead of the default")
+    parser.add_argument("--rows-per-second", type=float, help="phase 3's budget instead of the default")
     args = parser.parse_args()
     result = asyncio.run(
         run(
@@ -261,6 +270,8 @@ def main() -> None:
             args.partitions,
             args.parallel,
             args.batch_size,
+            max_in_flight=args.max_in_flight,
+            rows_per_second=args.rows_per_second,
         )
     )
     print(json.dumps(result, indent=2, default=str))
