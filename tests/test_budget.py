@@ -16,6 +16,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
+from cleanup.planner import planner_status
 from core.budget import BudgetSettings, LoadBudget, budget_status, judge, set_budget
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
@@ -210,7 +211,7 @@ def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
     assert judge(scale=1.0, latency_ms=None, lock_waits=0, replication_lag=None, **common)["scale"] == 1.0
 
 
-async def test_stress_shrinks_the_budget_and_budget_show_tells_why(pool, db_url):
+async def test_stress_shrinks_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
     budget = LoadBudget(pool, BudgetSettings(max_in_flight=8, latency_ms=1.0, adjust_seconds=0.001))
     async with budget.batch("test", 100) as grant:
         await asyncio.sleep(0.01)  # > 1 ms per 1000 rows: stress by the latency threshold
@@ -221,6 +222,8 @@ async def test_stress_shrinks_the_budget_and_budget_show_tells_why(pool, db_url)
     status = await budget_status(pool, budget.settings)
     assert status["effective_in_flight"] == 4 and "batch latency" in status["stress"]
 
+    planner = await planner_status(client, pool, task_queue)
+    assert planner["budget"]["effective_in_flight"] == 4 and planner["budget"]["stress"] == status["stress"]
     out = await starter(db_url, "budget", "show")
     assert "batch latency" in out and "scale" in out
     await starter(db_url, "budget", "set", "--reset-scale", "--rows-per-second", "250")
