@@ -57,24 +57,28 @@ class Players:
         self.accounts = accounts
         self.rate = rate
         self.latencies: list[float] = []
+        self.by_kind: dict[str, list[float]] = {}
         self.errors = 0
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _one(self, scheduled: float) -> None:
         account = random.choice(self.accounts)
-        kind = random.random()
+        pick = random.random()
+        kind = "profile" if pick < 0.4 else "matches" if pick < 0.7 else "spend" if pick < 0.9 else "record_match"
         try:
             async with self.pool.acquire() as conn:
-                if kind < 0.4:
+                if kind == "profile":
                     await conn.fetchrow(PROFILE, account)
-                elif kind < 0.7:
+                elif kind == "matches":
                     await conn.fetch(MATCHES, account)
-                elif kind < 0.9:
+                elif kind == "spend":
                     await conn.execute(SPEND, account, f"item_{random.randint(1, 5)}")
                 else:
                     await conn.execute(RECORD_MATCH, account, random.randint(0, 5000))
-            self.latencies.append(time.perf_counter() - scheduled)
+            latency = time.perf_counter() - scheduled
+            self.latencies.append(latency)
+            self.by_kind.setdefault(kind, []).append(latency)
         except Exception:
             self.errors += 1
 
@@ -91,9 +95,12 @@ class Players:
     async def measure(self, during: Callable[[], Awaitable[Any]]) -> tuple[dict[str, Any], Any]:
         """Player latencies while `during()` runs (its result is returned too)."""
         self.latencies = []
+        self.by_kind = {}
         self.errors = 0
         result = await during()
-        return summary(list(self.latencies), self.errors), result
+        out = summary(list(self.latencies), self.errors)
+        out["p99_ms_by_kind"] = {k: summary(v, 0).get("p99_ms") for k, v in sorted(self.by_kind.items())}
+        return out, result
 
     async def stop(self) -> None:
         self._stop.set()
