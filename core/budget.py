@@ -50,12 +50,12 @@ class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
-    max_in_flight: int = Field(default=2, ge=0, le=256)
+    max_in_flight: int = Field(default=1, ge=0, le=256)
     rows_per_second: float = Field(default=4000.0, gt=0)
-    latency_ms: float = Field(default=1500.0, gt=0)  # mean batch latency per 1,000 rows that means stress
+    latency_ms: float = Field(default=1000.0, gt=0)  # mean batch latency per 1,000 rows that means stress
     max_lock_waits: int = Field(default=4, ge=0)
     max_replication_lag_seconds: float = Field(default=10.0, gt=0)
-    lease_seconds: float = Field(default=15.0, gt=0)
+    lease_seconds: float = Field(default=10.0, gt=0)
     adjust_seconds: float = Field(default=2.0, gt=0)
     burst_seconds: float = Field(default=1.0, gt=0)
     min_scale: float = Field(default=0.1, gt=0, le=1)
