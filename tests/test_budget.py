@@ -212,7 +212,8 @@ def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
 
 
 async def test_stress_shrinks_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
-    budget = LoadBudget(pool, BudgetSettings(max_in_flight=8, latency_ms=1.0, adjust_seconds=0.001))
+    await set_budget(pool, max_in_flight=8)  # for every reader, not only this process's settings
+    budget = LoadBudget(pool, BudgetSettings(latency_ms=1.0, adjust_seconds=0.001))
     async with budget.batch("test", 100) as grant:
         await asyncio.sleep(0.01)  # > 1 ms per 1000 rows: stress by the latency threshold
         grant.rows_done = 100
