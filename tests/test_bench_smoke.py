@@ -54,7 +54,7 @@ async def test_player_load_benchmark_measures_players_alone_and_during_cleanups(
         accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
     )
     assert result["cleanup_no_budget"]["cleaned"] == result["cleanup_default_budget"]["cleaned"] == 300
-    for phase in ("alone", "no_budget", "default_budget", "alone_after"):
+    for phase in ("alone", "no_budget", "alone_between", "default_budget", "alone_after"):
         assert result["players"][phase]["queries"] > 0 and result["players"][phase]["errors"] == 0
     assert result["p99_ratio_no_budget"] > 0 and result["p99_ratio_default_budget"] > 0
     assert result["throughput_ratio_budget_over_none"] > 0
