@@ -48,10 +48,10 @@ def _human(d: dict[str, Any]) -> str:
 
 
 async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
-    resolved = embedded.resolve(settings)
-    assert resolved.database_url is not None
-    await db.migrate_url(resolved.database_url)
-    pool = await db.create_pool(resolved.database_url, max_size=2)
+    # Only the database: no Temporal server is needed, nor started.
+    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    await db.migrate_url(url)
+    pool = await db.create_pool(url, max_size=2)
     try:
         if args.action == "set":
             changes: dict[str, Any] = {
