@@ -106,12 +106,18 @@ async def reconcile_shard_batches(
     benchmark's direct baseline, so both run the same SQL in the same batches. With a `budget`
     (core.budget), each batch first takes its slot and rows of the database's load budget.
     """
-    while True:
+
+    async def budgeted(checkpoint: ShardCheckpoint) -> asyncpg.Record:
+        # The budget is taken when the guard awaits the batch (after its failpoint), held for it only.
         waiting = functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget else None
         async with under_budget(budget, "ledger", input.batch_size, waiting) as grant:
-            batch = run_batch(pool, input, checkpoint)
-            row = await (guard(batch, checkpoint) if guard is not None else batch)
+            row = await run_batch(pool, input, checkpoint)
             grant.rows_done = row["batch_rows"]
+            return row
+
+    while True:
+        batch = budgeted(checkpoint)
+        row = await (guard(batch, checkpoint) if guard is not None else batch)
         if row["batch_rows"] == 0:
             return checkpoint
         checkpoint = ShardCheckpoint(

@@ -50,7 +50,7 @@ class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
-    max_in_flight: int = Field(default=1, ge=0, le=256)
+    max_in_flight: int = Field(default=2, ge=0, le=256)
     rows_per_second: float = Field(default=4000.0, gt=0)
     latency_ms: float = Field(default=1000.0, gt=0)  # mean batch latency per 1,000 rows that means stress
     max_lock_waits: int = Field(default=4, ge=0)
