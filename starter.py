@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
-from core import db, embedded
+from core import budget_cli, db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
 from core.config import Settings, mask_url
 from core.errors import DatabaseUnavailable, InputError
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup_cli.register(commands)
     ledger_cli.register(commands)
     outbox_cli.register(commands)
+    budget_cli.register(commands)
 
     p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id")

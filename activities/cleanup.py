@@ -10,6 +10,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 from temporalio import activity
@@ -35,6 +36,7 @@ from cleanup.models import (
 )
 from cleanup.targets import CleanupTargets
 from core import db, failpoints, metrics
+from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure
 from core.queries import load
 
@@ -122,6 +124,8 @@ async def clean_partition_batches(
     while_waiting: Callable[[PartitionCheckpoint], None] | None = None,
     wait_interval: float = 5.0,
     compiled: CompiledCleanup | None = None,
+    budget: LoadBudget | None = None,
+    waiting_for_budget: Callable[[PartitionCheckpoint, dict[str, Any]], None] | None = None,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
@@ -130,19 +134,26 @@ async def clean_partition_batches(
     blocked on a row lock), so a slow batch keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
+    With a `budget` (core.budget), each batch first takes its slot and rows of the database's load
+    budget, waiting (and calling `waiting_for_budget`) while there are none.
     """
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     while True:
-        result = await run_keyset_batch(
-            pool,
-            compiled,
-            input.cleanup_id,
-            input.partition_no,
-            checkpoint.last_account_id,
-            input.batch_size,
-            while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
-            wait_interval=wait_interval,
+        waiting: Waiting | None = (
+            functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget is not None else None
         )
+        async with under_budget(budget, "cleanup", input.batch_size, waiting) as grant:
+            result = await run_keyset_batch(
+                pool,
+                compiled,
+                input.cleanup_id,
+                input.partition_no,
+                checkpoint.last_account_id,
+                input.batch_size,
+                while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
+                wait_interval=wait_interval,
+            )
+            grant.rows_done = result.batch_rows
         if result.batch_rows == 0:
             return checkpoint
         checkpoint = PartitionCheckpoint(
@@ -158,10 +169,17 @@ async def clean_partition_batches(
 class CleanupActivities:
     """Holds the pool and the compiled cleanup statement; one instance per worker process."""
 
-    def __init__(self, pool: asyncpg.Pool, partition_batch_sql: str, compiled: CompiledCleanup | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        partition_batch_sql: str,
+        compiled: CompiledCleanup | None = None,
+        budget: LoadBudget | None = None,
+    ) -> None:
         self.pool = pool
         self.partition_batch_sql = partition_batch_sql
         self.compiled = compiled or CompiledCleanup.from_batch_sql(partition_batch_sql)
+        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
 
     @classmethod
     async def create(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CleanupActivities:
@@ -257,6 +275,10 @@ class CleanupActivities:
         def still_working(checkpoint: PartitionCheckpoint) -> None:
             activity.heartbeat(checkpoint.model_dump(mode="json"))
 
+        def waiting_for_budget(checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
+            # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
+            activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
+
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
@@ -268,6 +290,8 @@ class CleanupActivities:
             while_waiting=still_working,
             wait_interval=interval,
             compiled=self.compiled,
+            budget=self.budget,
+            waiting_for_budget=waiting_for_budget,
         )
         c = checkpoint.counts
         await self.pool.execute(

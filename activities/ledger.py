@@ -7,6 +7,7 @@ payment and date, and reports the same counts, read back from the database.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime
@@ -18,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 import ledger
 from core import db, failpoints, metrics
+from core.budget import LoadBudget, under_budget
 from core.errors import ErrorType, failure
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -95,14 +97,26 @@ async def reconcile_shard_batches(
     checkpoint: ShardCheckpoint,
     after_batch: Callable[[ShardCheckpoint, asyncpg.Record], None],
     guard: BatchGuard | None = None,
+    budget: LoadBudget | None = None,
+    waiting_for_budget: Callable[[ShardCheckpoint, dict[str, Any]], None] | None = None,
 ) -> ShardCheckpoint:
     """The shard's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity (which heartbeats through `guard` and `after_batch`) and by the
-    benchmark's direct baseline, so both run the same SQL in the same batches.
+    benchmark's direct baseline, so both run the same SQL in the same batches. With a `budget`
+    (core.budget), each batch first takes its slot and rows of the database's load budget.
     """
+
+    async def budgeted(checkpoint: ShardCheckpoint) -> asyncpg.Record:
+        # The budget is taken when the guard awaits the batch (after its failpoint), held for it only.
+        waiting = functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget else None
+        async with under_budget(budget, "ledger", input.batch_size, waiting) as grant:
+            row = await run_batch(pool, input, checkpoint)
+            grant.rows_done = row["batch_rows"]
+            return row
+
     while True:
-        batch = run_batch(pool, input, checkpoint)
+        batch = budgeted(checkpoint)
         row = await (guard(batch, checkpoint) if guard is not None else batch)
         if row["batch_rows"] == 0:
             return checkpoint
@@ -211,8 +225,9 @@ def _report(row: asyncpg.Record) -> ShardReport:
 class LedgerActivities:
     """Holds the pool; one instance per worker process."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, budget: LoadBudget | None = None) -> None:
         self.pool = pool
+        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
 
     @activity.defn(name=CHECK_LEDGER_DAY)
     async def check_ledger_day(self, input: LedgerDayCheck) -> LedgerDay:
@@ -278,6 +293,10 @@ class LedgerActivities:
             checkpoint,
             after_batch,
             guard=lambda batch, checkpoint: self._heartbeating(batch, checkpoint, interval),
+            budget=self.budget,
+            waiting_for_budget=lambda checkpoint, budget: activity.heartbeat(
+                checkpoint.model_dump(mode="json"), {"load_budget": budget}
+            ),
         )
         report = await report_shard(self.pool, input, checkpoint)
         return report.model_copy(

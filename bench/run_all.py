@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, poisoned_cohort, single_accounts
+from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, player_load, poisoned_cohort, single_accounts
 from bench.common import machine
 
 Scenario = Callable[[], Awaitable[dict[str, Any]]]
@@ -29,6 +29,7 @@ FULL: dict[str, Scenario] = {
     "single_account_cleanups": lambda: single_accounts.run(workflows=2000),
     "ledger_rerun": lambda: ledger_rerun.run(payments=1_000_000),
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),
+    "player_load": lambda: player_load.run(accounts=40_000, players=20_000),
 }
 SMOKE: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50),
@@ -36,6 +37,9 @@ SMOKE: dict[str, Scenario] = {
     "single_account_cleanups": lambda: single_accounts.run(workflows=20),
     "ledger_rerun": lambda: ledger_rerun.run(payments=300, shards=4, parallel=2, batch_size=50, with_direct=False),
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=400, poisoned=4, partitions=4, parallel=2, batch_size=50),
+    "player_load": lambda: player_load.run(
+        accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
+    ),
 }
 
 

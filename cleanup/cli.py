@@ -263,6 +263,14 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
         f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
     }
+    if budget := d.get("budget"):
+        lines["load budget"] = (
+            f"{budget['in_flight']}/{budget['effective_in_flight']} batches in flight, "
+            f"{budget['effective_rows_per_second']} rows/s (scale {budget['scale']}"
+            + (f", {budget['stress']}" if budget["stress"] else "")
+            + ")"
+            + ("" if budget["enabled"] else " [off]")
+        )
     return key_values(lines)
 
 

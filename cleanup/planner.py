@@ -55,6 +55,7 @@ from cleanup.planner_models import (
 )
 from core import db, metrics
 from core import search_attributes as sa
+from core.budget import budget_status
 from core.queries import load
 from core.temporal import describe_or_none
 
@@ -312,4 +313,5 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
         "p99": stats["p99"],
         "max": stats["max"],
     }
+    out["budget"] = await budget_status(pool)
     return out

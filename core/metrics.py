@@ -23,6 +23,11 @@ Counters (names as scraped; docs/observability.md):
   planner_overdue_accounts            gauge: active accounts past deadline + grace at the last sweep
   planner_overdue_swept               overdue accounts handed to a sweep cleanup
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
+  load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py, after back-off)
+  load_budget_rows_per_second_limit   gauge: rows per second allowed now (after back-off)
+  load_budget_scale                   gauge: the adaptive factor (1 = healthy, smaller = backing off)
+  load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
+  load_budget_wait_seconds            histogram: time a batch waited for the budget
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ DESCRIPTIONS: dict[str, str] = {
     "planner_overdue_accounts": "active accounts past their deadline (and the sweep grace) at the last sweep",
     "planner_overdue_swept": "overdue accounts handed to a sweep cleanup by the planner",
     "planner_stranded_recovered": "claims of closed cleanups released by the planner for re-claiming",
+    "load_budget_in_flight_limit": "batches the load budget allows in flight now (after adaptive back-off)",
+    "load_budget_rows_per_second_limit": "rows per second the load budget allows now (after adaptive back-off)",
+    "load_budget_scale": "the load budget's adaptive factor (1 = healthy, smaller = backing off)",
+    "load_budget_rows": "rows done by batches under the load budget",
+    "load_budget_wait_seconds": "seconds a batch waited for the load budget",
 }
 LATENESS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0]
 
@@ -62,7 +72,10 @@ def runtime(bind_address: str) -> Runtime:
         telemetry=TelemetryConfig(
             metrics=PrometheusConfig(
                 bind_address=bind_address,
-                histogram_bucket_overrides={"cleanup_lateness_seconds": LATENESS_BUCKETS},
+                histogram_bucket_overrides={
+                    "cleanup_lateness_seconds": LATENESS_BUCKETS,
+                    "load_budget_wait_seconds": LATENESS_BUCKETS,
+                },
             )
         )
     )
@@ -162,3 +175,36 @@ def record_overdue_swept(n: int) -> None:
 
 def record_stranded(n: int) -> None:
     count("planner_stranded_recovered", n)
+
+
+# --- load budget (core/budget.py) -------------------------------------------------------------------
+
+
+def set_budget(in_flight_limit: int, rows_per_second: float, scale: float) -> None:
+    """The budget as the last acquire saw it (after adaptive back-off)."""
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge("load_budget_in_flight_limit", DESCRIPTIONS["load_budget_in_flight_limit"]).set(
+                in_flight_limit
+            )
+            meter.create_gauge_float(
+                "load_budget_rows_per_second_limit", DESCRIPTIONS["load_budget_rows_per_second_limit"]
+            ).set(rows_per_second)
+            meter.create_gauge_float("load_budget_scale", DESCRIPTIONS["load_budget_scale"]).set(scale)
+    except Exception:
+        log.debug("could not set the load budget gauges", exc_info=True)
+
+
+def record_budget_rows(n: int) -> None:
+    count("load_budget_rows", n)
+
+
+def record_budget_wait(seconds: float) -> None:
+    try:
+        meter = _meter()
+        if meter is not None:
+            name = "load_budget_wait_seconds"
+            meter.create_histogram_float(name, DESCRIPTIONS[name]).record(max(0.0, seconds))
+    except Exception:
+        log.debug("could not record the load budget wait", exc_info=True)

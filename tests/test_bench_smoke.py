@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, poisoned_cohort, single_accounts
+from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, player_load, poisoned_cohort, single_accounts
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
@@ -51,3 +51,16 @@ async def test_poisoned_cohort_benchmark_isolates_the_poisoned_and_measures_a_ra
     assert result["clean_cleaned"] == 400
     assert (result["poisoned_cleaned"], result["poisoned_failed"]) == (396, 4)
     assert result["ratio"] > 0
+
+
+async def test_player_load_benchmark_measures_players_alone_and_during_cleanups():
+    result = await player_load.run(
+        accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
+    )
+    assert result["cleanup_no_budget"]["cleaned"] == result["cleanup_default_budget"]["cleaned"] == 300
+    for phase in ("alone", "no_budget", "alone_between", "default_budget", "alone_after"):
+        assert result["players"][phase]["queries"] > 0 and result["players"][phase]["errors"] == 0
+    assert result["p99_ratio_no_budget"] > 0 and result["p99_ratio_default_budget"] > 0
+    assert result["throughput_ratio_budget_over_none"] > 0
+    assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
+    assert 1 <= result["budget_after_default_run"]["peak_in_flight"] <= 2

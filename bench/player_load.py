@@ -1,0 +1,304 @@
+"""What a cohort cleanup does to the players: `python -m bench.player_load --accounts 40000`.
+
+One database holds live players (deadline a year ahead, with inventory and match history) and two
+cohorts due for cleanup. Simulated players (asyncpg clients, an open loop at a fixed rate well
+below saturation) run the game's typical queries against the live accounts: the profile with its
+inventory, the last 20 matches, an inventory update, a match recorded. Their latency is measured
+from each query's scheduled start (so a query that had to wait for a connection counts its wait).
+
+Phases, in one run: (1) the players alone; (2) during a cohort cleanup with the load budget off;
+the players alone again; (3) during the same cleanup (the second cohort) with the default budget;
+the players alone once more. The alone windows around each cleanup phase show how far the shared
+machine drifted; the `_bracketed` ratios divide by their mean instead of by phase (1). The cleanup
+is the real pipeline (start_cleanup, a worker process, partitions, settlement); throughput is
+accounts/s from the deadline to settled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from bench.common import machine, stack, wait_for_worker
+from cleanup.models import CleanupResult
+from cleanup.operations import seed_accounts, start_cleanup
+from core.budget import BudgetSettings, budget_status, set_budget
+from workflows.renewal_cleanup import RenewalCleanupWorkflow
+
+PROFILE = """
+SELECT a.account_id, a.status, a.renewal_deadline,
+       (SELECT json_agg(json_build_object('item', i.item_id, 'qty', i.quantity))
+        FROM inventory_items i WHERE i.account_id = a.account_id) AS inventory
+FROM accounts a WHERE a.account_id = $1
+"""
+MATCHES = (
+    "SELECT match_id, played_at, mode, result, score FROM match_history"
+    " WHERE account_id = $1 ORDER BY played_at DESC LIMIT 20"
+)
+SPEND = "UPDATE inventory_items SET quantity = quantity + 1 WHERE account_id = $1 AND item_id = $2"
+RECORD_MATCH = (
+    "INSERT INTO match_history (account_id, played_at, mode, result, score) VALUES ($1, now(), 'ranked', 'win', $2)"
+)
+
+
+class Players:
+    """An open loop of player queries at `rate` per second over a pool of `connections`."""
+
+    def __init__(self, pool: asyncpg.Pool, accounts: list[str], rate: float) -> None:
+        self.pool = pool
+        self.accounts = accounts
+        self.rate = rate
+        self.latencies: list[float] = []
+        self.by_kind: dict[str, list[float]] = {}
+        self.errors = 0
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _one(self, scheduled: float) -> None:
+        account = random.choice(self.accounts)
+        pick = random.random()
+        kind = "profile" if pick < 0.4 else "matches" if pick < 0.7 else "spend" if pick < 0.9 else "record_match"
+        try:
+            async with self.pool.acquire() as conn:
+                if kind == "profile":
+                    await conn.fetchrow(PROFILE, account)
+                elif kind == "matches":
+                    await conn.fetch(MATCHES, account)
+                elif kind == "spend":
+                    await conn.execute(SPEND, account, f"item_{random.randint(1, 5)}")
+                else:
+                    await conn.execute(RECORD_MATCH, account, random.randint(0, 5000))
+            latency = time.perf_counter() - scheduled
+            self.latencies.append(latency)
+            self.by_kind.setdefault(kind, []).append(latency)
+        except Exception:
+            self.errors += 1
+
+    async def run(self) -> None:
+        interval = 1.0 / self.rate
+        next_at = time.perf_counter()
+        while not self._stop.is_set():
+            task = asyncio.ensure_future(self._one(next_at))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+
+    async def measure(self, during: Callable[[], Awaitable[Any]]) -> tuple[dict[str, Any], Any]:
+        """Player latencies while `during()` runs (its result is returned too)."""
+        self.latencies = []
+        self.by_kind = {}
+        self.errors = 0
+        result = await during()
+        out = summary(list(self.latencies), self.errors)
+        out["p99_ms_by_kind"] = {k: summary(v, 0).get("p99_ms") for k, v in sorted(self.by_kind.items())}
+        return out, result
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def summary(latencies: list[float], errors: int) -> dict[str, Any]:
+    if not latencies:
+        return {"queries": 0, "errors": errors}
+    ordered = sorted(latencies)
+
+    def q(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2)
+
+    return {
+        "queries": len(ordered),
+        "errors": errors,
+        "p50_ms": q(0.50),
+        "p99_ms": q(0.99),
+        "max_ms": round(ordered[-1] * 1000, 2),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 2),
+    }
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+async def run(
+    accounts: int = 40_000,
+    players: int = 20_000,
+    rate: float = 150.0,
+    alone_seconds: float = 15.0,
+    partitions: int = 16,
+    parallel: int = 8,
+    batch_size: int = 1000,
+    player_connections: int = 8,
+    max_in_flight: int | None = None,
+    rows_per_second: float | None = None,
+) -> dict[str, Any]:
+    """`max_in_flight` / `rows_per_second`: set the budget of phase 3 (default: the defaults)."""
+    assert players + 2 * accounts <= 200_000, "keep this benchmark modest: the machine is shared"
+    async with stack() as s:
+        base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
+        seeds = {"off": base, "default": base + timedelta(hours=1)}
+        t = time.perf_counter()
+        await seed_accounts(s.pool, prefix="live", deadline=base + timedelta(days=400), count=players)
+        for name, deadline in seeds.items():
+            await seed_accounts(s.pool, prefix=name, deadline=deadline, count=accounts)
+        seed_seconds = time.perf_counter() - t
+        await s.pool.execute("VACUUM ANALYZE")
+        live = [
+            r["account_id"]
+            for r in await s.pool.fetch("SELECT account_id FROM accounts WHERE account_id LIKE 'acct_live_%'")
+        ]
+
+        s.start_worker()
+        await wait_for_worker(s.client, s.settings.task_queue)
+        player_pool = await asyncpg.create_pool(
+            s.settings.database_url, min_size=player_connections, max_size=player_connections
+        )
+        assert player_pool is not None
+        crowd = Players(player_pool, live, rate)
+        loop = asyncio.ensure_future(crowd.run())
+        try:
+            await asyncio.sleep(min(3.0, alone_seconds))  # warm-up, not recorded
+
+            async def cleanup(seeded: datetime) -> dict[str, Any]:
+                deadline = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+                await s.pool.execute(
+                    "UPDATE accounts SET renewal_deadline = $1 WHERE renewal_deadline = $2", deadline, seeded
+                )
+                started = await start_cleanup(
+                    s.client,
+                    s.pool,
+                    s.settings.task_queue,
+                    deadline=deadline,
+                    partitions=partitions,
+                    max_parallel_partitions=parallel,
+                    batch_size=batch_size,
+                )
+                handle = s.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+                result: CleanupResult = await handle.result()
+                seconds = (datetime.now(UTC) - deadline).total_seconds()
+                assert result.settlement is not None
+                return {
+                    "cleaned": result.settlement.cleaned,
+                    "seconds_from_deadline": round(seconds, 3),
+                    "accounts_per_s": round(result.settlement.cleaned / seconds, 1),
+                }
+
+            phases: dict[str, Any] = {}
+            loads: dict[str, list[float]] = {}
+            loads["alone"] = [load_average()]
+            phases["alone"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
+            loads["alone"].append(load_average())
+
+            await set_budget(s.pool, enabled=False)
+            loads["no_budget"] = [load_average()]
+            phases["no_budget"], off = await crowd.measure(lambda: cleanup(seeds["off"]))
+            loads["no_budget"].append(load_average())
+            off_budget = await budget_status(s.pool)
+
+            limits: dict[str, Any] = {
+                k: v for k, v in {"max_in_flight": max_in_flight, "rows_per_second": rows_per_second}.items() if v
+            }
+            loads["alone_between"] = [load_average()]
+            phases["alone_between"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
+            loads["alone_between"].append(load_average())
+
+            await set_budget(s.pool, enabled=True, reset_scale=True, **limits)
+            loads["default_budget"] = [load_average()]
+            phases["default_budget"], on = await crowd.measure(lambda: cleanup(seeds["default"]))
+            loads["default_budget"].append(load_average())
+            on_budget = await budget_status(s.pool)
+
+            loads["alone_after"] = [load_average()]
+            phases["alone_after"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
+            loads["alone_after"].append(load_average())
+        finally:
+            await crowd.stop()
+            loop.cancel()
+            await player_pool.close()
+        memory = s.memory()
+
+    alone_p99 = phases["alone"]["p99_ms"]
+    return {
+        "scenario": "player_load",
+        "accounts_per_cohort": accounts,
+        "live_players": players,
+        "player_rate_per_s": rate,
+        "player_connections": player_connections,
+        "partitions": partitions,
+        "parallel_partitions": parallel,
+        "batch_size": batch_size,
+        "seed_seconds": round(seed_seconds, 2),
+        "players": phases,
+        "p99_ratio_no_budget": round(phases["no_budget"]["p99_ms"] / alone_p99, 3),
+        "p99_ratio_default_budget": round(phases["default_budget"]["p99_ms"] / alone_p99, 3),
+        # The machine drifts between phases (other tenants): each cleanup phase against the mean of
+        # the players-alone windows right before and right after it.
+        "p99_ratio_no_budget_bracketed": round(
+            phases["no_budget"]["p99_ms"] / statistics.fmean([alone_p99, phases["alone_between"]["p99_ms"]]), 3
+        ),
+        "p99_ratio_default_budget_bracketed": round(
+            phases["default_budget"]["p99_ms"]
+            / statistics.fmean([phases["alone_between"]["p99_ms"], phases["alone_after"]["p99_ms"]]),
+            3,
+        ),
+        "cleanup_no_budget": off,
+        "cleanup_default_budget": on,
+        "throughput_ratio_budget_over_none": round(on["accounts_per_s"] / off["accounts_per_s"], 3),
+        "ratio": round(phases["default_budget"]["p99_ms"] / alone_p99, 3),
+        "target": "<= 1.2",
+        "throughput_target": ">= 0.5",
+        "default_budget": BudgetSettings().model_dump(),
+        "budget_of_phase_3": limits or "the defaults",
+        "budget_after_default_run": {
+            k: on_budget[k]
+            for k in ("scale", "effective_in_flight", "stress", "observed", "peak_in_flight", "granted", "denied")
+        },
+        "budget_counters_after_no_budget_run": {k: off_budget[k] for k in ("granted", "rows_done")},
+        "load_average_1m_before_and_after": loads,
+        **memory,
+        "machine": machine(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--accounts", type=int, default=40_000, help="accounts per cohort (two cohorts)")
+    parser.add_argument("--players", type=int, default=20_000, help="live player accounts")
+    parser.add_argument("--rate", type=float, default=150.0, help="player queries per second")
+    parser.add_argument("--alone-seconds", type=float, default=15.0)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--max-in-flight", type=int, help="phase 3's budget instead of the default")
+    parser.add_argument("--rows-per-second", type=float, help="phase 3's budget instead of the default")
+    args = parser.parse_args()
+    result = asyncio.run(
+        run(
+            args.accounts,
+            args.players,
+            args.rate,
+            args.alone_seconds,
+            args.partitions,
+            args.parallel,
+            args.batch_size,
+            max_in_flight=args.max_in_flight,
+            rows_per_second=args.rows_per_second,
+        )
+    )
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`starter.py budget show|set`: the database load budget of every cleanup and reconciliation batch.
+
+Needs only the database (not Temporal), so an operator can throttle the work during an outage of
+either. A change is read by every worker at its next acquire (docs/budget.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from core import db, embedded
+from core.budget import budget_status, set_budget
+from core.cli import Commands, emit, key_values, table
+from core.config import Settings
+from core.errors import InputError
+
+LIMITS: dict[str, type] = {
+    "max_in_flight": int,
+    "rows_per_second": float,
+    "latency_ms": float,
+    "max_lock_waits": int,
+    "max_replication_lag_seconds": float,
+}
+
+
+def parse_limit(name: str, text: str) -> int | float | None:
+    """A number, or `default` (back to the workers' LOAD_BUDGET_* setting)."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        value: int | float = LIMITS[name](text)
+    except ValueError:
+        raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
+    low = 0 if name in ("max_in_flight", "max_lock_waits") else 1e-9
+    if value < low or (name == "max_in_flight" and value > 256):
+        bounds = "0-256" if name == "max_in_flight" else (">= 0" if low == 0 else "> 0")
+        raise InputError(f"--{name.replace('_', '-')} must be {bounds}, got {text!r}")
+    return value
+
+
+def _human(d: dict[str, Any]) -> str:
+    shown = {k: v for k, v in d.items() if k != "slots"}
+    for name in LIMITS:
+        shown[name] = f"{d[name]['value']} ({d[name]['source']})"
+    slots = table(d["slots"], ["slot", "job", "holder", "rows", "acquired_at"]) if d["slots"] else "(none)"
+    return key_values(shown) + "\nin flight now:\n" + slots
+
+
+async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
+    # Only the database: no Temporal server is needed, nor started.
+    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    await db.migrate_url(url)
+    pool = await db.create_pool(url, max_size=2)
+    try:
+        if args.action == "set":
+            changes: dict[str, Any] = {
+                name: parse_limit(name, value) for name in LIMITS if (value := getattr(args, name)) is not None
+            }
+            enabled = {"on": True, "off": False}.get(args.enabled) if args.enabled else None
+            if not changes and enabled is None and not args.reset_scale:
+                raise InputError("nothing to set: give a limit (e.g. --max-in-flight 4), --enabled or --reset-scale")
+            await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **changes)
+        emit(args, await budget_status(pool), _human)
+    finally:
+        await pool.close()
+
+
+def register(commands: Commands) -> None:
+    """Add `budget show|set` to starter.py."""
+    p = commands.add(
+        "budget", cmd_budget, "the database load budget of cleanup and reconciliation batches: show or set it"
+    )
+    p.add_argument("action", choices=["show", "set"])
+    p.add_argument("--max-in-flight", dest="max_in_flight", help="batches at once across all workers (0 pauses)")
+    p.add_argument("--rows-per-second", dest="rows_per_second", help="rows (accounts, ledger keys) per second")
+    p.add_argument("--latency-ms", dest="latency_ms", help="mean batch latency per 1000 rows that means stress")
+    p.add_argument("--max-lock-waits", dest="max_lock_waits", help="lock waits in the database that mean stress")
+    p.add_argument(
+        "--max-replication-lag-seconds", dest="max_replication_lag_seconds", help="standby lag that means stress"
+    )
+    p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
+    p.add_argument("--reset-scale", action="store_true", help="forget the adaptive back-off (scale back to 1)")
