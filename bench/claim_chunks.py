@@ -14,9 +14,6 @@ import statistics
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from urllib.parse import urlsplit, urlunsplit
-
-import asyncpg
 
 from activities.cleanup import claim_in_chunks
 from cleanup.models import ClaimChunkedInput
@@ -30,11 +27,8 @@ async def main() -> None:
     args = parser.parse_args()
     admin_url = os.environ["DATABASE_URL"]
     name = f"bench_claim_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    url = urlunsplit(urlsplit(admin_url)._replace(path="/" + name))
+    url = await db.create_database(admin_url, name)
     try:
-        await db.migrate_url(url)
         pool = await db.create_pool(url, max_size=2)
         deadline = datetime.now(UTC).replace(microsecond=123456) - timedelta(seconds=1)
         t0 = time.monotonic()
@@ -77,8 +71,7 @@ async def main() -> None:
         )
         await pool.close()
     finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+        await db.drop_database(admin_url, name)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,8 @@ import uuid
 from datetime import date
 from pathlib import Path
 
-import asyncpg
-
 from core import db, embedded
 from core.config import Settings
-from core.db import with_database
 from core.temporal import connect
 from tests.ledger_helpers import reconcile, seed_day
 from worker import build_activities, build_worker
@@ -36,11 +33,8 @@ async def main(prefix: str, recheck: bool) -> None:
     name = f"record_ledger_{uuid.uuid4().hex[:8]}"
     server = embedded.DevServer(Path(tempfile.mkdtemp()), port=embedded.free_port())
     await asyncio.to_thread(server.start)
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
+    url = await db.create_database(admin_url, name)
     try:
-        url = with_database(admin_url, name)
-        await db.migrate_url(url)
         pool = await db.create_pool(url, max_size=4)
         client = await connect(Settings(temporal_address=server.address))
         task_queue = f"record-{uuid.uuid4().hex[:8]}"
@@ -63,8 +57,7 @@ async def main(prefix: str, recheck: bool) -> None:
                 print(f"recorded {prefix}{label}: {len(history.events)} events")
         await pool.close()
     finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+        await db.drop_database(admin_url, name)
         await asyncio.to_thread(server.stop)
 
 
