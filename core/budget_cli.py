@@ -10,7 +10,6 @@ import argparse
 from typing import Any
 
 from core import db, embedded
-from core.budget import budget_status, set_budget
 from core.cli import Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
@@ -48,6 +47,8 @@ def _human(d: dict[str, Any]) -> str:
 
 
 async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
+    from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
+
     # Only the database: no Temporal server is needed, nor started.
     url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
     await db.migrate_url(url)
