@@ -162,7 +162,7 @@ class CliContext:
         if self.database != "unused":
             try:
                 await db.migrate_url(url)
-                self._pool = await db.create_pool(url, max_size=4, connect_timeout=15)
+                self._pool = await db.create_pool(url, max_size=4, connect_timeout=db.connect_timeout())
             except Exception as err:
                 if not (db.connection_lost(err) or isinstance(err, TimeoutError)):
                     raise
@@ -192,7 +192,7 @@ async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2)
     try:
         if migrate:
             await db.migrate_url(url)
-        pool = await db.create_pool(url, max_size=max_size, connect_timeout=15)
+        pool = await db.create_pool(url, max_size=max_size, connect_timeout=db.connect_timeout())
     except Exception as err:
         if db.connection_lost(err) or isinstance(err, TimeoutError):
             raise db.unavailable(url, err) from err

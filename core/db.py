@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -184,8 +185,14 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     return applied_now
 
 
+def connect_timeout() -> float:
+    """Seconds to wait for a database connection (DATABASE_CONNECT_TIMEOUT_SECONDS, default 10): a
+    Postgres that accepts and never answers fails a command with a clear message, not a hang."""
+    return float(os.environ.get("DATABASE_CONNECT_TIMEOUT_SECONDS") or 10)
+
+
 async def migrate_url(url: str) -> list[str]:
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
     try:
         return await migrate(conn)
     finally:

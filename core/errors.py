@@ -64,6 +64,11 @@ class InputError(ValueError):
     """Bad input from a user: reported plainly, nothing is started."""
 
 
+class TemporalUnavailable(InputError):
+    """The Temporal server cannot be reached or refused the client: the CLI exits 2 with one line
+    that names the setting (TEMPORAL_ADDRESS / --temporal-address), the address and what to check."""
+
+
 class DatabaseUnavailable(Exception):
     """The application's database cannot be reached (down, restarting, refusing connections).
 

@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from core import search_attributes as sa
 from core.config import Settings
-from core.errors import InputError
+from core.errors import InputError, TemporalUnavailable
 
 
 def data_converter(settings: Settings) -> DataConverter:
@@ -90,9 +90,18 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_t
                 runtime=runtime,
             )
         except RuntimeError as err:
-            if not server_starting_up(err) or loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+            if server_starting_up(err) and loop.time() <= deadline:
+                await asyncio.sleep(0.5)
+                continue
+            raise TemporalUnavailable(
+                f"cannot reach Temporal at {settings.temporal_address} (TEMPORAL_ADDRESS / --temporal-address): "
+                f"{_first_line(err)}; check that the server runs there, and the TLS and API-key settings"
+            ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:300]
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

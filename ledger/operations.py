@@ -44,7 +44,12 @@ def parse_business_date(text: str, *, today: date | None = None) -> date:
         raise InputError(f"not a business date: {text!r} (expected YYYY-MM-DD, e.g. 2026-10-25)") from None
     if len(text.strip()) != 10:
         raise InputError(f"not a business date: {text!r} (expected YYYY-MM-DD, e.g. 2026-10-25)")
-    if value >= (today or datetime.now(UTC).date()):
+    today = today or datetime.now(UTC).date()
+    if value > today:
+        raise InputError(
+            f"business date {value.isoformat()} is in the future; a date can be reconciled once it is over"
+        )
+    if value == today:
         raise InputError(f"business date {value.isoformat()} is not over yet; reconcile it from tomorrow on")
     return value
 

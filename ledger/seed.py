@@ -73,9 +73,13 @@ def seed_spec(**values: object) -> LedgerSeedSpec:
     try:
         return LedgerSeedSpec.model_validate(values)
     except ValidationError as err:
-        raise InputError(
-            "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
-        ) from None
+        raise InputError("; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in err.errors())) from None
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    """The command-line flag of a seed field (`payments` -> `--payments`), as the user typed it."""
+    name = ".".join(str(p) for p in loc)
+    return f"--{name.replace('_', '-')}" if name else "input"
 
 
 async def seed_ledger_day(pool: asyncpg.Pool, spec: LedgerSeedSpec) -> LedgerSeedResult:

@@ -92,3 +92,32 @@ async def test_status_and_list_print_json(client, pool, settings, task_queue, wo
     assert status["settlement"]["cleaned"] == 10 and status["outcome"] == "cleaned"
     listed = json.loads(run_cli(settings, "list", "--json").stdout)
     assert started.workflow_id in [row["workflow_id"] for row in listed]
+
+
+async def test_an_unreachable_temporal_address_exits_2_naming_the_setting(settings):
+    wrong = settings.model_copy(update={"temporal_address": "127.0.0.1:1"})
+    out = run_cli(wrong, "renew", "acct_nobody")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "TEMPORAL_ADDRESS" in out.stderr and "127.0.0.1:1" in out.stderr, out.stderr
+
+
+def test_a_database_that_accepts_and_never_answers_fails_fast_naming_it(settings):
+    import socket
+
+    with socket.socket() as silent:  # accepts connections, never speaks the Postgres protocol
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql://app:s3cret@127.0.0.1:{silent.getsockname()[1]}/game"
+        env = dict(os.environ, DATABASE_URL=url, DATABASE_CONNECT_TIMEOUT_SECONDS="2")
+        env["TEMPORAL_ADDRESS"] = settings.temporal_address
+        out = subprocess.run(
+            [sys.executable, str(PROJECT_ROOT / "starter.py"), "failed"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2, out.stderr
+    assert "is unavailable (TimeoutError" in out.stderr and "s3cret" not in out.stderr, out.stderr
+    assert f"127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}" in out.stderr, out.stderr

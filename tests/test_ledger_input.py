@@ -28,10 +28,17 @@ def test_malformed_business_dates_are_refused(text):
         parse_business_date(text, today=TODAY)
 
 
-@pytest.mark.parametrize("value", [TODAY, TODAY + timedelta(days=3)])
-def test_a_business_date_that_is_not_over_is_refused(value):
-    with pytest.raises(InputError, match="is not over yet"):
+@pytest.mark.parametrize(
+    ("value", "says"), [(TODAY, "is not over yet"), (TODAY + timedelta(days=3), "is in the future")]
+)
+def test_a_business_date_that_is_not_over_is_refused(value, says):
+    with pytest.raises(InputError, match=says):
         parse_business_date(value.isoformat(), today=TODAY)
+
+
+def test_a_bad_seed_value_names_its_flag():
+    with pytest.raises(InputError, match="--payments: Input should be greater than or equal to 1"):
+        seed_spec(business_date=D, payments=0, shards=4)
 
 
 def test_ledger_targets_accept_a_date_or_the_workflow_id():
