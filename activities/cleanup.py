@@ -49,24 +49,35 @@ MAX_CLOCK_WAIT_SECONDS = 30.0
 HAND_BACK_RETRY_DELAY = timedelta(milliseconds=100)
 
 
-async def wait_for_database_clock(pool: asyncpg.Pool, instant: datetime, limit: float = MAX_CLOCK_WAIT_SECONDS) -> None:
-    """Return once the database clock has reached `instant` (if it is at most `limit` seconds away)."""
+async def wait_for_database_clock(
+    pool: asyncpg.Pool,
+    instant: datetime,
+    limit: float = MAX_CLOCK_WAIT_SECONDS,
+    beat: Callable[[], None] | None = None,
+) -> None:
+    """Return once the database clock has reached `instant` (if it is at most `limit` seconds away),
+    calling `beat` at least every second meanwhile so a waiting claim is not taken for a dead one."""
     while True:
         remaining = await pool.fetchval(SQL.seconds_until, instant)
         if remaining is None or remaining < 0 or remaining > limit:
             return
-        await asyncio.sleep(remaining + 0.001)
+        if beat is not None:
+            beat()
+        await asyncio.sleep(min(remaining + 0.001, 1.0))
 
 
 async def claim_in_chunks(
-    pool: asyncpg.Pool, input: ClaimChunkedInput, after_chunk: Callable[[int], None] | None = None
+    pool: asyncpg.Pool,
+    input: ClaimChunkedInput,
+    after_chunk: Callable[[int], None] | None = None,
+    beat: Callable[[], None] | None = None,
 ) -> ClaimResult:
     """The cohort claim as bounded statements: each chunk claims at most `chunk_size` accounts of
     the range, in one transaction that also advances the keyset cursor and the counts in
     cleanup_claim_progress. A retry (or a second delivery) resumes after the last committed chunk
     and reports the same result, read back from the database."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
-    await wait_for_database_clock(pool, last_instant)
+    await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
         SQL.claim_progress_start, input.cleanup_id, input.partitions, input.deadline_from, input.deadline_until
     )
@@ -230,7 +241,9 @@ class CleanupActivities:
         """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
         regular activity that heartbeats after each chunk: no statement grows with the cohort."""
         activity.heartbeat()
-        return await claim_in_chunks(self.pool, input, lambda claimed: activity.heartbeat(claimed))
+        return await claim_in_chunks(
+            self.pool, input, lambda claimed: activity.heartbeat(claimed), beat=activity.heartbeat
+        )
 
     @activity.defn(name=CHECK_ACCOUNT_RENEWED)
     async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:

@@ -100,7 +100,7 @@ class RenewalCleanupWorkflow:
                 ),
                 result_type=ClaimResult,
                 start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=max(60.0, input.heartbeat_timeout_seconds)),
+                heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
                 summary="claim",
             )
