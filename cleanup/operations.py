@@ -226,19 +226,23 @@ async def start_cleanup(
         raise InputError(validation_message(err)) from None
     ensure_within_envelope(client, input)
 
-    existing = await _existing_run(client, workflow_id)
-    if existing is not None:
-        existing_run, temporal_status, outcome = existing
+    def result(
+        run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
+    ) -> StartedCleanup:
         return StartedCleanup(
             workflow_id=workflow_id,
-            run_id=existing_run,
-            started=False,
+            run_id=run_id,
+            started=started,
             deadline=input.deadline,
             account_id=account_id,
             accounts_in_scope=in_scope,
-            temporal_status=temporal_status,
+            temporal_status=status,
             outcome=outcome,
         )
+
+    existing = await _existing_run(client, workflow_id)
+    if existing is not None:
+        return result(existing[0], False, existing[1], existing[2])
     attrs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
         SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
@@ -264,25 +268,10 @@ async def start_cleanup(
         run_id = handle.result_run_id
     except WorkflowAlreadyStartedError as err:  # a closed run with this ID: never make a second one
         found = await _existing_run(client, workflow_id)
-        existing_run, temporal_status, outcome = found if found is not None else (err.run_id, None, None)
-        return StartedCleanup(
-            workflow_id=workflow_id,
-            run_id=existing_run,
-            started=False,
-            deadline=input.deadline,
-            account_id=account_id,
-            accounts_in_scope=in_scope,
-            temporal_status=temporal_status,
-            outcome=outcome,
-        )
-    return StartedCleanup(
-        workflow_id=workflow_id,
-        run_id=run_id,
-        started=True,
-        deadline=input.deadline,
-        account_id=account_id,
-        accounts_in_scope=in_scope,
-    )
+        if found is None:
+            return result(err.run_id, False)
+        return result(found[0], False, found[1], found[2])
+    return result(run_id, True)
 
 
 class RenewalOutcome(BaseModel):
