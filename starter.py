@@ -23,6 +23,7 @@ from core import budget_cli, db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
 from core.config import Settings, mask_url
 from core.errors import DatabaseUnavailable, InputError
+from core.process import exit_now
 from core.temporal import connect
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
@@ -172,4 +173,4 @@ def redact(text: str, settings: Settings) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

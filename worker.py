@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -28,6 +27,7 @@ from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage
 from core.config import Settings
 from core.errors import InputError
+from core.process import exit_now
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
@@ -231,4 +231,4 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -9,9 +9,9 @@ CLEANUP_FAILPOINTS like for any worker.
 from __future__ import annotations
 
 import os
-import sys
 
 import worker as app_worker
+from core.process import exit_now
 from harness.redelivery import HarnessRedeliverWorkflow
 
 READY = "HARNESS_WORKER_READY"
@@ -22,4 +22,4 @@ def _ready() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(app_worker.main([], extra_workflows=[HarnessRedeliverWorkflow], on_ready=_ready, planner=False))
+    exit_now(app_worker.main([], extra_workflows=[HarnessRedeliverWorkflow], on_ready=_ready, planner=False))
