@@ -66,6 +66,7 @@ async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: 
     """One batch of a shard: the reconcile_batch statement in its own transaction, after the
     shard's advisory lock (so attempts of one shard take turns and each batch sees the others')."""
     async with pool.acquire() as conn, db.transaction(conn):
+        failpoints.hit(f"{RECONCILE_SHARD}.in_batch")  # the batch's transaction is open, the shard lock not yet asked
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         row = await conn.fetchrow(
             SQL.reconcile_batch,
