@@ -191,8 +191,9 @@ async def pending_on(client: Client, workflow_id: str, activity: str) -> list[tu
     ]
 
 
-async def completed(part: Part, what: str, result: Any, within: float = 120) -> bool:
-    """Await a workflow's result; a failed (or never finished) workflow is a violation."""
+async def completed(part: Part, what: str, result: Any, within: float = 120, pool: asyncpg.Pool | None = None) -> bool:
+    """Await a workflow's result; a failed (or never finished) workflow is a violation (with the
+    lane's sessions and who waits on whom, when it hangs)."""
     try:
         await asyncio.wait_for(result, within)
         return True
@@ -200,6 +201,13 @@ async def completed(part: Part, what: str, result: Any, within: float = 120) -> 
         part.violation(f"{what} failed: {err.cause or err}")
     except TimeoutError:
         part.violation(f"{what} did not complete within {within:.0f} s")
+        if pool is not None:
+            rows = await pool.fetch(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid) AS blocked_by, "
+                "left(query, 60) AS query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            part.notes.append(f"{part.name}: sessions when it hung: {[dict(r) for r in rows]}")
     return False
 
 
@@ -299,7 +307,7 @@ async def frozen_cleanup(ctx: Ctx, round_no: int = 0) -> Part:
         )
         await idle_transactions_ended(part, pool, frozen_at)
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, wf)
-        if not await completed(part, f"cleanup {wf}", handle.result()):
+        if not await completed(part, f"cleanup {wf}", handle.result(), pool=pool):
             return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -351,7 +359,7 @@ async def frozen_ledger(ctx: Ctx, round_no: int = 0) -> Part:
         )
         await idle_transactions_ended(part, pool, frozen_at)
         handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, wf)
-        if not await completed(part, f"ledger {wf}", handle.result()):
+        if not await completed(part, f"ledger {wf}", handle.result(), pool=pool):
             return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -428,7 +436,7 @@ async def frozen_relay(ctx: Ctx, round_no: int = 0) -> Part:
             part.notes.append(f"{part.name}: the frozen batch held no lease when seen (owners {owners})")
         for relay in relays:
             handle = client.get_workflow_handle_for(OutboxRelayWorkflow.run, relay)
-            if not await completed(part, f"relay {relay}", handle.result()):
+            if not await completed(part, f"relay {relay}", handle.result(), pool=pool):
                 return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -617,7 +625,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             (f"relay {relay_id}", client.get_workflow_handle_for(OutboxRelayWorkflow.run, relay_id).result()),
         ]
         for what, result in handles:
-            if not await completed(part, what, result):
+            if not await completed(part, what, result, pool=pool):
                 return part
         part.recovery = time.monotonic() - cut_at
         part.mark("completed")
