@@ -145,3 +145,41 @@ def test_the_relay_heartbeat_timeout_defaults_to_the_request_timeout_plus_10_s()
     )
     with pytest.raises(ValueError, match="heartbeat_timeout_seconds"):
         RelayBatchSettings(request_timeout_seconds=2, lease_seconds=5, heartbeat_timeout_seconds=2.5)
+
+
+async def test_a_shard_waiting_for_its_lock_at_the_start_keeps_heartbeating(client, pool, db_url, task_queue, worker):
+    """Another attempt of the shard (a zombie, until Postgres ends its idle transaction; the night
+    run beside a re-check) holds the shard lock: the new attempt waits for it before its first batch.
+    Before the fix that wait did not heartbeat, so it was taken for a dead worker after the
+    heartbeat timeout and retried, attempt after attempt, for as long as the lock was held."""
+    from datetime import date
+
+    from ledger.operations import start_reconciliation
+    from tests.helpers import wait_until
+    from tests.ledger_helpers import id_prefix, seed_day
+    from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
+
+    day = date(2026, 10, 26)
+    await seed_day(pool, day, payments=200, shards=2)
+    holder = await asyncpg.connect(db_url)
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), 0)", day)
+        started = await start_reconciliation(
+            client, pool, task_queue, day, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+        )
+        handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
+
+        async def waited_past_three_heartbeat_timeouts() -> bool:
+            waiting = await pool.fetchval(
+                "SELECT max(extract(epoch FROM now() - query_start)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%ledger-shard%'"
+            )
+            return waiting is not None and waiting > 6.0
+
+        await wait_until(waited_past_three_heartbeat_timeouts, 60)
+    finally:
+        await holder.close()  # releases the lock
+    result = await asyncio.wait_for(handle.result(), 90)
+    assert [s.attempt for s in result.shards] == [1, 1], "the waiting shard was retried as if dead"
+    assert result.settlement.balanced
