@@ -90,6 +90,8 @@ ZOMBIE_LINES = {
     "cleanup": re.compile(r"partition \d+ of \S+ attempt \d+ batch \d+: \d+ account\(s\) already applied.*"),
     "ledger": re.compile(r"shard \d+ of \S+ attempt \d+ batch \d+: \d+ keys, .* already applied"),
     "relay": re.compile(r"relay \S+ batch: claimed \d+, delivered \d+, retry \d+, dead \d+, fenced \d+"),
+    # Back online: its late completions reach Temporal and are refused (the SDK's words).
+    "reconnected": re.compile(r"Activity not found on completion|Task not found when completing"),
 }
 EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Cancelled)\b.*: ")
 STARTED = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
@@ -166,8 +168,8 @@ async def zombie_fate(slot: Slot, offset: int, job: str, within: float = 30) -> 
     def lines() -> list[str]:
         out, text = [], log_since(slot, offset).splitlines()
         for i, ln in enumerate(text):
-            if pattern.search(ln):
-                out.append(plain(ln))
+            if found := pattern.search(ln):
+                out.append(plain(ln) if job != "reconnected" else f"refused by Temporal: {found.group(0)}")
             elif CANCELLED in ln:
                 # The traceback's last line says why: refused heartbeat, connection ended by the server...
                 why = next((t for t in text[i + 1 : i + 80] if EXCEPTION_LINE.match(t)), "")
@@ -662,7 +664,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             return fwd_t.bytes_up > sent_before
 
         await wait_for(talked, 30, 0.1)
-        fate = await zombie_fate(zombie, offset, "cleanup", within=10)
+        fate = await zombie_fate(zombie, offset, "reconnected", within=10)
         await ctx.h.supervisor.stop(zombie)
         after = await ledger_digest(pool, tables)
         changes = digest_changes(before, after)
