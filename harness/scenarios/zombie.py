@@ -664,7 +664,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             return fwd_t.bytes_up > sent_before
 
         await wait_for(talked, 30, 0.1)
-        fate = await zombie_fate(zombie, offset, "reconnected", within=10)
+        fate = await zombie_fate(zombie, offset, "reconnected", within=5)
         await ctx.h.supervisor.stop(zombie)
         after = await ledger_digest(pool, tables)
         changes = digest_changes(before, after)
