@@ -14,19 +14,20 @@ It stays frozen past the heartbeat timeout, Temporal retries the work on the oth
 job completes there (the relay's events go to the other relay once the frozen one's lease ends).
 Then the harness wakes the frozen worker (SIGCONT): the zombie sends its open batch's statement
 (or records its outcomes) late. Must hold: the workflows completed (none failed), duplicates 0,
-lost 0; the frozen worker's open transaction is ended by Postgres (DB_IDLE_IN_TRANSACTION_TIMEOUT_
-SECONDS, 2 s here), so its locks never hold the retry back; the zombie's late work is seen in its log (its late batch found everything already
-applied, its late record was fenced, or it was cancelled when its heartbeat was refused) and
-changed nothing: the digest of every table the job writes is the same after the zombie woke,
-did its late work and was stopped, as when the retry had finished.
+lost 0; the frozen worker's open transaction is ended by Postgres (2 s here:
+DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS), so its locks never hold the retry back; the zombie's late
+work is seen in its log (its late batch found everything already applied, its late record was
+fenced, or it was cancelled when its heartbeat was refused) and changed nothing: the digest of
+every table the job writes is the same after the zombie woke, did its late work and was stopped,
+as when the retry had finished.
 
 **Cut off** (network namespace; needs root): a worker runs on a test host of its own
-(harness/netns.py) that reaches Temporal, Postgres and the mail provider only through
-forwarders (loopback only: no address outside the machine's loopback is ever used). It alone runs a cohort cleanup, a ledger night and a relay; a row lock held by the
-harness keeps one partition batch and one shard batch open (waiting inside their statements) and
-the mail forwarder is slow, so a relay batch is open too. Then its link to Temporal is
-blackholed, not its link to Postgres: it goes on working, unseen by Temporal. A second worker
-starts on the host; once the partition and the shard are retried there, the row locks are
+(harness/netns.py) that reaches Temporal, Postgres and the mail provider only through forwarders
+(loopback addresses only). It alone runs a cohort cleanup, a ledger night and a relay; a row lock
+held by the harness keeps one partition batch and one shard batch open (waiting inside their
+statements) and the mail forwarder is slow, so a relay batch is open too. Then its link to
+Temporal is blackholed, not its link to Postgres: it goes on working, unseen by Temporal. A second
+worker starts on the host; once the partition and the shard are retried there, the row locks are
 released: zombie and retry now run the same partition and the same shard at once, and the relay's
 retry takes over after the relay's heartbeat timeout. When everything has completed the link is
 restored; the zombie's late completions are refused. Must hold: as above, and the zombie sent
