@@ -21,6 +21,7 @@ def registry() -> dict[str, Scenario]:
         replay,
         schedule,
         server_restart,
+        zombie,
     )
 
     return {
@@ -34,6 +35,7 @@ def registry() -> dict[str, Scenario]:
         "db-faults": db_faults.run,
         "server-restart": server_restart.run,
         "renewal-order": renewal_order.run,
+        "zombie": zombie.run,
     }
 
 
