@@ -15,6 +15,7 @@ def registry() -> dict[str, Scenario]:
         db_faults,
         delay,
         kill,
+        late_data,
         oversized,
         renewal_order,
         renewal_race,
@@ -34,6 +35,7 @@ def registry() -> dict[str, Scenario]:
         "db-faults": db_faults.run,
         "server-restart": server_restart.run,
         "renewal-order": renewal_order.run,
+        "late-data": late_data.run,
     }
 
 
