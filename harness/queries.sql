@@ -281,5 +281,7 @@ LIMIT 1
 FOR UPDATE;
 
 -- name: late_data_lock_waiters
--- Backends of this database waiting for a lock (a batch held on the locked row).
-SELECT count(*)::int FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock';
+-- Backends of this database waiting for a row lock (a batch held on the locked row; not the
+-- advisory locks of the load budget or of a shard).
+SELECT count(*)::int FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple');
