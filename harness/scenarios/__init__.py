@@ -15,6 +15,7 @@ def registry() -> dict[str, Scenario]:
         db_faults,
         delay,
         kill,
+        late_data,
         oversized,
         renewal_order,
         renewal_race,
@@ -36,6 +37,7 @@ def registry() -> dict[str, Scenario]:
         "server-restart": server_restart.run,
         "renewal-order": renewal_order.run,
         "zombie": zombie.run,
+        "late-data": late_data.run,
     }
 
 
