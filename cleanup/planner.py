@@ -125,7 +125,7 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
                 client,
                 input.task_queue,
                 s,
-                bucket_cleanup_id(start, width_ms),
+                bucket_cleanup_id(start, width_ms, input.task_queue),
                 start,
                 start + width,
                 f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
@@ -203,7 +203,7 @@ async def sweep_overdue(
         previous = await describe_or_none(client, input.previous_sweep_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
-    workflow_id = sweep_cleanup_id(cutoff)
+    workflow_id = sweep_cleanup_id(cutoff, input.task_queue)
     await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)

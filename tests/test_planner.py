@@ -369,3 +369,17 @@ async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
     assert buckets["1"] == 2 and buckets["2"] == 3 and buckets["10"] == 4, buckets
     assert total(text, "planner_overdue_accounts") == 4
     assert total(text, "planner_overdue_swept") == 4 and total(text, "planner_stranded_recovered") == 6
+
+
+def test_bucket_and_sweep_ids_name_a_task_queue_other_than_the_default() -> None:
+    """Planners of two deployments on one namespace (the demo's, a test's) never share a cleanup."""
+    from datetime import UTC, datetime
+
+    from cleanup.models import DEFAULT_TASK_QUEUE, bucket_cleanup_id, sweep_cleanup_id
+
+    at = datetime(2026, 11, 1, 9, 0, 1, tzinfo=UTC)
+    assert bucket_cleanup_id(at, 1000, DEFAULT_TASK_QUEUE) == "cleanup-bucket-20261101T090001Z-1000ms"
+    assert sweep_cleanup_id(at, DEFAULT_TASK_QUEUE) == "cleanup-sweep-20261101T090001Z"
+    assert bucket_cleanup_id(at, 1000, "demo-1a2b") == "cleanup-bucket-20261101T090001Z-1000ms-demo-1a2b"
+    assert sweep_cleanup_id(at, "demo-1a2b") == "cleanup-sweep-20261101T090001Z-demo-1a2b"
+    assert planner_workflow_id("demo-1a2b") == "deadline-planner-demo-1a2b"
