@@ -41,6 +41,9 @@ with workflow.unsafe.imports_passed_through():
     from core.errors import STEP_RETRY
 
 _RETRY = STEP_RETRY
+# Both activities heartbeat while they run: a worker that dies in one is noticed after this long,
+# and the loop goes on elsewhere (without it a dead worker's plan step held the loop 2 minutes).
+_HEARTBEAT = timedelta(seconds=10)
 
 
 @workflow.defn(name=PLANNER_WORKFLOW)
@@ -74,6 +77,7 @@ class DeadlinePlannerWorkflow:
                 PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
                 result_type=PlanTickResult,
                 start_to_close_timeout=timedelta(minutes=2),
+                heartbeat_timeout=_HEARTBEAT,
                 retry_policy=_RETRY,
                 summary="plan buckets",
             )
@@ -89,7 +93,7 @@ class DeadlinePlannerWorkflow:
                 ),
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=timedelta(seconds=60),
+                heartbeat_timeout=_HEARTBEAT,
                 retry_policy=_RETRY,
                 summary="sweep",
             )
