@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,9 +209,23 @@ class Harness:
         assert self.stack.settings.temporal_address is not None
         return self.stack.settings.temporal_address
 
-    async def lane(self, name: str, workers: int, *, address: str | None = None, admin_url: str | None = None) -> Lane:
+    async def lane(
+        self,
+        name: str,
+        workers: int,
+        *,
+        address: str | None = None,
+        admin_url: str | None = None,
+        planner: bool = False,
+        extra_env: dict[str, str] | None = None,
+        failpoints: Sequence[str] = (),
+    ) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
-        database on another server (a private one a scenario may crash), which the caller removes."""
+        database on another server (a private one a scenario may crash), which the caller removes.
+        `planner`: the workers ensure the lane's deadline planner (CLEANUP_PLANNER=on), as
+        `worker.py` does; otherwise the scenario drives its cleanups itself. `extra_env`: more
+        settings of the lane's workers (e.g. PLANNER_TICK_SECONDS). `failpoints`: the first slots'
+        CLEANUP_FAILPOINTS, one per slot (saves arming them with a restart)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
         if admin_url is None:
@@ -228,12 +242,15 @@ class Harness:
             MAIL_PROVIDER_URL=self.provider.url,
             MAIL_PROVIDER_TOKEN=self.token,
             PYTHONUNBUFFERED="1",
+            CLEANUP_PLANNER="on" if planner else "off",
         )
+        env.update(extra_env or {})
         env.pop("CLEANUP_FAILPOINTS", None)
         slots = [
             self.supervisor.add(Slot(f"{name}-w{i}", env, self.log_dir / f"{name}-w{i}.log")) for i in range(workers)
         ]
-        await asyncio.gather(*(self.supervisor.start(s) for s in slots))
+        armed = list(failpoints) + [""] * (workers - len(failpoints))
+        await asyncio.gather(*(self.supervisor.start(s, f) for s, f in zip(slots, armed, strict=True)))
         lane = Lane(name, task_queue, url, pool, slots)
         self.lanes.append(lane)
         return lane

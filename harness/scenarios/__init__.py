@@ -16,6 +16,7 @@ def registry() -> dict[str, Scenario]:
         delay,
         kill,
         oversized,
+        planner_kills,
         renewal_order,
         renewal_race,
         replay,
@@ -34,6 +35,7 @@ def registry() -> dict[str, Scenario]:
         "db-faults": db_faults.run,
         "server-restart": server_restart.run,
         "renewal-order": renewal_order.run,
+        "planner-kills": planner_kills.run,
     }
 
 
