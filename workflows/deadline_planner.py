@@ -41,9 +41,6 @@ with workflow.unsafe.imports_passed_through():
     from core.errors import STEP_RETRY
 
 _RETRY = STEP_RETRY
-# Both activities heartbeat while they run: a worker that dies in one is noticed after this long,
-# and the loop goes on elsewhere (without it a dead worker's plan step held the loop 2 minutes).
-_HEARTBEAT = timedelta(seconds=10)
 
 
 @workflow.defn(name=PLANNER_WORKFLOW)
@@ -66,6 +63,9 @@ class DeadlinePlannerWorkflow:
     async def run(self, input: PlannerInput) -> PlannerTotals:
         s = input.settings
         task_queue = workflow.info().task_queue
+        # Both steps heartbeat while they run: a worker that dies in one is noticed after this long
+        # and the loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
+        heartbeat = timedelta(seconds=s.step_heartbeat_seconds)
         iterations = 0
         while True:
             if self._paused:
@@ -77,7 +77,7 @@ class DeadlinePlannerWorkflow:
                 PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
                 result_type=PlanTickResult,
                 start_to_close_timeout=timedelta(minutes=2),
-                heartbeat_timeout=_HEARTBEAT,
+                heartbeat_timeout=heartbeat,
                 retry_policy=_RETRY,
                 summary="plan buckets",
             )
@@ -93,7 +93,7 @@ class DeadlinePlannerWorkflow:
                 ),
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=_HEARTBEAT,
+                heartbeat_timeout=heartbeat,
                 retry_policy=_RETRY,
                 summary="sweep",
             )
