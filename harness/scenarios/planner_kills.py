@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -50,9 +51,10 @@ SQL = load(harness.__file__)
 
 SWEEP_GRACE = 4.0
 # The lane's planner, read by the worker that starts it: a short tick, small batches (so a
-# partition commits several times), the harness's short heartbeat timeout. Batches of 5 rows make
-# the load budget's stress signal (latency per 1,000 rows) meaningless, so it is set out of reach:
-# the budget still bounds batches in flight, but lateness here is the planner's and the kills'.
+# partition commits several times), the harness's short heartbeat timeouts (cleanups and planner
+# steps). Batches of 5 rows make the load budget's stress signal (latency per 1,000 rows)
+# meaningless, so it is set out of reach: the budget still bounds batches in flight, but lateness
+# here is the planner's and the kills'.
 PLANNER_ENV = {
     "LOAD_BUDGET_LATENCY_MS": "600000",
     "PLANNER_TICK_SECONDS": "1",
@@ -62,18 +64,18 @@ PLANNER_ENV = {
     "PLANNER_MAX_PARALLEL_PARTITIONS": "2",
     "PLANNER_BATCH_SIZE": "5",
     "CLEANUP_HEARTBEAT_TIMEOUT_SECONDS": "2",
+    "PLANNER_STEP_HEARTBEAT_SECONDS": "2",
 }
 PARTITION_KILL = "cleanup_partition.after_commit"
 # The second armed worker, by round: a planner step first (the heart of the scenario).
-SECOND_KILL = [
-    "plan_deadline_buckets.after_start",
-    "settle_cleanup.after_commit",
-    "claim_cleanup_in_chunks.after_commit",
-]
+SECOND_KILL = ["claim_cleanup_in_chunks.after_commit", "settle_cleanup.after_commit"]
+# Planner steps run on the worker that hosts the planner (eager activities), so both armed workers
+# die at their 3rd plan step: whichever hosts the planner then, a few seconds into the round.
+PLAN_KILL = "plan_deadline_buckets.after_start=exit@3"
 SWEEP_KILL = "sweep_overdue_accounts.after_commit"
 # After each kill, the planner must complete an iteration within this (it ticks every second; a
-# killed planner step is retried after its 10 s heartbeat timeout, a workflow task of a dead worker
-# after 10 s).
+# killed planner step is retried after its heartbeat timeout, 2 s here, a workflow task of a dead
+# worker after 10 s).
 PLANNER_LIVENESS = 45.0
 
 
@@ -148,14 +150,15 @@ def arming(ctx: Ctx, index: int) -> list[str]:
     """The failpoints of the first two workers in round `index` (a worker comes back without)."""
     rng = ctx.rng(f"planner-kills-arm:{index}")
     second = SECOND_KILL[index % len(SECOND_KILL)]
-    return [f"{PARTITION_KILL}=exit@{rng.randint(1, 3)}", f"{second}=exit@1"]
+    return [f"{PARTITION_KILL}=exit@{rng.randint(1, 3)},{PLAN_KILL}", f"{second}=exit@1,{PLAN_KILL}"]
 
 
 async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) -> None:
     rng = ctx.rng(f"planner-kills:{index}")
     pool, sup = lane.pool, ctx.h.supervisor
     rnd = Round()
-    before = {s.name: len(s.deaths) for s in lane.slots}
+    # Round 0's workers were started armed with the lane: every death since counts.
+    before = {s.name: len(s.deaths) if index > 0 else 0 for s in lane.slots}
     outage_deaths: list[Death] = []
     if outage:  # every worker down before the cohorts are seeded, until the sweep is due
         armed = {"after the outage, every worker": f"{SWEEP_KILL}=exit@1"}
@@ -168,7 +171,7 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
 
     cohorts = 5 if ctx.profile.scale == 1 else 6
     for i in range(cohorts):
-        prefix, deadline = ctx.ids.prefix("pl"), ctx.ids.future_deadline(3.5 + 1.25 * i)
+        prefix, deadline = ctx.ids.prefix("pl"), ctx.ids.future_deadline(3 + 1.0 * i)
         await seed_cohort(pool, prefix, deadline, rng.randint(15, 30) * ctx.profile.scale)
         rnd.prefixes.append(prefix)
         rnd.deadlines.append(deadline)
@@ -292,7 +295,7 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
                 f"the planner completed no iteration within {PLANNER_LIVENESS:.0f} s of a kill "
                 f"(gaps {[round(g, 1) for g in gaps]} s)"
             )
-    hit = sorted(p for p in armed.values() if _hit(lane, p, failpoint_deaths))
+    hit = sorted(_hits(lane, failpoint_deaths))
     row.notes.append(
         f"round {index + 1}: armed {sorted(armed.values())}, failpoint deaths {len(failpoint_deaths)} "
         f"({', '.join(hit) or 'none hit'}), SIGKILL at {len(rnd.sigkills)} instant(s)"
@@ -334,13 +337,14 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
     )
 
 
-def _hit(lane: Lane, point: str, failpoint_deaths: list[Death]) -> bool:
-    """Did a worker armed with `point` die at it? (Its log says which failpoint it exited at.)"""
-    name = point.split("=")[0]
+def _hits(lane: Lane, failpoint_deaths: list[Death]) -> list[str]:
+    """The failpoint each of these deaths exited at (its worker's log says which)."""
     slots = {s.name: s for s in lane.slots}
-    return any(
-        f"failpoint {name}: exiting process {d.pid}" in slots[d.slot].log_tail(200_000) for d in failpoint_deaths
-    )
+    out = []
+    for d in failpoint_deaths:
+        found = re.search(rf"failpoint (\S+): exiting process {d.pid}\b", slots[d.slot].log_tail(1_000_000))
+        out.append(found.group(1) if found else "?")
+    return out
 
 
 def _s(value: float | None) -> str:
