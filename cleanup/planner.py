@@ -199,8 +199,12 @@ async def sweep_overdue(
     )
     if overdue == 0:
         return result
-    if input.previous_sweep_id is not None:
-        previous = await describe_or_none(client, input.previous_sweep_id)
+    # The previous sweep: the one the planner saw started, else the one recorded last (a retry of a
+    # step that died after starting it, or a planner that continued as new): while it runs, no
+    # second one starts (nor is recorded, which would count its accounts twice).
+    previous_id = input.previous_sweep_id or await pool.fetchval(SQL.latest_overdue_sweep)
+    if previous_id is not None:
+        previous = await describe_or_none(client, previous_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
     workflow_id = sweep_cleanup_id(cutoff, input.task_queue)

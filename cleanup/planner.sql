@@ -70,6 +70,11 @@ SELECT count(*)::int AS overdue, min(renewal_deadline) AS oldest FROM overdue;
 -- name: record_sweep
 INSERT INTO planner_sweeps (kind, cleanup_id, accounts, oldest_deadline) VALUES ($1, $2, $3, $4);
 
+-- name: latest_overdue_sweep
+-- The sweep cleanup recorded last (planner_sweeps_kind_idx): a retried sweep step whose first
+-- attempt started and recorded it, then died before replying, finds it here.
+SELECT cleanup_id FROM planner_sweeps WHERE kind = 'overdue' ORDER BY swept_at DESC, sweep_id DESC LIMIT 1;
+
 -- name: cleaned_since
 -- Lateness (cleaned_at - renewal_deadline) of cleanups committed after $1, oldest first, at most $2.
 SELECT cleaned_at, extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness

@@ -383,3 +383,23 @@ def test_bucket_and_sweep_ids_name_a_task_queue_other_than_the_default() -> None
     assert bucket_cleanup_id(at, 1000, "demo-1a2b") == "cleanup-bucket-20261101T090001Z-1000ms-demo-1a2b"
     assert sweep_cleanup_id(at, "demo-1a2b") == "cleanup-sweep-20261101T090001Z-demo-1a2b"
     assert planner_workflow_id("demo-1a2b") == "deadline-planner-demo-1a2b"
+
+
+async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(client, pool, task_queue):
+    """A worker killed after the sweep step started and recorded its cleanup, before replying: the
+    retry (which does not know that cleanup's ID) finds it running and leaves it be, so the accounts
+    are neither swept twice nor counted twice in `planner status`."""
+    from cleanup.planner import sweep_overdue
+    from cleanup.planner_models import SweepInput
+
+    await seed(pool, deadline_in(-60), 5)
+    sweep = SweepInput(settings=FAST, task_queue=task_queue)  # no worker polls it: the sweep stays running
+    first = await sweep_overdue(pool, client, sweep)
+    retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
+    try:
+        assert first.sweep_cleanup_id is not None and first.overdue == 5
+        assert retried.sweep_cleanup_id is None and retried.overdue == 5
+        recorded = await pool.fetch("SELECT cleanup_id, accounts FROM planner_sweeps WHERE kind = 'overdue'")
+        assert [tuple(r) for r in recorded] == [(first.sweep_cleanup_id, 5)]
+    finally:
+        await client.get_workflow_handle(first.sweep_cleanup_id or "").terminate(reason="test over")
