@@ -120,16 +120,16 @@ LIMIT 1
 RETURNING revision;
 
 -- name: planner_not_terminal
--- Scenario 11: accounts of the given ID patterns not yet in a terminal state (cleaned or renewed).
+-- Scenario 13: accounts of the given ID patterns not yet in a terminal state (cleaned or renewed).
 SELECT count(*)::int FROM accounts
 WHERE account_id LIKE ANY($1::text[]) AND status NOT IN ('cleaned', 'renewed');
 
 -- name: planner_account_states
--- Scenario 11: each account's state and version, to compare with what its renewals imply.
+-- Scenario 13: each account's state and version, to compare with what its renewals imply.
 SELECT account_id, status, cleanup_version FROM accounts WHERE account_id LIKE ANY($1::text[]);
 
 -- name: planner_cleanups
--- Scenario 11: every cleanup that claimed or applied one of these accounts; `by_planner` is false
+-- Scenario 13: every cleanup that claimed or applied one of these accounts; `by_planner` is false
 -- for a cleanup the planner did not start (its IDs are cleanup-bucket-* and cleanup-sweep-*).
 SELECT cleanup_id, (cleanup_id LIKE 'cleanup-bucket-%' OR cleanup_id LIKE 'cleanup-sweep-%') AS by_planner
 FROM (SELECT cleanup_id FROM cleanup_claims WHERE account_id LIKE ANY($1::text[])
@@ -137,13 +137,13 @@ FROM (SELECT cleanup_id FROM cleanup_claims WHERE account_id LIKE ANY($1::text[]
 ORDER BY cleanup_id;
 
 -- name: planner_due_done_at
--- Scenario 11: when the last account whose deadline had passed at $2 reached its terminal state
+-- Scenario 13: when the last account whose deadline had passed at $2 reached its terminal state
 -- (cleaned_at; NULL if none of them was cleaned after $2), for the recovery after a kill at $2.
 SELECT max(cleaned_at) FROM accounts
 WHERE account_id LIKE ANY($1::text[]) AND renewal_deadline <= $2 AND cleaned_at > $2;
 
 -- name: planner_lateness
--- Scenario 11: lateness (cleaned_at - renewal_deadline, seconds) of these accounts' cleanups.
+-- Scenario 13: lateness (cleaned_at - renewal_deadline, seconds) of these accounts' cleanups.
 SELECT count(*)::int AS cleaned,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
@@ -152,5 +152,5 @@ FROM (SELECT extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS latene
       FROM accounts WHERE account_id LIKE ANY($1::text[]) AND status = 'cleaned') l;
 
 -- name: planner_late_renewals
--- Scenario 11: the renewals recorded for these accounts, by outcome.
+-- Scenario 13: the renewals recorded for these accounts, by outcome.
 SELECT outcome, count(*)::int AS n FROM renewals WHERE account_id = ANY($1::text[]) GROUP BY outcome;

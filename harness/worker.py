@@ -3,7 +3,7 @@
 It is `worker.py` (its `main`) with one extra workflow; it prints `HARNESS_WORKER_READY pid=N` once
 it polls, so the supervisor knows when a (re)started process is up. Most scenarios drive their
 cleanups themselves, so this worker ensures the deadline planner only when CLEANUP_PLANNER says so
-explicitly (a lane with `planner=True`, scenario 11). Failpoints come from CLEANUP_FAILPOINTS like
+explicitly (a lane with `planner=True`, scenario 13). Failpoints come from CLEANUP_FAILPOINTS like
 for any worker.
 """
 

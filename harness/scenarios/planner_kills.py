@@ -1,4 +1,4 @@
-"""Scenario 11: the deadline planner under kills, with nobody running a cleanup command.
+"""Scenario 13: the deadline planner under kills, with nobody running a cleanup command.
 
 Real worker processes (two; three in the full profile) ensure the lane's planner
 (CLEANUP_PLANNER=on, as `worker.py` does). Each round seeds five (full: six) cohorts whose deadlines
@@ -6,12 +6,14 @@ are spread over ~5 s; the harness starts no cleanup: the planner's bucket cleanu
 for whatever they miss) must do it all. Meanwhile some accounts are renewed for good before their
 deadline, some to a new deadline (a later cohort's bucket, or a bucket of its own that only the
 renewal makes known), and one is renewed after its deadline (too late). Workers die while this
-runs: one is armed to exit right after a partition batch COMMIT, another right after a planner
-step (bucket cleanups started) or a settlement or claim-chunk COMMIT, and a live one is SIGKILLed
-between the first and the last deadline. In the last round of a profile with several rounds every
-worker is SIGKILLed before the cohorts are seeded and comes back only once the second cohort is
-overdue past the sweep grace, so the sweep must take the early cohorts while the planner plans the
-later ones; the worker that runs that sweep dies right after recording it.
+runs: every one is armed to exit at its 3rd plan step, right after it started the bucket cleanups
+(planner steps run on the worker hosting the planner, so whichever hosts it dies and the planner
+moves), the first also right after a partition batch COMMIT, the second after a claim-chunk or a
+settlement COMMIT (by round); and a live one is SIGKILLed between the first and the last deadline.
+In the last round of a profile with several rounds every worker is SIGKILLed before the cohorts
+are seeded and comes back only once the second cohort is overdue past the sweep grace, so the
+sweep must take the early cohorts while the planner plans the later ones; the worker that runs
+that sweep dies right after recording it.
 
 Must hold, counted in the database: every account in one terminal state, the one its latest
 in-time renewal implies (status and version); one idempotency row, one reminder and the archive
@@ -69,8 +71,8 @@ PLANNER_ENV = {
 PARTITION_KILL = "cleanup_partition.after_commit"
 # The second armed worker, by round: a planner step first (the heart of the scenario).
 SECOND_KILL = ["claim_cleanup_in_chunks.after_commit", "settle_cleanup.after_commit"]
-# Planner steps run on the worker that hosts the planner (eager activities), so both armed workers
-# die at their 3rd plan step: whichever hosts the planner then, a few seconds into the round.
+# Planner steps run on the worker that hosts the planner (eager activities), so every worker is
+# armed to die at its 3rd plan step: whichever hosts the planner then, a few seconds into the round.
 PLAN_KILL = "plan_deadline_buckets.after_start=exit@3"
 SWEEP_KILL = "sweep_overdue_accounts.after_commit"
 # After each kill, the planner must complete an iteration within this (it ticks every second; a
@@ -146,11 +148,14 @@ async def _all_up(ctx: Ctx, lane: Lane, at: datetime) -> list[Death]:
     return []
 
 
-def arming(ctx: Ctx, index: int) -> list[str]:
-    """The failpoints of the first two workers in round `index` (a worker comes back without)."""
+def arming(ctx: Ctx, index: int, workers: int) -> list[str]:
+    """Every worker's failpoints in round `index` (a worker comes back without): the plan step on
+    all (whichever hosts the planner), a partition batch on the first, a claim chunk or a
+    settlement on the second."""
     rng = ctx.rng(f"planner-kills-arm:{index}")
     second = SECOND_KILL[index % len(SECOND_KILL)]
-    return [f"{PARTITION_KILL}=exit@{rng.randint(1, 3)},{PLAN_KILL}", f"{second}=exit@1,{PLAN_KILL}"]
+    extra = [f"{PARTITION_KILL}=exit@{rng.randint(1, 3)}", f"{second}=exit@1"]
+    return [",".join([*extra[i : i + 1], PLAN_KILL]) for i in range(workers)]
 
 
 async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) -> None:
@@ -164,9 +169,9 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
         armed = {"after the outage, every worker": f"{SWEEP_KILL}=exit@1"}
         outage_deaths = _all_down(lane, rnd)
     else:
-        armed = dict(zip((s.name for s in lane.slots), arming(ctx, index), strict=False))
+        armed = dict(zip((s.name for s in lane.slots), arming(ctx, index, len(lane.slots)), strict=True))
         if index > 0:  # round 0's workers were started armed
-            await asyncio.gather(*(sup.start(s, armed[s.name]) for s in lane.slots[:2]))
+            await asyncio.gather(*(sup.start(s, armed[s.name]) for s in lane.slots))
     started = time.monotonic()
 
     cohorts = 5 if ctx.profile.scale == 1 else 6
@@ -390,9 +395,9 @@ async def planner_evidence(ctx: Ctx, lane: Lane) -> list[str]:
 
 
 async def run(ctx: Ctx) -> Row:
-    row = Row("11 planner under kills")
+    row = Row("13 planner under kills")
     workers = 2 if ctx.profile.scale == 1 else 3
-    lane = await ctx.h.lane("planner", workers, planner=True, extra_env=PLANNER_ENV, failpoints=arming(ctx, 0))
+    lane = await ctx.h.lane("planner", workers, planner=True, extra_env=PLANNER_ENV, failpoints=arming(ctx, 0, workers))
     row.operator_visibility = True  # and-ed over the rounds
     try:
         for index in range(ctx.profile.rounds):
