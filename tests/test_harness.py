@@ -36,7 +36,7 @@ def test_quick_profile_passes_every_scenario():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
     rows = {r["scenario"]: r for r in report["rows"]}
-    assert len(rows) == 10, list(rows)
+    assert len(rows) == 11, list(rows)
     for name, r in rows.items():
         assert r["passed"], (name, r["violations"], r["notes"])
         assert r["runs"] >= 1 and r["duplicates"] == 0 and r["lost"] == 0, (name, r)
@@ -44,6 +44,8 @@ def test_quick_profile_passes_every_scenario():
         assert r["operator_visibility"], (name, r["evidence"])
     kill = next(r for r in report["rows"] if r["scenario"].startswith("2 "))
     assert kill["runs"] >= 7, "every commit point killed at least once"
+    planner = rows["13 planner under kills"]
+    assert any("planner status" in e and "'overdue': 0" in e for e in planner["evidence"]), planner["evidence"]
 
 
 def test_a_broken_invariant_makes_the_harness_fail():

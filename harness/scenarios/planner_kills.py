@@ -6,7 +6,7 @@ are spread over ~5 s; the harness starts no cleanup: the planner's bucket cleanu
 for whatever they miss) must do it all. Meanwhile some accounts are renewed for good before their
 deadline, some to a new deadline (a later cohort's bucket, or a bucket of its own that only the
 renewal makes known), and one is renewed after its deadline (too late). Workers die while this
-runs: every one is armed to exit at its 3rd plan step, right after it started the bucket cleanups
+runs: every one is armed to exit at its 5th plan step, right after it started the bucket cleanups
 (planner steps run on the worker hosting the planner, so whichever hosts it dies and the planner
 moves), the first also right after a partition batch COMMIT, the second after a claim-chunk or a
 settlement COMMIT (by round); and a live one is SIGKILLed between the first and the last deadline.
@@ -72,8 +72,9 @@ PARTITION_KILL = "cleanup_partition.after_commit"
 # The second armed worker, by round: a planner step first (the heart of the scenario).
 SECOND_KILL = ["claim_cleanup_in_chunks.after_commit", "settle_cleanup.after_commit"]
 # Planner steps run on the worker that hosts the planner (eager activities), so every worker is
-# armed to die at its 3rd plan step: whichever hosts the planner then, a few seconds into the round.
-PLAN_KILL = "plan_deadline_buckets.after_start=exit@3"
+# armed to die at its 5th plan step: whichever hosts the planner then, a few seconds into the round
+# (after it planned the buckets of the first cohorts).
+PLAN_KILL = "plan_deadline_buckets.after_start=exit@5"
 SWEEP_KILL = "sweep_overdue_accounts.after_commit"
 # After each kill, the planner must complete an iteration within this (it ticks every second; a
 # killed planner step is retried after its heartbeat timeout, 2 s here, a workflow task of a dead
