@@ -111,5 +111,9 @@ WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
   AND renewal_deadline < cleanup_clock() + make_interval(secs => $1);
 
 -- name: sweep_totals
+-- Each cleanup counted once: two attempts of one sweep step running at once (a zombie and its
+-- retry) start the same sweep cleanup and may both record it.
 SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sweeps, max(swept_at) AS last_at
-FROM planner_sweeps GROUP BY kind;
+FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
+      FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
+GROUP BY kind;

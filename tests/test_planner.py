@@ -403,3 +403,25 @@ async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(cl
         assert [tuple(r) for r in recorded] == [(first.sweep_cleanup_id, 5)]
     finally:
         await client.get_workflow_handle(first.sweep_cleanup_id or "").terminate(reason="test over")
+
+
+async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_once(client, pool, task_queue):
+    """A zombie attempt and its retry run the same sweep step at once: one sweep cleanup (its ID
+    comes from the iteration, not the attempt's clock), and `planner status` counts it once."""
+    from cleanup.planner import sweep_overdue
+    from cleanup.planner_models import SweepInput
+
+    await seed(pool, deadline_in(-60), 4)
+    as_of = await pool.fetchval("SELECT clock_timestamp()")
+    step = SweepInput(settings=FAST, task_queue=task_queue, as_of=as_of)  # no worker: the sweep stays running
+    attempts = await asyncio.gather(sweep_overdue(pool, client, step), sweep_overdue(pool, client, step))
+    started = {a.sweep_cleanup_id for a in attempts} - {None}
+    try:
+        assert len(started) == 1, attempts
+        recorded = await pool.fetch("SELECT DISTINCT cleanup_id FROM planner_sweeps WHERE kind = 'overdue'")
+        assert [r[0] for r in recorded] == list(started)
+        status = await planner_status(client, pool, task_queue)
+        assert status["overdue_swept"] == 4 and status["overdue_sweeps"] == 1, status
+    finally:
+        for workflow_id in started:
+            await client.get_workflow_handle(workflow_id or "").terminate(reason="test over")

@@ -90,6 +90,7 @@ class DeadlinePlannerWorkflow:
                     settings=s,
                     task_queue=task_queue,
                     previous_sweep_id=self._last_sweep_id,
+                    as_of=workflow.now(),
                 ),
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=30),
