@@ -199,11 +199,11 @@ async def sweep_overdue(
     )
     if overdue == 0:
         return result
-    # The previous sweep: the one the planner saw started, else the one recorded last (a retry of a
-    # step that died after starting it, or a planner that continued as new): while it runs, no
-    # second one starts (nor is recorded, which would count its accounts twice).
-    previous_id = input.previous_sweep_id or await pool.fetchval(SQL.latest_overdue_sweep)
-    if previous_id is not None:
+    # The previous sweep: the one the planner saw started, and the one recorded last (by a retried
+    # step's attempt that died before replying, or before the planner continued as new): while one
+    # runs, no second one starts (nor is recorded, which would count its accounts twice).
+    recorded_last = await pool.fetchval(SQL.latest_overdue_sweep)
+    for previous_id in dict.fromkeys(i for i in (input.previous_sweep_id, recorded_last) if i is not None):
         previous = await describe_or_none(client, previous_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep

@@ -393,7 +393,9 @@ async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(cl
     from cleanup.planner_models import SweepInput
 
     await seed(pool, deadline_in(-60), 5)
-    sweep = SweepInput(settings=FAST, task_queue=task_queue)  # no worker polls it: the sweep stays running
+    # The planner's input names the sweep of an earlier iteration (long finished); no worker polls
+    # the queue, so the sweep the step starts stays running.
+    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=f"cleanup-sweep-earlier-{task_queue}")
     first = await sweep_overdue(pool, client, sweep)
     retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
     try:
