@@ -154,3 +154,14 @@ FROM (SELECT extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS latene
 -- name: planner_late_renewals
 -- Scenario 13: the renewals recorded for these accounts, by outcome.
 SELECT outcome, count(*)::int AS n FROM renewals WHERE account_id = ANY($1::text[]) GROUP BY outcome;
+
+-- name: planner_swept_since
+-- Scenario 13: accounts the planner recorded as swept since $1, each sweep cleanup once (what
+-- `planner status` adds up), and how many sweeps.
+SELECT coalesce(sum(accounts), 0)::int AS accounts, count(*)::int AS sweeps
+FROM (SELECT DISTINCT ON (cleanup_id) accounts FROM planner_sweeps
+      WHERE kind = 'overdue' AND swept_at >= $1 ORDER BY cleanup_id, sweep_id) once;
+
+-- name: planner_clock
+-- Scenario 13: the database's clock (the planner's and the sweeps' time).
+SELECT clock_timestamp();

@@ -163,6 +163,7 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
     rng = ctx.rng(f"planner-kills:{index}")
     pool, sup = lane.pool, ctx.h.supervisor
     rnd = Round()
+    round_began: datetime = await pool.fetchval(SQL.planner_clock)
     # Round 0's workers were started armed with the lane: every death since counts.
     before = {s.name: len(s.deaths) if index > 0 else 0 for s in lane.slots}
     outage_deaths: list[Death] = []
@@ -335,9 +336,13 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
         row.violations.append("failpoint kills not visible in any Temporal history")
     row.operator_visibility = row.operator_visibility and status_ok and visible
     sweeps = [w for w in ids if w.startswith("cleanup-sweep-")]
+    swept = await pool.fetchrow(SQL.planner_swept_since, round_began)
+    if swept["accounts"] > len(rnd.accounts):  # each account is overdue, and swept, at most once
+        row.violations.append(f"planner status counts {swept['accounts']} accounts swept of {len(rnd.accounts)}")
     row.evidence += evidence[:1]
     row.evidence.append(
-        f"round {index + 1}: {len(ids)} planner cleanups ({len(sweeps)} sweeps), {len(rnd.outcomes)} renewals "
+        f"round {index + 1}: {len(ids)} planner cleanups ({len(sweeps)} sweeps; {swept['sweeps']} recorded, "
+        f"{swept['accounts']} accounts), {len(rnd.outcomes)} renewals "
         f"({sum(not o.in_time for o in rnd.outcomes)} too late), lateness p50 {_s(lateness['p50'])} "
         f"p99 {_s(lateness['p99'])} max {_s(lateness['max'])} s; planner status: {_brief(status)}"
     )
