@@ -285,3 +285,50 @@ FOR UPDATE;
 -- advisory locks of the load budget or of a shard).
 SELECT count(*)::int FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple');
+
+-- name: planner_not_terminal
+-- Scenario 13: accounts of the given ID patterns not yet in a terminal state (cleaned or renewed).
+SELECT count(*)::int FROM accounts
+WHERE account_id LIKE ANY($1::text[]) AND status NOT IN ('cleaned', 'renewed');
+
+-- name: planner_account_states
+-- Scenario 13: each account's state and version, to compare with what its renewals imply.
+SELECT account_id, status, cleanup_version FROM accounts WHERE account_id LIKE ANY($1::text[]);
+
+-- name: planner_cleanups
+-- Scenario 13: every cleanup that claimed or applied one of these accounts; `by_planner` is false
+-- for a cleanup the planner did not start (its IDs are cleanup-bucket-* and cleanup-sweep-*).
+SELECT cleanup_id, (cleanup_id LIKE 'cleanup-bucket-%' OR cleanup_id LIKE 'cleanup-sweep-%') AS by_planner
+FROM (SELECT cleanup_id FROM cleanup_claims WHERE account_id LIKE ANY($1::text[])
+      UNION SELECT cleanup_id FROM cleanup_applied WHERE account_id LIKE ANY($1::text[])) c
+ORDER BY cleanup_id;
+
+-- name: planner_due_done_at
+-- Scenario 13: when the last account whose deadline had passed at $2 reached its terminal state
+-- (cleaned_at; NULL if none of them was cleaned after $2), for the recovery after a kill at $2.
+SELECT max(cleaned_at) FROM accounts
+WHERE account_id LIKE ANY($1::text[]) AND renewal_deadline <= $2 AND cleaned_at > $2;
+
+-- name: planner_lateness
+-- Scenario 13: lateness (cleaned_at - renewal_deadline, seconds) of these accounts' cleanups.
+SELECT count(*)::int AS cleaned,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
+       max(lateness) AS max
+FROM (SELECT extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness
+      FROM accounts WHERE account_id LIKE ANY($1::text[]) AND status = 'cleaned') l;
+
+-- name: planner_late_renewals
+-- Scenario 13: the renewals recorded for these accounts, by outcome.
+SELECT outcome, count(*)::int AS n FROM renewals WHERE account_id = ANY($1::text[]) GROUP BY outcome;
+
+-- name: planner_swept_since
+-- Scenario 13: accounts the planner recorded as swept since $1, each sweep cleanup once (what
+-- `planner status` adds up), and how many sweeps.
+SELECT coalesce(sum(accounts), 0)::int AS accounts, count(*)::int AS sweeps
+FROM (SELECT DISTINCT ON (cleanup_id) accounts FROM planner_sweeps
+      WHERE kind = 'overdue' AND swept_at >= $1 ORDER BY cleanup_id, sweep_id) once;
+
+-- name: planner_clock
+-- Scenario 13: the database's clock (the planner's and the sweeps' time).
+SELECT clock_timestamp();

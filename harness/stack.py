@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,12 +223,16 @@ class Harness:
         *,
         address: str | None = None,
         admin_url: str | None = None,
-        failpoints: str = "",
+        planner: bool = False,
         env: dict[str, str] | None = None,
+        failpoints: str | Sequence[str] = "",
     ) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
         database on another server (a private one a scenario may crash), which the caller removes.
-        `failpoints` arms every slot's first start; `env` adds to every slot's environment."""
+        `planner`: the workers ensure the lane's deadline planner (CLEANUP_PLANNER=on), as
+        `worker.py` does; otherwise the scenario drives its cleanups itself. `env` adds to every
+        slot's environment (e.g. PLANNER_TICK_SECONDS). `failpoints`: CLEANUP_FAILPOINTS of every
+        slot's first start (a string), or of the first slots, one per slot (a sequence)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
         if admin_url is None:
@@ -245,6 +249,7 @@ class Harness:
             MAIL_PROVIDER_URL=self.provider.url,
             MAIL_PROVIDER_TOKEN=self.token,
             PYTHONUNBUFFERED="1",
+            CLEANUP_PLANNER="on" if planner else "off",
         )
         worker_env.pop("CLEANUP_FAILPOINTS", None)
         worker_env.update(env or {})
@@ -252,7 +257,9 @@ class Harness:
             self.supervisor.add(Slot(f"{name}-w{i}", worker_env, self.log_dir / f"{name}-w{i}.log"))
             for i in range(workers)
         ]
-        await asyncio.gather(*(self.supervisor.start(s, failpoints) for s in slots))
+        armed = [failpoints] * workers if isinstance(failpoints, str) else list(failpoints)
+        armed += [""] * (workers - len(armed))
+        await asyncio.gather(*(self.supervisor.start(s, f) for s, f in zip(slots, armed, strict=True)))
         lane = Lane(name, task_queue, url, pool, slots, worker_env)
         self.lanes.append(lane)
         return lane

@@ -37,7 +37,7 @@ def test_quick_profile_passes_every_scenario():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
     rows = {r["scenario"]: r for r in report["rows"]}
-    assert len(rows) == 12, list(rows)
+    assert len(rows) == 13, list(rows)
     for name, r in rows.items():
         assert r["passed"], (name, r["violations"], r["notes"])
         assert r["runs"] >= 1 and r["duplicates"] == 0 and r["lost"] == 0, (name, r)
@@ -54,6 +54,8 @@ def test_quick_profile_passes_every_scenario():
         )
     late = rows["12 late data"]
     assert late["runs"] == 4 and any(e.endswith("ledger equal") for e in late["evidence"]), late["evidence"]
+    planner = rows["13 planner under kills"]
+    assert any("planner status" in e and "'overdue': 0" in e for e in planner["evidence"]), planner["evidence"]
 
 
 def test_a_broken_invariant_makes_the_harness_fail():

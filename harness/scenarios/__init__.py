@@ -17,6 +17,7 @@ def registry() -> dict[str, Scenario]:
         kill,
         late_data,
         oversized,
+        planner_kills,
         renewal_order,
         renewal_race,
         replay,
@@ -38,6 +39,7 @@ def registry() -> dict[str, Scenario]:
         "renewal-order": renewal_order.run,
         "zombie": zombie.run,
         "late-data": late_data.run,
+        "planner-kills": planner_kills.run,
     }
 
 
