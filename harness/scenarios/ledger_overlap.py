@@ -58,7 +58,7 @@ async def _result(client: Client, workflow_id: str) -> LedgerReconciliationResul
 
 
 async def run(ctx: Ctx) -> Row:
-    row = Row("14 zombie shard under its lock, late data")
+    row = Row("15 zombie shard under its lock, late data")
     lane = await ctx.h.lane("ledger-overlap", 2)
     client, pool, tq = ctx.client, lane.pool, lane.task_queue
     business_date = ctx.ids.business_date()
