@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -28,6 +29,7 @@ from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage
 from core.config import Settings
 from core.errors import InputError
+from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
@@ -82,10 +84,17 @@ def build_worker(
     max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
     graceful_shutdown_seconds: float = 20.0,
+    sticky_queue_timeout_seconds: float = 3.0,
     pool: asyncpg.Pool | None = None,
 ) -> Worker:
     """With the activities' `pool`, an attempt that lost its database connection waits for the
-    database and runs again at once (core.outage) instead of waiting out Temporal's back-off."""
+    database and runs again at once (core.outage) instead of waiting out Temporal's back-off.
+
+    Recovery after a worker dies: its activities are retried elsewhere after their heartbeat
+    timeout (core.heartbeat), whose heartbeats reach the server at least every second here; a
+    workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
+    for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
+    On SIGTERM it stops polling and hands its sticky queue back to the server at once."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
@@ -94,6 +103,8 @@ def build_worker(
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
+        max_heartbeat_throttle_interval=MAX_HEARTBEAT_THROTTLE,
         interceptors=[outage.OutageInterceptor(probe)],
     )
 
@@ -154,6 +165,7 @@ async def run_worker(
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
+            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
             pool=pool,
         )
         log.info(
@@ -172,6 +184,8 @@ async def run_worker(
                 "worker shutting down: running activities get %ss to finish or hand their work back",
                 settings.worker_graceful_shutdown_seconds,
             )
+            stopping = time.monotonic()
+        log.info("worker stopped %.1fs after the shutdown began", time.monotonic() - stopping)
     finally:
         await pool.close()
 

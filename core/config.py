@@ -53,6 +53,10 @@ class Settings(BaseModel):
     # On SIGTERM a worker stops polling and gives running activities this long to finish or hand
     # their work back (cleanup partitions do at the next batch) before cancelling them.
     worker_graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
+    # A workflow task waits this long on the sticky queue of the worker that has the workflow cached
+    # before any worker may take it (Temporal's default is 10 s): what a killed worker's workflows
+    # wait once before they move on (the next workflow task goes to a live worker; worker.py).
+    worker_sticky_queue_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "0.0.0.0"
@@ -94,6 +98,8 @@ class Settings(BaseModel):
             values["max_concurrent_activities"] = int(env["WORKER_MAX_CONCURRENT_ACTIVITIES"])
         if env.get("WORKER_GRACEFUL_SHUTDOWN_SECONDS"):
             values["worker_graceful_shutdown_seconds"] = float(env["WORKER_GRACEFUL_SHUTDOWN_SECONDS"])
+        if env.get("WORKER_STICKY_QUEUE_TIMEOUT_SECONDS"):
+            values["worker_sticky_queue_timeout_seconds"] = float(env["WORKER_STICKY_QUEUE_TIMEOUT_SECONDS"])
         if env.get("METRICS_PORT"):
             values["metrics_port"] = int(env["METRICS_PORT"])
         if env.get("METRICS_HOST"):

@@ -11,6 +11,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
 # Workflow patch: a nudge that arrives while a batch runs is kept for the idle that follows it.
@@ -21,6 +22,17 @@ FAILURE_TIMEOUT = "timeout"
 FAILURE_CONNECTION = "connection error"
 # Outcomes that never count as failures: the provider's rate limit, and rows released unsent.
 NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
+NOT_SENT_SHUTDOWN = "not sent: worker shutting down"
+
+# A relay batch whose worker died is retried elsewhere once no heartbeat came for this long (it
+# heartbeats while requests are in flight); a worker stopped with SIGTERM sends no new request,
+# records what was sent and releases the rest at once.
+HEARTBEAT_TIMEOUT_ENV = "OUTBOX_HEARTBEAT_TIMEOUT_SECONDS"
+
+
+def heartbeat_timeout_from_env() -> float:
+    """OUTBOX_HEARTBEAT_TIMEOUT_SECONDS, default 7 (a ValueError names the variable when it is bad)."""
+    return seconds_from_env(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -48,6 +60,18 @@ class RelayBatchSettings(Model):
     backoff_initial_seconds: float = Field(default=2.0, ge=0, le=3600)
     backoff_max_seconds: float = Field(default=600.0, ge=0, le=86_400)
     retry_after_max_seconds: float = Field(default=3600.0, ge=0, le=86_400)
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="a batch whose worker died is retried elsewhere after this long without a heartbeat; "
+        "None: OUTBOX_HEARTBEAT_TIMEOUT_SECONDS or 7, filled in when the relay starts",
+    )
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """The batch's heartbeat timeout (payloads of older relays carry none: the default)."""
+        return self.heartbeat_timeout_seconds or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 
     @model_validator(mode="after")
     def _lease_covers_a_request(self) -> Self:
