@@ -26,7 +26,7 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner
 from cleanup.targets import load_targets
-from core import db, embedded, logs, metrics, outage
+from core import db, embedded, logs, metrics, outage, shutdown
 from core.config import Settings
 from core.errors import InputError
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
@@ -94,7 +94,8 @@ def build_worker(
     timeout (core.heartbeat), whose heartbeats reach the server at least every second here; a
     workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
     for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
-    On SIGTERM it stops polling and hands its sticky queue back to the server at once."""
+    On SIGTERM it stops polling and hands its sticky queue back to the server at once; an activity
+    that completes meanwhile waits for that (core.shutdown), so the next step starts elsewhere."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
@@ -105,7 +106,7 @@ def build_worker(
         graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
         max_heartbeat_throttle_interval=MAX_HEARTBEAT_THROTTLE,
-        interceptors=[outage.OutageInterceptor(probe)],
+        interceptors=[shutdown.HandOffInterceptor(), outage.OutageInterceptor(probe)],
     )
 
 
@@ -222,8 +223,13 @@ def main(
     async def _run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stop_now() -> None:
+            shutdown.begin()
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_now)
         await run_worker(
             settings,
             stop,
