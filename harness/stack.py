@@ -24,7 +24,7 @@ import asyncpg
 from temporalio.client import Client
 
 from bench.common import Stack, stack
-from core import db, embedded
+from core import db, embedded, failpoints
 from core.config import PROJECT_ROOT
 from core.temporal import connect
 from harness.checks import Ordering, ordering_effects
@@ -132,8 +132,9 @@ class Supervisor:
         await self.wait_ready(slot, within)
 
     async def wait_ready(self, slot: Slot, within: float = 60) -> None:
+        """Until the slot's current process polls (a dead one about to be restarted does not)."""
         deadline = time.monotonic() + within
-        while not slot.ready():
+        while not (slot.alive() and slot.ready()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker {slot.name} did not start in time:\n{slot.log_tail()}")
             await asyncio.sleep(0.05)
@@ -184,6 +185,8 @@ class Lane:
     database_url: str
     pool: asyncpg.Pool
     slots: list[Slot]
+    # The failpoint file the lane's workers share (core.failpoints), if it has one.
+    failpoints_file: Path | None = None
 
 
 @dataclass
@@ -209,9 +212,18 @@ class Harness:
         assert self.stack.settings.temporal_address is not None
         return self.stack.settings.temporal_address
 
-    async def lane(self, name: str, workers: int, *, address: str | None = None, admin_url: str | None = None) -> Lane:
+    async def lane(
+        self,
+        name: str,
+        workers: int,
+        *,
+        address: str | None = None,
+        admin_url: str | None = None,
+        shared_failpoints: bool = False,
+    ) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
-        database on another server (a private one a scenario may crash), which the caller removes."""
+        database on another server (a private one a scenario may crash), which the caller removes.
+        `shared_failpoints`: the workers share one failpoint file (armed by the scenario, per run)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
         if admin_url is None:
@@ -230,11 +242,16 @@ class Harness:
             PYTHONUNBUFFERED="1",
         )
         env.pop("CLEANUP_FAILPOINTS", None)
+        env.pop(failpoints.SHARED_FILE_ENV, None)
+        failpoints_file = self.log_dir / f"{name}-failpoints.json" if shared_failpoints else None
+        if failpoints_file is not None:
+            failpoints_file.unlink(missing_ok=True)
+            env[failpoints.SHARED_FILE_ENV] = str(failpoints_file)
         slots = [
             self.supervisor.add(Slot(f"{name}-w{i}", env, self.log_dir / f"{name}-w{i}.log")) for i in range(workers)
         ]
         await asyncio.gather(*(self.supervisor.start(s) for s in slots))
-        lane = Lane(name, task_queue, url, pool, slots)
+        lane = Lane(name, task_queue, url, pool, slots, failpoints_file)
         self.lanes.append(lane)
         return lane
 
