@@ -57,6 +57,10 @@ class Slot:
     deaths: list[Death] = field(default_factory=list)
     supervised: bool = True
 
+    def pids(self) -> list[int]:
+        """Every process this slot ran that died (the current one is `proc`)."""
+        return [d.pid for d in self.deaths]
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

@@ -223,13 +223,13 @@ async def kill_once(ctx: Ctx, lane: Lane, point: str, signal: str, rng: random.R
         violations.append(f"{spec}: workload did not complete: {type(err).__name__}: {err}")
     recovery = Recovery(None, "no stop")
     if fired is not None:
-        slot = next((s for s in lane.slots if s.deaths and s.deaths[-1].pid == fired["pid"]), None)
-        if slot is None:  # a graceful shutdown may still be under way: it has its grace period
-            slot = next(s for s in lane.slots if s.proc is not None and s.proc.pid == fired["pid"])
+        pid = fired["pid"]
+        slot = next(s for s in lane.slots if (s.proc is not None and s.proc.pid == pid) or pid in s.pids())
+        if slot.proc is not None and slot.proc.pid == pid:  # a graceful shutdown may still be under way
             await sup.wait_death(slot, deaths[slot.name], within=60)
-        death = next((d for d in slot.deaths[deaths[slot.name] :] if d.pid == fired["pid"]), None)
+        death = next((d for d in slot.deaths[deaths[slot.name] :] if d.pid == pid), None)
         if death is None:
-            violations.append(f"{spec}: worker {fired['pid']} did not stop")
+            violations.append(f"{spec}: worker {pid} did not stop")
         elif death.returncode != EXIT_CODES[signal]:
             violations.append(
                 f"{spec}: worker exited with code {death.returncode}, not {EXIT_CODES[signal]}: {slot.log_tail(500)}"
