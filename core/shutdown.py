@@ -20,7 +20,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-HAND_OFF_PAUSE_SECONDS = 1.0
+HAND_OFF_PAUSE_SECONDS = 0.5
 _STOPPING: list[bool] = []
 
 
