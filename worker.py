@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -24,9 +25,10 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner
 from cleanup.targets import load_targets
-from core import db, embedded, logs, metrics, outage
+from core import db, embedded, logs, metrics, outage, shutdown
 from core.config import Settings
 from core.errors import InputError
+from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
@@ -82,13 +84,20 @@ def build_worker(
     max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
     graceful_shutdown_seconds: float = 20.0,
+    sticky_queue_timeout_seconds: float = 3.0,
     pool: asyncpg.Pool | None = None,
     workflow_task_polls: int | None = None,
     activity_task_polls: int | None = None,
-    sticky_queue_timeout_seconds: float = 10.0,
 ) -> Worker:
     """With the activities' `pool`, an attempt that lost its database connection waits for the
-    database and runs again at once (core.outage) instead of waiting out Temporal's back-off."""
+    database and runs again at once (core.outage) instead of waiting out Temporal's back-off.
+
+    Recovery after a worker dies: its activities are retried elsewhere after their heartbeat
+    timeout (core.heartbeat), whose heartbeats reach the server at least every second here; a
+    workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
+    for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
+    On SIGTERM it stops polling and hands its sticky queue back to the server at once; an activity
+    that completes meanwhile waits for that (core.shutdown), so the next step starts elsewhere."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
@@ -97,10 +106,11 @@ def build_worker(
         activities=list(activities),  # type: ignore[arg-type]
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
-        interceptors=[outage.OutageInterceptor(probe)],
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
+        max_heartbeat_throttle_interval=MAX_HEARTBEAT_THROTTLE,
         max_concurrent_workflow_task_polls=workflow_task_polls,
         max_concurrent_activity_task_polls=activity_task_polls,
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
+        interceptors=[shutdown.HandOffInterceptor(), outage.OutageInterceptor(probe)],
     )
 
 
@@ -169,10 +179,10 @@ async def run_worker(
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
+            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
             pool=pool,
             workflow_task_polls=settings.worker_workflow_task_polls,
             activity_task_polls=settings.worker_activity_task_polls,
-            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -190,6 +200,8 @@ async def run_worker(
                 "worker shutting down: running activities get %ss to finish or hand their work back",
                 settings.worker_graceful_shutdown_seconds,
             )
+            stopping = time.monotonic()
+        log.info("worker stopped %.1fs after the shutdown began", time.monotonic() - stopping)
     finally:
         await pool.close()
 
@@ -226,8 +238,13 @@ def main(
     async def _run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stop_now() -> None:
+            shutdown.begin()
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_now)
         await run_worker(
             settings,
             stop,

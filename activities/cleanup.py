@@ -38,7 +38,7 @@ from cleanup.models import (
 from cleanup.targets import CleanupTargets
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
-from core.errors import ErrorType, failure
+from core.errors import ErrorType, failure, handed_back
 from core.queries import load
 
 SQL = load(cleanup.__file__)
@@ -47,8 +47,6 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
-# A partition handed back by a worker shutting down is retried this soon (not the policy's back-off).
-HAND_BACK_RETRY_DELAY = timedelta(milliseconds=100)
 
 
 async def wait_for_database_clock(
@@ -243,9 +241,15 @@ class CleanupActivities:
         """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
         regular activity that heartbeats after each chunk: no statement grows with the cohort."""
         activity.heartbeat()
-        return await claim_in_chunks(
-            self.pool, input, lambda claimed: activity.heartbeat(claimed), beat=activity.heartbeat
-        )
+
+        def after_chunk(claimed: int) -> None:
+            activity.heartbeat(claimed)
+            if activity.is_worker_shutdown():
+                # A graceful shutdown: the chunk is committed with the cursor, so another worker
+                # resumes the claim at once instead of waiting out the heartbeat timeout.
+                raise handed_back(f"the claim of {input.cleanup_id} handed back after a chunk")
+
+        return await claim_in_chunks(self.pool, input, after_chunk, beat=activity.heartbeat)
 
     @activity.defn(name=CHECK_ACCOUNT_RENEWED)
     async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:
@@ -291,11 +295,8 @@ class CleanupActivities:
                 # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
                 # boundary, with the cursor heartbeated, so another worker resumes it at once
                 # instead of waiting out the heartbeat timeout.
-                raise failure(
-                    ErrorType.HANDED_BACK,
-                    f"worker shutting down: partition {input.partition_no} handed back after "
-                    f"{checkpoint.last_account_id or 'the start'}",
-                    next_retry_delay=HAND_BACK_RETRY_DELAY,
+                raise handed_back(
+                    f"partition {input.partition_no} handed back after {checkpoint.last_account_id or 'the start'}"
                 )
 
         def still_working(checkpoint: PartitionCheckpoint) -> None:

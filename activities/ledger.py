@@ -20,8 +20,8 @@ from temporalio.exceptions import ApplicationError
 import ledger
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, under_budget
-from core.errors import ErrorType, failure
-from core.heartbeat import run_heartbeating
+from core.errors import ErrorType, failure, handed_back
+from core.heartbeat import heartbeating, run_heartbeating
 from core.queries import load
 from ledger.models import (
     CHECK_LEDGER_DAY,
@@ -282,6 +282,12 @@ class LedgerActivities:
         def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
             failpoints.hit(f"{RECONCILE_SHARD}.after_commit")
             activity.heartbeat(checkpoint.model_dump(mode="json"))
+            if activity.is_worker_shutdown():
+                # A graceful shutdown (SIGTERM, a deploy): hand the shard back at this batch boundary,
+                # its cursor heartbeated, so another worker resumes it at once.
+                raise handed_back(
+                    f"shard {input.shard} of {input.business_date} handed back after batch {checkpoint.batches}"
+                )
             # What this committed batch inserted (never totals read back), so retries do not double count.
             metrics.record_corrections(row["corrected"])
             metrics.record_review_rows(row["reviewed"])
@@ -336,7 +342,16 @@ class LedgerActivities:
         """Settle the date from its shard reports once every shard has reported: the first
         settlement is revision 1; a later one whose totals differ (late data judged by a re-check)
         records the next revision with what changed and why; equal totals write nothing. Revisions
-        of one date are serialised by an advisory lock, so a night run and re-checks never race."""
+        of one date are serialised by an advisory lock, so a night run and re-checks never race.
+        It heartbeats while it runs (waiting for that lock, say), so a worker that dies during it is
+        noticed within the heartbeat timeout instead of the start-to-close timeout."""
+        if not activity.in_activity():  # the benchmark's direct baseline calls it as a plain method
+            return await self._settle(input)
+        timeout = activity.info().heartbeat_timeout
+        async with heartbeating(activity.heartbeat, timeout.total_seconds() / 3 if timeout else 10.0):
+            return await self._settle(input)
+
+    async def _settle(self, input: SettleLedgerInput) -> LedgerSettlement:
         async with self.pool.acquire() as conn, db.transaction(conn):
             await conn.execute(SQL.lock_settlement, input.business_date)
             await check_day(conn, input.business_date, input.shards)

@@ -35,12 +35,14 @@ from temporalio import activity
 import outbox
 from core import db, failpoints, metrics
 from core.errors import ErrorType, HeaderInjectionError, failure
+from core.heartbeat import heartbeating
 from core.outage import OUTAGE
 from core.queries import load
 from outbox.models import (
     FAILURE_CONNECTION,
     FAILURE_TIMEOUT,
     NOT_SENT_LEASE_SHORT,
+    NOT_SENT_SHUTDOWN,
     RELAY_OUTBOX_BATCH,
     RelayBatchInput,
     RelayBatchResult,
@@ -277,6 +279,16 @@ class OutboxRelayActivities:
                 "the outbox relay is not configured on this worker: set MAIL_PROVIDER_URL and "
                 "MAIL_PROVIDER_TOKEN in the worker's environment",
             )
+        # Heartbeat all along (the claim, requests in flight, the recording), so the heartbeat timeout
+        # need not cover a slow request: a dead worker is noticed within it, a live one never judged dead.
+        timeout = activity.info().heartbeat_timeout
+        progress: dict[str, int] = {}
+        async with heartbeating(
+            lambda: activity.heartbeat(dict(progress)), timeout.total_seconds() / 3 if timeout else 10.0
+        ):
+            return await self._relay_batch(input, progress)
+
+    async def _relay_batch(self, input: RelayBatchInput, progress: dict[str, int]) -> RelayBatchResult:
         s = input.settings
         info = activity.info()
         started = time.monotonic()
@@ -284,8 +296,11 @@ class OutboxRelayActivities:
         owner, rows = await self._claim(input.relay_id, f"{info.activity_id}#{info.attempt}", s, lease_end)
         result = RelayBatchResult(claimed=len(rows))
         if rows:
-            activity.heartbeat({"claimed": len(rows)})
-            outcomes = await self._send_all(rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS)
+            progress["claimed"] = len(rows)
+            activity.heartbeat(dict(progress))
+            outcomes = await self._send_all(
+                rows, s, send_until=started + s.lease_seconds - LEASE_MARGIN_SECONDS, progress=progress
+            )
             failpoints.hit(f"{RELAY_OUTBOX_BATCH}.after_send")
             ids = [r["event_id"] for r in rows]
             # A lost connection here (the database restarted, our backend was terminated) must not leave
@@ -347,9 +362,13 @@ class OutboxRelayActivities:
             await with_database("release_lease", until, functools.partial(self.pool.fetchrow, SQL.release_lease, owner))
 
     async def _send_all(
-        self, rows: list[asyncpg.Record], s: RelayBatchSettings, send_until: float
+        self, rows: list[asyncpg.Record], s: RelayBatchSettings, send_until: float, progress: dict[str, int]
     ) -> dict[int, Outcome]:
-        """Send with at most `concurrency` requests in flight, over the instance's pooled connections."""
+        """Send with at most `concurrency` requests in flight, over the instance's pooled connections.
+
+        Once the worker shuts down gracefully (SIGTERM, a deploy), no new request starts: the requests
+        in flight finish, and the rows not sent are released (due at once, not a failure) when the
+        outcomes are recorded, so another worker's relay sends them without waiting for the lease."""
         queue: asyncio.Queue[asyncpg.Record] = asyncio.Queue()
         for row in sorted(rows, key=lambda r: int(r["event_id"])):  # oldest first (RETURNING has no order)
             queue.put_nowait(row)
@@ -363,8 +382,12 @@ class OutboxRelayActivities:
                     # Not sent: the lease would run out before an answer could be recorded. Not a failure.
                     outcomes[row["event_id"]] = Outcome("retry", None, 0.0, NOT_SENT_LEASE_SHORT)
                     continue
+                if activity.is_worker_shutdown():
+                    outcomes[row["event_id"]] = Outcome("retry", None, 0.0, NOT_SENT_SHUTDOWN)
+                    continue
                 outcomes[row["event_id"]] = await self._send_one(client, row, s)
-                activity.heartbeat({"sent": len(outcomes)})
+                progress["sent"] = len(outcomes)
+                activity.heartbeat(dict(progress))
 
         await asyncio.gather(*(sender() for _ in range(min(s.concurrency, len(rows)))))
         return outcomes

@@ -325,7 +325,7 @@ def register(commands: Commands) -> None:
         type=float,
         metavar="SECONDS",
         help="a partition whose worker died resumes elsewhere after this long without a heartbeat "
-        "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 10)",
+        "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 7)",
     )
     p.add_argument(
         "--heartbeat-interval",

@@ -5,13 +5,13 @@ Payloads carry IDs, versions and counts only, never account data, so histories s
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
 ACCOUNT_ID_PATTERN = r"^acct_[A-Za-z0-9_-]{1,60}$"
@@ -43,24 +43,18 @@ CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
 
-# A partition whose worker died is retried elsewhere once no heartbeat came for this long; a worker
-# shut down gracefully (SIGTERM) hands its partitions back at once instead (activities/cleanup.py).
-DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 10.0
+# A partition (or the chunked claim) whose worker died is retried elsewhere once no heartbeat came
+# for this long (core.heartbeat: 7 s); a worker shut down gracefully (SIGTERM) hands its partitions
+# back at once instead (activities/cleanup.py).
 HEARTBEAT_TIMEOUT_ENV = "CLEANUP_HEARTBEAT_TIMEOUT_SECONDS"
 HEARTBEAT_INTERVAL_ENV = "CLEANUP_HEARTBEAT_INTERVAL_SECONDS"
 
 
 def heartbeat_from_env() -> tuple[float, float | None]:
     """(timeout, interval) of the partition heartbeat: CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (default
-    10) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout)."""
-    values: list[float | None] = []
-    for name in (HEARTBEAT_TIMEOUT_ENV, HEARTBEAT_INTERVAL_ENV):
-        raw = os.environ.get(name, "").strip()
-        try:
-            values.append(float(raw) if raw else None)
-        except ValueError:
-            raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    return values[0] or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, values[1]
+    7) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout)."""
+    timeout = seconds_from_env(HEARTBEAT_TIMEOUT_ENV)
+    return timeout or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env(HEARTBEAT_INTERVAL_ENV)
 
 
 def _instant(deadline: datetime) -> str:

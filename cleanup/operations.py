@@ -40,7 +40,7 @@ from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
 from core.queries import load
-from core.temporal import describe_or_none
+from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
@@ -143,7 +143,7 @@ async def start_cleanup(
 
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
-    The heartbeat timeout and interval default to CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (10 s) and
+    The heartbeat timeout and interval default to CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (7 s) and
     CLEANUP_HEARTBEAT_INTERVAL_SECONDS (a third of the timeout).
 
     An account whose cleanup already ran (it is `cleaning` or `cleaned`) gets that run back, with
@@ -257,6 +257,7 @@ async def start_cleanup(
             result_type=CleanupResult,
             id=workflow_id,
             task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(attrs),

@@ -57,7 +57,7 @@ from core import db, metrics
 from core import search_attributes as sa
 from core.budget import budget_status
 from core.queries import load
-from core.temporal import describe_or_none
+from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
 
 log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
@@ -93,6 +93,7 @@ async def _start_cohort(
             result_type=CleanupResult,
             id=workflow_id,
             task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(
@@ -235,6 +236,7 @@ async def ensure_planner(client: Client, task_queue: str, settings: PlannerSetti
         PlannerInput(settings=settings or PlannerSettings.from_env()),
         id=workflow_id,
         task_queue=task_queue,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         static_summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",

@@ -65,7 +65,10 @@ class Settings(BaseModel):
     # worker that ran it before it goes to any worker (the SDK's 10 s).
     worker_workflow_task_polls: int | None = Field(default=None, ge=2, le=100)
     worker_activity_task_polls: int | None = Field(default=None, ge=1, le=100)
-    worker_sticky_queue_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    # A workflow task waits this long on the sticky queue of the worker that has the workflow cached
+    # before any worker may take it (Temporal's default is 10 s): what a killed worker's workflows
+    # wait once before they move on (the next workflow task goes to a live worker; worker.py).
+    worker_sticky_queue_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "0.0.0.0"

@@ -60,6 +60,17 @@ def failure(type: ErrorType, message: str, *, next_retry_delay: timedelta | None
     )
 
 
+# Work handed back by a worker shutting down is retried this soon (not the policy's back-off).
+HAND_BACK_RETRY_DELAY = timedelta(milliseconds=100)
+
+
+def handed_back(message: str) -> ApplicationError:
+    """What an activity raises at a batch boundary when its worker is shutting down gracefully
+    (SIGTERM, a deploy), its cursor heartbeated: another worker resumes the work at once instead of
+    waiting out the heartbeat timeout."""
+    return failure(ErrorType.HANDED_BACK, f"worker shutting down: {message}", next_retry_delay=HAND_BACK_RETRY_DELAY)
+
+
 class InputError(ValueError):
     """Bad input from a user: reported plainly, nothing is started."""
 

@@ -8,6 +8,7 @@ when a key is configured.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -20,6 +21,12 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from core import search_attributes as sa
 from core.config import Settings
 from core.errors import InputError, TemporalUnavailable
+
+# The workflow task timeout every workflow is started with (Temporal's default is 10 s). A worker that
+# dies while it holds a workflow task (say, while a local activity such as the cleanup's settlement
+# runs in it) stalls that workflow this long; a live worker finishes a task in milliseconds, and one
+# running a longer local activity reports progress at 80% of it, so 5 s never cuts one short.
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 
 
 def data_converter(settings: Settings) -> DataConverter:

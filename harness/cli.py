@@ -14,7 +14,7 @@ EXIT_VIOLATION = 1
 
 async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
     from harness.common import PROFILES, Row
-    from harness.runner import render_details, render_table, run_profile
+    from harness.runner import render_details, render_recovery, render_table, run_profile
     from harness.scenarios import all_scenarios
 
     if args.profile not in PROFILES:
@@ -38,6 +38,10 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(render_table(report))
+        recovery = render_recovery(report)
+        if recovery:
+            print("\nrecovery per stop (from the stop to the work under way on another worker)")
+            print(recovery)
         if args.details or not report["passed"]:
             print(render_details(report))
         print(f"\n{'all invariants held' if report['passed'] else 'INVARIANTS VIOLATED'} in {report['seconds']} s")

@@ -42,7 +42,8 @@ class Profile:
 
 
 PROFILES = {
-    "quick": Profile("quick", kill_runs=7, kill_lanes=3, rounds=1, scale=1),
+    # kill_runs: each commit point stopped once with SIGKILL and once with SIGTERM (quick), 15 times each (full)
+    "quick": Profile("quick", kill_runs=14, kill_lanes=3, rounds=1, scale=1),
     "full": Profile("full", kill_runs=210, kill_lanes=3, rounds=3, scale=4),
 }
 
@@ -61,6 +62,8 @@ class Row:
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # Recovery per kind of work and signal (scenario 2: harness/recovery.py), for the recovery table.
+    recovery: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

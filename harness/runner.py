@@ -87,6 +87,39 @@ def cell(row: dict[str, Any], key: str) -> str:
 def render_table(report: dict[str, Any], markdown: bool = False) -> str:
     headers = [h for _, h in COLUMNS]
     body = [[cell(r, k) for k, _ in COLUMNS] for r in report["rows"]]
+    return _grid(headers, body, markdown)
+
+
+RECOVERY_COLUMNS = [
+    ("work", "work stopped"),
+    ("signal", "signal"),
+    ("stops", "stops"),
+    ("min", "min (s)"),
+    ("p50", "p50 (s)"),
+    ("max", "max (s)"),
+    ("goal", "goal (s)"),
+    ("met", "goal met"),
+]
+
+
+def render_recovery(report: dict[str, Any], markdown: bool = False) -> str:
+    """Recovery per kill (harness/recovery.py): from the stop to the work under way on another worker."""
+    rows = [r for row in report["rows"] for r in row.get("recovery") or []]
+    if not rows:
+        return ""
+
+    def value(r: dict[str, Any], key: str) -> str:
+        if key == "met":
+            return "yes" if r["met"] else "NO"
+        v = r[key]
+        return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+    headers = [h for _, h in RECOVERY_COLUMNS]
+    body = [[value(r, k) for k, _ in RECOVERY_COLUMNS] for r in rows]
+    return _grid(headers, body, markdown)
+
+
+def _grid(headers: list[str], body: list[list[str]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
         lines += ["| " + " | ".join(b) + " |" for b in body]

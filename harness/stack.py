@@ -27,6 +27,7 @@ from temporalio.client import Client
 from bench.common import Stack, stack
 from core import db, embedded
 from core.config import PROJECT_ROOT
+from core.failpoints import SHARED_FILE_ENV
 from core.temporal import connect
 from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
@@ -58,6 +59,10 @@ class Slot:
     deaths: list[Death] = field(default_factory=list)
     supervised: bool = True
     prefix: list[str] = field(default_factory=list)  # e.g. `ip netns exec NS`: the worker runs on a test host
+
+    def pids(self) -> list[int]:
+        """Every process this slot ran that died (the current one is `proc`)."""
+        return [d.pid for d in self.deaths]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -134,8 +139,9 @@ class Supervisor:
         await self.wait_ready(slot, within)
 
     async def wait_ready(self, slot: Slot, within: float = 60) -> None:
+        """Until the slot's current process polls (a dead one about to be restarted does not)."""
         deadline = time.monotonic() + within
-        while not slot.ready():
+        while not (slot.alive() and slot.ready()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker {slot.name} did not start in time:\n{slot.log_tail()}")
             await asyncio.sleep(0.05)
@@ -191,6 +197,8 @@ class Lane:
     pool: asyncpg.Pool
     slots: list[Slot]
     env: dict[str, str] = field(default_factory=dict)  # every slot's environment (before its own overrides)
+    # The failpoint file the lane's workers share (core.failpoints), if it has one.
+    failpoints_file: Path | None = None
 
 
 @dataclass
@@ -226,13 +234,15 @@ class Harness:
         planner: bool = False,
         env: dict[str, str] | None = None,
         failpoints: str | Sequence[str] = "",
+        shared_failpoints: bool = False,
     ) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
         database on another server (a private one a scenario may crash), which the caller removes.
         `planner`: the workers ensure the lane's deadline planner (CLEANUP_PLANNER=on), as
         `worker.py` does; otherwise the scenario drives its cleanups itself. `env` adds to every
         slot's environment (e.g. PLANNER_TICK_SECONDS). `failpoints`: CLEANUP_FAILPOINTS of every
-        slot's first start (a string), or of the first slots, one per slot (a sequence)."""
+        slot's first start (a string), or of the first slots, one per slot (a sequence).
+        `shared_failpoints`: the workers share one failpoint file (armed by the scenario, per run)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
         if admin_url is None:
@@ -252,7 +262,12 @@ class Harness:
             CLEANUP_PLANNER="on" if planner else "off",
         )
         worker_env.pop("CLEANUP_FAILPOINTS", None)
+        worker_env.pop(SHARED_FILE_ENV, None)
         worker_env.update(env or {})
+        failpoints_file = self.log_dir / f"{name}-failpoints.json" if shared_failpoints else None
+        if failpoints_file is not None:
+            failpoints_file.unlink(missing_ok=True)
+            worker_env[SHARED_FILE_ENV] = str(failpoints_file)
         slots = [
             self.supervisor.add(Slot(f"{name}-w{i}", worker_env, self.log_dir / f"{name}-w{i}.log"))
             for i in range(workers)
@@ -260,7 +275,7 @@ class Harness:
         armed = [failpoints] * workers if isinstance(failpoints, str) else list(failpoints)
         armed += [""] * (workers - len(armed))
         await asyncio.gather(*(self.supervisor.start(s, f) for s, f in zip(slots, armed, strict=True)))
-        lane = Lane(name, task_queue, url, pool, slots, worker_env)
+        lane = Lane(name, task_queue, url, pool, slots, worker_env, failpoints_file)
         self.lanes.append(lane)
         return lane
 

@@ -19,7 +19,13 @@ from core.cli import CliContext, Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
-from ledger.models import DEFAULT_ID_PREFIX, DEFAULT_SHARDS, SCHEDULE_ID, ScheduledLedgerInput
+from ledger.models import (
+    DEFAULT_ID_PREFIX,
+    DEFAULT_SHARDS,
+    SCHEDULE_ID,
+    ScheduledLedgerInput,
+    heartbeat_timeout_from_env,
+)
 from ledger.operations import (
     DB_PART,
     ledger_status,
@@ -77,9 +83,12 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
+            heartbeat_timeout_seconds=args.heartbeat_timeout or heartbeat_timeout_from_env(),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
+    except ValueError as err:  # LEDGER_HEARTBEAT_TIMEOUT_SECONDS
+        raise InputError(str(err)) from None
 
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
@@ -94,6 +103,7 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
             recheck=args.recheck,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
@@ -186,6 +196,13 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
     p.add_argument("--batch-size", type=int, default=1000, help="payments per statement (default 1000)")
     p.add_argument(
         "--tolerance-cents", type=int, default=50, help="amount mismatch corrected by rule up to this (default 50)"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a shard whose worker died resumes elsewhere after this long without a heartbeat "
+        "(default: $LEDGER_HEARTBEAT_TIMEOUT_SECONDS or 7)",
     )
 
 

@@ -10,12 +10,21 @@ from typing import Literal
 
 from pydantic import Field
 
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
 MAX_SHARDS = 256
 DEFAULT_SHARDS = 16
 DEFAULT_ID_PREFIX = "ledger-reconciliation"
 SCHEDULE_ID = "ledger-reconciliation-nightly"
+# A shard (or the settlement) whose worker died is retried elsewhere once no heartbeat came for this
+# long (core.heartbeat: 7 s); a worker stopped with SIGTERM hands its shards back at once instead.
+HEARTBEAT_TIMEOUT_ENV = "LEDGER_HEARTBEAT_TIMEOUT_SECONDS"
+
+
+def heartbeat_timeout_from_env() -> float:
+    """LEDGER_HEARTBEAT_TIMEOUT_SECONDS, default 7 (a ValueError names the variable when it is bad)."""
+    return seconds_from_env(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -39,7 +48,7 @@ class RunOptions(Model):
     max_parallel: int = Field(default=8, ge=1, le=MAX_SHARDS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     tolerance_cents: int = Field(default=50, ge=0, le=1_000_000)
-    heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    heartbeat_timeout_seconds: float = Field(default=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, gt=0, le=3600)
 
 
 class LedgerReconciliationInput(RunOptions):

@@ -21,7 +21,7 @@ from core import db
 from core import search_attributes as sa
 from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
-from core.temporal import describe_or_none
+from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
 from ledger.models import (
     DEFAULT_ID_PREFIX,
     LEDGER_WORKFLOW,
@@ -29,6 +29,7 @@ from ledger.models import (
     LedgerReconciliationInput,
     LedgerReconciliationResult,
     LedgerStatus,
+    heartbeat_timeout_from_env,
     ledger_workflow_id,
 )
 
@@ -73,7 +74,7 @@ async def start_reconciliation(
     max_parallel: int = 8,
     batch_size: int = 1000,
     tolerance_cents: int = 50,
-    heartbeat_timeout_seconds: float = 30.0,
+    heartbeat_timeout_seconds: float | None = None,
     id_prefix: str = DEFAULT_ID_PREFIX,
     recheck: bool = False,
     now: datetime | None = None,
@@ -84,7 +85,15 @@ async def start_reconciliation(
     `recheck`: a new run of a date under its own ID (`{date ID}-recheck-{UTC time}`), so the
     original run stays in history; it judges only the shards whose inputs changed and records a
     new settlement revision if anything did. It may run at any time, also next to the night run:
-    shard batches and settlements of one date take turns under advisory locks."""
+    shard batches and settlements of one date take turns under advisory locks.
+
+    `heartbeat_timeout_seconds` (default LEDGER_HEARTBEAT_TIMEOUT_SECONDS, else 7): a shard or the
+    settlement whose worker died resumes elsewhere after this long without a heartbeat."""
+    if heartbeat_timeout_seconds is None:
+        try:
+            heartbeat_timeout_seconds = heartbeat_timeout_from_env()
+        except ValueError as err:
+            raise InputError(str(err)) from None
     day = await pool.fetchrow(SQL.ledger_day, business_date)
     if day is None:
         raise InputError(
@@ -126,6 +135,7 @@ async def start_reconciliation(
             result_type=LedgerReconciliationResult,
             id=workflow_id,
             task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())]),

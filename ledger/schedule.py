@@ -39,6 +39,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from core.errors import InputError
+from core.temporal import WORKFLOW_TASK_TIMEOUT
 from ledger.models import SCHEDULE_ID, SCHEDULED_LEDGER_WORKFLOW, ScheduledLedgerInput
 
 DEFAULT_AT = time(2, 0)
@@ -72,6 +73,7 @@ def nightly_schedule(
             # Temporal appends the scheduled time to this ID; the date-keyed child carries the business key.
             id=schedule_id,
             task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
             static_summary="nightly ledger reconciliation (previous business date)",
         ),
         spec=ScheduleSpec(

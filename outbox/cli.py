@@ -63,6 +63,7 @@ def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
             concurrency=args.concurrency,
             request_timeout_seconds=args.request_timeout,
             lease_seconds=args.lease,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
@@ -123,4 +124,11 @@ def register(commands: Commands) -> None:
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per provider request")
     p.add_argument("--lease", type=float, default=120.0, help="lease seconds per claimed batch")
     p.add_argument("--idle-sleep", type=float, default=5.0, help="seconds between polls of an empty outbox")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a batch whose worker died is retried elsewhere after this long without a heartbeat "
+        "(default: $OUTBOX_HEARTBEAT_TIMEOUT_SECONDS or 7)",
+    )
     sub_command(relay_sub, "stop", cmd_outbox_relay_stop, "ask every running relay to stop after its batch")

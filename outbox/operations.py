@@ -20,6 +20,7 @@ import outbox
 from core import db
 from core.errors import InputError
 from core.queries import load
+from core.temporal import WORKFLOW_TASK_TIMEOUT
 from outbox.models import (
     RELAY_NUDGE_SIGNAL,
     RELAY_STOP_SIGNAL,
@@ -27,6 +28,7 @@ from outbox.models import (
     OutboxRelayInput,
     RelayBatchSettings,
     RelayTotals,
+    heartbeat_timeout_from_env,
 )
 
 SQL = load(outbox.__file__)
@@ -133,13 +135,19 @@ async def start_relays(
     """Start (or find) relays `<prefix>1..N`; a relay already running is left as it is."""
     if not 1 <= relays <= 64:
         raise InputError(f"--relays must be between 1 and 64, got {relays}")
+    settings = settings or RelayBatchSettings()
+    if settings.heartbeat_timeout_seconds is None:
+        try:
+            settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
+        except ValueError as err:
+            raise InputError(str(err)) from None
     started: list[dict[str, Any]] = []
     for n in range(1, relays + 1):
         workflow_id = f"{id_prefix}{n}"
         try:
             input = OutboxRelayInput(
                 relay_id=workflow_id,
-                settings=settings or RelayBatchSettings(),
+                settings=settings,
                 idle_sleep_seconds=idle_sleep_seconds,
                 stop_when_drained=stop_when_drained,
             )
@@ -151,6 +159,7 @@ async def start_relays(
             result_type=RelayTotals,
             id=workflow_id,
             task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"outbox relay {n} of {relays}",
         )

@@ -206,7 +206,7 @@ async def test_heartbeat_timeout_and_interval_come_from_the_cli_or_the_environme
         monkeypatch.delenv(name, raising=False)
     by_default = await start_cleanup(client, pool, task_queue, deadline=deadline_in(3600), allow_empty=True)
     defaults = await input_of(by_default.workflow_id)
-    assert (defaults["heartbeat_timeout_seconds"], defaults["heartbeat_interval_seconds"]) == (10.0, None)
+    assert (defaults["heartbeat_timeout_seconds"], defaults["heartbeat_interval_seconds"]) == (7.0, None)
 
     monkeypatch.setenv("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "6")
     monkeypatch.setenv("CLEANUP_HEARTBEAT_INTERVAL_SECONDS", "1.5")

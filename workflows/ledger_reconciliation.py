@@ -92,9 +92,11 @@ class LedgerReconciliationWorkflow:
                 reason=(f"re-check {workflow.info().workflow_id}" if input.recheck else None),
             ),
             result_type=LedgerSettlement,
-            # A few aggregate statements: a short timeout so a worker killed after COMMIT is retried
-            # elsewhere within a minute, not ten (timeouts are not part of replay determinism).
+            # A few aggregate statements that heartbeat while they run: a worker killed during them
+            # is noticed within the heartbeat timeout (the start-to-close is only a backstop).
+            # Timeouts are not part of replay determinism.
             start_to_close_timeout=timedelta(minutes=1),
+            heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
             retry_policy=_RETRY,
         )
         self._phase = "settled"

@@ -1,10 +1,15 @@
-"""Scenario 2: kill a worker right after a COMMIT, before the activity returns, at every commit point.
+"""Scenario 2: stop a worker right after a COMMIT, before the activity returns, at every commit point.
 
-A run: arm one supervised worker with `CLEANUP_FAILPOINTS=<point>=exit@N` (N drawn from the seed),
-start a small workload on its lane, wait for the process to die (os._exit right after COMMIT), let
-the supervisor restart it, wait for the workload to finish, then count effects in the database.
-Lanes (own task queue, database and worker) run side by side; runs within a lane are sequential.
-"""
+A run: arm the lane's shared failpoint with `<point>=exit@N` (SIGKILL-like: the process dies on
+the spot) or `<point>=term@N` (the process sends itself SIGTERM, as a deploy does, and shuts down
+gracefully), N drawn from the seed; start a small workload on the lane, whose three supervised
+workers count the hits together so exactly one of them stops at the N-th (at least two poll when
+a run starts); wait for the workload to finish (another worker carries on; the supervisor restarts
+the stopped one), then count effects in the database and measure the recovery of that stop from
+the workflow's history (harness/recovery.py: from the stop to the stopped work's next attempt, or
+the workflow's next step, started on another worker). Lanes (own task queue, database and workers)
+run side by side; runs within a lane are sequential. The workloads run with the default heartbeat
+timeouts, so the figures are what a deployment gets."""
 
 from __future__ import annotations
 
@@ -17,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleanup.operations import cleanup_status, start_cleanup
+from core import failpoints
 from harness.checks import Effects, cleanup_effects, ledger_effects, outbox_effects
-from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
+from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events
+from harness.recovery import WORK, Recovery, measure_workflows, summarize
 from harness.stack import Lane
 from harness.visibility import best_effort, temporal_evidence
-from ledger.models import ReconcileShardInput, SettleLedgerInput
 from ledger.operations import ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -38,9 +44,11 @@ POINTS = [
     "relay_outbox_batch.after_commit",
     "settle_cleanup.after_commit",
 ]
-# settle_ledger_date has a 10-minute start-to-close and no heartbeat in LedgerReconciliationWorkflow,
-# so a kill there is only retried after 10 minutes; the harness drives that step itself with 5 s.
-SETTLE_LEDGER_TIMEOUT = 5.0
+SIGNALS = {"SIGKILL": "exit", "SIGTERM": "term"}  # how a run stops its worker, and the failpoint verb
+EXIT_CODES = {"SIGKILL": failpoints.EXIT_CODE, "SIGTERM": 0}  # a graceful shutdown exits 0
+# One to stop and one to resume the work at once, whatever the third is doing: a worker stopped in
+# the previous run may still be starting again (a restart takes seconds on a loaded machine).
+WORKERS_PER_LANE = 3
 
 
 @dataclass
@@ -73,7 +81,6 @@ async def _cleanup(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prep
             partitions=2,
             max_parallel_partitions=2,
             batch_size=batch,
-            heartbeat_timeout_seconds=2,
             step_timeout_seconds=5,
         )
         return await ctx.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
@@ -99,36 +106,17 @@ async def _ledger(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepa
     from ledger.models import ledger_workflow_id
 
     wf = ledger_workflow_id(d)
-    ids = [wf]
 
-    async def run_workflow() -> Any:
-        await start_reconciliation(
-            ctx.client, lane.pool, lane.task_queue, d, batch_size=batch, heartbeat_timeout_seconds=2.0
-        )
+    async def run() -> Any:
+        await start_reconciliation(ctx.client, lane.pool, lane.task_queue, d, batch_size=batch)
         return await ctx.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, wf).result()
-
-    async def run_driven() -> Any:
-        # Shards through Temporal (one delivery each), then the settlement with a short timeout.
-        for shard in range(2):
-            arg = ReconcileShardInput(business_date=d, shard=shard, shards=2, batch_size=batch, workflow_id=wf)
-            await redeliver(ctx.client, lane.task_queue, "reconcile_shard", arg, times=1)
-        settle_id, _ = await redeliver(
-            ctx.client,
-            lane.task_queue,
-            "settle_ledger_date",
-            SettleLedgerInput(business_date=d, shards=2, workflow_id=wf),
-            times=1,
-            stc=SETTLE_LEDGER_TIMEOUT,
-        )
-        ids[:] = [settle_id]
 
     def ok(s: dict[str, Any]) -> bool:
         return bool(s.get("settled")) and s.get("corrections") == seeded.expected_corrections
 
-    driven = point.startswith("settle_ledger")
     return Prepared(
-        1 if driven else 4,
-        run_driven if driven else run_workflow,
+        1 if point.startswith("settle_ledger") else 4,
+        run,
         lambda: ledger_effects(
             lane.pool,
             d,
@@ -138,7 +126,7 @@ async def _ledger(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepa
         ),
         lambda: ledger_status(ctx.client, lane.pool, d),
         ok,
-        ids,
+        [wf],
     )
 
 
@@ -188,39 +176,67 @@ PREPARE: dict[str, Callable[[Ctx, Lane, str, random.Random], Awaitable[Prepared]
 @dataclass
 class RunResult:
     point: str
+    signal: str
     n: int
-    killed: bool
+    stopped: bool
     effects: Effects
-    recovery: float | None
+    recovery: Recovery
     evidence: list[str]
     status_during: dict[str, Any]
     status_ok: bool
     violations: list[str]
 
 
-async def kill_once(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> RunResult:
-    sup, slot = ctx.h.supervisor, lane.slots[0]
+async def wait_polling(lane: Lane, count: int, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while sum(slot.alive() and slot.ready() for slot in lane.slots) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} workers of lane {lane.name} poll after {within:g}s")
+        await asyncio.sleep(0.05)
+
+
+async def kill_once(ctx: Ctx, lane: Lane, point: str, signal: str, rng: random.Random) -> RunResult:
+    sup = ctx.h.supervisor
+    assert lane.failpoints_file is not None
+    # At least two workers poll before the stop, so another one can resume the work at once.
+    await wait_polling(lane, WORKERS_PER_LANE - 1)
     prepared = await PREPARE[point](ctx, lane, point, rng)
     n = rng.randint(1, max(1, prepared.hits))
-    await sup.start(slot, f"{point}=exit@{n}")
-    before = len(slot.deaths)
+    spec = f"{point}={SIGNALS[signal]}@{n}"
+    failpoints.arm_shared(lane.failpoints_file, spec)
+    deaths = {slot.name: len(slot.deaths) for slot in lane.slots}
     work = asyncio.create_task(asyncio.wait_for(prepared.run(), 300))
     violations: list[str] = []
-    death = None
-    while death is None and not work.done():
-        death = await sup.wait_death(slot, before, within=0.2)
+    fired: dict[str, Any] | None = None
+    while fired is None and not work.done():
+        await asyncio.wait({work}, timeout=0.1)
+        fired = failpoints.shared_state(lane.failpoints_file)["fired"]
+    fired = fired or failpoints.shared_state(lane.failpoints_file)["fired"]
     status_during: dict[str, Any] = {}
-    if death is None:
-        violations.append(f"{point}=exit@{n}: the failpoint was never hit (workload finished without a kill)")
+    if fired is None:
+        violations.append(f"{spec}: the failpoint was never hit (workload finished without a stop)")
     else:
-        if death.returncode != 86:
-            violations.append(f"worker died with exit code {death.returncode}, not 86: {slot.log_tail(500)}")
         status_during = await best_effort(prepared.status(), 3.0)
     try:
         await work
     except Exception as err:
-        violations.append(f"{point}: workload did not complete: {type(err).__name__}: {err}")
-    recovery = time.monotonic() - death.at if death is not None else None
+        violations.append(f"{spec}: workload did not complete: {type(err).__name__}: {err}")
+    recovery = Recovery(None, "no stop")
+    if fired is not None:
+        pid = fired["pid"]
+        slot = next(s for s in lane.slots if (s.proc is not None and s.proc.pid == pid) or pid in s.pids())
+        if slot.proc is not None and slot.proc.pid == pid:  # a graceful shutdown may still be under way
+            await sup.wait_death(slot, deaths[slot.name], within=60)
+        death = next((d for d in slot.deaths[deaths[slot.name] :] if d.pid == pid), None)
+        if death is None:
+            violations.append(f"{spec}: worker {pid} did not stop")
+        elif death.returncode != EXIT_CODES[signal]:
+            violations.append(
+                f"{spec}: worker exited with code {death.returncode}, not {EXIT_CODES[signal]}: {slot.log_tail(500)}"
+            )
+        recovery = await measure_workflows(ctx.client, prepared.workflow_ids, point, fired["at"], fired["pid"])
+        if recovery.seconds is None:
+            violations.append(f"{spec}: recovery not measured: {recovery.how}")
     effects = await prepared.check()
     evidence: list[str] = []
     for wf in prepared.workflow_ids:
@@ -228,61 +244,71 @@ async def kill_once(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Run
     status_after = await best_effort(prepared.status(), 10.0)
     return RunResult(
         point,
+        signal,
         n,
-        death is not None,
+        fired is not None,
         effects,
         recovery,
         evidence,
         status_during,
         prepared.status_ok(status_after),
-        violations + [f"{point}=exit@{n}: {p}" for p in effects.problems()],
+        violations + [f"{spec}: {p}" for p in effects.problems()],
     )
 
 
 async def run(ctx: Ctx) -> Row:
     row = Row("2 kill after commit")
-    lanes = await asyncio.gather(*(ctx.h.lane(f"kill{j}", 1) for j in range(ctx.profile.kill_lanes)))
-    plan = [POINTS[i % len(POINTS)] for i in range(ctx.profile.kill_runs)]
+    lanes = await asyncio.gather(
+        *(ctx.h.lane(f"kill{j}", WORKERS_PER_LANE, shared_failpoints=True) for j in range(ctx.profile.kill_lanes))
+    )
+    # Each commit point with SIGKILL, then each with SIGTERM, and so on.
+    plan = [(POINTS[i % len(POINTS)], list(SIGNALS)[i // len(POINTS) % 2]) for i in range(ctx.profile.kill_runs)]
     results: list[RunResult] = []
 
     async def lane_loop(j: int, lane: Lane) -> None:
         rng = ctx.rng(f"kill-{j}")
-        for point in plan[j :: len(lanes)]:
-            results.append(await kill_once(ctx, lane, point, rng))
+        for point, signal in plan[j :: len(lanes)]:
+            results.append(await kill_once(ctx, lane, point, signal, rng))
 
     try:
         await asyncio.gather(*(lane_loop(j, lane) for j, lane in enumerate(lanes)))
     finally:
         for lane in lanes:
             await ctx.h.close_lane(lane)
-    per_point: dict[str, list[RunResult]] = {}
+    per_point: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
-        per_point.setdefault(r.point, []).append(r)
-        row.runs += 1 if r.killed else 0
+        per_point.setdefault((r.point, r.signal), []).append(r)
+        row.runs += 1 if r.stopped else 0
         row.duplicates += r.effects.duplicates
         row.lost += r.effects.lost
         row.dead_letters += r.effects.dead_letters
-        if r.recovery is not None:
-            row.recovered(r.recovery)
+        if r.recovery.seconds is not None:
+            row.recovered(r.recovery.seconds)
         row.violations += r.violations
-    invisible = [f"{r.point}=exit@{r.n}" for r in results if r.killed and not r.evidence]
-    no_status = [f"{r.point}=exit@{r.n}" for r in results if r.killed and not r.status_ok]
+    # A kill is visible in Temporal (a retry, a timed-out task); a graceful stop may leave nothing
+    # to see there when the stopping worker finished its work itself.
+    invisible = [f"{r.point}=exit@{r.n}" for r in results if r.stopped and r.signal == "SIGKILL" and not r.evidence]
+    no_status = [f"{r.point} {r.signal}@{r.n}" for r in results if r.stopped and not r.status_ok]
     if invisible:
         row.violations.append(f"kill not visible in Temporal history: {', '.join(invisible)}")
     if no_status:
         row.violations.append(f"status output wrong after recovery: {', '.join(no_status)}")
     row.operator_visibility = bool(results) and not invisible and not no_status
-    for point, rs in per_point.items():
-        recs = [r.recovery for r in rs if r.recovery is not None]
+    row.recovery = summarize([(WORK[r.point], r.signal, r.recovery.seconds) for r in results if r.stopped])
+    for (point, signal), rs in per_point.items():
+        recs = [r.recovery.seconds for r in rs if r.recovery.seconds is not None]
         sample = next((r.evidence[0] for r in rs if r.evidence), "none")
+        sticky = max(r.recovery.sticky_wait for r in rs)
         row.notes.append(
-            f"{point}: {sum(r.killed for r in rs)} kills, N={sorted(r.n for r in rs)}, "
-            f"recovery max {max(recs, default=0):.1f}s"
+            f"{point} {signal}: {sum(r.stopped for r in rs)} stops, N={sorted(r.n for r in rs)}, "
+            f"recovery {', '.join(f'{v:.1f}' for v in sorted(recs))} s; e.g. {rs[-1].recovery.how}"
+            + (f"; then up to {sticky:.1f} s on the stopped worker's sticky queue" if sticky else "")
         )
-        row.evidence.append(f"{point}: {sample}")
+        row.evidence.append(f"{point} {signal}: {sample}")
         during = next((r.status_during for r in rs if r.status_during), {})
         if during:
             keys = ("phase", "partitions_reported", "shards_done", "settled", "pending", "error")
-            row.evidence.append(f"{point} status during the fault: " + str({k: during[k] for k in keys if k in during}))
-    row.notes.append("settle_ledger_date driven with a 5 s timeout (in LedgerReconciliationWorkflow: 1 min)")
+            row.evidence.append(
+                f"{point} {signal} status during the fault: " + str({k: during[k] for k in keys if k in during})
+            )
     return row
