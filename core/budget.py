@@ -50,24 +50,25 @@ class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
-    max_in_flight: int = Field(default=2, ge=0, le=256)
-    rows_per_second: float = Field(default=4000.0, gt=0)
+    max_in_flight: int = Field(default=1, ge=0, le=256)
+    rows_per_second: float = Field(default=6000.0, gt=0)
     latency_ms: float = Field(default=1000.0, gt=0)  # mean batch latency per 1,000 rows that means stress
     max_lock_waits: int = Field(default=4, ge=0)
     max_replication_lag_seconds: float = Field(default=10.0, gt=0)
     lease_seconds: float = Field(default=10.0, gt=0)
     adjust_seconds: float = Field(default=2.0, gt=0)
     burst_seconds: float = Field(default=1.0, gt=0)
-    min_scale: float = Field(default=0.25, gt=0, le=1)
+    min_scale: float = Field(default=0.5, gt=0, le=1)
     grow_step: float = Field(default=0.1, gt=0, le=1)
     max_poll_seconds: float = Field(default=0.5, gt=0)
     # the commit probe: the players' view of the database
-    probe_interval_seconds: float = Field(default=0.2, gt=0)  # 0 < ...; how often a worker with work probes
+    probe_interval_seconds: float = Field(default=0.2, gt=0)  # how often a worker with work probes
     probe_ratio: float = Field(default=1.5, gt=1)  # busy probe mean / quiet baseline that means stress
     probe_min_ms: float = Field(default=1.0, ge=0)  # ... and by at least this much (sub-ms jitter is not stress)
     baseline_seconds: float = Field(default=30.0, gt=0)  # a baseline older than this is measured again
     quiet_seconds: float = Field(default=1.0, ge=0)  # how long nothing is granted while it is (0: never)
     max_claim_rows: int = Field(default=2000, ge=1)  # the claim's chunks under the budget: at most this
+    blocked_after_seconds: float = Field(default=1.0, ge=0)  # a batch blocked on a lock this long stops counting
 
     @classmethod
     def from_env(cls, **overrides: object) -> BudgetSettings:
@@ -208,6 +209,7 @@ class LoadBudget:
                     s.rows_per_second,
                     waited,
                     s.burst_seconds,
+                    s.blocked_after_seconds,
                 )
             assert row is not None
             metrics.set_budget(row["in_flight_limit"], row["rows_per_second"], row["scale"])

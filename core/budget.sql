@@ -7,7 +7,9 @@ SELECT pg_advisory_xact_lock(7261012);
 
 -- name: acquire
 -- $1 lease, $2 job, $3 holder, $4 rows, $5 lease seconds, $6 default max_in_flight,
--- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds
+-- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds, $10 seconds after which a
+-- session of this role blocked on a lock (a batch waiting for a player's row) stops counting:
+-- it uses neither CPU nor WAL, and one such batch must not stop every other one.
 WITH b AS (
     SELECT clock_timestamp() AS now_, enabled, scale, tokens, refilled_at, quiet_until,
            coalesce(max_in_flight, $6::int) AS max_n,
@@ -20,13 +22,24 @@ lim AS (
            b.max_r * b.scale AS r
     FROM b
 ),
-held AS (
-    SELECT count(*)::int AS held, coalesce(array_agg(s.slot), '{}'::int[]) AS slots
+live AS (
+    SELECT count(*)::int AS live, coalesce(array_agg(s.slot), '{}'::int[]) AS slots
     FROM load_budget_slots s, b
     WHERE s.expires_at > b.now_
 ),
+blocked AS (
+    SELECT count(*)::int AS blocked
+    FROM pg_stat_activity a, b
+    WHERE a.datname = current_database() AND a.usename = current_user AND a.state = 'active'
+      AND a.wait_event_type = 'Lock' AND a.wait_event <> 'advisory'
+      AND a.state_change < b.now_ - make_interval(secs => $10::float8)
+),
+held AS (
+    SELECT live.live - least(live.live, blocked.blocked) AS held, live.slots, least(live.live, blocked.blocked) AS blocked
+    FROM live, blocked
+),
 st AS (
-    SELECT lim.*, held.held, held.slots,
+    SELECT lim.*, held.held, held.slots, held.blocked,
            least(lim.r * $9::float8,
                  lim.tokens + lim.r * extract(epoch FROM lim.now_ - lim.refilled_at)::float8) AS avail
     FROM lim, held
@@ -36,7 +49,8 @@ v AS (
            NOT st.enabled OR (st.held < st.n AND st.avail > 0 AND f.slot_free IS NOT NULL
                               AND st.now_ >= coalesce(st.quiet_until, '-infinity')) AS granted
     FROM st,
-         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, st.n - 1) g WHERE g <> ALL (st.slots)) f
+         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, st.n + st.blocked - 1) g
+                  WHERE g <> ALL (st.slots)) f
 ),
 taken AS (
     INSERT INTO load_budget_slots AS s (slot, lease, job, holder, rows, acquired_at, expires_at)

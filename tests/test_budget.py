@@ -340,3 +340,37 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     status = await budget_status(pool, settings)
     assert status["observed"]["commit_probe_ms"] >= 500 and status["commit_probe_baseline_ms"] < 500
     assert "commit probe" in status["stress"] and status["effective_in_flight"] == 2
+
+
+async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
+    """One batch in flight (the default on two cores): a player's open transaction holds a row the
+    first partition's batch must delete; that batch waits on the lock, and after
+    `blocked_after_seconds` its slot no longer counts, so the other partition runs meanwhile."""
+    await set_budget(pool, max_in_flight=1, rows_per_second=1e6, latency_ms=1e6)
+    deadline = deadline_in(2)
+    accounts = await seed(pool, deadline, 200)
+    async with pool.acquire() as player:
+        tx = player.transaction()
+        await tx.start()
+        try:
+            # the first account in key order goes to partition 0
+            await player.execute("SELECT 1 FROM inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0])
+            started = await start_cleanup(
+                client, pool, task_queue, deadline=deadline, partitions=2, max_parallel_partitions=2, batch_size=50
+            )
+
+            async def other_partition_done() -> bool:
+                return bool(
+                    await pool.fetchval("SELECT count(*) FROM cleanup_partition_reports WHERE partition_no = 1")
+                )
+
+            await wait_until(other_partition_done, within=120)
+            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 1") == 100
+            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 0") == 0
+            assert await pool.fetchval("SELECT count(*) FROM load_budget_slots WHERE expires_at > now()") == 1
+        finally:
+            await tx.rollback()
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+    result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.settlement is not None and result.settlement.cleaned == 200
+    assert (await budget_status(pool))["peak_in_flight"] == 1, "never two batches running at once"
