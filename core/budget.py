@@ -182,7 +182,7 @@ class LoadBudget:
             done = grant.rows_done if ok and grant.rows_done is not None else rows
             ms_per_1000 = seconds * 1_000_000 / max(rows, 1) if ok else None
             try:
-                await self.pool.execute(SQL.release, grant.slot, grant.lease, done, ms_per_1000)
+                await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000)
             except Exception:  # the lease expires by itself; never mask the batch's own outcome
                 log.warning("could not release load budget slot %s; it expires by itself", grant.slot, exc_info=True)
             metrics.record_budget_rows(done)
@@ -239,11 +239,17 @@ class LoadBudget:
                 pause = max(pause, row["quiet_seconds"])
             await asyncio.sleep(min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
 
+    async def _bookkeeping(self, statement: str, *args: object) -> asyncpg.Record | None:
+        """One of the budget's own writes, committed without waiting for the WAL flush (budget.sql)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(SQL.no_commit_wait)
+            return await conn.fetchrow(statement, *args)
+
     async def _renew(self, grant: Grant) -> None:
         while True:
             await asyncio.sleep(self.settings.lease_seconds / 3)
             try:
-                await self.pool.execute(SQL.renew_slot, grant.slot, grant.lease, self.settings.lease_seconds)
+                await self._bookkeeping(SQL.renew_slot, grant.slot, grant.lease, self.settings.lease_seconds)
             except Exception:
                 log.warning("could not renew load budget slot %s", grant.slot, exc_info=True)
 
@@ -291,7 +297,7 @@ class LoadBudget:
             probe_ratio=claimed["probe_ratio"] or s.probe_ratio,
             probe_min_ms=s.probe_min_ms,
         )
-        await self.pool.execute(
+        await self._bookkeeping(
             SQL.apply_adjustment,
             verdict["scale"],
             verdict["stress"],

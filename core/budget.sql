@@ -1,9 +1,18 @@
 -- The load budget's statements (core/budget.py). Acquires are serialised by a transaction-scoped
 -- advisory lock taken in a statement of its own, so each acquire's snapshot already sees every
 -- slot taken before it (advisory waits are not counted as lock stress).
+--
+-- The budget's own bookkeeping (acquire, release, renew, adjust) commits without waiting for the
+-- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a slot's lease
+-- expires by itself), and waiting would add a flush per batch (and per denied try) to the very
+-- WAL queue that the players' commits wait in. The commit probe and the batches themselves
+-- commit as usual.
+
+-- name: no_commit_wait
+SET LOCAL synchronous_commit TO off;
 
 -- name: lock_budget
-SELECT pg_advisory_xact_lock(7261012);
+SELECT pg_advisory_xact_lock(7261012), set_config('synchronous_commit', 'off', true);
 
 -- name: acquire
 -- $1 lease, $2 job, $3 holder, $4 rows, $5 lease seconds, $6 default max_in_flight,
