@@ -125,6 +125,7 @@ class LoadBudget:
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
         self.probes: list[tuple[float, bool]] = []  # the last probes (ms, quiet), for tests and show
+        self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
 
     async def _probe_loop(self) -> None:
         """Time the commit probe every `probe_interval_seconds` while this process has work; each
@@ -186,6 +187,10 @@ class LoadBudget:
             except Exception:  # the lease expires by itself; never mask the batch's own outcome
                 log.warning("could not release load budget slot %s; it expires by itself", grant.slot, exc_info=True)
             metrics.record_budget_rows(done)
+            # The slot is free now: this process's waiters try at once instead of at their next poll
+            # (waiters in other processes still poll, within max_poll_seconds).
+            self._released.set()
+            self._released = asyncio.Event()
 
     async def acquire(self, job: str, rows: int, while_waiting: Waiting | None = None) -> Grant:
         """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait)."""
@@ -237,7 +242,9 @@ class LoadBudget:
             pause = row["refill_seconds"] if row["refill_seconds"] is not None else s.max_poll_seconds / 2
             if row["quiet_seconds"] is not None:
                 pause = max(pause, row["quiet_seconds"])
-            await asyncio.sleep(min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
+            released = self._released
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(released.wait(), min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
 
     async def _bookkeeping(self, statement: str, *args: object) -> asyncpg.Record | None:
         """One of the budget's own writes, committed without waiting for the WAL flush (budget.sql)."""
