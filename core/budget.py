@@ -10,9 +10,17 @@ One budget for every job together, across all worker processes and nodes, kept i
 - **rows per second**: a token bucket of rows on the same row (refilled by the database clock,
   charged the batch size up front, the unused part refunded at release).
 - **adaptive back-off**: at most once per `adjust_seconds`, one worker samples the database's
-  stress (the mean latency of the batches since the last adjustment, per 1,000 rows; lock waits in
-  pg_locks; replication lag when a standby streams from the server). Stressed: the scale halves
-  (down to `min_scale`); healthy: it grows back by `grow_step`. Both limits are multiplied by it.
+  stress (the commit probe against its quiet baseline; the mean latency of the batches since the
+  last adjustment, per 1,000 rows; lock waits in this database; replication lag when a standby
+  streams from the server). Stressed: the scale halves (down to `min_scale`); healthy: it grows
+  back by `grow_step`. Both limits are multiplied by it.
+- **the commit probe**: while a process has budgeted work waiting or in flight, it times a one-row
+  write that commits, as a player's commit would, every `probe_interval_seconds`; probes taken
+  while no slot is held anywhere make the baseline (and when there were none for
+  `baseline_seconds`, nothing is granted for `quiet_seconds` so that there are).
+- **a batch blocked on a lock** (a session of this role waiting on a row lock for
+  `blocked_after_seconds`) does not count against `max_in_flight`: it uses neither CPU nor WAL.
+- The budget's own writes commit without waiting for the WAL flush (core/budget.sql).
 - **operator control**: `starter.py budget show|set` changes the row; every acquire reads it, so a
   change reaches running partitions at their next batch (and waiting ones at their next try).
 
@@ -124,7 +132,6 @@ class LoadBudget:
         self._active = 0  # batches of this process waiting for the budget or in flight
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
-        self.probes: list[tuple[float, bool]] = []  # the last probes (ms, quiet), for tests and show
         self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
 
     async def _probe_loop(self) -> None:
@@ -139,7 +146,6 @@ class LoadBudget:
                         SQL.probe, self._probe_key, previous[0] if previous else None, previous[1] if previous else None
                     )
                     previous = ((time.perf_counter() - started) * 1000, bool(quiet))
-                self.probes = [*self.probes[-99:], previous]
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
