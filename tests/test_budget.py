@@ -187,8 +187,8 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
     pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=6) for _ in range(2)]
     try:
         settings = BudgetSettings(
-            max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0
-        )
+            max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0, min_scale=1.0
+        )  # no back-off: this is about the slots
         budgets = [LoadBudget(p, settings) for p in pools]
         running = peak = 0
 
