@@ -71,51 +71,62 @@ async def claim_in_chunks(
     input: ClaimChunkedInput,
     after_chunk: Callable[[int], None] | None = None,
     beat: Callable[[], None] | None = None,
+    budget: LoadBudget | None = None,
+    waiting_for_budget: Waiting | None = None,
 ) -> ClaimResult:
     """The cohort claim as bounded statements: each chunk claims at most `chunk_size` accounts of
     the range, in one transaction that also advances the keyset cursor and the counts in
     cleanup_claim_progress. A retry (or a second delivery) resumes after the last committed chunk
-    and reports the same result, read back from the database."""
+    and reports the same result, read back from the database.
+
+    With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
+    slot and its rows first, and is at most the budget's `max_claim_rows` accounts."""
+    chunk_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
         SQL.claim_progress_start, input.cleanup_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
-        async with pool.acquire() as conn, db.transaction(conn):
-            progress = await conn.fetchrow(SQL.claim_progress_lock, input.cleanup_id)
-            assert progress is not None
-            per_partition = list(progress["claimed_per_partition"])
-            if progress["done"]:
-                return ClaimResult(
-                    claimed_per_partition=per_partition, skipped_renewed=progress["skipped_renewed"], skipped_stale=0
+        async with under_budget(budget, "claim", chunk_size, waiting_for_budget) as grant:
+            grant.rows_done = 0
+            async with pool.acquire() as conn, db.transaction(conn):
+                progress = await conn.fetchrow(SQL.claim_progress_lock, input.cleanup_id)
+                assert progress is not None
+                per_partition = list(progress["claimed_per_partition"])
+                if progress["done"]:
+                    return ClaimResult(
+                        claimed_per_partition=per_partition,
+                        skipped_renewed=progress["skipped_renewed"],
+                        skipped_stale=0,
+                    )
+                await conn.execute(SQL.claim_chunk_plan)
+                row = await conn.fetchrow(
+                    SQL.claim_chunk,
+                    input.cleanup_id,
+                    input.deadline_from,
+                    input.deadline_until,
+                    progress["cursor_deadline"],
+                    progress["cursor_account"],
+                    chunk_size,
+                    input.partitions,
+                    sum(per_partition),
                 )
-            await conn.execute(SQL.claim_chunk_plan)
-            row = await conn.fetchrow(
-                SQL.claim_chunk,
-                input.cleanup_id,
-                input.deadline_from,
-                input.deadline_until,
-                progress["cursor_deadline"],
-                progress["cursor_account"],
-                input.chunk_size,
-                input.partitions,
-                sum(per_partition),
-            )
-            assert row is not None
-            for p in row["partitions"]:
-                per_partition[p] += 1
-            done = row["scanned"] < input.chunk_size
-            await conn.execute(
-                SQL.claim_progress_update,
-                input.cleanup_id,
-                row["last_deadline"],
-                row["last_account"],
-                per_partition,
-                row["renewed"],
-                row["scanned"],
-                done,
-            )
+                assert row is not None
+                for p in row["partitions"]:
+                    per_partition[p] += 1
+                done = row["scanned"] < chunk_size
+                await conn.execute(
+                    SQL.claim_progress_update,
+                    input.cleanup_id,
+                    row["last_deadline"],
+                    row["last_account"],
+                    per_partition,
+                    row["renewed"],
+                    row["scanned"],
+                    done,
+                )
+            grant.rows_done = row["scanned"]
         failpoints.hit(f"{CLAIM_CLEANUP_IN_CHUNKS}.after_commit")
         if after_chunk is not None:
             after_chunk(len(row["partitions"]))
@@ -249,7 +260,14 @@ class CleanupActivities:
                 # resumes the claim at once instead of waiting out the heartbeat timeout.
                 raise handed_back(f"the claim of {input.cleanup_id} handed back after a chunk")
 
-        return await claim_in_chunks(self.pool, input, after_chunk, beat=activity.heartbeat)
+        return await claim_in_chunks(
+            self.pool,
+            input,
+            after_chunk,
+            beat=activity.heartbeat,
+            budget=self.budget,
+            waiting_for_budget=lambda budget: activity.heartbeat({"load_budget": budget}),
+        )
 
     @activity.defn(name=CHECK_ACCOUNT_RENEWED)
     async def check_account_renewed(self, input: AccountRenewalCheck) -> bool:

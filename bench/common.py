@@ -57,13 +57,13 @@ class Stack:
 
     def start_worker(self, module: str = "bench.worker", **env: str) -> subprocess.Popen[bytes]:
         assert self.settings.temporal_address and self.settings.database_url
-        full_env = dict(
-            os.environ,
-            TEMPORAL_ADDRESS=self.settings.temporal_address,
-            DATABASE_URL=self.settings.database_url,
-            TEMPORAL_TASK_QUEUE=self.settings.task_queue,
+        full_env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.settings.temporal_address,
+            "DATABASE_URL": self.settings.database_url,
+            "TEMPORAL_TASK_QUEUE": self.settings.task_queue,
             **env,
-        )
+        }
         log = open(self.server.state_dir / f"worker-{len(self.workers)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT

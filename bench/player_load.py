@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import machine, stack, wait_for_worker
+from bench.observe import Observer
 from cleanup.models import CleanupResult
 from cleanup.operations import seed_accounts, start_cleanup
 from core.budget import BudgetSettings, budget_status, set_budget
@@ -60,16 +61,20 @@ class Players:
         self.rate = rate
         self.latencies: list[float] = []
         self.by_kind: dict[str, list[float]] = {}
+        self.parts: list[tuple[float, float, float, float]] = []
+        self.when: list[tuple[float, float]] = []  # (wall-clock time scheduled, latency)
         self.errors = 0
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _one(self, scheduled: float) -> None:
+        began = time.perf_counter()
         account = random.choice(self.accounts)
         pick = random.random()
         kind = "profile" if pick < 0.4 else "matches" if pick < 0.7 else "spend" if pick < 0.9 else "record_match"
         try:
             async with self.pool.acquire() as conn:
+                connected = time.perf_counter()
                 if kind == "profile":
                     await conn.fetchrow(PROFILE, account)
                 elif kind == "matches":
@@ -78,9 +83,13 @@ class Players:
                     await conn.execute(SPEND, account, f"item_{random.randint(1, 5)}")
                 else:
                     await conn.execute(RECORD_MATCH, account, random.randint(0, 5000))
-            latency = time.perf_counter() - scheduled
+            done = time.perf_counter()
+            latency = done - scheduled
             self.latencies.append(latency)
             self.by_kind.setdefault(kind, []).append(latency)
+            # where the time went: the client's event loop late, waiting for a connection, the query
+            self.parts.append((latency, began - scheduled, connected - began, done - connected))
+            self.when.append((time.time() - (done - scheduled), latency))
         except Exception:
             self.errors += 1
 
@@ -98,10 +107,19 @@ class Players:
         """Player latencies while `during()` runs (its result is returned too)."""
         self.latencies = []
         self.by_kind = {}
+        self.parts = []
+        self.when = []
         self.errors = 0
         result = await during()
         out = summary(list(self.latencies), self.errors)
         out["p99_ms_by_kind"] = {k: summary(v, 0).get("p99_ms") for k, v in sorted(self.by_kind.items())}
+        out["slowest_1pct_mean_ms"] = tail_parts(self.parts)
+        if isinstance(result, dict) and "timeline" in result:
+            # the players' p99 while each step of the cleanup ran (by the Temporal server's clock)
+            out["p99_ms_by_step"] = {
+                step: summary([lat for at, lat in self.when if start <= at < end], 0).get("p99_ms")
+                for step, (start, end) in result.pop("timeline").items()
+            }
         return out, result
 
     async def stop(self) -> None:
@@ -126,6 +144,37 @@ def summary(latencies: list[float], errors: int) -> dict[str, Any]:
         "max_ms": round(ordered[-1] * 1000, 2),
         "mean_ms": round(statistics.fmean(ordered) * 1000, 2),
     }
+
+
+def tail_parts(parts: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    """The slowest 1% of queries, their time split into the client's lateness (its event loop
+    busy), the wait for a pooled connection and the query itself (server, network, commit)."""
+    if not parts:
+        return {}
+    tail = sorted(parts, reverse=True)[: max(1, len(parts) // 100)]
+    names = ("total", "client_late", "pool_wait", "query")
+    return {n: round(statistics.fmean(p[i] for p in tail) * 1000, 2) for i, n in enumerate(names)}
+
+
+async def activity_steps(handle: Any) -> dict[str, tuple[float, float]]:
+    """Each activity type of a run: (first start, last completion), as wall-clock seconds."""
+    names: dict[int, str] = {}
+    steps: dict[str, list[float]] = {}
+    for e in (await handle.fetch_history()).events:
+        at = e.event_time.ToDatetime(tzinfo=UTC).timestamp()
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            names[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+        elif e.HasField("activity_task_started_event_attributes"):
+            span = steps.setdefault(names[e.activity_task_started_event_attributes.scheduled_event_id], [at, at])
+            span[0] = min(span[0], at)
+        elif e.HasField("activity_task_completed_event_attributes"):
+            span = steps.setdefault(names[e.activity_task_completed_event_attributes.scheduled_event_id], [at, at])
+            span[1] = max(span[1], at)
+    return {k: (v[0], v[1]) for k, v in steps.items()}
+
+
+def with_application_name(url: str, name: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}application_name={name}"
 
 
 def load_average() -> float:
@@ -160,13 +209,26 @@ async def run(
             for r in await s.pool.fetch("SELECT account_id FROM accounts WHERE account_id LIKE 'acct_live_%'")
         ]
 
-        s.start_worker()
+        url = s.settings.database_url
+        assert url is not None
+        worker = s.start_worker(DATABASE_URL=with_application_name(url, "cleanup-worker"))
         await wait_for_worker(s.client, s.settings.task_queue)
         player_pool = await asyncpg.create_pool(
-            s.settings.database_url, min_size=player_connections, max_size=player_connections
+            url,
+            min_size=player_connections,
+            max_size=player_connections,
+            server_settings={"application_name": "players"},
         )
         assert player_pool is not None
         crowd = Players(player_pool, live, rate)
+        observer = Observer(
+            url,
+            {
+                "cleanup worker process": worker.pid,
+                "players' client (this process)": os.getpid(),
+                "temporal server": s.server_pid(),
+            },
+        )
         loop = asyncio.ensure_future(crowd.run())
         try:
             await asyncio.sleep(min(3.0, alone_seconds))  # warm-up, not recorded
@@ -189,40 +251,44 @@ async def run(
                 result: CleanupResult = await handle.result()
                 seconds = (datetime.now(UTC) - deadline).total_seconds()
                 assert result.settlement is not None
+                steps = await activity_steps(handle)
                 return {
                     "cleaned": result.settlement.cleaned,
                     "seconds_from_deadline": round(seconds, 3),
                     "accounts_per_s": round(result.settlement.cleaned / seconds, 1),
+                    "steps_s_after_deadline": {
+                        k: [round(a - deadline.timestamp(), 2), round(b - deadline.timestamp(), 2)]
+                        for k, (a, b) in steps.items()
+                    },
+                    "timeline": steps,
                 }
 
             phases: dict[str, Any] = {}
+            observed: dict[str, Any] = {}
             loads: dict[str, list[float]] = {}
-            loads["alone"] = [load_average()]
-            phases["alone"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
-            loads["alone"].append(load_average())
 
+            async def phase(name: str, during: Callable[[], Awaitable[Any]]) -> Any:
+                loads[name] = [load_average()]
+                observed[name], (phases[name], result) = await observer.observe(lambda: crowd.measure(during))
+                loads[name].append(load_average())
+                return result
+
+            def alone() -> Awaitable[None]:
+                return asyncio.sleep(alone_seconds)
+
+            await phase("alone", alone)
             await set_budget(s.pool, enabled=False)
-            loads["no_budget"] = [load_average()]
-            phases["no_budget"], off = await crowd.measure(lambda: cleanup(seeds["off"]))
-            loads["no_budget"].append(load_average())
+            off = await phase("no_budget", lambda: cleanup(seeds["off"]))
             off_budget = await budget_status(s.pool)
+            await phase("alone_between", alone)
 
             limits: dict[str, Any] = {
                 k: v for k, v in {"max_in_flight": max_in_flight, "rows_per_second": rows_per_second}.items() if v
             }
-            loads["alone_between"] = [load_average()]
-            phases["alone_between"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
-            loads["alone_between"].append(load_average())
-
             await set_budget(s.pool, enabled=True, reset_scale=True, **limits)
-            loads["default_budget"] = [load_average()]
-            phases["default_budget"], on = await crowd.measure(lambda: cleanup(seeds["default"]))
-            loads["default_budget"].append(load_average())
+            on = await phase("default_budget", lambda: cleanup(seeds["default"]))
             on_budget = await budget_status(s.pool)
-
-            loads["alone_after"] = [load_average()]
-            phases["alone_after"], _ = await crowd.measure(lambda: asyncio.sleep(alone_seconds))
-            loads["alone_after"].append(load_average())
+            await phase("alone_after", alone)
         finally:
             await crowd.stop()
             loop.cancel()
@@ -267,6 +333,7 @@ async def run(
         },
         "budget_counters_after_no_budget_run": {k: off_budget[k] for k in ("granted", "rows_done")},
         "load_average_1m_before_and_after": loads,
+        "observed": observed,
         **memory,
         "machine": machine(),
     }

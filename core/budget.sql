@@ -1,15 +1,26 @@
 -- The load budget's statements (core/budget.py). Acquires are serialised by a transaction-scoped
 -- advisory lock taken in a statement of its own, so each acquire's snapshot already sees every
 -- slot taken before it (advisory waits are not counted as lock stress).
+--
+-- The budget's own bookkeeping (acquire, release, renew, adjust) commits without waiting for the
+-- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a slot's lease
+-- expires by itself), and waiting would add a flush per batch (and per denied try) to the very
+-- WAL queue that the players' commits wait in. The commit probe and the batches themselves
+-- commit as usual.
+
+-- name: no_commit_wait
+SET LOCAL synchronous_commit TO off;
 
 -- name: lock_budget
-SELECT pg_advisory_xact_lock(7261012);
+SELECT pg_advisory_xact_lock(7261012), set_config('synchronous_commit', 'off', true);
 
 -- name: acquire
 -- $1 lease, $2 job, $3 holder, $4 rows, $5 lease seconds, $6 default max_in_flight,
--- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds
+-- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds, $10 seconds after which a
+-- session of this role blocked on a lock (a batch waiting for a player's row) stops counting:
+-- it uses neither CPU nor WAL, and one such batch must not stop every other one.
 WITH b AS (
-    SELECT clock_timestamp() AS now_, enabled, scale, tokens, refilled_at,
+    SELECT clock_timestamp() AS now_, enabled, scale, tokens, refilled_at, quiet_until,
            coalesce(max_in_flight, $6::int) AS max_n,
            coalesce(rows_per_second, $7::float8) AS max_r
     FROM load_budget WHERE name = 'database'
@@ -20,22 +31,35 @@ lim AS (
            b.max_r * b.scale AS r
     FROM b
 ),
-held AS (
-    SELECT count(*)::int AS held, coalesce(array_agg(s.slot), '{}'::int[]) AS slots
+live AS (
+    SELECT count(*)::int AS live, coalesce(array_agg(s.slot), '{}'::int[]) AS slots
     FROM load_budget_slots s, b
     WHERE s.expires_at > b.now_
 ),
+blocked AS (
+    SELECT count(*)::int AS blocked
+    FROM pg_stat_activity a, b
+    WHERE a.datname = current_database() AND a.usename = current_user AND a.state = 'active'
+      AND a.wait_event_type = 'Lock' AND a.wait_event <> 'advisory'
+      AND a.state_change < b.now_ - make_interval(secs => $10::float8)
+),
+held AS (
+    SELECT live.live - least(live.live, blocked.blocked) AS held, live.slots, least(live.live, blocked.blocked) AS blocked
+    FROM live, blocked
+),
 st AS (
-    SELECT lim.*, held.held, held.slots,
+    SELECT lim.*, held.held, held.slots, held.blocked,
            least(lim.r * $9::float8,
                  lim.tokens + lim.r * extract(epoch FROM lim.now_ - lim.refilled_at)::float8) AS avail
     FROM lim, held
 ),
 v AS (
     SELECT st.*, f.slot_free,
-           NOT st.enabled OR (st.held < st.n AND st.avail > 0 AND f.slot_free IS NOT NULL) AS granted
+           NOT st.enabled OR (st.held < st.n AND st.avail > 0 AND f.slot_free IS NOT NULL
+                              AND st.now_ >= coalesce(st.quiet_until, '-infinity')) AS granted
     FROM st,
-         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, st.n - 1) g WHERE g <> ALL (st.slots)) f
+         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, st.n + st.blocked - 1) g
+                  WHERE g <> ALL (st.slots)) f
 ),
 taken AS (
     INSERT INTO load_budget_slots AS s (slot, lease, job, holder, rows, acquired_at, expires_at)
@@ -63,6 +87,7 @@ counted AS (
 SELECT v.granted, (SELECT slot FROM taken) AS slot, v.enabled, v.n AS in_flight_limit,
        v.r AS rows_per_second, v.held AS in_flight, v.scale,
        CASE WHEN v.avail <= 0 THEN (-v.avail) / v.r END AS refill_seconds,
+       CASE WHEN v.now_ < v.quiet_until THEN extract(epoch FROM v.quiet_until - v.now_)::float8 END AS quiet_seconds,
        (SELECT count(*) FROM counted) AS counted
 FROM v;
 
@@ -90,21 +115,66 @@ FROM (SELECT window_ms_sum, window_batches FROM load_budget WHERE name = 'databa
 WHERE l.name = 'database' AND l.enabled
   AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => $1::float8))
 RETURNING l.scale, old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
-          l.max_replication_lag_seconds;
+          l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms,
+          extract(epoch FROM clock_timestamp() - l.probe_baseline_at)::float8 AS baseline_age_seconds,
+          extract(epoch FROM clock_timestamp() - l.quiet_until)::float8 AS since_quiet_seconds;
+
+-- name: probe
+-- The commit probe: a one-row write that commits, timed by the caller. $1 holder, $2 the latency in
+-- ms of this holder's previous probe (NULL: none yet), $3 whether that one was quiet. Returns
+-- whether this one is quiet: no budget slot held anywhere while it ran.
+INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n)
+VALUES ($1, clock_timestamp(),
+        CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN $2::float8 ELSE 0 END,
+        CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN 1 ELSE 0 END,
+        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN $2::float8 ELSE 0 END,
+        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN 1 ELSE 0 END)
+ON CONFLICT (holder) DO UPDATE
+SET probed_at = excluded.probed_at,
+    busy_ms_sum = p.busy_ms_sum + excluded.busy_ms_sum, busy_n = p.busy_n + excluded.busy_n,
+    quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n
+RETURNING NOT EXISTS (SELECT 1 FROM load_budget_slots WHERE expires_at > clock_timestamp()) AS quiet;
+
+-- name: collect_probes
+-- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day).
+WITH old AS (
+    SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at FROM load_budget_probes FOR UPDATE
+),
+taken AS (
+    UPDATE load_budget_probes p SET busy_ms_sum = 0, busy_n = 0, quiet_ms_sum = 0, quiet_n = 0
+    FROM old WHERE p.holder = old.holder AND old.probed_at >= clock_timestamp() - interval '1 day'
+    RETURNING old.busy_ms_sum, old.busy_n, old.quiet_ms_sum, old.quiet_n
+),
+gone AS (
+    DELETE FROM load_budget_probes p USING old
+    WHERE p.holder = old.holder AND old.probed_at < clock_timestamp() - interval '1 day'
+)
+SELECT coalesce(sum(busy_ms_sum), 0)::float8 AS busy_ms_sum, coalesce(sum(busy_n), 0)::int AS busy_n,
+       coalesce(sum(quiet_ms_sum), 0)::float8 AS quiet_ms_sum, coalesce(sum(quiet_n), 0)::int AS quiet_n
+FROM taken;
 
 -- name: sample_stress
--- Lock waits anywhere in the cluster (players' included; advisory locks excluded: they are the
--- jobs' own turn-taking), and the lag of the slowest standby if any streams from this server.
-SELECT (SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype <> 'advisory')::int AS lock_waits,
+-- Lock waits in this database (players' included; advisory locks excluded: they are the jobs' own
+-- turn-taking; other databases of the server are not this budget's business), and the lag of the
+-- slowest standby if any streams from this server.
+SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE NOT l.granted AND l.locktype <> 'advisory' AND a.datname = current_database())::int AS lock_waits,
        (SELECT extract(epoch FROM max(greatest(write_lag, flush_lag, replay_lag)))::float8
         FROM pg_stat_replication) AS replication_lag;
 
 -- name: apply_adjustment
--- $1 new scale, $2 why it shrank (NULL: healthy), $3 latency ms per 1000 rows, $4 lock waits, $5 lag
+-- $1 new scale, $2 why it shrank (NULL: healthy), $3 latency ms per 1000 rows, $4 lock waits, $5 lag,
+-- $6 mean busy probe ms (NULL: none), $7 busy probes, $8 new baseline ms (NULL: unchanged),
+-- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none)
 UPDATE load_budget
 SET scale = $1::float8, stress = $2::text,
     stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
-    observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8
+    observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8,
+    observed_probe_ms = $6::float8, observed_probes = $7::int,
+    probe_baseline_ms = coalesce($8::float8, probe_baseline_ms),
+    probe_baseline_at = CASE WHEN $8::float8 IS NOT NULL THEN clock_timestamp() ELSE probe_baseline_at END,
+    quiet_until = CASE WHEN $9::float8 IS NOT NULL THEN clock_timestamp() + make_interval(secs => $9::float8)
+                       ELSE quiet_until END
 WHERE name = 'database';
 
 -- name: budget_row
@@ -123,6 +193,8 @@ SET enabled = coalesce($1::boolean, enabled),
     latency_ms = CASE WHEN $6::boolean THEN $7::float8 ELSE latency_ms END,
     max_lock_waits = CASE WHEN $8::boolean THEN $9::int ELSE max_lock_waits END,
     max_replication_lag_seconds = CASE WHEN $10::boolean THEN $11::float8 ELSE max_replication_lag_seconds END,
-    scale = CASE WHEN $12::boolean THEN 1 ELSE scale END,
-    changed_by = $13::text, changed_at = clock_timestamp(), peak_in_flight = 0
+    probe_ratio = CASE WHEN $12::boolean THEN $13::float8 ELSE probe_ratio END,
+    scale = CASE WHEN $14::boolean THEN 1 ELSE scale END,
+    quiet_until = CASE WHEN $14::boolean THEN NULL ELSE quiet_until END,
+    changed_by = $15::text, changed_at = clock_timestamp(), peak_in_flight = 0
 WHERE name = 'database';

@@ -20,6 +20,7 @@ LIMITS: dict[str, type] = {
     "latency_ms": float,
     "max_lock_waits": int,
     "max_replication_lag_seconds": float,
+    "probe_ratio": float,
 }
 
 
@@ -31,7 +32,7 @@ def parse_limit(name: str, text: str) -> int | float | None:
         value: int | float = LIMITS[name](text)
     except ValueError:
         raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
-    low = 0 if name in ("max_in_flight", "max_lock_waits") else 1e-9
+    low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
     if value < low or (name == "max_in_flight" and value > 256):
         bounds = "0-256" if name == "max_in_flight" else (">= 0" if low == 0 else "> 0")
         raise InputError(f"--{name.replace('_', '-')} must be {bounds}, got {text!r}")
@@ -79,6 +80,9 @@ def register(commands: Commands) -> None:
     p.add_argument("--max-lock-waits", dest="max_lock_waits", help="lock waits in the database that mean stress")
     p.add_argument(
         "--max-replication-lag-seconds", dest="max_replication_lag_seconds", help="standby lag that means stress"
+    )
+    p.add_argument(
+        "--probe-ratio", dest="probe_ratio", help="commit probe latency / its quiet baseline that means stress (> 1)"
     )
     p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
     p.add_argument("--reset-scale", action="store_true", help="forget the adaptive back-off (scale back to 1)")

@@ -73,18 +73,21 @@ async def started_activities(client, workflow_id: str) -> int:
     )
 
 
-async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_waiting_partitions(
+async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_running_partitions(
     client, pool, db_url, task_queue, worker_processes
 ):
-    """Two worker processes, 8 partitions waiting at once on a paused budget (4 on each worker);
-    `budget set --max-in-flight 2` lets them run: never more than 2 batches at once, each account
-    cleaned once."""
+    """Two worker processes: a paused budget holds the cohort's claim (it is budgeted too);
+    `budget set --max-in-flight 2` lets it run; pausing again while the 8 partitions run stops
+    them at their next batch; set again, they finish: never more than 2 batches at once, each
+    account cleaned once."""
     await pool.execute(OBSERVE_CONCURRENCY)
-    await starter(db_url, "budget", "set", "--max-in-flight", "0", "--rows-per-second", "1000000")
+    await starter(db_url, "budget", "set", "--max-in-flight", "0", "--rows-per-second", "200")
     deadline = deadline_in(3)
     await seed(pool, deadline, 800)
     for _ in range(2):  # each takes at most 4 partitions: all 8 started means both are in
-        worker_processes.start(WORKER_MAX_CONCURRENT_ACTIVITIES="4", LOAD_BUDGET_LATENCY_MS="1000000")
+        worker_processes.start(
+            WORKER_MAX_CONCURRENT_ACTIVITIES="4", LOAD_BUDGET_LATENCY_MS="1000000", LOAD_BUDGET_MAX_CLAIM_ROWS="200"
+        )
     started = await start_cleanup(
         client,
         pool,
@@ -96,16 +99,35 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_wait
         heartbeat_timeout_seconds=5,
     )
 
-    async def all_partitions_waiting() -> bool:
-        row = await pool.fetchrow("SELECT denied FROM load_budget")
-        return row["denied"] > 0 and await started_activities(client, started.workflow_id) == 8
+    async def claim_waiting() -> bool:
+        return await _denied_at_least(pool, 1) and await started_activities(client, started.workflow_id) == 1
 
-    await wait_until(all_partitions_waiting, within=120)
-    assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == 0, "a paused budget runs nothing"
+    await wait_until(claim_waiting, within=120)
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_claims") == 0, "a paused budget claims nothing"
     assert await pool.fetchval("SELECT count(*) FROM load_budget_slots") == 0
 
     out = await starter(db_url, "budget", "set", "--max-in-flight", "2", "--json")
     assert '"effective_in_flight": 2' in out
+
+    async def partitions_running() -> bool:
+        applied = await pool.fetchval("SELECT count(*) FROM cleanup_applied")
+        return applied >= 100 and await started_activities(client, started.workflow_id) == 8
+
+    await wait_until(partitions_running, within=120)
+    await set_budget(pool, max_in_flight=0)  # at 200 rows/s the 800 accounts take 4 s: mid-way here
+    paused = await pool.fetchval("SELECT denied FROM load_budget")
+
+    async def all_stopped() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM load_budget_slots") == 0 and await _denied_at_least(
+            pool, paused + 8
+        )
+
+    await wait_until(all_stopped, within=60)
+    applied = await pool.fetchval("SELECT count(*) FROM cleanup_applied")
+    await wait_until(lambda: _denied_at_least(pool, paused + 24), within=60)
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == applied < 800, "paused mid-way"
+
+    await starter(db_url, "budget", "set", "--max-in-flight", "2")
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=180)
 
@@ -117,7 +139,9 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_wait
     assert batches >= 16 and 1 <= observed <= 2, (observed, batches)
     status = await budget_status(pool)
     assert 1 <= status["peak_in_flight"] <= 2 and status["in_flight"] == 0
-    assert status["rows_done"] >= 800 and status["denied"] > 0
+    assert status["rows_done"] >= 1600 and status["denied"] > 0, "the claim's 800 rows and the partitions' 800"
+    claim = await pool.fetchrow("SELECT chunks, max_chunk_rows FROM cleanup_claim_progress")
+    assert dict(claim) == {"chunks": 5, "max_chunk_rows": 200}, "the claim ran in the budget's chunk size"
     identities = {
         e.activity_task_started_event_attributes.identity
         for e in (await handle.fetch_history()).events
@@ -162,7 +186,9 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
     a holder that never releases (a killed worker) stops renewing and its slot comes back."""
     pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=6) for _ in range(2)]
     try:
-        settings = BudgetSettings(max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0)
+        settings = BudgetSettings(
+            max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0, min_scale=1.0
+        )  # no back-off: this is about the slots
         budgets = [LoadBudget(p, settings) for p in pools]
         running = peak = 0
 
@@ -208,6 +234,31 @@ def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
     assert lagging["scale"] == 0.5 and "replication lag" in lagging["stress"]
     healthy = judge(scale=0.5, latency_ms=200.0, lock_waits=1, replication_lag=0.5, **common)
     assert healthy == {"scale": 0.6, "stress": None}
+    probed = judge(
+        scale=1.0,
+        latency_ms=None,
+        lock_waits=0,
+        replication_lag=None,
+        probe_ms=9.0,
+        **common,
+        probe_baseline_ms=4.0,
+        probe_ratio=1.5,
+        probe_min_ms=1.0,
+    )
+    assert probed["scale"] == 0.5 and "commit probe" in probed["stress"]
+    for probe_ms, baseline in ((5.9, 4.0), (1.2, 0.5), (9.0, None)):  # under 1.5 x; under +1 ms; no baseline
+        calm = judge(
+            scale=1.0,
+            latency_ms=None,
+            lock_waits=0,
+            replication_lag=None,
+            probe_ms=probe_ms,
+            **common,
+            probe_baseline_ms=baseline,
+            probe_ratio=1.5,
+            probe_min_ms=1.0,
+        )
+        assert calm["stress"] is None, (probe_ms, baseline)
     assert judge(scale=1.0, latency_ms=None, lock_waits=0, replication_lag=None, **common)["scale"] == 1.0
 
 
@@ -230,3 +281,96 @@ async def test_stress_shrinks_the_budget_and_budget_show_tells_why(client, pool,
     await starter(db_url, "budget", "set", "--reset-scale", "--rows-per-second", "250")
     status = await budget_status(pool)
     assert status["scale"] == 1.0 and status["rows_per_second"] == {"value": 250.0, "source": "set"}
+
+
+# While a batch holds a slot, every commit probe is slowed down by half a second: the database as
+# the players would see it while the cleanup hurts them.
+SLOW_WHILE_BATCHES_RUN = """
+CREATE FUNCTION slow_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM load_budget_slots WHERE expires_at > clock_timestamp()) THEN
+        PERFORM pg_sleep(0.5);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER slow_probe BEFORE UPDATE ON load_budget_probes FOR EACH ROW EXECUTE FUNCTION slow_probe();
+"""
+
+
+async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget(pool, db_url):
+    """The players' view: with no baseline yet, the budget grants nothing for a moment so the
+    probes measure one; probes that are slow while batches run then mean stress."""
+    await pool.execute(SLOW_WHILE_BATCHES_RUN)
+    await set_budget(pool, max_in_flight=4)
+    settings = BudgetSettings(
+        rows_per_second=1e6,
+        latency_ms=1e6,
+        adjust_seconds=0.001,
+        probe_interval_seconds=0.05,
+        baseline_seconds=3600,
+        quiet_seconds=1.0,
+    )
+    budget = LoadBudget(pool, settings)
+
+    async def probes(column: str, n: int) -> bool:
+        return bool(await pool.fetchval(f"SELECT coalesce(sum({column}), 0) >= $1 FROM load_budget_probes", n))
+
+    # Another worker's batch is in flight all along: every probe of this one's batch is busy.
+    await pool.execute(
+        "INSERT INTO load_budget_slots VALUES (3, 'other', 'other', 'other host', 10, now(), now() + interval '1 hour')"
+    )
+    async with budget.batch("test", 10) as grant:
+        await wait_until(lambda: probes("busy_n", 2), within=60)
+        grant.rows_done = 10
+    verdict = await budget.maybe_adjust()
+    assert verdict is not None and verdict["stress"] is None, "no baseline: no verdict from the probe"
+    row = await pool.fetchrow("SELECT quiet_until > clock_timestamp() AS quiet, probe_baseline_ms FROM load_budget")
+    assert row["quiet"] and row["probe_baseline_ms"] is None, "a quiet moment is asked for"
+    await pool.execute("DELETE FROM load_budget_slots WHERE lease = 'other'")
+
+    waits: list[dict[str, Any]] = []
+    async with budget.batch("test", 10, waits.append) as grant:  # waits out the quiet moment, probing
+        assert any(w.get("measuring_baseline") for w in waits)
+        baseline = await pool.fetchval("SELECT probe_baseline_ms FROM load_budget")
+        assert baseline is not None and baseline < 500, "quiet probes (no slot held) made the baseline"
+        await wait_until(lambda: probes("busy_n", 2), within=60)
+        grant.rows_done = 10
+    verdict = await budget.maybe_adjust()
+    assert verdict is not None and "commit probe" in verdict["stress"] and verdict["scale"] == 0.5
+    status = await budget_status(pool, settings)
+    assert status["observed"]["commit_probe_ms"] >= 500 and status["commit_probe_baseline_ms"] < 500
+    assert "commit probe" in status["stress"] and status["effective_in_flight"] == 2
+
+
+async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
+    """One batch in flight (the default on two cores): a player's open transaction holds a row the
+    first partition's batch must delete; that batch waits on the lock, and after
+    `blocked_after_seconds` its slot no longer counts, so the other partition runs meanwhile."""
+    await set_budget(pool, max_in_flight=1, rows_per_second=1e6, latency_ms=1e6)
+    deadline = deadline_in(2)
+    accounts = await seed(pool, deadline, 200)
+    async with pool.acquire() as player:
+        tx = player.transaction()
+        await tx.start()
+        try:
+            # the first account in key order goes to partition 0
+            await player.execute("SELECT 1 FROM inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0])
+            started = await start_cleanup(
+                client, pool, task_queue, deadline=deadline, partitions=2, max_parallel_partitions=2, batch_size=50
+            )
+
+            async def other_partition_done() -> bool:
+                return bool(
+                    await pool.fetchval("SELECT count(*) FROM cleanup_partition_reports WHERE partition_no = 1")
+                )
+
+            await wait_until(other_partition_done, within=120)
+            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 1") == 100
+            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 0") == 0
+            assert await pool.fetchval("SELECT count(*) FROM load_budget_slots WHERE expires_at > now()") == 1
+        finally:
+            await tx.rollback()
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+    result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.settlement is not None and result.settlement.cleaned == 200
+    assert (await budget_status(pool))["peak_in_flight"] == 1, "never two batches running at once"
