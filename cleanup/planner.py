@@ -71,20 +71,24 @@ async def _start_cohort(
     start: datetime,
     until: datetime,
     summary: str,
+    partitions: int | None = None,
+    wake_early_seconds: float = 0.0,
 ) -> bool:
-    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
+    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it.
+    `partitions`: the settings' count unless given (a bucket that fits in one batch takes one)."""
     heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
     input = RenewalCleanupInput(
         cleanup_id=workflow_id,
         deadline=start,
         deadline_until=until,
-        partitions=settings.partitions,
-        max_parallel_partitions=min(settings.max_parallel_partitions, settings.partitions),
+        partitions=partitions or settings.partitions,
+        max_parallel_partitions=min(settings.max_parallel_partitions, partitions or settings.partitions),
         batch_size=settings.batch_size,
         claim_chunk_size=settings.claim_chunk_size,
         heartbeat_timeout_seconds=heartbeat_timeout,
         heartbeat_interval_seconds=heartbeat_interval,
         note="started by the deadline planner",
+        wake_early_seconds=wake_early_seconds,
     )
     try:
         await client.start_workflow(
@@ -113,13 +117,18 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
     width = timedelta(seconds=s.bucket_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
     rows = await pool.fetch(
-        SQL.upcoming_buckets, now - lookback, now + timedelta(seconds=s.horizon_seconds), width, s.max_buckets_per_tick
+        SQL.upcoming_buckets,
+        now - lookback,
+        now + timedelta(seconds=s.horizon_seconds),
+        width,
+        s.max_buckets_per_tick,
+        s.batch_size + 1,
     )
     starts: list[datetime] = [r["start"] for r in rows]
     width_ms = max(1, round(s.bucket_seconds * 1000))
     limit = asyncio.Semaphore(16)
 
-    async def ensure(start: datetime) -> bool:
+    async def ensure(start: datetime, accounts: int) -> bool:
         async with limit:
             return await _start_cohort(
                 client,
@@ -129,9 +138,13 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
                 start,
                 start + width,
                 f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+                # A bucket that fits in one batch is one partition: one activity after the claim
+                # instead of P small ones in P / parallel rounds (the lateness of the bucket).
+                partitions=1 if accounts <= s.batch_size else None,
+                wake_early_seconds=s.wake_early_seconds,
             )
 
-    started = await asyncio.gather(*(ensure(b) for b in starts))
+    started = await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in rows))
     if any(started):
         log.info("planner started %d bucket cleanup(s) of %d upcoming", sum(started), len(starts))
 

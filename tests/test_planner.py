@@ -222,6 +222,21 @@ async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue
     # L: a bucket of 1 s plus claim + clean; generous for a loaded 2-core CI machine.
     assert 0 <= lateness["p50"] and lateness["max"] <= 15.0, lateness
     assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+    # Each bucket fits in one batch, so it is one partition; its run wakes before the bucket ends,
+    # yet no account is claimed (nor cleaned) before its deadline by the database clock.
+    early = await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[])"
+        " AND (claimed_at < renewal_deadline OR cleaned_at < renewal_deadline)",
+        everyone,
+    )
+    assert early == 0
+    buckets = [r[0] for r in await pool.fetch("SELECT DISTINCT cleanup_id FROM cleanup_applied")]
+    assert buckets and all(b.startswith("cleanup-bucket-") for b in buckets), buckets
+    for workflow_id in buckets:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        payload = json.loads(started.input.payloads[0].data)
+        assert (payload["partitions"], payload["wake_early_seconds"]) == (1, FAST.wake_early_seconds), payload
 
 
 async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(client, pool, task_queue):
