@@ -7,6 +7,8 @@ cleanup whose claim takes each account once. They use the worker's own Temporal 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 from temporalio import activity
 
@@ -18,11 +20,13 @@ from cleanup.planner_models import PlanTickInput, PlanTickResult, SweepInput, Sw
 class PlannerActivities:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        # Bucket cleanups this worker process already ensured (see `plan_buckets`).
+        self.ensured_buckets: dict[str, datetime] = {}
 
     @activity.defn(name=PLAN_DEADLINE_BUCKETS)
     async def plan_deadline_buckets(self, input: PlanTickInput) -> PlanTickResult:
         """Ensure one sleeping cohort cleanup per upcoming deadline bucket (skip scan, bounded)."""
-        return await plan_buckets(self.pool, activity.client(), input)
+        return await plan_buckets(self.pool, activity.client(), input, self.ensured_buckets)
 
     @activity.defn(name=SWEEP_OVERDUE_ACCOUNTS)
     async def sweep_overdue_accounts(self, input: SweepInput) -> SweepResult:

@@ -33,6 +33,7 @@ import bench
 from bench.common import LoadSampler, Stack, machine, stack, wait_for_worker
 from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION
 from cleanup.operations import seed_accounts
+from core.budget import budget_status
 from core.queries import load
 
 SQL = load(bench.__file__, "scale.sql")
@@ -81,6 +82,7 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
     sweeps = await pool.fetchrow(SQL.overdue_sweeps)
     assert s is not None and claim is not None and applied is not None and sweeps is not None
     latest = await pool.fetch(SQL.latest_accounts, 5)
+    budget = await budget_status(pool)
     return {
         "cleaned": s["cleaned"],
         "not_cleaned": s["not_cleaned"],
@@ -102,6 +104,9 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
             for r in await pool.fetch(SQL.applied_by_kind)
         },
         "overdue_sweeps": {"sweeps": sweeps["sweeps"], "accounts": sweeps["accounts"]},
+        "load_budget": {
+            k: budget[k] for k in ("effective_in_flight", "scale", "granted", "denied", "wait_seconds", "stress")
+        },
         "latest_accounts": [
             {
                 "cleanup_id": r["cleanup_id"],

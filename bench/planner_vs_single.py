@@ -115,6 +115,7 @@ async def run(
                 "claim_lateness_seconds": report["claim_lateness_seconds"],
                 "idempotency_records_per_account": report["idempotency_records_per_account"],
                 "cleaned_by": report["cleaned_by"],
+                "load_budget": report["load_budget"],
                 "workflows": workflows,
                 "temporal_server_cpu_seconds": cpu["temporal_server"],
                 "worker_cpu_seconds": [v for k, v in sorted(cpu.items()) if k.startswith("worker_")],

@@ -110,8 +110,16 @@ async def _start_cohort(
     return True
 
 
-async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput) -> PlanTickResult:
-    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness."""
+async def plan_buckets(
+    pool: asyncpg.Pool, client: Client, input: PlanTickInput, ensured: dict[str, datetime] | None = None
+) -> PlanTickResult:
+    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness.
+
+    `ensured` (kept by the caller between ticks, e.g. per worker process): bucket workflow IDs this
+    process already ensured. A bucket's ID is started once and never reused, so ensuring it again
+    changes nothing; skipping those saves a start call per upcoming bucket per tick (horizon / tick
+    calls per bucket, the Temporal server's main load at a steady rate of deadlines). Another
+    process, or a restarted one, ensures them once more, which is harmless."""
     s = input.settings
     now: datetime = await pool.fetchval(SQL.clock)
     width = timedelta(seconds=s.bucket_seconds)
@@ -128,9 +136,9 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
     width_ms = max(1, round(s.bucket_seconds * 1000))
     limit = asyncio.Semaphore(16)
 
-    async def ensure(start: datetime, accounts: int) -> bool:
+    async def ensure(start: datetime, accounts: int) -> None:
         async with limit:
-            return await _start_cohort(
+            await _start_cohort(
                 client,
                 input.task_queue,
                 s,
@@ -144,9 +152,15 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
                 wake_early_seconds=s.wake_early_seconds,
             )
 
-    started = await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in rows))
-    if any(started):
-        log.info("planner started %d bucket cleanup(s) of %d upcoming", sum(started), len(starts))
+    known = ensured if ensured is not None else {}
+    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms) not in known]
+    await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
+    for r in new:
+        known[bucket_cleanup_id(r["start"], width_ms)] = r["start"]
+    for workflow_id in [w for w, start in known.items() if start < now - lookback]:
+        del known[workflow_id]
+    if new:
+        log.info("planner ensured %d new bucket cleanup(s) of %d upcoming", len(new), len(starts))
 
     watermark = input.lateness_watermark or now - timedelta(seconds=s.tick_seconds)
     recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)
