@@ -76,8 +76,8 @@ async def run(
     spread_seconds: float = 600.0,
     lead_seconds: float | None = None,
     workers: int = 2,
-    start_parallel: int = 16,
-    drain_seconds: float = 180.0,
+    start_parallel: int = 32,
+    drain_seconds: float = 600.0,
 ) -> dict[str, Any]:
     # Starting one workflow per account takes a while (about 10-30 starts/s on 2 shared cores):
     # by default the first deadline comes after that, so the starts are not billed as lateness.
@@ -154,9 +154,10 @@ def main() -> None:
         "--lead", type=float, help="first deadline this long after the workers are up (default 60 s + 40 ms/account)"
     )
     parser.add_argument("--workers", type=int, default=2, help="worker processes per design")
-    parser.add_argument("--start-parallel", type=int, default=16, help="single-account starts in flight")
+    parser.add_argument("--start-parallel", type=int, default=32, help="single-account starts in flight")
+    parser.add_argument("--drain", type=float, default=600.0, help="give up this long after the last deadline")
     args = parser.parse_args()
-    result = asyncio.run(run(args.accounts, args.spread, args.lead, args.workers, args.start_parallel))
+    result = asyncio.run(run(args.accounts, args.spread, args.lead, args.workers, args.start_parallel, args.drain))
     print(json.dumps(result, indent=2, default=str))
 
 
