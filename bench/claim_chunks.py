@@ -164,6 +164,11 @@ async def run(accounts: int, chunk: int = 10_000, partitions: int = 16, idle_sec
             else round(chunks[0], 3),
             "max": round(max(chunks), 3),
         },
+        # Does a chunk grow as the cursor advances? The median chunk of each tenth of the claim.
+        "chunk_transaction_p50_by_tenth": [
+            round(statistics.median(chunks[i * len(chunks) // 10 : (i + 1) * len(chunks) // 10] or [0.0]), 3)
+            for i in range(10)
+        ],
         "longest_statement": {"name": slowest, "seconds": longest[slowest]},
         "statements": {
             k: {"count": len(v), "p50": round(statistics.median(v), 4), "max": round(max(v), 3)}
