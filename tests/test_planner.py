@@ -29,8 +29,8 @@ from activities.cleanup import claim_in_chunks
 from cleanup.cli import _planner_human_status as _human_status
 from cleanup.models import ClaimChunkedInput, CleanupPartitionInput, PartitionReport, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
-from cleanup.planner import ensure_planner, planner_status
-from cleanup.planner_models import PlannerSettings
+from cleanup.planner import ensure_planner, plan_buckets, planner_status
+from cleanup.planner_models import PlannerSettings, PlanTickInput
 from core.config import PROJECT_ROOT
 from core.queries import load
 from tests.helpers import deadline_in, seed, wait_until
@@ -384,3 +384,30 @@ async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
     assert buckets["1"] == 2 and buckets["2"] == 3 and buckets["10"] == 4, buckets
     assert total(text, "planner_overdue_accounts") == 4
     assert total(text, "planner_overdue_swept") == 4 and total(text, "planner_stranded_recovered") == 6
+
+
+async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
+    """Ensuring a bucket again changes nothing, so a worker asks the server once per bucket; a
+    process that has not seen it (another worker, a restart) asks once more. A bucket that fits in
+    one batch is one partition, and its run wakes early."""
+    small = FAST.model_copy(update={"batch_size": 3})
+    await seed(pool, deadline_in(20), 3)
+    await seed(pool, deadline_in(30), 4)  # more than one batch: the settings' partitions
+    starts: list[tuple[str, int, float]] = []
+
+    class RecordingClient:
+        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+            starts.append((id, input.partitions, input.wake_early_seconds))
+
+    tick = PlanTickInput(settings=small, task_queue="q")
+    ensured: dict[str, Any] = {}
+    for _ in range(3):
+        result = await plan_buckets(pool, RecordingClient(), tick, ensured)  # type: ignore[arg-type]
+        assert result.buckets == 2
+    assert [(p, w) for _, p, w in starts] == [
+        (1, small.wake_early_seconds),
+        (small.partitions, small.wake_early_seconds),
+    ]
+    assert len({i for i, _, _ in starts}) == 2 and set(ensured) == {i for i, _, _ in starts}
+    await plan_buckets(pool, RecordingClient(), tick, {})  # type: ignore[arg-type]
+    assert len(starts) == 4
