@@ -14,6 +14,7 @@ import asyncio
 import os
 import sys
 import traceback
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from core import budget_cli, db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
 from core.config import Settings, mask_url
 from core.errors import DatabaseUnavailable, InputError
+from core.process import exit_now
 from core.temporal import connect
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
@@ -45,7 +47,8 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
     demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
-    demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{os.getpid()}"})
+    # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
+    demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
     pool = await db.create_pool(demo_url, max_size=4)
     try:
         client = await connect(demo)
@@ -57,6 +60,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
             renew_share=args.renew_share,
             workers=args.workers,
             lead_seconds=args.lead_seconds,
+            spread_seconds=args.spread_seconds,
         )
     finally:
         await pool.close()
@@ -117,11 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id")
 
-    p = command("demo", cmd_demo, "seed accounts, renew some, run a cohort cleanup with workers, print results")
+    p = command("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
     p.add_argument("--accounts", type=int, default=3000)
     p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
     p.add_argument("--workers", type=int, default=2, help="worker processes to run")
-    p.add_argument("--lead-seconds", type=float, default=15.0, help="how far ahead the deadline is (default 15)")
+    p.add_argument("--lead-seconds", type=float, default=10.0, help="how far ahead the first deadline is (default 10)")
+    p.add_argument("--spread-seconds", type=float, default=15.0, help="deadlines spread over this window (default 15)")
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
     p.add_argument("action", choices=["up", "down"])
@@ -172,4 +177,4 @@ def redact(text: str, settings: Settings) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

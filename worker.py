@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -28,6 +27,7 @@ from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage
 from core.config import Settings
 from core.errors import InputError
+from core.process import exit_now
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
@@ -83,6 +83,9 @@ def build_worker(
     extra_workflows: Sequence[type] = (),
     graceful_shutdown_seconds: float = 20.0,
     pool: asyncpg.Pool | None = None,
+    workflow_task_polls: int | None = None,
+    activity_task_polls: int | None = None,
+    sticky_queue_timeout_seconds: float = 10.0,
 ) -> Worker:
     """With the activities' `pool`, an attempt that lost its database connection waits for the
     database and runs again at once (core.outage) instead of waiting out Temporal's back-off."""
@@ -95,6 +98,9 @@ def build_worker(
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
         interceptors=[outage.OutageInterceptor(probe)],
+        max_concurrent_workflow_task_polls=workflow_task_polls,
+        max_concurrent_activity_task_polls=activity_task_polls,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
     )
 
 
@@ -106,9 +112,16 @@ def configure_logs(fmt: str = "text", secrets: Sequence[str] = (), level: int = 
     return handler
 
 
-async def open_pool(url: str, max_size: int) -> asyncpg.Pool:
-    """The worker's pool; each new connection tells core.outage the database is back."""
-    return await db.create_pool(url, max_size=max_size, on_connect=outage.OUTAGE.back)
+async def open_pool(url: str, max_size: int, idle_in_transaction_timeout: float | None = None) -> asyncpg.Pool:
+    """The worker's pool; each new connection tells core.outage the database is back. A transaction
+    left idle longer than `idle_in_transaction_timeout` (its worker frozen mid-batch) is ended by the
+    server, releasing its locks for the retry."""
+    return await db.create_pool(
+        url,
+        max_size=max_size,
+        on_connect=outage.OUTAGE.back,
+        idle_in_transaction_timeout=idle_in_transaction_timeout,
+    )
 
 
 def metrics_runtime(settings: Settings) -> Runtime | None:
@@ -138,7 +151,9 @@ async def run_worker(
     if runtime is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await db.migrate_url(settings.database_url)
-    pool = await open_pool(settings.database_url, settings.pool_max_size)
+    pool = await open_pool(
+        settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
+    )
     try:
         client = await connect(settings, runtime=runtime)
         try:
@@ -155,6 +170,9 @@ async def run_worker(
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
             pool=pool,
+            workflow_task_polls=settings.worker_workflow_task_polls,
+            activity_task_polls=settings.worker_activity_task_polls,
+            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -231,4 +249,4 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +42,7 @@ from core.errors import ErrorType, failure
 from core.queries import load
 
 SQL = load(cleanup.__file__)
+log = logging.getLogger("cleanup")
 FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for the tolerance error
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
@@ -268,12 +270,23 @@ class CleanupActivities:
         def after_batch(checkpoint: PartitionCheckpoint) -> None:
             nonlocal counted
             _after_batch(checkpoint)
+            batch = checkpoint.counts - counted
             metrics.record_cleanup_batch(
-                cleaned=checkpoint.counts.cleaned - counted.cleaned,
-                already_applied=checkpoint.counts.already_applied - counted.already_applied,
-                failed=checkpoint.counts.failed - counted.failed,
+                cleaned=batch.cleaned, already_applied=batch.already_applied, failed=batch.failed
             )
             counted = checkpoint.counts
+            if batch.already_applied:
+                # Another attempt of this partition (a retry while this one was thought dead, or a
+                # zombie after its retry) got there first: this batch changed nothing for those.
+                log.info(
+                    "partition %s of %s attempt %s batch %s: %s account(s) already applied, %s cleaned now",
+                    input.partition_no,
+                    input.cleanup_id,
+                    info.attempt,
+                    checkpoint.batches,
+                    batch.already_applied,
+                    batch.cleaned,
+                )
             if activity.is_worker_shutdown():
                 # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
                 # boundary, with the cursor heartbeated, so another worker resumes it at once

@@ -66,6 +66,7 @@ async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: 
     """One batch of a shard: the reconcile_batch statement in its own transaction, after the
     shard's advisory lock (so attempts of one shard take turns and each batch sees the others')."""
     async with pool.acquire() as conn, db.transaction(conn):
+        failpoints.hit(f"{RECONCILE_SHARD}.in_batch")  # the batch's transaction is open, the shard lock not yet asked
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
         row = await conn.fetchrow(
             SQL.reconcile_batch,
@@ -247,7 +248,17 @@ class LedgerActivities:
         if input.shard >= day.shards:
             raise _bad_input(f"unknown shard {input.shard} for {day.business_date}: shards are 0-{day.shards - 1}")
         details = info.heartbeat_details
-        if not details and (unchanged := await report_if_unchanged(self.pool, input)) is not None:
+        interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
+        # It waits for the shard lock, which another attempt's batch may hold (a zombie of this shard
+        # until Postgres ends its idle transaction, the night run beside a re-check): heartbeat while
+        # it waits, or the wait itself is taken for a dead worker and retried, again and again.
+        if (
+            not details
+            and (
+                unchanged := await run_heartbeating(report_if_unchanged(self.pool, input), activity.heartbeat, interval)
+            )
+            is not None
+        ):
             log.info(
                 "shard %s of %s: inputs unchanged since its report; nothing to judge", input.shard, input.business_date
             )
@@ -267,7 +278,6 @@ class LedgerActivities:
                 checkpoint.last_game,
                 checkpoint.last_payment_id,
             )
-        interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
 
         def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
             failpoints.hit(f"{RECONCILE_SHARD}.after_commit")
@@ -298,7 +308,10 @@ class LedgerActivities:
                 checkpoint.model_dump(mode="json"), {"load_budget": budget}
             ),
         )
-        report = await report_shard(self.pool, input, checkpoint)
+        final = checkpoint
+        report = await run_heartbeating(
+            report_shard(self.pool, input, final), lambda: activity.heartbeat(final.model_dump(mode="json")), interval
+        )
         return report.model_copy(
             update={
                 "attempt": info.attempt,

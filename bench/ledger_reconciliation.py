@@ -129,9 +129,15 @@ async def direct_reconciliation(
 
 
 async def pipeline_reconciliation(
-    s: Any, business_date: date, parallel: int, batch_size: int, id_prefix: str = DEFAULT_ID_PREFIX
+    s: Any,
+    business_date: date,
+    parallel: int,
+    batch_size: int,
+    id_prefix: str = DEFAULT_ID_PREFIX,
+    recheck: bool = False,
 ) -> dict[str, Any]:
-    """The real start path (date-keyed workflow ID) to the settled result, on the worker process."""
+    """The real start path (date-keyed workflow ID, or a re-check's own) to the settled result, on
+    the worker process."""
     t0 = time.perf_counter()
     started = await start_reconciliation(
         s.client,
@@ -142,6 +148,7 @@ async def pipeline_reconciliation(
         batch_size=batch_size,
         tolerance_cents=TOLERANCE_CENTS,
         id_prefix=id_prefix,
+        recheck=recheck,
     )
     assert started.started, f"{started.workflow_id} already existed"
     handle = s.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)

@@ -1,19 +1,30 @@
-"""Rerun of an already-reconciled night: `python -m bench.ledger_rerun --payments 1000000`.
+"""Re-checks of a reconciled night: `python -m bench.ledger_rerun --payments 1000000`.
 
 One business date is reconciled through the pipeline (`start_reconciliation`, date-keyed workflow
-ID, worker process), then reconciled again by a *new* run of the same workflow for the same date.
-The date's own ID cannot be reused (REJECT_DUPLICATE returns the finished run without doing any
-work), so the rerun gets another ID prefix, exactly what an operator does to re-check a night
-(docs/ledger.md): every key of every shard is judged again and found already corrected, already
-in review or matching; nothing is written. The ratio is rerun seconds / first-run seconds.
+ID, worker process). Then, as an operator does after late data (`starter.py reconcile --date D
+--recheck`), it is re-checked twice, each a new run of the same workflow under its own ID:
 
-Between two snapshots taken around the rerun (after the server's statistics have been flushed),
-the cumulative counters of pg_stat_user_tables (inserts, updates, deletes, dead tuples, vacuums),
-the relation sizes and the identity sequences of every ledger table are compared: a rejected
-INSERT would show as an insert, a dead tuple, a grown relation or a consumed identity value.
+1. **unchanged**: nothing changed since the night. Every shard's fingerprint (read under the
+   shard's lock) equals its recorded report's, so no key is judged and nothing is written: no
+   revision, no row. Ratio = re-check seconds / first-run seconds (target <= 0.3).
+2. **changed**: first 1% of the payments change (`--changed-per-10000`, spread over every shard;
+   bench/late_data.sql): half get a hand edit of their ledger amount within tolerance, half a late
+   provider row that conflicts with the reported one. Every shard's inputs differ, so every shard
+   is judged again in full; the re-check writes only the new corrections and review rows and
+   records revision 2. Ratio = re-check seconds / first-run seconds (no target: it re-judges every
+   shard, which is the first run's work); also the rows it wrote, its dead tuples and what its
+   revision says, against what the change must add.
 
-The same is measured for the direct path (first and second run of the same batch statement from
-this process on a second date, no Temporal): the rerun cost of the SQL itself, for comparison.
+Around each re-check, after the server's statistics have been flushed, the cumulative counters of
+pg_stat_user_tables (inserts, updates, deletes, dead tuples, vacuums), the relation sizes and the
+identity sequences of every ledger table are compared: a write would show as an insert, update or
+delete, a rejected INSERT as a dead tuple, a grown relation or a consumed identity value. Before
+each first snapshot the tables just written are vacuumed (untimed), so an autovacuum of them
+cannot run during the re-check and reset its counters.
+
+The unchanged re-check is also measured for the direct path (first and second run of the same
+batch statement from this process on a second date, no Temporal, no shortcut): the cost of
+judging everything again, for comparison.
 """
 
 from __future__ import annotations
@@ -23,10 +34,12 @@ import asyncio
 import json
 import os
 import time
+from datetime import date
 from typing import Any
 
 import asyncpg
 
+import bench
 from bench.common import machine, stack, wait_for_worker
 from bench.ledger_reconciliation import (
     business_dates,
@@ -36,6 +49,8 @@ from bench.ledger_reconciliation import (
     pipeline_reconciliation,
     seed,
 )
+from core.budget import set_budget
+from core.queries import load
 
 LEDGER_TABLES = [
     "ledger_payments",
@@ -52,8 +67,11 @@ IDENTITY_SEQUENCES = {
     "ledger_corrections": "correction_id",
     "ledger_review": "review_id",
 }
+LATE = load(bench.__file__, "late_data.sql")
+TOLERANCE_CENTS = 50
 COUNTERS = ["n_tup_ins", "n_tup_upd", "n_tup_del", "n_dead_tup", "vacuum_count", "autovacuum_count"]
 VACUUM_EFFECTS = "VACUUM ANALYZE ledger_corrections, ledger_review"
+VACUUM_CHANGED = "VACUUM ANALYZE ledger_payments, ledger_report_rows, ledger_corrections, ledger_review"
 # A backend that is idle with statistics pending flushes them within 10 s (PGSTAT_IDLE_INTERVAL).
 STATS_FLUSH_SECONDS = 10.5
 
@@ -97,11 +115,74 @@ def deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) 
     return {t: {k: after[t][k] - before[t][k] for k in before[t]} for t in LEDGER_TABLES if t in before}
 
 
+def writes(table_deltas: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Rows written (inserted, updated, deleted) and dead tuples left, per ledger table and in all."""
+    per_table = {
+        t: {"written": d["n_tup_ins"] + d["n_tup_upd"] + d["n_tup_del"], "dead_tuples": d["n_dead_tup"]}
+        for t, d in table_deltas.items()
+        if d["n_tup_ins"] or d["n_tup_upd"] or d["n_tup_del"] or d["n_dead_tup"]
+    }
+    return {
+        "rows_written": sum(v["written"] for v in per_table.values()),
+        # A negative delta is a read pruning an older run's row versions, not this run's doing.
+        "dead_tuples": sum(max(0, v["dead_tuples"]) for v in per_table.values()),
+        "dead_tuples_in_effect_tables": sum(
+            table_deltas[t]["n_dead_tup"] for t in ("ledger_corrections", "ledger_review")
+        ),
+        "per_table": per_table,
+    }
+
+
+async def changed_recheck(
+    s: Any, business_date: date, first_seconds: float, per_10000: int, parallel: int, batch_size: int
+) -> dict[str, Any]:
+    """Change `per_10000` of the date's payments, then re-check it: seconds, writes, the revision."""
+    t = time.perf_counter()
+    change = await s.pool.fetchrow(LATE.change_payments, business_date, per_10000, TOLERANCE_CENTS)
+    assert change is not None
+    await s.pool.execute(VACUUM_CHANGED)
+    change_seconds = time.perf_counter() - t
+    before = await table_stats(s.pool)
+    recheck = await pipeline_reconciliation(s, business_date, parallel, batch_size, recheck=True)
+    after = await table_stats(s.pool)
+    revision = await s.pool.fetchrow(LATE.latest_revision, business_date)
+    assert revision is not None
+    table_deltas = deltas(before, after)
+    shards = recheck["result"].shards
+    return {
+        "change": dict(change),
+        "change_and_vacuum_seconds_untimed": round(change_seconds, 2),
+        "seconds": round(recheck["seconds"], 3),
+        "ratio": round(recheck["seconds"] / first_seconds, 3),
+        "shards_judged_again": sum(not r.unchanged_since_report for r in shards),
+        "batches": recheck["batches"],
+        "revision": {k: (list(v) if k == "changed_shards" else v) for k, v in dict(revision).items()},
+        "revision_adds_what_the_change_must": (
+            revision["new_corrections"] == change["expect_new_corrections"]
+            and revision["new_review_rows"] == change["expect_new_review_rows"]
+            and revision["new_discrepancies"] == change["expect_new_corrections"] + change["expect_new_review_rows"]
+        ),
+        **writes(table_deltas),
+        "table_deltas": table_deltas,
+        "timeline": recheck["timeline"],
+    }
+
+
 async def run(
-    payments: int, shards: int = 16, parallel: int = 8, batch_size: int = 1000, with_direct: bool = True
+    payments: int,
+    shards: int = 16,
+    parallel: int = 8,
+    batch_size: int = 1000,
+    with_direct: bool = True,
+    changed_per_10000: int = 100,
+    budget: bool = True,
 ) -> dict[str, Any]:
     load_before = round(os.getloadavg()[0], 2)
     async with stack() as s:
+        if not budget:
+            # Every ledger batch takes the database load budget's rows (4,000/s by default), which
+            # then bounds a run that judges keys; off, runs go as fast as the machine allows.
+            await set_budget(s.pool, enabled=False)
         pipeline_date, direct_date = business_dates(2)
         t = time.perf_counter()
         seeded = await seed(s.pool, pipeline_date, payments, shards)
@@ -117,8 +198,10 @@ async def run(
         # which resets n_dead_tup; vacuum them now (untimed) so the rerun's counters stand alone.
         await s.pool.execute(VACUUM_EFFECTS)
         before = await table_stats(s.pool)
-        rerun = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size, id_prefix="ledger-rerun")
+        rerun = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size, recheck=True)
         after = await table_stats(s.pool)
+        unchanged_revision = await s.pool.fetchrow(LATE.latest_revision, pipeline_date)
+        changed = await changed_recheck(s, pipeline_date, first["seconds"], changed_per_10000, parallel, batch_size)
 
         direct: dict[str, Any] | None = None
         if with_direct:
@@ -150,8 +233,9 @@ async def run(
         "shards": shards,
         "parallel_shards": parallel,
         "batch_size": batch_size,
+        "load_budget": "default (LOAD_BUDGET_* settings)" if budget else "off (budget set --enabled off)",
         "seed_seconds": round(seed_seconds, 2),
-        "rerun_how": "a new LedgerReconciliationWorkflow run of the same date under another workflow ID prefix",
+        "rerun_how": "a re-check (`reconcile --date D --recheck`): a new run of the date under its own workflow ID",
         "first_run_seconds": round(first["seconds"], 3),
         "rerun_seconds": round(rerun["seconds"], 3),
         "first_run_payments_per_s": round(payments / first["seconds"], 1),
@@ -171,6 +255,10 @@ async def run(
         "rerun_dead_tuples_in_effect_tables": sum(
             table_deltas[t]["n_dead_tup"] for t in ("ledger_corrections", "ledger_review")
         ),
+        "rerun_rows_written": writes(table_deltas)["rows_written"],
+        "rerun_dead_tuples": writes(table_deltas)["dead_tuples"],
+        "rerun_latest_revision": unchanged_revision["revision"] if unchanged_revision else None,
+        "changed": changed,
         "direct": direct,
         **memory,
         "load_average_1m_before_and_after": [load_before, round(os.getloadavg()[0], 2)],
@@ -185,8 +273,24 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--no-direct", action="store_true", help="skip the direct first/rerun comparison")
+    parser.add_argument(
+        "--changed-per-10000", type=int, default=100, help="payments changed before the second re-check (100: 1%%)"
+    )
+    parser.add_argument(
+        "--no-budget", action="store_true", help="turn the database load budget off (it bounds runs that judge keys)"
+    )
     args = parser.parse_args()
-    result = asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, not args.no_direct))
+    result = asyncio.run(
+        run(
+            args.payments,
+            args.shards,
+            args.parallel,
+            args.batch_size,
+            not args.no_direct,
+            args.changed_per_10000,
+            not args.no_budget,
+        )
+    )
     print(json.dumps(result, indent=2))
 
 

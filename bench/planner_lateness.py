@@ -119,7 +119,7 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
     }
 
 
-_BUCKET_ID = re.compile(r"cleanup-bucket-(\d{8}T\d{6}(?:\.\d+)?)Z-(\d+)ms")
+_BUCKET_ID = re.compile(r"cleanup-bucket-(\d{8}T\d{6}(?:\.\d+)?)Z-(\d+)ms(?:-.+)?")
 
 
 def _bucket_end(workflow_id: str) -> datetime | None:

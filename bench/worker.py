@@ -6,10 +6,9 @@ cleanups themselves, so it does not ensure the deadline planner.
 
 from __future__ import annotations
 
-import sys
-
 import worker as app_worker
 from bench.bare_workflow import BareDeadlineWorkflow, noop
+from core.process import exit_now
 
 if __name__ == "__main__":
-    sys.exit(app_worker.main([], extra_workflows=[BareDeadlineWorkflow], extra_activities=[noop], planner=False))
+    exit_now(app_worker.main([], extra_workflows=[BareDeadlineWorkflow], extra_activities=[noop], planner=False))

@@ -33,12 +33,13 @@ from cleanup.targets import (
     compile_target_probes,
     subset_statement,
 )
-from core import db
+from core import db, failpoints
 from core.errors import AccountCleanupFailed, is_deterministic, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
 
 SQL = load(__file__)
+IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's transaction
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 
 
@@ -106,6 +107,7 @@ async def run_keyset_batch(
     """
     try:
         async with pool.acquire() as conn, db.transaction(conn):
+            failpoints.hit(IN_BATCH)  # the batch is open: its transaction begun, its statement not yet sent
             row = await run_heartbeating(
                 conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, after_account_id, batch_size),
                 while_waiting,

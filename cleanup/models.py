@@ -78,14 +78,20 @@ def account_cleanup_id(account_id: str, deadline: datetime) -> str:
     return f"cleanup-account-{account_id}-{_instant(deadline)}"
 
 
-def bucket_cleanup_id(start: datetime, width_ms: int) -> str:
-    """The planner's cohort of one deadline bucket [start, start + width): started twice, one run."""
-    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms"
+def bucket_cleanup_id(start: datetime, width_ms: int, task_queue: str) -> str:
+    """The planner's cohort of one deadline bucket [start, start + width): started twice, one run.
+    Like the planner's own ID, it names the task queue unless it is the default one, so planners of
+    other deployments on the same Temporal namespace (the demo's, a test's) never share a bucket."""
+    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms{_queue_suffix(task_queue)}"
 
 
-def sweep_cleanup_id(cutoff: datetime) -> str:
+def sweep_cleanup_id(cutoff: datetime, task_queue: str) -> str:
     """The planner's safety-net cohort: every active account whose deadline is before `cutoff`."""
-    return f"cleanup-sweep-{_instant(cutoff)}"
+    return f"cleanup-sweep-{_instant(cutoff)}{_queue_suffix(task_queue)}"
+
+
+def _queue_suffix(task_queue: str) -> str:
+    return "" if task_queue == DEFAULT_TASK_QUEUE else f"-{task_queue}"
 
 
 class RenewalCleanupInput(Model):

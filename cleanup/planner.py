@@ -142,7 +142,7 @@ async def plan_buckets(
                 client,
                 input.task_queue,
                 s,
-                bucket_cleanup_id(start, width_ms),
+                bucket_cleanup_id(start, width_ms, input.task_queue),
                 start,
                 start + width,
                 f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
@@ -153,10 +153,10 @@ async def plan_buckets(
             )
 
     known = ensured if ensured is not None else {}
-    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms) not in known]
+    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms, input.task_queue) not in known]
     await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
     for r in new:
-        known[bucket_cleanup_id(r["start"], width_ms)] = r["start"]
+        known[bucket_cleanup_id(r["start"], width_ms, input.task_queue)] = r["start"]
     for workflow_id in [w for w, start in known.items() if start < now - lookback]:
         del known[workflow_id]
     if new:
@@ -226,11 +226,15 @@ async def sweep_overdue(
     )
     if overdue == 0:
         return result
-    if input.previous_sweep_id is not None:
-        previous = await describe_or_none(client, input.previous_sweep_id)
+    # The previous sweep: the one the planner saw started, and the one recorded last (by a retried
+    # step's attempt that died before replying, or before the planner continued as new): while one
+    # runs, no second one starts (nor is recorded, which would count its accounts twice).
+    recorded_last = await pool.fetchval(SQL.latest_overdue_sweep)
+    for previous_id in dict.fromkeys(i for i in (input.previous_sweep_id, recorded_last) if i is not None):
+        previous = await describe_or_none(client, previous_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
-    workflow_id = sweep_cleanup_id(cutoff)
+    workflow_id = sweep_cleanup_id(input.as_of or cutoff, input.task_queue)
     await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)

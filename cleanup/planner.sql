@@ -77,6 +77,11 @@ SELECT count(*)::int AS overdue, min(renewal_deadline) AS oldest FROM overdue;
 -- name: record_sweep
 INSERT INTO planner_sweeps (kind, cleanup_id, accounts, oldest_deadline) VALUES ($1, $2, $3, $4);
 
+-- name: latest_overdue_sweep
+-- The sweep cleanup recorded last (planner_sweeps_kind_idx): a retried sweep step whose first
+-- attempt started and recorded it, then died before replying, finds it here.
+SELECT cleanup_id FROM planner_sweeps WHERE kind = 'overdue' ORDER BY swept_at DESC, sweep_id DESC LIMIT 1;
+
 -- name: cleaned_since
 -- Lateness (cleaned_at - renewal_deadline) of cleanups committed after $1, oldest first, at most $2.
 SELECT cleaned_at, extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness
@@ -113,5 +118,9 @@ WHERE status = 'active' AND renewal_deadline >= cleanup_clock()
   AND renewal_deadline < cleanup_clock() + make_interval(secs => $1);
 
 -- name: sweep_totals
+-- Each cleanup counted once: two attempts of one sweep step running at once (a zombie and its
+-- retry) start the same sweep cleanup and may both record it.
 SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sweeps, max(swept_at) AS last_at
-FROM planner_sweeps GROUP BY kind;
+FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
+      FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
+GROUP BY kind;

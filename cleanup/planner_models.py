@@ -36,6 +36,8 @@ class PlannerSettings(Model):
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
     iterations_per_run: int = Field(default=50, ge=1, le=10_000)
+    # The plan and sweep steps heartbeat; a worker that dies in one is noticed after this long.
+    step_heartbeat_seconds: float = Field(default=10.0, ge=1, le=600)
 
     @classmethod
     def from_env(cls) -> PlannerSettings:
@@ -84,6 +86,9 @@ class SweepInput(Model):
     task_queue: str
     # The sweep cleanup the previous iteration started: while it still runs, no second one starts.
     previous_sweep_id: str | None = None
+    # The planner iteration's instant (workflow time): the sweep cleanup's ID comes from it, so every
+    # attempt of one step, even two at once, starts the same one. None: from the cutoff (older runs).
+    as_of: UtcDatetime | None = None
 
 
 class SweepResult(Model):

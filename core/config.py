@@ -49,10 +49,23 @@ class Settings(BaseModel):
     state_dir: Path = Field(default=PROJECT_ROOT / ".state")
     temporal_ui_url: str | None = None
     pool_max_size: int = Field(default=8, ge=1, le=200)
+    # A worker's transactions are one batch each (BEGIN, a statement or two, COMMIT): never idle for
+    # long. One that is (its worker frozen, or cut off after sending a statement) holds the batch's
+    # row locks and the shard lock; Postgres ends it after this long, so the retry of that batch is
+    # not blocked behind a zombie and the zombie's late COMMIT is refused. 0: off.
+    db_idle_in_transaction_timeout_seconds: float = Field(default=10.0, ge=0, le=86_400)
     max_concurrent_activities: int = Field(default=16, ge=1, le=1000)
     # On SIGTERM a worker stops polling and gives running activities this long to finish or hand
     # their work back (cleanup partitions do at the next batch) before cancelling them.
     worker_graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
+    # Long polls a worker keeps open (None: the SDK's 5 each). A worker that freezes or loses its
+    # network keeps them open on the server, which hands them tasks it can no longer run (each one
+    # retried after its timeout: an activity's heartbeat timeout, a workflow task's 10 s); fewer
+    # polls, fewer such tasks. And how long a workflow's next task waits on the sticky queue of the
+    # worker that ran it before it goes to any worker (the SDK's 10 s).
+    worker_workflow_task_polls: int | None = Field(default=None, ge=2, le=100)
+    worker_activity_task_polls: int | None = Field(default=None, ge=1, le=100)
+    worker_sticky_queue_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "0.0.0.0"
@@ -90,10 +103,19 @@ class Settings(BaseModel):
             values["state_dir"] = Path(env["CLEANUP_STATE_DIR"])
         if env.get("DB_POOL_MAX_SIZE"):
             values["pool_max_size"] = int(env["DB_POOL_MAX_SIZE"])
+        if env.get("DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"):
+            values["db_idle_in_transaction_timeout_seconds"] = float(env["DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"])
         if env.get("WORKER_MAX_CONCURRENT_ACTIVITIES"):
             values["max_concurrent_activities"] = int(env["WORKER_MAX_CONCURRENT_ACTIVITIES"])
         if env.get("WORKER_GRACEFUL_SHUTDOWN_SECONDS"):
             values["worker_graceful_shutdown_seconds"] = float(env["WORKER_GRACEFUL_SHUTDOWN_SECONDS"])
+        for name, key, kind in (
+            ("WORKER_WORKFLOW_TASK_POLLS", "worker_workflow_task_polls", int),
+            ("WORKER_ACTIVITY_TASK_POLLS", "worker_activity_task_polls", int),
+            ("WORKER_STICKY_QUEUE_TIMEOUT_SECONDS", "worker_sticky_queue_timeout_seconds", float),
+        ):
+            if env.get(name):
+                values[key] = kind(env[name])
         if env.get("METRICS_PORT"):
             values["metrics_port"] = int(env["METRICS_PORT"])
         if env.get("METRICS_HOST"):

@@ -72,15 +72,31 @@ async def create_pool(
     max_size: int = 8,
     on_connect: Callable[[], None] | None = None,
     connect_timeout: float = 60.0,
+    idle_in_transaction_timeout: float | None = None,
 ) -> asyncpg.Pool:
-    """The asyncpg pool; `on_connect` runs after each new connection (the worker notes a recovery)."""
+    """The asyncpg pool; `on_connect` runs after each new connection (the worker notes a recovery).
+
+    `idle_in_transaction_timeout` (seconds): the server ends a session whose transaction stays idle
+    that long (Postgres' idle_in_transaction_session_timeout), so a client frozen or cut off between
+    a statement and its COMMIT does not keep its row and advisory locks: see Settings."""
+    server_settings = (
+        {"idle_in_transaction_session_timeout": str(max(1, int(idle_in_transaction_timeout * 1000)))}
+        if idle_in_transaction_timeout
+        else None
+    )
 
     async def init(conn: asyncpg.Connection) -> None:
         if on_connect is not None:
             on_connect()
 
     pool = await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, command_timeout=300, init=init, timeout=connect_timeout
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        command_timeout=300,
+        init=init,
+        timeout=connect_timeout,
+        server_settings=server_settings,
     )
     assert pool is not None
     return pool

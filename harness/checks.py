@@ -188,10 +188,28 @@ LEDGER_TABLES = {
 }
 
 
-async def ledger_digest(pool: asyncpg.Pool) -> dict[str, Any]:
-    """Row counts and an md5 of every row of each table the reconciliation writes."""
+# What a cleanup writes (the accounts' state, its effects, the reminders it queues, its reports).
+CLEANUP_TABLES = {
+    "accounts": "account_id",
+    "cleanup_claims": "cleanup_id, account_id",
+    "cleanup_applied": "account_id, cleanup_version",
+    "cleanup_failed": "account_id, cleanup_version",
+    "cleanup_partition_reports": "cleanup_id, partition_no",
+    "cleanup_settlements": "cleanup_id",
+    "cloud_saves": "account_id, slot",
+    "inventory_items": "account_id, item_id",
+    "match_history_archive": "match_id",
+    "outbox": "event_key",
+}
+# What a relay writes: each event's state, attempts, lease and outcome.
+OUTBOX_TABLES = {"outbox": "event_key"}
+
+
+async def ledger_digest(pool: asyncpg.Pool, tables: dict[str, str] | None = None) -> dict[str, Any]:
+    """Row counts and an md5 of every row of each table the reconciliation (or, with `tables`,
+    another job) writes: equal digests mean nothing was written in between."""
     out: dict[str, Any] = {}
-    for table, order in LEDGER_TABLES.items():
+    for table, order in (tables or LEDGER_TABLES).items():
         row = await pool.fetchrow(
             f"SELECT count(*) AS n, md5(coalesce(string_agg(t::text, '|' ORDER BY {order}), '')) AS h FROM {table} t"
         )

@@ -118,3 +118,217 @@ WHERE business_date = $1
 ORDER BY revision DESC
 LIMIT 1
 RETURNING revision;
+
+-- The "late data" scenario (harness/scenarios/late_data.py). The business's ledger as it wrote it:
+-- the seeded rows of a date and every late edit the scenario makes, never the reconciliation's
+-- corrections (the scenario writes each edit to ledger_payments and here in one transaction).
+-- With the provider's report rows, which the reconciliation never changes, these are the raw
+-- inputs the oracle below reads.
+
+-- name: late_data_truth_table
+CREATE TABLE IF NOT EXISTS harness_ledger_truth (
+    game           text NOT NULL,
+    payment_id     text NOT NULL,
+    business_date  date NOT NULL,
+    shard          integer NOT NULL,
+    amount_cents   bigint NOT NULL,
+    currency       text NOT NULL,
+    status         text NOT NULL,
+    PRIMARY KEY (game, payment_id)
+);
+
+-- name: late_data_truth_copy
+-- The date's ledger as seeded, before any run. $1 business date
+INSERT INTO harness_ledger_truth (game, payment_id, business_date, shard, amount_cents, currency, status)
+SELECT game, payment_id, business_date, shard, amount_cents, currency, status
+FROM ledger_payments WHERE business_date = $1;
+
+-- name: late_data_oracle
+-- What reconciling a date must leave, computed from the raw inputs alone (harness_ledger_truth and
+-- ledger_report_rows): one row per payment key of the date with the effect the rules of
+-- docs/ledger.md demand (a correction, a review row or nothing), its kind, and the ledger values
+-- the payment must end with. Written from the rules table, not from the product's batch statement:
+-- it shares no SQL with reconcile_batch and never reads what a run wrote (corrections, review
+-- rows, reports, the corrected ledger). Since every late edit touches a key that had no
+-- discrepancy, or a new key, at most once, the result does not depend on when a run judged a key.
+-- $1 business date, $2 tolerance in cents
+WITH provider AS (
+    SELECT game, payment_id,
+           count(*) AS copies,
+           count(DISTINCT (amount_cents, currency, status)) AS variants,
+           min(amount_cents) AS amount_cents, min(currency) AS currency, min(status) AS status
+    FROM ledger_report_rows
+    WHERE business_date = $1
+    GROUP BY game, payment_id
+),
+ours AS (
+    SELECT game, payment_id, amount_cents, currency, status
+    FROM harness_ledger_truth
+    WHERE business_date = $1
+),
+side_by_side AS (
+    SELECT game, payment_id,
+           o.game IS NOT NULL AS in_ledger, p.game IS NOT NULL AS in_report,
+           o.amount_cents AS ledger_amount, o.currency AS ledger_currency, o.status AS ledger_status,
+           p.amount_cents AS provider_amount, p.currency AS provider_currency, p.status AS provider_status,
+           coalesce(p.copies, 0) AS copies, coalesce(p.variants, 0) AS variants
+    FROM ours o FULL JOIN provider p USING (game, payment_id)
+),
+rule AS (
+    SELECT s.*,
+        CASE
+            WHEN NOT in_ledger THEN 'unknown_payment'
+            WHEN NOT in_report AND ledger_status = 'unsettled' THEN NULL
+            WHEN NOT in_report THEN 'not_settled'
+            WHEN variants > 1 THEN 'conflicting_report_rows'
+            WHEN ledger_currency <> provider_currency THEN 'currency_mismatch'
+            WHEN abs(ledger_amount - provider_amount) > $2 THEN 'amount_beyond_tolerance'
+            WHEN provider_status = 'refunded' AND ledger_status = 'captured' THEN 'refund_not_recorded'
+            WHEN (provider_status, ledger_status) NOT IN (('settled', 'captured'), ('refunded', 'refunded'))
+                THEN 'status_mismatch'
+            WHEN ledger_amount <> provider_amount THEN 'amount_mismatch'
+        END AS kind
+    FROM side_by_side s
+)
+SELECT game, payment_id, kind,
+       CASE WHEN kind IN ('not_settled', 'refund_not_recorded', 'amount_mismatch') THEN 'correction'
+            WHEN kind IS NOT NULL THEN 'review'
+       END AS effect,
+       in_ledger,
+       -- the payment's ledger values once reconciled (a review row changes nothing)
+       CASE kind WHEN 'not_settled' THEN 'unsettled' WHEN 'refund_not_recorded' THEN 'refunded'
+                 ELSE ledger_status END AS final_status,
+       CASE WHEN kind IN ('refund_not_recorded', 'amount_mismatch') THEN provider_amount
+            ELSE ledger_amount END AS final_amount,
+       CASE WHEN variants = 1 THEN copies - 1 ELSE 0 END AS duplicate_report_rows
+FROM rule
+ORDER BY game, payment_id;
+
+-- name: late_data_new_payment
+-- A payment the business records late. $1 date, $2 shards, $3 game, $4 payment ID, $5 amount,
+-- $6 currency, $7 status
+WITH live AS (
+    INSERT INTO ledger_payments (game, payment_id, business_date, shard, amount_cents, currency, status)
+    VALUES ($3, $4, $1, ledger_shard_of($3, $4, $2), $5, $6, $7)
+    RETURNING game, payment_id, business_date, shard, amount_cents, currency, status
+)
+INSERT INTO harness_ledger_truth (game, payment_id, business_date, shard, amount_cents, currency, status)
+SELECT game, payment_id, business_date, shard, amount_cents, currency, status FROM live
+RETURNING shard;
+
+-- name: late_data_new_report_row
+-- A provider report row arriving late. $1 date, $2 shards, $3 game, $4 payment ID, $5 amount,
+-- $6 currency, $7 status
+INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status)
+VALUES ($1, ledger_shard_of($3, $4, $2), $3, $4, $5, $6, $7)
+RETURNING shard;
+
+-- name: late_data_copy_report_row
+-- The provider reports a payment again: an exact copy ($4 = 0) or a conflicting one (amount + $4).
+-- $1 date, $2 game, $3 payment ID, $4 amount delta
+INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status)
+SELECT business_date, shard, game, payment_id, amount_cents + $4, currency, status
+FROM ledger_report_rows
+WHERE business_date = $1 AND game = $2 AND payment_id = $3
+ORDER BY report_row_id
+LIMIT 1
+RETURNING shard;
+
+-- name: late_data_edit_payment
+-- The business edits a payment by hand: amount + $3, the currency swapped ($4), captured <->
+-- refunded ($5); in the ledger and in harness_ledger_truth alike, and only while the ledger row is
+-- still as the business wrote it (a correction since would make the edit's outcome depend on
+-- timing). $1 game, $2 payment ID
+WITH live AS (
+    UPDATE ledger_payments l
+    SET amount_cents = t.amount_cents + $3,
+        currency = CASE WHEN $4 THEN (CASE t.currency WHEN 'EUR' THEN 'USD' ELSE 'EUR' END) ELSE t.currency END,
+        status = CASE WHEN $5 THEN (CASE t.status WHEN 'captured' THEN 'refunded' ELSE 'captured' END)
+                      ELSE t.status END,
+        updated_at = now()
+    FROM harness_ledger_truth t
+    WHERE l.game = $1 AND l.payment_id = $2 AND t.game = l.game AND t.payment_id = l.payment_id
+      AND (l.amount_cents, l.currency, l.status) = (t.amount_cents, t.currency, t.status)
+    RETURNING l.game, l.payment_id, l.shard, l.amount_cents, l.currency, l.status
+)
+UPDATE harness_ledger_truth t
+SET amount_cents = live.amount_cents, currency = live.currency, status = live.status
+FROM live
+WHERE t.game = live.game AND t.payment_id = live.payment_id
+RETURNING live.shard;
+
+-- name: late_data_effects
+-- What the runs wrote for a date: every correction and review row. $1 business date
+SELECT game, payment_id, 'correction' AS effect, kind, new_status, new_amount_cents
+FROM ledger_corrections WHERE business_date = $1
+UNION ALL
+SELECT game, payment_id, 'review', kind, NULL, NULL
+FROM ledger_review WHERE business_date = $1;
+
+-- name: late_data_ledger
+-- The date's ledger as the runs left it. $1 business date
+SELECT game, payment_id, status, amount_cents FROM ledger_payments WHERE business_date = $1;
+
+-- name: late_data_hold_payment
+-- The middle ledger row of a shard, locked by the caller's open transaction so the shard's batch
+-- that reaches it waits. $1 business date, $2 shard
+SELECT game, payment_id
+FROM ledger_payments
+WHERE business_date = $1 AND shard = $2
+ORDER BY game, payment_id
+OFFSET (SELECT count(*) / 2 FROM ledger_payments WHERE business_date = $1 AND shard = $2)
+LIMIT 1
+FOR UPDATE;
+
+-- name: late_data_lock_waiters
+-- Backends of this database waiting for a row lock (a batch held on the locked row; not the
+-- advisory locks of the load budget or of a shard).
+SELECT count(*)::int FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple');
+
+-- name: planner_not_terminal
+-- Scenario 13: accounts of the given ID patterns not yet in a terminal state (cleaned or renewed).
+SELECT count(*)::int FROM accounts
+WHERE account_id LIKE ANY($1::text[]) AND status NOT IN ('cleaned', 'renewed');
+
+-- name: planner_account_states
+-- Scenario 13: each account's state and version, to compare with what its renewals imply.
+SELECT account_id, status, cleanup_version FROM accounts WHERE account_id LIKE ANY($1::text[]);
+
+-- name: planner_cleanups
+-- Scenario 13: every cleanup that claimed or applied one of these accounts; `by_planner` is false
+-- for a cleanup the planner did not start (its IDs are cleanup-bucket-* and cleanup-sweep-*).
+SELECT cleanup_id, (cleanup_id LIKE 'cleanup-bucket-%' OR cleanup_id LIKE 'cleanup-sweep-%') AS by_planner
+FROM (SELECT cleanup_id FROM cleanup_claims WHERE account_id LIKE ANY($1::text[])
+      UNION SELECT cleanup_id FROM cleanup_applied WHERE account_id LIKE ANY($1::text[])) c
+ORDER BY cleanup_id;
+
+-- name: planner_due_done_at
+-- Scenario 13: when the last account whose deadline had passed at $2 reached its terminal state
+-- (cleaned_at; NULL if none of them was cleaned after $2), for the recovery after a kill at $2.
+SELECT max(cleaned_at) FROM accounts
+WHERE account_id LIKE ANY($1::text[]) AND renewal_deadline <= $2 AND cleaned_at > $2;
+
+-- name: planner_lateness
+-- Scenario 13: lateness (cleaned_at - renewal_deadline, seconds) of these accounts' cleanups.
+SELECT count(*)::int AS cleaned,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
+       max(lateness) AS max
+FROM (SELECT extract(epoch FROM cleaned_at - renewal_deadline)::float8 AS lateness
+      FROM accounts WHERE account_id LIKE ANY($1::text[]) AND status = 'cleaned') l;
+
+-- name: planner_late_renewals
+-- Scenario 13: the renewals recorded for these accounts, by outcome.
+SELECT outcome, count(*)::int AS n FROM renewals WHERE account_id = ANY($1::text[]) GROUP BY outcome;
+
+-- name: planner_swept_since
+-- Scenario 13: accounts the planner recorded as swept since $1, each sweep cleanup once (what
+-- `planner status` adds up), and how many sweeps.
+SELECT coalesce(sum(accounts), 0)::int AS accounts, count(*)::int AS sweeps
+FROM (SELECT DISTINCT ON (cleanup_id) accounts FROM planner_sweeps
+      WHERE kind = 'overdue' AND swept_at >= $1 ORDER BY cleanup_id, sweep_id) once;
+
+-- name: planner_clock
+-- Scenario 13: the database's clock (the planner's and the sweeps' time).
+SELECT clock_timestamp();

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class Slot:
     starts: int = 0
     deaths: list[Death] = field(default_factory=list)
     supervised: bool = True
+    prefix: list[str] = field(default_factory=list)  # e.g. `ip netns exec NS`: the worker runs on a test host
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -70,7 +72,7 @@ class Slot:
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE],
+                [*self.prefix, sys.executable, "-m", WORKER_MODULE],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -144,6 +146,8 @@ class Supervisor:
         slot.proc = None
         if proc is not None and proc.poll() is None:
             proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)  # a frozen (SIGSTOPped) worker only sees SIGTERM once continued
             try:
                 await asyncio.to_thread(proc.wait, 20)
             except subprocess.TimeoutExpired:
@@ -167,6 +171,8 @@ class Supervisor:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)
         for p in procs:
             try:
                 p.wait(timeout=20)
@@ -184,6 +190,7 @@ class Lane:
     database_url: str
     pool: asyncpg.Pool
     slots: list[Slot]
+    env: dict[str, str] = field(default_factory=dict)  # every slot's environment (before its own overrides)
 
 
 @dataclass
@@ -209,16 +216,30 @@ class Harness:
         assert self.stack.settings.temporal_address is not None
         return self.stack.settings.temporal_address
 
-    async def lane(self, name: str, workers: int, *, address: str | None = None, admin_url: str | None = None) -> Lane:
+    async def lane(
+        self,
+        name: str,
+        workers: int,
+        *,
+        address: str | None = None,
+        admin_url: str | None = None,
+        planner: bool = False,
+        env: dict[str, str] | None = None,
+        failpoints: str | Sequence[str] = "",
+    ) -> Lane:
         """A fresh migrated database, a task queue and `workers` started slots. `admin_url`: make the
-        database on another server (a private one a scenario may crash), which the caller removes."""
+        database on another server (a private one a scenario may crash), which the caller removes.
+        `planner`: the workers ensure the lane's deadline planner (CLEANUP_PLANNER=on), as
+        `worker.py` does; otherwise the scenario drives its cleanups itself. `env` adds to every
+        slot's environment (e.g. PLANNER_TICK_SECONDS). `failpoints`: CLEANUP_FAILPOINTS of every
+        slot's first start (a string), or of the first slots, one per slot (a sequence)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
         if admin_url is None:
             self.databases.append(database)
         pool = await harness_pool(url)
         task_queue = f"harness-{name}-{uuid.uuid4().hex[:6]}"
-        env = dict(
+        worker_env = dict(
             os.environ,
             TEMPORAL_ADDRESS=address or self.address,
             TEMPORAL_NAMESPACE=self.stack.settings.temporal_namespace,
@@ -228,15 +249,30 @@ class Harness:
             MAIL_PROVIDER_URL=self.provider.url,
             MAIL_PROVIDER_TOKEN=self.token,
             PYTHONUNBUFFERED="1",
+            CLEANUP_PLANNER="on" if planner else "off",
         )
-        env.pop("CLEANUP_FAILPOINTS", None)
+        worker_env.pop("CLEANUP_FAILPOINTS", None)
+        worker_env.update(env or {})
         slots = [
-            self.supervisor.add(Slot(f"{name}-w{i}", env, self.log_dir / f"{name}-w{i}.log")) for i in range(workers)
+            self.supervisor.add(Slot(f"{name}-w{i}", worker_env, self.log_dir / f"{name}-w{i}.log"))
+            for i in range(workers)
         ]
-        await asyncio.gather(*(self.supervisor.start(s) for s in slots))
-        lane = Lane(name, task_queue, url, pool, slots)
+        armed = [failpoints] * workers if isinstance(failpoints, str) else list(failpoints)
+        armed += [""] * (workers - len(armed))
+        await asyncio.gather(*(self.supervisor.start(s, f) for s, f in zip(slots, armed, strict=True)))
+        lane = Lane(name, task_queue, url, pool, slots, worker_env)
         self.lanes.append(lane)
         return lane
+
+    def add_slot(
+        self, lane: Lane, suffix: str, *, env: dict[str, str] | None = None, prefix: list[str] | None = None
+    ) -> Slot:
+        """Another (not yet started) worker slot on `lane`: its environment is the lane's plus `env`."""
+        name = f"{lane.name}-{suffix}"
+        slot = self.supervisor.add(Slot(name, {**lane.env, **(env or {})}, self.log_dir / f"{name}.log"))
+        slot.prefix = list(prefix or [])
+        lane.slots.append(slot)
+        return slot
 
     async def close_lane(self, lane: Lane) -> None:
         for s in lane.slots:

@@ -32,6 +32,8 @@ from temporalio.client import (
     ScheduleRange,
     ScheduleSpec,
     ScheduleState,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
     WorkflowExecutionStatus,
 )
 from temporalio.service import RPCError, RPCStatusCode
@@ -95,10 +97,32 @@ async def create_schedule(
             schedule_id, nightly_schedule(task_queue, at=at, options=options, paused=paused, schedule_id=schedule_id)
         )
     except ScheduleAlreadyRunningError:
-        raise InputError(
-            f"schedule {schedule_id!r} already exists; `schedule describe` shows it, `schedule delete` removes it"
-        ) from None
+        if not await _upgrade_policy(client, schedule_id):
+            raise InputError(
+                f"schedule {schedule_id!r} already exists; `schedule describe` shows it, `schedule delete` removes it"
+            ) from None
+        out = await describe_schedule(client, schedule_id)
+        out["policy_upgraded"] = True
+        return out
     return await describe_schedule(client, schedule_id)
+
+
+async def _upgrade_policy(client: Client, schedule_id: str) -> bool:
+    """A schedule created under an older policy (ALLOW_ALL) gets today's overlap policy in place, so
+    its history, pause state and spec survive; True when something changed."""
+    changed = False
+
+    def upgrade(update_input: ScheduleUpdateInput) -> ScheduleUpdate | None:
+        nonlocal changed
+        schedule = update_input.description.schedule
+        if schedule.policy.overlap == OVERLAP:
+            return None
+        schedule.policy.overlap = OVERLAP
+        changed = True
+        return ScheduleUpdate(schedule=schedule)
+
+    await _handle(client, schedule_id).update(upgrade)
+    return changed
 
 
 def _handle(client: Client, schedule_id: str) -> Any:

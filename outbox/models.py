@@ -48,13 +48,30 @@ class RelayBatchSettings(Model):
     backoff_initial_seconds: float = Field(default=2.0, ge=0, le=3600)
     backoff_max_seconds: float = Field(default=600.0, ge=0, le=86_400)
     retry_after_max_seconds: float = Field(default=3600.0, ge=0, le=86_400)
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="how soon a batch whose worker went silent (died, froze, lost Temporal) is retried "
+        "elsewhere; None: request_timeout_seconds + 10",
+    )
 
     @model_validator(mode="after")
     def _lease_covers_a_request(self) -> Self:
         # The activity stops sending at lease - margin, so the lease must leave room for one request.
         if self.lease_seconds < self.request_timeout_seconds + 2:
             raise ValueError("lease_seconds must exceed request_timeout_seconds by at least 2 seconds")
+        # The batch heartbeats after each answer, so one request must fit in the heartbeat timeout.
+        if (
+            self.heartbeat_timeout_seconds is not None
+            and self.heartbeat_timeout_seconds < self.request_timeout_seconds + 1
+        ):
+            raise ValueError("heartbeat_timeout_seconds must exceed request_timeout_seconds by at least 1 second")
         return self
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return self.heartbeat_timeout_seconds or self.request_timeout_seconds + 10
 
 
 class RelayBatchInput(Model):

@@ -40,7 +40,9 @@ async def test_ledger_reconciliation_benchmark_runs_and_measures_a_ratio():
 
 
 async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
-    result = await ledger_rerun.run(payments=300, shards=4, parallel=2, batch_size=50, with_direct=False)
+    result = await ledger_rerun.run(
+        payments=300, shards=4, parallel=2, batch_size=50, with_direct=False, changed_per_10000=1000
+    )
     assert result["first_outcome"] == result["rerun_outcome"] == result["expected"]
     assert result["rerun_reports_same_as_first"]
     assert result["rerun_shards_unchanged_since_report"] == 4, "the rerun took the unchanged-inputs shortcut"
@@ -52,6 +54,16 @@ async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
         assert deltas[table]["heap_bytes"] == 0 and deltas[table]["identity_last_value"] == 0, deltas
     assert result["rerun_rows_inserted"] == 0
     assert deltas["ledger_payments"]["n_tup_upd"] == 0
+    assert result["rerun_rows_written"] == 0 and result["rerun_dead_tuples"] == 0, deltas
+    assert result["rerun_latest_revision"] == 1, "an unchanged re-check records no revision"
+    # 10% of the payments changed: the re-check judges the changed shards again and adds exactly
+    # what the change must add, as revision 2, without a dead tuple in the effect tables.
+    changed = result["changed"]
+    assert changed["change"]["payments_changed"] > 0 and changed["change"]["expect_new_corrections"] > 0
+    assert changed["shards_judged_again"] == changed["change"]["shards_changed"]
+    assert changed["revision"]["revision"] == 2 and changed["revision_adds_what_the_change_must"], changed
+    assert changed["dead_tuples_in_effect_tables"] == 0 and changed["rows_written"] > 0, changed
+    assert changed["ratio"] > 0
 
 
 async def test_poisoned_cohort_benchmark_isolates_the_poisoned_and_measures_a_ratio():

@@ -7,6 +7,10 @@ import asyncio
 import uuid
 from datetime import date
 
+import pytest
+from temporalio.client import ScheduleOverlapPolicy
+
+from core.errors import InputError
 from ledger import schedule as ls
 from ledger.models import ScheduledLedgerInput, ScheduledLedgerResult
 from tests.helpers import wait_until
@@ -48,5 +52,21 @@ async def test_finished_scheduled_runs_are_not_shown_running(client, pool, task_
         except AssertionError:
             statuses = [r["status"] for r in (await ls.describe_schedule(client, schedule_id))["recent_runs"]]
             raise AssertionError(f"finished runs still badged {statuses}") from None
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+
+
+async def test_create_upgrades_a_schedule_made_under_the_old_overlap_policy(client, task_queue):
+    schedule_id = f"ledger-nightly-{uuid.uuid4().hex[:8]}"
+    old = ls.nightly_schedule(task_queue, paused=True, schedule_id=schedule_id)
+    old.policy.overlap = ScheduleOverlapPolicy.ALLOW_ALL
+    await client.create_schedule(schedule_id, old)
+    try:
+        upgraded = await ls.create_schedule(client, task_queue, schedule_id=schedule_id)
+        assert upgraded["policy_upgraded"] is True
+        assert upgraded["overlap"] == "BUFFER_ALL"
+        assert upgraded["paused"] is True, "the upgrade keeps the schedule's state"
+        with pytest.raises(InputError, match="already exists"):
+            await ls.create_schedule(client, task_queue, schedule_id=schedule_id)
     finally:
         await ls.delete_schedule(client, schedule_id)

@@ -386,6 +386,64 @@ async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
     assert total(text, "planner_overdue_swept") == 4 and total(text, "planner_stranded_recovered") == 6
 
 
+def test_bucket_and_sweep_ids_name_a_task_queue_other_than_the_default() -> None:
+    """Planners of two deployments on one namespace (the demo's, a test's) never share a cleanup."""
+    from datetime import UTC, datetime
+
+    from cleanup.models import DEFAULT_TASK_QUEUE, bucket_cleanup_id, sweep_cleanup_id
+
+    at = datetime(2026, 11, 1, 9, 0, 1, tzinfo=UTC)
+    assert bucket_cleanup_id(at, 1000, DEFAULT_TASK_QUEUE) == "cleanup-bucket-20261101T090001Z-1000ms"
+    assert sweep_cleanup_id(at, DEFAULT_TASK_QUEUE) == "cleanup-sweep-20261101T090001Z"
+    assert bucket_cleanup_id(at, 1000, "demo-1a2b") == "cleanup-bucket-20261101T090001Z-1000ms-demo-1a2b"
+    assert sweep_cleanup_id(at, "demo-1a2b") == "cleanup-sweep-20261101T090001Z-demo-1a2b"
+    assert planner_workflow_id("demo-1a2b") == "deadline-planner-demo-1a2b"
+
+
+async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(client, pool, task_queue):
+    """A worker killed after the sweep step started and recorded its cleanup, before replying: the
+    retry (which does not know that cleanup's ID) finds it running and leaves it be, so the accounts
+    are neither swept twice nor counted twice in `planner status`."""
+    from cleanup.planner import sweep_overdue
+    from cleanup.planner_models import SweepInput
+
+    await seed(pool, deadline_in(-60), 5)
+    # The planner's input names the sweep of an earlier iteration (long finished); no worker polls
+    # the queue, so the sweep the step starts stays running.
+    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=f"cleanup-sweep-earlier-{task_queue}")
+    first = await sweep_overdue(pool, client, sweep)
+    retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
+    try:
+        assert first.sweep_cleanup_id is not None and first.overdue == 5
+        assert retried.sweep_cleanup_id is None and retried.overdue == 5
+        recorded = await pool.fetch("SELECT cleanup_id, accounts FROM planner_sweeps WHERE kind = 'overdue'")
+        assert [tuple(r) for r in recorded] == [(first.sweep_cleanup_id, 5)]
+    finally:
+        await client.get_workflow_handle(first.sweep_cleanup_id or "").terminate(reason="test over")
+
+
+async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_once(client, pool, task_queue):
+    """A zombie attempt and its retry run the same sweep step at once: one sweep cleanup (its ID
+    comes from the iteration, not the attempt's clock), and `planner status` counts it once."""
+    from cleanup.planner import sweep_overdue
+    from cleanup.planner_models import SweepInput
+
+    await seed(pool, deadline_in(-60), 4)
+    as_of = await pool.fetchval("SELECT clock_timestamp()")
+    step = SweepInput(settings=FAST, task_queue=task_queue, as_of=as_of)  # no worker: the sweep stays running
+    attempts = await asyncio.gather(sweep_overdue(pool, client, step), sweep_overdue(pool, client, step))
+    started = {a.sweep_cleanup_id for a in attempts} - {None}
+    try:
+        assert len(started) == 1, attempts
+        recorded = await pool.fetch("SELECT DISTINCT cleanup_id FROM planner_sweeps WHERE kind = 'overdue'")
+        assert [r[0] for r in recorded] == list(started)
+        status = await planner_status(client, pool, task_queue)
+        assert status["overdue_swept"] == 4 and status["overdue_sweeps"] == 1, status
+    finally:
+        for workflow_id in started:
+            await client.get_workflow_handle(workflow_id or "").terminate(reason="test over")
+
+
 async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     """Ensuring a bucket again changes nothing, so a worker asks the server once per bucket; a
     process that has not seen it (another worker, a restart) asks once more. A bucket that fits in

@@ -63,6 +63,9 @@ class DeadlinePlannerWorkflow:
     async def run(self, input: PlannerInput) -> PlannerTotals:
         s = input.settings
         task_queue = workflow.info().task_queue
+        # Both steps heartbeat while they run: a worker that dies in one is noticed after this long
+        # and the loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
+        heartbeat = timedelta(seconds=s.step_heartbeat_seconds)
         iterations = 0
         while True:
             if self._paused:
@@ -74,6 +77,7 @@ class DeadlinePlannerWorkflow:
                 PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
                 result_type=PlanTickResult,
                 start_to_close_timeout=timedelta(minutes=2),
+                heartbeat_timeout=heartbeat,
                 retry_policy=_RETRY,
                 summary="plan buckets",
             )
@@ -86,10 +90,11 @@ class DeadlinePlannerWorkflow:
                     settings=s,
                     task_queue=task_queue,
                     previous_sweep_id=self._last_sweep_id,
+                    as_of=workflow.now(),
                 ),
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=timedelta(seconds=60),
+                heartbeat_timeout=heartbeat,
                 retry_policy=_RETRY,
                 summary="sweep",
             )

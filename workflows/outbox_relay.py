@@ -68,7 +68,7 @@ class OutboxRelayWorkflow:
                 result_type=RelayBatchResult,
                 # The activity stops sending before its lease ends, so the lease bounds its duration.
                 start_to_close_timeout=timedelta(seconds=s.lease_seconds + 30),
-                heartbeat_timeout=timedelta(seconds=s.request_timeout_seconds + 10),
+                heartbeat_timeout=timedelta(seconds=s.heartbeat_timeout),
                 retry_policy=_RETRY,
                 summary=f"batch {self._totals.batches + 1}",
             )

@@ -15,12 +15,15 @@ def registry() -> dict[str, Scenario]:
         db_faults,
         delay,
         kill,
+        late_data,
         oversized,
+        planner_kills,
         renewal_order,
         renewal_race,
         replay,
         schedule,
         server_restart,
+        zombie,
     )
 
     return {
@@ -34,6 +37,9 @@ def registry() -> dict[str, Scenario]:
         "db-faults": db_faults.run,
         "server-restart": server_restart.run,
         "renewal-order": renewal_order.run,
+        "zombie": zombie.run,
+        "late-data": late_data.run,
+        "planner-kills": planner_kills.run,
     }
 
 

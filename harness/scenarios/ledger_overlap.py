@@ -1,7 +1,7 @@
 """Scenario (opt-in): a zombie ledger attempt and late data, with real worker processes.
 
-`python starter.py harness --scenarios ledger-overlap`. Not in the default set (the quick profile
-and its CI test keep their nine scenarios).
+`python starter.py harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
+attempt, covers a shard's zombie in the quick profile: frozen before the shard lock, not under it).
 
 1. A row lock held by the harness makes shard 0's first batch wait inside its statement (holding
    the shard's advisory lock). The worker running it is frozen (SIGSTOP) past the heartbeat
@@ -58,7 +58,7 @@ async def _result(client: Client, workflow_id: str) -> LedgerReconciliationResul
 
 
 async def run(ctx: Ctx) -> Row:
-    row = Row("12 zombie attempt, late data")
+    row = Row("15 zombie shard under its lock, late data")
     lane = await ctx.h.lane("ledger-overlap", 2)
     client, pool, tq = ctx.client, lane.pool, lane.task_queue
     business_date = ctx.ids.business_date()

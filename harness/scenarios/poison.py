@@ -57,7 +57,7 @@ WHERE (SELECT count(*) FROM cloud_saves s WHERE s.account_id = p.account_id) <> 
 
 
 async def run(ctx: Ctx) -> Row:
-    row = Row("11 poisoned accounts")
+    row = Row("14 poisoned accounts")
     lane = await ctx.h.lane("poison", 2)
     rng = ctx.rng("poison")
     client, pool, tq = ctx.client, lane.pool, lane.task_queue
