@@ -11,6 +11,8 @@ fault harness kill a worker there.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 from temporalio import activity
 
@@ -30,12 +32,16 @@ def _beat_every() -> float:
 class PlannerActivities:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        # Bucket cleanups this worker process already ensured (see `plan_buckets`).
+        self.ensured_buckets: dict[str, datetime] = {}
 
     @activity.defn(name=PLAN_DEADLINE_BUCKETS)
     async def plan_deadline_buckets(self, input: PlanTickInput) -> PlanTickResult:
         """Ensure one sleeping cohort cleanup per upcoming deadline bucket (skip scan, bounded)."""
         result = await run_heartbeating(
-            plan_buckets(self.pool, activity.client(), input), activity.heartbeat, _beat_every()
+            plan_buckets(self.pool, activity.client(), input, self.ensured_buckets),
+            activity.heartbeat,
+            _beat_every(),
         )
         failpoints.hit(f"{PLAN_DEADLINE_BUCKETS}.after_start")
         return result

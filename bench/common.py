@@ -32,6 +32,14 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (/proc/<pid>/stat), in seconds."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return float("nan")
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     with contextlib.suppress(OSError):
@@ -78,6 +86,45 @@ class Stack:
         out = {f"worker_{i}_peak_rss_mib": round(peak_rss_mib(p.pid), 1) for i, p in enumerate(self.workers)}
         out["temporal_server_peak_rss_mib"] = round(peak_rss_mib(self.server_pid()), 1)
         return out
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far by the Temporal server and each worker process."""
+        out = {f"worker_{i}": cpu_seconds(p.pid) for i, p in enumerate(self.workers)}
+        out["temporal_server"] = cpu_seconds(self.server_pid())
+        return out
+
+
+class LoadSampler:
+    """The 1-minute load average, sampled every `every` seconds while a run lasts."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict[str, float]:
+        s = self.samples
+        return {
+            "before": round(s[0], 2),
+            "after": round(s[-1], 2),
+            "mean": round(sum(s) / len(s), 2),
+            "max": round(max(s), 2),
+            "samples": len(s),
+        }
 
 
 @contextlib.asynccontextmanager

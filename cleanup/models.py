@@ -6,7 +6,7 @@ Payloads carry IDs, versions and counts only, never account data, so histories s
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
@@ -127,6 +127,12 @@ class RenewalCleanupInput(Model):
     # of the heartbeat timeout.
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
 
+    # Wake this long before the end of the range (the planner's buckets): the timer, the workflow
+    # task and the claim's dispatch then happen before the deadline, and the claim itself waits
+    # for the database clock to pass the range (it never takes an account before its deadline).
+    # 0 (and in every older history): wake at the end of the range.
+    wake_early_seconds: float = Field(default=0.0, ge=0, le=10)
+
     @model_validator(mode="after")
     def _interval_below_timeout(self) -> RenewalCleanupInput:
         interval = self.heartbeat_interval_seconds
@@ -136,7 +142,9 @@ class RenewalCleanupInput(Model):
 
     @property
     def wake_at(self) -> datetime:
-        return self.deadline_until or self.deadline
+        if self.deadline_until is None:
+            return self.deadline
+        return self.deadline_until - timedelta(seconds=self.wake_early_seconds)
 
 
 class RenewalSignal(Model):

@@ -71,20 +71,24 @@ async def _start_cohort(
     start: datetime,
     until: datetime,
     summary: str,
+    partitions: int | None = None,
+    wake_early_seconds: float = 0.0,
 ) -> bool:
-    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
+    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it.
+    `partitions`: the settings' count unless given (a bucket that fits in one batch takes one)."""
     heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
     input = RenewalCleanupInput(
         cleanup_id=workflow_id,
         deadline=start,
         deadline_until=until,
-        partitions=settings.partitions,
-        max_parallel_partitions=min(settings.max_parallel_partitions, settings.partitions),
+        partitions=partitions or settings.partitions,
+        max_parallel_partitions=min(settings.max_parallel_partitions, partitions or settings.partitions),
         batch_size=settings.batch_size,
         claim_chunk_size=settings.claim_chunk_size,
         heartbeat_timeout_seconds=heartbeat_timeout,
         heartbeat_interval_seconds=heartbeat_interval,
         note="started by the deadline planner",
+        wake_early_seconds=wake_early_seconds,
     )
     try:
         await client.start_workflow(
@@ -107,22 +111,35 @@ async def _start_cohort(
     return True
 
 
-async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput) -> PlanTickResult:
-    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness."""
+async def plan_buckets(
+    pool: asyncpg.Pool, client: Client, input: PlanTickInput, ensured: dict[str, datetime] | None = None
+) -> PlanTickResult:
+    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness.
+
+    `ensured` (kept by the caller between ticks, e.g. per worker process): bucket workflow IDs this
+    process already ensured. A bucket's ID is started once and never reused, so ensuring it again
+    changes nothing; skipping those saves a start call per upcoming bucket per tick (horizon / tick
+    calls per bucket, the Temporal server's main load at a steady rate of deadlines). Another
+    process, or a restarted one, ensures them once more, which is harmless."""
     s = input.settings
     now: datetime = await pool.fetchval(SQL.clock)
     width = timedelta(seconds=s.bucket_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
     rows = await pool.fetch(
-        SQL.upcoming_buckets, now - lookback, now + timedelta(seconds=s.horizon_seconds), width, s.max_buckets_per_tick
+        SQL.upcoming_buckets,
+        now - lookback,
+        now + timedelta(seconds=s.horizon_seconds),
+        width,
+        s.max_buckets_per_tick,
+        s.batch_size + 1,
     )
     starts: list[datetime] = [r["start"] for r in rows]
     width_ms = max(1, round(s.bucket_seconds * 1000))
     limit = asyncio.Semaphore(16)
 
-    async def ensure(start: datetime) -> bool:
+    async def ensure(start: datetime, accounts: int) -> None:
         async with limit:
-            return await _start_cohort(
+            await _start_cohort(
                 client,
                 input.task_queue,
                 s,
@@ -130,11 +147,21 @@ async def plan_buckets(pool: asyncpg.Pool, client: Client, input: PlanTickInput)
                 start,
                 start + width,
                 f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+                # A bucket that fits in one batch is one partition: one activity after the claim
+                # instead of P small ones in P / parallel rounds (the lateness of the bucket).
+                partitions=1 if accounts <= s.batch_size else None,
+                wake_early_seconds=s.wake_early_seconds,
             )
 
-    started = await asyncio.gather(*(ensure(b) for b in starts))
-    if any(started):
-        log.info("planner started %d bucket cleanup(s) of %d upcoming", sum(started), len(starts))
+    known = ensured if ensured is not None else {}
+    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms, input.task_queue) not in known]
+    await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
+    for r in new:
+        known[bucket_cleanup_id(r["start"], width_ms, input.task_queue)] = r["start"]
+    for workflow_id in [w for w, start in known.items() if start < now - lookback]:
+        del known[workflow_id]
+    if new:
+        log.info("planner ensured %d new bucket cleanup(s) of %d upcoming", len(new), len(starts))
 
     watermark = input.lateness_watermark or now - timedelta(seconds=s.tick_seconds)
     recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)

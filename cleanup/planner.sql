@@ -7,6 +7,8 @@ SELECT cleanup_clock();
 -- name: upcoming_buckets
 -- Deadline buckets of width $3 holding active accounts with a deadline in [$1, $2), at most $4:
 -- a skip scan (one index probe per bucket, accounts_active_due_idx), however many accounts each holds.
+-- `accounts` counts each bucket's active accounts up to $5 only (an index-only scan of at most $5
+-- entries per bucket), enough to tell a bucket that fits in one batch from a bigger one.
 WITH RECURSIVE buckets(start, n) AS (
     SELECT date_bin($3::interval, f.d, 'epoch'::timestamptz), 1
     FROM (SELECT min(renewal_deadline) AS d FROM accounts
@@ -20,7 +22,12 @@ WITH RECURSIVE buckets(start, n) AS (
                           AND renewal_deadline < $2) f
     WHERE f.d IS NOT NULL AND b.n < $4
 )
-SELECT start FROM buckets ORDER BY start;
+SELECT b.start,
+       (SELECT count(*) FROM (SELECT 1 FROM accounts a
+                              WHERE a.status = 'active' AND a.renewal_deadline >= b.start
+                                AND a.renewal_deadline < b.start + $3::interval
+                              LIMIT $5) c)::int AS accounts
+FROM buckets b ORDER BY b.start;
 
 -- name: claiming_workflows
 -- The distinct workflows holding accounts in 'cleaning' (a skip scan over accounts_cleaning_idx).

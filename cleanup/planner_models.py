@@ -24,6 +24,9 @@ class PlannerSettings(Model):
     `sweep_grace_seconds + tick_seconds`."""
 
     bucket_seconds: float = Field(default=1.0, ge=0.001, le=3600)
+    # A bucket's cleanup wakes this long before the bucket ends; its claim waits for the database
+    # clock, so the timer's and the dispatch's latency come before the deadline instead of after.
+    wake_early_seconds: float = Field(default=0.5, ge=0, le=10)
     horizon_seconds: float = Field(default=120.0, ge=1, le=86_400)
     tick_seconds: float = Field(default=5.0, ge=0.1, le=30)
     sweep_grace_seconds: float = Field(default=10.0, ge=0, le=3600)

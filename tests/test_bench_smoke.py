@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, player_load, poisoned_cohort, single_accounts
+from bench import (
+    cohort_cleanup,
+    ledger_reconciliation,
+    ledger_rerun,
+    planner_lateness,
+    player_load,
+    poisoned_cohort,
+    single_accounts,
+)
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
@@ -76,3 +84,15 @@ async def test_player_load_benchmark_measures_players_alone_and_during_cleanups(
     assert result["throughput_ratio_budget_over_none"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
     assert 1 <= result["budget_after_default_run"]["peak_in_flight"] <= 2
+
+
+async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_planner_alone():
+    result = await planner_lateness.run(
+        accounts=40, spread_seconds=1, lead_seconds=3, workers=1, planner={"tick_seconds": "1"}, drain_seconds=60
+    )
+    assert result["all_cleaned"] and (result["cleaned"], result["not_cleaned"]) == (40, 0)
+    assert result["idempotency_records_per_account"] == {"min": 1, "max": 1, "total": 40}
+    assert sum(c["accounts"] for c in result["cleaned_by"].values()) == 40
+    assert "other" not in result["cleaned_by"], "cleaned by the planner's cleanups only"
+    assert result["lateness_seconds"]["min"] >= 0, "never cleaned before the deadline"
+    assert result["temporal_server_peak_rss_mib"] > 0 and result["worker_0_peak_rss_mib"] > 0

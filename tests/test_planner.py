@@ -29,8 +29,8 @@ from activities.cleanup import claim_in_chunks
 from cleanup.cli import _planner_human_status as _human_status
 from cleanup.models import ClaimChunkedInput, CleanupPartitionInput, PartitionReport, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
-from cleanup.planner import ensure_planner, planner_status
-from cleanup.planner_models import PlannerSettings
+from cleanup.planner import ensure_planner, plan_buckets, planner_status
+from cleanup.planner_models import PlannerSettings, PlanTickInput
 from core.config import PROJECT_ROOT
 from core.queries import load
 from tests.helpers import deadline_in, seed, wait_until
@@ -222,6 +222,21 @@ async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue
     # L: a bucket of 1 s plus claim + clean; generous for a loaded 2-core CI machine.
     assert 0 <= lateness["p50"] and lateness["max"] <= 15.0, lateness
     assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+    # Each bucket fits in one batch, so it is one partition; its run wakes before the bucket ends,
+    # yet no account is claimed (nor cleaned) before its deadline by the database clock.
+    early = await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[])"
+        " AND (claimed_at < renewal_deadline OR cleaned_at < renewal_deadline)",
+        everyone,
+    )
+    assert early == 0
+    buckets = [r[0] for r in await pool.fetch("SELECT DISTINCT cleanup_id FROM cleanup_applied")]
+    assert buckets and all(b.startswith("cleanup-bucket-") for b in buckets), buckets
+    for workflow_id in buckets:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        payload = json.loads(started.input.payloads[0].data)
+        assert (payload["partitions"], payload["wake_early_seconds"]) == (1, FAST.wake_early_seconds), payload
 
 
 async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(client, pool, task_queue):
@@ -427,3 +442,30 @@ async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_on
     finally:
         for workflow_id in started:
             await client.get_workflow_handle(workflow_id or "").terminate(reason="test over")
+
+
+async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
+    """Ensuring a bucket again changes nothing, so a worker asks the server once per bucket; a
+    process that has not seen it (another worker, a restart) asks once more. A bucket that fits in
+    one batch is one partition, and its run wakes early."""
+    small = FAST.model_copy(update={"batch_size": 3})
+    await seed(pool, deadline_in(20), 3)
+    await seed(pool, deadline_in(30), 4)  # more than one batch: the settings' partitions
+    starts: list[tuple[str, int, float]] = []
+
+    class RecordingClient:
+        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+            starts.append((id, input.partitions, input.wake_early_seconds))
+
+    tick = PlanTickInput(settings=small, task_queue="q")
+    ensured: dict[str, Any] = {}
+    for _ in range(3):
+        result = await plan_buckets(pool, RecordingClient(), tick, ensured)  # type: ignore[arg-type]
+        assert result.buckets == 2
+    assert [(p, w) for _, p, w in starts] == [
+        (1, small.wake_early_seconds),
+        (small.partitions, small.wake_early_seconds),
+    ]
+    assert len({i for i, _, _ in starts}) == 2 and set(ensured) == {i for i, _, _ in starts}
+    await plan_buckets(pool, RecordingClient(), tick, {})  # type: ignore[arg-type]
+    assert len(starts) == 4
