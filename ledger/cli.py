@@ -93,6 +93,12 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     business_date = _business_date(args.date)
+    heartbeat_timeout = args.heartbeat_timeout
+    if heartbeat_timeout is None:  # checked before connecting, like every other input
+        try:
+            heartbeat_timeout = heartbeat_timeout_from_env()
+        except ValueError as err:
+            raise InputError(str(err)) from None
     async with CliContext(settings) as ctx:
         started = await start_reconciliation(
             ctx.client,
@@ -103,7 +109,7 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=args.heartbeat_timeout,
+            heartbeat_timeout_seconds=heartbeat_timeout,
             recheck=args.recheck,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
