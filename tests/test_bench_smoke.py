@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, player_load, poisoned_cohort, single_accounts
+from bench import (
+    batch_plan,
+    cohort_cleanup,
+    ledger_reconciliation,
+    ledger_rerun,
+    player_load,
+    poisoned_cohort,
+    single_accounts,
+)
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
@@ -64,3 +72,18 @@ async def test_player_load_benchmark_measures_players_alone_and_during_cleanups(
     assert result["throughput_ratio_budget_over_none"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
     assert 1 <= result["budget_after_default_run"]["peak_in_flight"] <= 2
+
+
+async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
+    """The guard against a batch plan that turns quadratic again (BENCHMARKS.md, "The Postgres
+    floor"): each job's batch statement under EXPLAIN ANALYZE, custom and generic plans, at 200 and
+    1,000 keys. Rows processed are counted, not timed; the cleanup statement from before its fix
+    grew 4.2x per account here."""
+    result = await batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000)
+    assert set(result["rows_per_key_growth"]) == {
+        "custom_plan_growth",
+        "generic_plan_growth",
+        "ledger_custom_plan_growth",
+        "ledger_generic_plan_growth",
+    }
+    assert result["worst_rows_per_key_growth"] < batch_plan.GROWTH_LIMIT, result["rows_per_key_growth"]
