@@ -14,7 +14,11 @@ Five cohorts of the same size are seeded into one fresh database.
   from the deadline to the settled result).
 
 Ratios (accounts/s over accounts/s, all measured in this run): direct / floor, pipeline / direct
-and pipeline / floor.
+and pipeline / floor. Also printed: each run's Postgres CPU time where the server's processes can
+be read (`direct_over_floor_by_cpu`: floor CPU / direct CPU for the same accounts; it moves far less
+with the machine's load than wall-clock time), the claim's share of the direct run (wall clock and
+CPU), the CPU of the worker process and the Temporal server during the pipeline, and the load
+average around every run. The pipeline runs with the load budget off (`Stack.budget_off`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 import bench
 import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
-from bench.common import machine, stack, wait_for_worker
+from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from cleanup.models import (
     ClaimChunkedInput,
     CleanupPartitionInput,
@@ -50,17 +54,25 @@ FLOOR = load(bench.__file__, "floor.sql")
 async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str, Any]:
     """The whole cohort in one statement and one transaction, on one backend."""
     cleanup_id = f"floor-{deadline:%H%M%S}"
+    load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
     async with acts.pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(FLOOR.cleanup_floor, cleanup_id, deadline)
     assert row is not None
-    return {"seconds": time.perf_counter() - t0, "cleaned": row["cleaned"], "reminders": row["reminders"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cleaned": row["cleaned"],
+        "reminders": row["reminders"],
+        "backend_cpu_s": cpu_used(cpu_before, await database_cpu_seconds(acts.pool)),
+        "load": [load_before, load_average()],
+    }
 
 
 async def direct_cleanup(
     acts: CleanupActivities, deadline: datetime, partitions: int, parallel: int, batch_size: int
 ) -> dict[str, Any]:
     cleanup_id = f"direct-{deadline:%H%M%S}"
+    load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
     # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
     claim = await claim_in_chunks(
@@ -94,13 +106,23 @@ async def direct_cleanup(
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 
     claim_seconds = time.perf_counter() - t0
+    cpu_claimed = await database_cpu_seconds(acts.pool)
     reports = await asyncio.gather(*(partition(p) for p, n in enumerate(claim.claimed_per_partition) if n))
     settlement = await acts.settle_cleanup(
         SettleCleanupInput(
             cleanup_id=cleanup_id, deadline=deadline, partitions=partitions, claim=claim, reports=list(reports)
         )
     )
-    return {"seconds": time.perf_counter() - t0, "claim_seconds": claim_seconds, "cleaned": settlement.cleaned}
+    seconds = time.perf_counter() - t0
+    cpu_after = await database_cpu_seconds(acts.pool)
+    return {
+        "seconds": seconds,
+        "claim_seconds": claim_seconds,
+        "cleaned": settlement.cleaned,
+        "backend_cpu_s": cpu_used(cpu_before, cpu_after),
+        "claim_backend_cpu_s": cpu_used(cpu_before, cpu_claimed),
+        "load": [load_before, load_average()],
+    }
 
 
 def _noop(_: PartitionCheckpoint) -> None:
@@ -108,6 +130,7 @@ def _noop(_: PartitionCheckpoint) -> None:
 
 
 async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
+    load_before = load_average()
     async with stack() as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
@@ -125,6 +148,7 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
 
         worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
+        await s.budget_off()
 
         acts = await CleanupActivities.create(s.pool, load_targets())
         floor = await floor_cleanup(acts, floor_deadline)
@@ -139,6 +163,8 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         )
         await s.pool.execute("VACUUM ANALYZE accounts")
         await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds() - lead))
+        pipeline_load = [load_average()]
+        cpu_before, orchestration_before = await database_cpu_seconds(s.pool), s.process_cpu()
         t_start = time.perf_counter()
         started = await start_cleanup(
             s.client,
@@ -153,6 +179,9 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         result: CleanupResult = await handle.result()
         t_end = time.perf_counter()
         after_deadline = (datetime.now(UTC) - deadline).total_seconds()
+        pipeline_cpu = cpu_used(cpu_before, await database_cpu_seconds(s.pool))
+        orchestration_after = s.process_cpu()
+        pipeline_load.append(load_average())
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_cleanup(acts, direct_after, partitions, parallel, batch_size)
         floor_2 = await floor_cleanup(acts, floor_after)
@@ -163,6 +192,13 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
     direct_rate = max(d["cleaned"] / d["seconds"] for d in (direct, direct_2))
     floor_rate = max(f["cleaned"] / f["seconds"] for f in (floor, floor_2))
     pipeline_rate = result.settlement.cleaned / after_deadline
+    cpu = {
+        "floor": [floor["backend_cpu_s"], floor_2["backend_cpu_s"]],
+        "direct": [direct["backend_cpu_s"], direct_2["backend_cpu_s"]],
+        "pipeline": [pipeline_cpu],
+    }
+    least = {k: min(v) for k, v in cpu.items() if all(x is not None for x in v)}
+    claim_cpu = [d["claim_backend_cpu_s"] for d in (direct, direct_2)]
     return {
         "scenario": "cohort_cleanup",
         "accounts": accounts,
@@ -186,6 +222,28 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         "direct_over_floor": round(direct_rate / floor_rate, 3),
         "direct_over_floor_target": ">= 0.7",
         "pipeline_over_floor": round(pipeline_rate / floor_rate, 3),
+        "pipeline_over_floor_target": ">= 0.6",
+        "postgres_cpu_seconds": cpu,
+        "direct_over_floor_by_cpu": round(least["floor"] / least["direct"], 3) if len(least) == 3 else None,
+        "pipeline_over_floor_by_cpu": round(least["floor"] / least["pipeline"], 3) if len(least) == 3 else None,
+        "claim_share_of_direct_seconds": [round(d["claim_seconds"] / d["seconds"], 3) for d in (direct, direct_2)],
+        "claim_share_of_direct_cpu": [
+            round(c / d["backend_cpu_s"], 3) if c is not None and d["backend_cpu_s"] else None
+            for c, d in zip(claim_cpu, (direct, direct_2), strict=True)
+        ],
+        "direct_claim_backend_cpu_s": claim_cpu,
+        "pipeline_orchestration_cpu_s": {
+            k: round(v - b, 2) if v is not None and (b := orchestration_before.get(k)) is not None else None
+            for k, v in orchestration_after.items()
+        },
+        "load_average_1m_floor_direct_pipeline_direct_floor": [
+            floor["load"],
+            direct["load"],
+            pipeline_load,
+            direct_2["load"],
+            floor_2["load"],
+        ],
+        "load_average_1m_before_and_after": [load_before, load_average()],
         "pipeline_cleaned": result.settlement.cleaned,
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
