@@ -129,7 +129,36 @@ def _noop(_: PartitionCheckpoint) -> None:
     return None
 
 
-async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size: int = 1000) -> dict[str, Any]:
+def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
+    """One direct run of the batch-size sweep: throughput, and Postgres CPU per account with and
+    without the claim (the claim does not depend on the batch size)."""
+    batches_cpu = (
+        d["backend_cpu_s"] - d["claim_backend_cpu_s"]
+        if d["backend_cpu_s"] is not None and d["claim_backend_cpu_s"] is not None
+        else None
+    )
+    return {
+        "batch_size": size,
+        "seconds": round(d["seconds"], 3),
+        "claim_seconds": round(d["claim_seconds"], 3),
+        "accounts_per_s": round(d["cleaned"] / d["seconds"], 1),
+        "batches_accounts_per_s": round(d["cleaned"] / (d["seconds"] - d["claim_seconds"]), 1),
+        "backend_cpu_s": d["backend_cpu_s"],
+        "batches_cpu_us_per_account": round(1e6 * batches_cpu / d["cleaned"], 1) if batches_cpu is not None else None,
+        "cleaned": d["cleaned"],
+        "load": d["load"],
+    }
+
+
+async def run(
+    accounts: int,
+    partitions: int = 16,
+    parallel: int = 8,
+    batch_size: int = 1000,
+    sweep: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """`sweep`: batch sizes of extra direct runs, one more cohort each, after the others (the
+    per-account cost of each size measured in the same run)."""
     load_before = load_average()
     async with stack() as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
@@ -143,6 +172,9 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         await seed_accounts(s.pool, prefix="q", deadline=direct_after, count=accounts)
         await seed_accounts(s.pool, prefix="f", deadline=floor_deadline, count=accounts)
         await seed_accounts(s.pool, prefix="g", deadline=floor_after, count=accounts)
+        sweep_deadlines = [base + timedelta(hours=5 + i) for i in range(len(sweep))]
+        for i, d in enumerate(sweep_deadlines):
+            await seed_accounts(s.pool, prefix=f"s{i}", deadline=d, count=accounts)
         seed_seconds = time.perf_counter() - t
         await s.pool.execute("VACUUM ANALYZE")
 
@@ -185,6 +217,10 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_cleanup(acts, direct_after, partitions, parallel, batch_size)
         floor_2 = await floor_cleanup(acts, floor_after)
+        swept = [
+            sweep_result(size, await direct_cleanup(acts, d, partitions, parallel, size))
+            for size, d in zip(sweep, sweep_deadlines, strict=True)
+        ]
         history = await handle.fetch_history()
         memory = s.memory()
         assert worker.poll() is None
@@ -247,6 +283,7 @@ async def run(accounts: int, partitions: int = 16, parallel: int = 8, batch_size
         "pipeline_cleaned": result.settlement.cleaned,
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
+        "direct_batch_size_sweep": swept,
         "history_events": len(history.events),
         "history_bytes": len(history.to_json()),
         **memory,
@@ -260,8 +297,16 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="batch sizes of extra direct runs (one more cohort each), e.g. --sweep 500 1000 5000",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, args.partitions, args.parallel, args.batch_size)), indent=2))
+    result = asyncio.run(run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep)))
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

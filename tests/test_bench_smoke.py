@@ -14,8 +14,9 @@ from bench import (
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
-    result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50)
+    result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100))
     assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
+    assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [(25, 300), (100, 300)]
     assert result["floor_cleaned"] == [300, 300]
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
