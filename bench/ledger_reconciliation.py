@@ -86,7 +86,8 @@ async def floor_reconciliation(pool: asyncpg.Pool, business_date: date, workflow
     load_before, cpu_before = load_average(), await database_cpu_seconds(pool)
     t0 = time.perf_counter()
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(FLOOR.ledger_floor, business_date, TOLERANCE_CENTS, workflow_id)
+        # One statement over the whole date: it may outlast the pool's 300 s timeout on a loaded machine.
+        row = await conn.fetchrow(FLOOR.ledger_floor, business_date, TOLERANCE_CENTS, workflow_id, timeout=3600)
     assert row is not None
     return {
         "seconds": time.perf_counter() - t0,
