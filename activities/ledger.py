@@ -152,7 +152,8 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
     Data that changed during the run (a provider row inserted behind the cursor, a ledger row
     updated after it was judged) is not in that fingerprint, so the next run or re-check finds the
     shard changed and judges it; nothing is absorbed. See record_shard_report for when a report
-    replaces the recorded one.
+    replaces the recorded one: only that decision needs the shard's current fingerprint (one more
+    read of every row of the shard), so the first report of a shard, inserted as it is, skips it.
     """
     if checkpoint.corrections_judged + checkpoint.reviews_judged != checkpoint.discrepancies:
         raise failure(  # the batch statement's verdict classes cover every discrepancy
@@ -164,8 +165,10 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
     judged = checkpoint.judged_fingerprint
     async with pool.acquire() as conn, db.transaction(conn):
         await conn.execute(SQL.lock_shard, input.business_date, input.shard)
-        current = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard)
-        if current != judged:
+        # Under the shard lock no other attempt can report in between: no report now means ours is inserted.
+        recorded = await conn.fetchval(SQL.shard_report_exists, input.business_date, input.shard)
+        current = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard) if recorded else None
+        if current is not None and current != judged:
             log.info(
                 "shard %s of %s: inputs changed during the run; the report describes what was judged "
                 "and the next run or re-check judges the change",

@@ -12,6 +12,16 @@ statement may switch to after five executions).
 Ledger: one business date seeded with the generator (default discrepancy rates) into one shard,
 analyzed as a nightly load is, and the reconcile_batch statement for the first batch of each size,
 rolled back likewise.
+
+The guard against a plan that turns quadratic again: besides the time, each plan's *rows
+processed* (every node's rows, plus the rows its filters and join filters removed, times its
+loops) is counted, per key. A plan whose cost per key is flat processes about as many rows per
+key at both sizes; one that compares every key of the batch with every other (the cleanup's
+nested-loop join filter before the fix) processes five times as many per key at 5,000 as at
+1,000. `rows_per_key_growth` is that ratio (largest size over smallest) for each job and plan
+mode, `worst_rows_per_key_growth` the largest of them: tests/test_bench_smoke.py runs this at
+small sizes and fails above `GROWTH_LIMIT`. It is counted, not timed, so the machine's load does
+not move it; `ms_per_key_growth` (timed) is printed next to it.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
@@ -41,6 +52,10 @@ from ledger.seed import seed_ledger_day, seed_spec
 LEDGER_SQL = load(ledger.__file__)
 
 JOIN_NODES = {"Nested Loop", "Hash Join", "Merge Join"}
+# A flat plan stays near 1 (the sizes' fixed parts differ a little); a quadratic one reaches the
+# ratio of the sizes (5 for 1,000 -> 5,000 or 200 -> 1,000).
+GROWTH_LIMIT = 2.0
+REMOVED = ("Rows Removed by Filter", "Rows Removed by Join Filter", "Rows Removed by Index Recheck")
 
 
 @contextlib.asynccontextmanager
@@ -86,7 +101,29 @@ def summarize(plan_json: Any) -> dict[str, Any]:
     return {
         "execution_ms": round(doc["Execution Time"], 2),
         "planning_ms": round(doc["Planning Time"], 2),
+        "rows_processed": rows_processed(nodes),
         "top_joins": joins[:3],
+    }
+
+
+def rows_processed(nodes: list[tuple[int, dict[str, Any]]]) -> int:
+    """Every row a node emitted or threw away (filters, join filters, rechecks), over all its loops."""
+    total = 0.0
+    for _, n in nodes:
+        per_loop = n.get("Actual Rows", 0) + sum(n.get(k, 0) for k in REMOVED)
+        total += per_loop * n.get("Actual Loops", 1)
+    return round(total)
+
+
+def growth(results: dict[str, Any], prefix: str, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Per key, the largest batch size over the smallest: rows processed (counted) and time."""
+    small, big = results[f"{prefix}_{min(sizes)}"], results[f"{prefix}_{max(sizes)}"]
+    per_key = {s: results[f"{prefix}_{s}"]["rows_processed"] / s for s in (min(sizes), max(sizes))}
+    return {
+        "rows_per_key_growth": round(per_key[max(sizes)] / per_key[min(sizes)], 3),
+        "ms_per_key_growth": round(
+            (big["execution_ms"] / max(sizes)) / max(small["execution_ms"] / min(sizes), 1e-9), 3
+        ),
     }
 
 
@@ -106,6 +143,7 @@ async def explain_batch(
             await tx.rollback()
     summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
     summary["ms_per_account"] = round(summary["execution_ms"] / batch_size, 4)
+    summary["rows_per_account"] = round(summary["rows_processed"] / batch_size, 2)
     return summary
 
 
@@ -132,6 +170,7 @@ async def explain_ledger_batch(
             await tx.rollback()
     summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
     summary["ms_per_key"] = round(summary["execution_ms"] / batch_size, 4)
+    summary["rows_per_key"] = round(summary["rows_processed"] / batch_size, 2)
     return summary
 
 
@@ -147,6 +186,8 @@ async def run_ledger(payments: int, sizes: tuple[int, ...], repeat: int) -> dict
                 best = min(runs, key=lambda r: r["execution_ms"])
                 best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
                 results[f"ledger_{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
+        for mode in ("custom", "generic"):
+            results[f"ledger_{mode}_plan_growth"] = growth(results, f"ledger_{mode}_plan_batch", sizes)
     return results
 
 
@@ -178,9 +219,25 @@ async def run(
                 best = min(runs, key=lambda r: r["execution_ms"])
                 best["execution_ms_all_runs"] = [r["execution_ms"] for r in runs]
                 results[f"{'generic' if generic else 'custom'}_plan_batch_{size}"] = best
+        for mode in ("custom", "generic"):
+            results[f"{mode}_plan_growth"] = growth(results, f"{mode}_plan_batch", sizes)
     if payments:
         results.update(await run_ledger(payments, sizes, repeat))
-    return {"scenario": "batch_plan", "accounts": accounts, "payments": payments, **results}
+    growths = {k: v["rows_per_key_growth"] for k, v in results.items() if k.endswith("_plan_growth")}
+    return {
+        "scenario": "batch_plan",
+        "accounts": accounts,
+        "payments": payments,
+        "sizes": list(sizes),
+        "rows_per_key_growth": growths,
+        "worst_rows_per_key_growth": max(growths.values()),
+        "growth_limit": GROWTH_LIMIT,
+        # For run_all's summary: the guard's figure and its limit.
+        "ratio": max(growths.values()),
+        "target": f"<= {GROWTH_LIMIT}",
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        **results,
+    }
 
 
 def main() -> None:

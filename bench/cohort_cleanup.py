@@ -14,7 +14,11 @@ Five cohorts of the same size are seeded into one fresh database.
   from the deadline to the settled result).
 
 Ratios (accounts/s over accounts/s, all measured in this run): direct / floor, pipeline / direct
-and pipeline / floor.
+and pipeline / floor. Also printed: each run's Postgres CPU time where the server's processes can
+be read (`direct_over_floor_by_cpu`: floor CPU / direct CPU for the same accounts; it moves far less
+with the machine's load than wall-clock time), the claim's share of the direct run (wall clock and
+CPU), the CPU of the worker process and the Temporal server during the pipeline, and the load
+average around every run. The pipeline runs with the load budget off (`Stack.budget_off`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,7 +33,7 @@ from typing import Any
 import bench
 import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
-from bench.common import machine, stack, wait_for_worker
+from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from cleanup.models import (
     ClaimChunkedInput,
     CleanupPartitionInput,
@@ -48,20 +51,41 @@ SQL = load(cleanup.__file__)
 FLOOR = load(bench.__file__, "floor.sql")
 
 
+# One statement over a whole cohort (the floor, or seeding 1,000,000 accounts with their game data)
+# can outlast the pool's 300 s command timeout on a loaded machine.
+LONG_STATEMENT_SECONDS = 3600.0
+SEED_CHUNK = 100_000
+
+
+async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) -> None:
+    """`count` accounts due at `deadline`, seeded 100,000 at a time (one statement each)."""
+    for chunk, start in enumerate(range(0, count, SEED_CHUNK)):
+        n = min(SEED_CHUNK, count - start)
+        await seed_accounts(pool, prefix=f"{prefix}{chunk:02d}", deadline=deadline, count=n)
+
+
 async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str, Any]:
     """The whole cohort in one statement and one transaction, on one backend."""
     cleanup_id = f"floor-{deadline:%H%M%S}"
+    load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
     async with acts.pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(FLOOR.cleanup_floor, cleanup_id, deadline)
+        row = await conn.fetchrow(FLOOR.cleanup_floor, cleanup_id, deadline, timeout=LONG_STATEMENT_SECONDS)
     assert row is not None
-    return {"seconds": time.perf_counter() - t0, "cleaned": row["cleaned"], "reminders": row["reminders"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cleaned": row["cleaned"],
+        "reminders": row["reminders"],
+        "backend_cpu_s": cpu_used(cpu_before, await database_cpu_seconds(acts.pool)),
+        "load": [load_before, load_average()],
+    }
 
 
 async def direct_cleanup(
     acts: CleanupActivities, deadline: datetime, partitions: int, parallel: int, batch_size: int
 ) -> dict[str, Any]:
     cleanup_id = f"direct-{deadline:%H%M%S}"
+    load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
     # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
     claim = await claim_in_chunks(
@@ -95,24 +119,48 @@ async def direct_cleanup(
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 
     claim_seconds = time.perf_counter() - t0
+    cpu_claimed = await database_cpu_seconds(acts.pool)
     reports = await asyncio.gather(*(partition(p) for p, n in enumerate(claim.claimed_per_partition) if n))
     settlement = await acts.settle_cleanup(
         SettleCleanupInput(
             cleanup_id=cleanup_id, deadline=deadline, partitions=partitions, claim=claim, reports=list(reports)
         )
     )
-    return {"seconds": time.perf_counter() - t0, "claim_seconds": claim_seconds, "cleaned": settlement.cleaned}
-
-
-async def _seed(pool: Any, prefix: str, deadline: datetime, accounts: int, chunk: int = 100_000) -> None:
-    """One cohort with game data, in statements of at most `chunk` accounts (a 1M-account statement
-    can outlast the pool's command timeout on a loaded machine)."""
-    for i, start in enumerate(range(0, accounts, chunk)):
-        await seed_accounts(pool, prefix=f"{prefix}{i:03d}", deadline=deadline, count=min(chunk, accounts - start))
+    seconds = time.perf_counter() - t0
+    cpu_after = await database_cpu_seconds(acts.pool)
+    return {
+        "seconds": seconds,
+        "claim_seconds": claim_seconds,
+        "cleaned": settlement.cleaned,
+        "backend_cpu_s": cpu_used(cpu_before, cpu_after),
+        "claim_backend_cpu_s": cpu_used(cpu_before, cpu_claimed),
+        "load": [load_before, load_average()],
+    }
 
 
 def _noop(_: PartitionCheckpoint) -> None:
     return None
+
+
+def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
+    """One direct run of the batch-size sweep: throughput, and Postgres CPU per account with and
+    without the claim (the claim does not depend on the batch size)."""
+    batches_cpu = (
+        d["backend_cpu_s"] - d["claim_backend_cpu_s"]
+        if d["backend_cpu_s"] is not None and d["claim_backend_cpu_s"] is not None
+        else None
+    )
+    return {
+        "batch_size": size,
+        "seconds": round(d["seconds"], 3),
+        "claim_seconds": round(d["claim_seconds"], 3),
+        "accounts_per_s": round(d["cleaned"] / d["seconds"], 1),
+        "batches_accounts_per_s": round(d["cleaned"] / (d["seconds"] - d["claim_seconds"]), 1),
+        "backend_cpu_s": d["backend_cpu_s"],
+        "batches_cpu_us_per_account": round(1e6 * batches_cpu / d["cleaned"], 1) if batches_cpu is not None else None,
+        "cleaned": d["cleaned"],
+        "load": d["load"],
+    }
 
 
 async def run(
@@ -120,49 +168,54 @@ async def run(
     partitions: int = 16,
     parallel: int = 8,
     batch_size: int = 1000,
-    load_budget: bool = True,
-    with_floor: bool = True,
-    direct_after: bool = True,
+    sweep: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """`load_budget=False`: the worker takes no part in the load budget (LOAD_BUDGET=off), like the
-    direct path, so the ratio is orchestration alone; with it, the pipeline's batches are limited to
-    the default N in flight and R rows/s (docs/budget.md), which the direct path is not.
-    `with_floor=False`: no floor cohorts (three cohorts instead of five; for the largest sizes);
-    `direct_after=False`: no second direct run after the pipeline (one cohort fewer)."""
-    load_before = round(os.getloadavg()[0], 2)
+    """`sweep`: batch sizes of extra direct runs, one more cohort each, after the others (the
+    per-account cost of each size measured in the same run)."""
+    load_before = load_average()
     async with stack() as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
-        direct_deadline, pipeline_deadline_seed, direct_after_deadline, floor_deadline, floor_after = (
+        direct_deadline, pipeline_deadline_seed, direct_after, floor_deadline, floor_after = (
             base + timedelta(hours=h) for h in range(5)
         )
         t = time.perf_counter()
-        await _seed(s.pool, "d", direct_deadline, accounts)
-        await _seed(s.pool, "p", pipeline_deadline_seed, accounts)
-        if direct_after:
-            await _seed(s.pool, "q", direct_after_deadline, accounts)
-        if with_floor:
-            await _seed(s.pool, "f", floor_deadline, accounts)
-            await _seed(s.pool, "g", floor_after, accounts)
+        await seed_cohort(s.pool, "d", direct_deadline, accounts)
+        await seed_cohort(s.pool, "p", pipeline_deadline_seed, accounts)
+        await seed_cohort(s.pool, "q", direct_after, accounts)
+        await seed_cohort(s.pool, "f", floor_deadline, accounts)
+        await seed_cohort(s.pool, "g", floor_after, accounts)
+        sweep_deadlines = [base + timedelta(hours=5 + i) for i in range(len(sweep))]
+        for i, d in enumerate(sweep_deadlines):
+            await seed_cohort(s.pool, f"s{i}", d, accounts)
         seed_seconds = time.perf_counter() - t
-        await s.pool.execute("VACUUM ANALYZE")
+        await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
 
-        worker = s.start_worker(**({} if load_budget else {"LOAD_BUDGET": "off"}))
+        worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
+        await s.budget_off()
 
         acts = await CleanupActivities.create(s.pool, load_targets())
-        floor = await floor_cleanup(acts, floor_deadline) if with_floor else None
+        floor = await floor_cleanup(acts, floor_deadline)
         direct = await direct_cleanup(acts, direct_deadline, partitions, parallel, batch_size)
 
         # The pipeline's cohort gets a deadline just ahead: move it there (set-based), then start the
         # cleanup a couple of seconds before it, so the durable sleep is part of the run.
         lead = 2.0
-        deadline = (datetime.now(UTC) + timedelta(seconds=4 + accounts / 5000)).replace(microsecond=0)
+        deadline = (datetime.now(UTC) + timedelta(seconds=10 + accounts / 2000)).replace(microsecond=0)
         await s.pool.execute(
-            "UPDATE accounts SET renewal_deadline = $1 WHERE renewal_deadline = $2", deadline, pipeline_deadline_seed
+            "UPDATE accounts SET renewal_deadline = $1 WHERE renewal_deadline = $2",
+            deadline,
+            pipeline_deadline_seed,
+            timeout=LONG_STATEMENT_SECONDS,
         )
-        await s.pool.execute("VACUUM ANALYZE accounts")
-        await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds() - lead))
+        await s.pool.execute("VACUUM ANALYZE accounts", timeout=LONG_STATEMENT_SECONDS)
+        ahead = (deadline - datetime.now(UTC)).total_seconds()
+        # Started after the deadline, the pipeline's time from the deadline would include the delay.
+        assert ahead > lead, f"moving the cohort took longer than its lead ({ahead:.1f} s left); raise the lead"
+        await asyncio.sleep(ahead - lead)
+        pipeline_load = [load_average()]
+        cpu_before, orchestration_before = await database_cpu_seconds(s.pool), s.process_cpu()
         t_start = time.perf_counter()
         started = await start_cleanup(
             s.client,
@@ -177,50 +230,82 @@ async def run(
         result: CleanupResult = await handle.result()
         t_end = time.perf_counter()
         after_deadline = (datetime.now(UTC) - deadline).total_seconds()
+        pipeline_cpu = cpu_used(cpu_before, await database_cpu_seconds(s.pool))
+        orchestration_after = s.process_cpu()
+        pipeline_load.append(load_average())
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
-        direct_2 = (
-            await direct_cleanup(acts, direct_after_deadline, partitions, parallel, batch_size)
-            if direct_after
-            else None
-        )
-        floor_2 = await floor_cleanup(acts, floor_after) if with_floor else None
+        direct_2 = await direct_cleanup(acts, direct_after, partitions, parallel, batch_size)
+        floor_2 = await floor_cleanup(acts, floor_after)
+        swept = [
+            sweep_result(size, await direct_cleanup(acts, d, partitions, parallel, size))
+            for size, d in zip(sweep, sweep_deadlines, strict=True)
+        ]
         history = await handle.fetch_history()
         memory = s.memory()
         assert worker.poll() is None
     assert result.settlement is not None
-    directs = [d for d in (direct, direct_2) if d is not None]
-    direct_rate = max(d["cleaned"] / d["seconds"] for d in directs)
-    floors = [f for f in (floor, floor_2) if f is not None]
-    floor_rate = max(f["cleaned"] / f["seconds"] for f in floors) if floors else None
+    direct_rate = max(d["cleaned"] / d["seconds"] for d in (direct, direct_2))
+    floor_rate = max(f["cleaned"] / f["seconds"] for f in (floor, floor_2))
     pipeline_rate = result.settlement.cleaned / after_deadline
+    cpu = {
+        "floor": [floor["backend_cpu_s"], floor_2["backend_cpu_s"]],
+        "direct": [direct["backend_cpu_s"], direct_2["backend_cpu_s"]],
+        "pipeline": [pipeline_cpu],
+    }
+    least = {k: min(v) for k, v in cpu.items() if all(x is not None for x in v)}
+    claim_cpu = [d["claim_backend_cpu_s"] for d in (direct, direct_2)]
     return {
         "scenario": "cohort_cleanup",
         "accounts": accounts,
         "partitions": partitions,
         "parallel_partitions": parallel,
         "batch_size": batch_size,
-        "pipeline_load_budget": "default (LOAD_BUDGET_* of the worker)" if load_budget else "off",
         "seed_seconds": round(seed_seconds, 2),
-        "floor_seconds_before_and_after": [round(f["seconds"], 3) for f in floors],
-        "floor_accounts_per_s": round(floor_rate, 1) if floor_rate else None,
-        "direct_seconds_before_and_after": [round(d["seconds"], 3) for d in directs],
-        "direct_claim_seconds_before_and_after": [round(d["claim_seconds"], 3) for d in directs],
+        "floor_seconds_before_and_after": [round(floor["seconds"], 3), round(floor_2["seconds"], 3)],
+        "floor_accounts_per_s": round(floor_rate, 1),
+        "direct_seconds_before_and_after": [round(direct["seconds"], 3), round(direct_2["seconds"], 3)],
+        "direct_claim_seconds_before_and_after": [
+            round(direct["claim_seconds"], 3),
+            round(direct_2["claim_seconds"], 3),
+        ],
         "direct_accounts_per_s": round(direct_rate, 1),
         "pipeline_seconds_from_deadline": round(after_deadline, 3),
         "pipeline_seconds_from_start": round(t_end - t_start, 3),
         "pipeline_accounts_per_s": round(pipeline_rate, 1),
         "ratio": round(pipeline_rate / direct_rate, 3),
         "target": ">= 0.85",
-        "direct_over_floor": round(direct_rate / floor_rate, 3) if floor_rate else None,
+        "direct_over_floor": round(direct_rate / floor_rate, 3),
         "direct_over_floor_target": ">= 0.7",
-        "pipeline_over_floor": round(pipeline_rate / floor_rate, 3) if floor_rate else None,
+        "pipeline_over_floor": round(pipeline_rate / floor_rate, 3),
+        "pipeline_over_floor_target": ">= 0.6",
+        "postgres_cpu_seconds": cpu,
+        "direct_over_floor_by_cpu": round(least["floor"] / least["direct"], 3) if len(least) == 3 else None,
+        "pipeline_over_floor_by_cpu": round(least["floor"] / least["pipeline"], 3) if len(least) == 3 else None,
+        "claim_share_of_direct_seconds": [round(d["claim_seconds"] / d["seconds"], 3) for d in (direct, direct_2)],
+        "claim_share_of_direct_cpu": [
+            round(c / d["backend_cpu_s"], 3) if c is not None and d["backend_cpu_s"] else None
+            for c, d in zip(claim_cpu, (direct, direct_2), strict=True)
+        ],
+        "direct_claim_backend_cpu_s": claim_cpu,
+        "pipeline_orchestration_cpu_s": {
+            k: round(v - b, 2) if v is not None and (b := orchestration_before.get(k)) is not None else None
+            for k, v in orchestration_after.items()
+        },
+        "load_average_1m_floor_direct_pipeline_direct_floor": [
+            floor["load"],
+            direct["load"],
+            pipeline_load,
+            direct_2["load"],
+            floor_2["load"],
+        ],
+        "load_average_1m_before_and_after": [load_before, load_average()],
         "pipeline_cleaned": result.settlement.cleaned,
-        "direct_cleaned": [d["cleaned"] for d in directs],
-        "floor_cleaned": [f["cleaned"] for f in floors],
+        "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
+        "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
+        "direct_batch_size_sweep": swept,
         "history_events": len(history.events),
         "history_bytes": len(history.to_json()),
         **memory,
-        "load_average_1m_before_and_after": [load_before, round(os.getloadavg()[0], 2)],
         "machine": machine(),
     }
 
@@ -232,22 +317,14 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
-        "--load-budget", choices=["on", "off"], default="on", help="off: the pipeline's worker takes no budget"
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="batch sizes of extra direct runs (one more cohort each), e.g. --sweep 500 1000 5000",
     )
-    parser.add_argument("--no-floor", action="store_true", help="skip the floor cohorts (largest sizes)")
-    parser.add_argument("--no-direct-after", action="store_true", help="one direct run (before the pipeline) only")
     args = parser.parse_args()
-    result = asyncio.run(
-        run(
-            args.accounts,
-            args.partitions,
-            args.parallel,
-            args.batch_size,
-            load_budget=args.load_budget == "on",
-            with_floor=not args.no_floor,
-            direct_after=not args.no_direct_after,
-        )
-    )
+    result = asyncio.run(run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep)))
     print(json.dumps(result, indent=2))
 
 

@@ -19,6 +19,7 @@ import asyncpg
 from temporalio.client import Client
 
 from core import db, embedded
+from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
 
@@ -32,12 +33,43 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (/proc/<pid>/stat), in seconds."""
-    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU a live process has used so far (/proc), or None where it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return float("nan")
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return None
+
+
+async def database_cpu_seconds(pool: asyncpg.Pool) -> dict[int, float] | None:
+    """CPU used so far by every backend connected to the pool's database, by backend PID.
+
+    Only where Postgres runs on this machine and its processes can be read (the embedded server,
+    or a local one when the benchmark runs as root); None elsewhere. CPU time is what a
+    backend spent working, not waiting for a core, so it varies far less with the machine's load
+    than wall-clock time does: the benchmarks print it next to the throughput.
+    """
+    rows = await pool.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+    used = {r["pid"]: cpu_seconds(r["pid"]) for r in rows}
+    if not used or any(v is None for v in used.values()):
+        return None
+    return {pid: v for pid, v in used.items() if v is not None}
+
+
+def cpu_used(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """Backend CPU between two `database_cpu_seconds` readings (a backend opened in between counts
+    from zero; one closed in between is missed: the pools keep theirs open during a run)."""
+    if before is None or after is None:
+        return None
+    return round(sum(v - before.get(pid, 0.0) for pid, v in after.items()), 2)
+
+
+def load_average() -> float:
+    """The 1-minute load average (the machine is shared: every benchmark records it)."""
+    return round(os.getloadavg()[0], 2)
 
 
 def machine() -> str:
@@ -82,16 +114,37 @@ class Stack:
     def server_pid(self) -> int:
         return int(self.server.pid_file.read_text())
 
+    def process_cpu(self) -> dict[str, float | None]:
+        """CPU used so far by the worker processes and the Temporal server (the orchestration's share)."""
+        out = {f"worker_{i}_cpu_s": cpu_seconds(p.pid) for i, p in enumerate(self.workers)}
+        out["temporal_server_cpu_s"] = cpu_seconds(self.server_pid())
+        return out
+
+    async def budget_off(self) -> None:
+        """Switch the load budget (docs/budget.md) off for every worker of this database.
+
+        The throughput benchmarks measure what orchestration costs next to the same SQL run
+        directly, and the direct runs take no budget; with the default budget (2 batches in flight,
+        4,000 rows/s) the pipeline would measure the budget's limit instead. Its acquire and release
+        statements still run per batch. Scenario 6 (bench/player_load.py) measures the budget.
+        """
+        await set_budget(self.pool, enabled=False, changed_by="benchmark")
+
     def memory(self) -> dict[str, float]:
         out = {f"worker_{i}_peak_rss_mib": round(peak_rss_mib(p.pid), 1) for i, p in enumerate(self.workers)}
         out["temporal_server_peak_rss_mib"] = round(peak_rss_mib(self.server_pid()), 1)
         return out
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds (user + system) used so far by the Temporal server and each worker process."""
-        out = {f"worker_{i}": cpu_seconds(p.pid) for i, p in enumerate(self.workers)}
-        out["temporal_server"] = cpu_seconds(self.server_pid())
-        return out
+        """CPU seconds (user + system) used so far by the Temporal server and each worker process
+        (NaN where /proc cannot be read)."""
+        pids = {f"worker_{i}": p.pid for i, p in enumerate(self.workers)}
+        pids["temporal_server"] = self.server_pid()
+        return {name: _or_nan(cpu_seconds(pid)) for name, pid in pids.items()}
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 class LoadSampler:

@@ -1,7 +1,8 @@
 """Every benchmark, one after the other, as one JSON document: `python -m bench.run_all [--smoke]`.
 
 Full sizes: cohort cleanup 100,000 accounts, ledger reconciliation 1,000,000 payments,
-2,000 single-account cleanups, ledger rerun 1,000,000 payments. `--smoke` runs tiny sizes (what
+2,000 single-account cleanups, ledger rerun 1,000,000 payments, the poisoned cohort, players
+during a cleanup, and the batch plans' growth per key (the quadratic-plan guard). `--smoke` runs tiny sizes (what
 tests/test_bench_smoke.py runs) to check that everything still works. Each scenario starts its
 own Temporal dev server and database; a scenario that fails is reported and the others still run.
 """
@@ -18,18 +19,27 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import cohort_cleanup, ledger_reconciliation, ledger_rerun, player_load, poisoned_cohort, single_accounts
+from bench import (
+    batch_plan,
+    cohort_cleanup,
+    ledger_reconciliation,
+    ledger_rerun,
+    player_load,
+    poisoned_cohort,
+    single_accounts,
+)
 from bench.common import machine
 
 Scenario = Callable[[], Awaitable[dict[str, Any]]]
 
 FULL: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=100_000),
-    "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=200_000),
+    "ledger_reconciliation": lambda: ledger_reconciliation.run(payments=1_000_000),
     "single_account_cleanups": lambda: single_accounts.run(workflows=2000),
     "ledger_rerun": lambda: ledger_rerun.run(payments=1_000_000),
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),
     "player_load": lambda: player_load.run(accounts=40_000, players=20_000),
+    "batch_plan": lambda: batch_plan.run(accounts=20_000, payments=40_000),
 }
 SMOKE: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50),
@@ -40,6 +50,7 @@ SMOKE: dict[str, Scenario] = {
     "player_load": lambda: player_load.run(
         accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
     ),
+    "batch_plan": lambda: batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000),
 }
 
 

@@ -20,6 +20,7 @@ from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
 from ledger.models import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
     DEFAULT_SHARDS,
     SCHEDULE_ID,
@@ -199,7 +200,12 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
         help="shards of the date (default: " + ("16" if shards_default else "as loaded") + ")",
     )
     p.add_argument("--max-parallel", type=int, default=8, help="shards reconciled at once (default 8)")
-    p.add_argument("--batch-size", type=int, default=1000, help="payments per statement (default 1000)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"payments per statement (default {DEFAULT_BATCH_SIZE})",
+    )
     p.add_argument(
         "--tolerance-cents", type=int, default=50, help="amount mismatch corrected by rule up to this (default 50)"
     )

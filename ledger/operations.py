@@ -23,6 +23,7 @@ from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
 from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
 from ledger.models import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
     LEDGER_WORKFLOW,
     STATUS_QUERY,
@@ -72,7 +73,7 @@ async def start_reconciliation(
     *,
     shards: int | None = None,
     max_parallel: int = 8,
-    batch_size: int = 1000,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     tolerance_cents: int = 50,
     heartbeat_timeout_seconds: float | None = None,
     id_prefix: str = DEFAULT_ID_PREFIX,

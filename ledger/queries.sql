@@ -24,13 +24,19 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
 -- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
 -- $6 tolerance in cents, $7 workflow ID (audit only)
+--
+-- Everything after `keys` reads the batch's key range (cursor, last key] of (date, shard) from the
+-- range indexes (migration 013) and nothing else: the batch costs what its keys cost, never what
+-- the shard, the date or the effect tables' history hold. `keys` merges the two ordered index
+-- scans (Merge Append + Unique: no hash, no sort); the ledger rows (locked) and the report rows
+-- (aggregated from the index that carries their columns) are read by that range and joined once.
 WITH keys AS (
-    SELECT u.game, u.payment_id
+    SELECT DISTINCT u.game, u.payment_id
     FROM (
         (SELECT l.game, l.payment_id FROM ledger_payments l
          WHERE l.business_date = $1 AND l.shard = $2 AND (l.game, l.payment_id) > ($3::text, $4::text)
          ORDER BY l.game, l.payment_id LIMIT $5)
-        UNION
+        UNION ALL
         (SELECT DISTINCT r.game, r.payment_id FROM ledger_report_rows r
          WHERE r.business_date = $1 AND r.shard = $2 AND (r.game, r.payment_id) > ($3::text, $4::text)
          ORDER BY r.game, r.payment_id LIMIT $5)
@@ -38,55 +44,60 @@ WITH keys AS (
     ORDER BY u.game, u.payment_id
     LIMIT $5
 ),
--- The batch's keys lie in (cursor, last key]: the ledger and report rows are read by that index
--- range, never by a scan (or hash) of the whole shard per batch, which would make each batch cost
--- as much as the shard and a shard cost its size squared over the batch size.
 last_key AS (
     SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
 ),
-ledger AS (
-    SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
-    FROM ledger_payments l JOIN keys k ON k.game = l.game AND k.payment_id = l.payment_id
-    WHERE l.business_date = $1 AND l.shard = $2
-      AND (l.game, l.payment_id) > ($3::text, $4::text)
-      AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
-    ORDER BY l.game, l.payment_id
-    FOR UPDATE OF l
-),
-report AS (
-    SELECT r.game, r.payment_id,
-           count(*)::int AS report_rows,
-           count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
-           min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status,
-           max(r.report_row_id) AS max_row_id,
-           sum(hashtextextended(
-               r.game || '|' || r.payment_id || '|' || r.amount_cents || '|' || r.currency || '|' || r.status, 0))
-               AS fp_sum
-    FROM ledger_report_rows r JOIN keys k ON k.game = r.game AND k.payment_id = r.payment_id
-    WHERE r.business_date = $1 AND r.shard = $2
-      AND (r.game, r.payment_id) > ($3::text, $4::text)
-      AND (r.game, r.payment_id) <= (SELECT game, payment_id FROM last_key)
-    GROUP BY r.game, r.payment_id
-),
+-- Every key of (cursor, last key] is a key of the batch (the ledger's and the report's keys in that
+-- range are exactly `keys`), so the two sides are read by range and joined to each other.
 facts AS (
-    SELECT k.game, k.payment_id,
-           k.game || ':' || k.payment_id || ':' || to_char($1::date, 'YYYY-MM-DD') AS key,
+    SELECT coalesce(l.game, r.game) AS game, coalesce(l.payment_id, r.payment_id) AS payment_id,
+           coalesce(l.game, r.game) || ':' || coalesce(l.payment_id, r.payment_id) || ':'
+               || to_char($1::date, 'YYYY-MM-DD') AS key,
            l.payment_id IS NOT NULL AS in_ledger, l.amount_cents AS l_amount, l.currency AS l_currency,
            l.status AS l_status, l.version AS l_version,
            r.payment_id IS NOT NULL AS in_report, r.amount_cents AS r_amount, r.currency AS r_currency,
-           r.status AS r_status, coalesce(r.report_rows, 0) AS report_rows, coalesce(r.variants, 0) AS variants
-    FROM keys k
-    LEFT JOIN ledger l ON l.game = k.game AND l.payment_id = k.payment_id
-    LEFT JOIN report r ON r.game = k.game AND r.payment_id = k.payment_id
+           r.status AS r_status, coalesce(r.report_rows, 0) AS report_rows, coalesce(r.variants, 0) AS variants,
+           r.max_row_id, r.fp_sum AS fp_report
+    FROM (
+        SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
+        FROM ledger_payments l
+        WHERE l.business_date = $1 AND l.shard = $2
+          AND (l.game, l.payment_id) > ($3::text, $4::text)
+          AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
+        ORDER BY l.game, l.payment_id  -- locked in key order (the index order: no sort)
+        FOR UPDATE OF l
+    ) l
+    FULL JOIN (
+        SELECT r.game, r.payment_id,
+               count(*)::int AS report_rows,
+               count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
+               min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status,
+               max(r.report_row_id) AS max_row_id,
+               sum(hashtextextended(
+                   r.game || '|' || r.payment_id || '|' || r.amount_cents || '|' || r.currency || '|' || r.status, 0))
+                   AS fp_sum
+        FROM ledger_report_rows r
+        WHERE r.business_date = $1 AND r.shard = $2
+          AND (r.game, r.payment_id) > ($3::text, $4::text)
+          AND (r.game, r.payment_id) <= (SELECT game, payment_id FROM last_key)
+        GROUP BY r.game, r.payment_id
+    ) r ON r.game = l.game AND r.payment_id = l.payment_id
 ),
--- The effect tables are probed once per batch with all of the batch's keys (index probes on a big
--- table, one short scan on a small one), never once per key: a plan made while they were empty
--- (fresh date, after a vacuum) would otherwise scan them whole for every key as they fill up.
+-- The effect rows already written for the batch's range: one index range scan per table and batch
+-- (a first run finds none, a rerun its own), never a scan of a table that grows with every
+-- correction of the run and every date kept, and never a probe per key. A key is judged `already_*`
+-- by its idempotency key, as before; the range only bounds where it is looked for (a key's
+-- corrections and review rows carry its date and shard).
 already AS (
     SELECT
-        ARRAY(SELECT c.idempotency_key FROM facts f JOIN ledger_corrections c ON c.idempotency_key = f.key)
-            AS corrected,
-        ARRAY(SELECT v.review_key FROM facts f JOIN ledger_review v ON v.review_key = f.key) AS reviewed
+        ARRAY(SELECT c.idempotency_key FROM ledger_corrections c
+              WHERE c.business_date = $1 AND c.shard = $2
+                AND (c.game, c.payment_id) > ($3::text, $4::text)
+                AND (c.game, c.payment_id) <= (SELECT game, payment_id FROM last_key)) AS corrected,
+        ARRAY(SELECT v.review_key FROM ledger_review v
+              WHERE v.business_date = $1 AND v.shard = $2
+                AND (v.game, v.payment_id) > ($3::text, $4::text)
+                AND (v.game, v.payment_id) <= (SELECT game, payment_id FROM last_key)) AS reviewed
 ),
 judged AS (
     SELECT f.*,
@@ -163,15 +174,16 @@ reviewed AS (
     ON CONFLICT (review_key) DO NOTHING
     RETURNING 1
 ),
--- The judged inputs as this batch leaves them (a corrected row with its new values and version),
--- in the terms of shard_fingerprint: the sum over the batches is the fingerprint of exactly what
--- the shard's run judged, whatever changed elsewhere in the shard meanwhile.
+-- The judged ledger rows as this batch leaves them (a corrected row with its new values and
+-- version), in the terms of shard_fingerprint: the sum over the batches is the fingerprint of
+-- exactly what the shard's run judged, whatever changed elsewhere in the shard meanwhile.
 judged_ledger AS (
     SELECT hashtextextended(
-               l.game || '|' || l.payment_id || '|' || coalesce(c.new_amount_cents, l.amount_cents) || '|'
-               || l.currency || '|' || coalesce(c.new_status, l.status) || '|'
-               || CASE WHEN c.game IS NULL THEN l.version ELSE c.version_before + 1 END, 0) AS h
-    FROM ledger l LEFT JOIN corrected c ON c.game = l.game AND c.payment_id = l.payment_id
+               j.game || '|' || j.payment_id || '|' || coalesce(c.new_amount_cents, j.l_amount) || '|'
+               || j.l_currency || '|' || coalesce(c.new_status, j.l_status) || '|'
+               || CASE WHEN c.game IS NULL THEN j.l_version ELSE c.version_before + 1 END, 0) AS h
+    FROM judged j LEFT JOIN corrected c ON c.game = j.game AND c.payment_id = j.payment_id
+    WHERE j.in_ledger
 )
 SELECT
     (SELECT game FROM last_key) AS last_game,
@@ -194,9 +206,9 @@ SELECT
         AS reviews_judged,
     (SELECT count(*) FROM judged_ledger)::int AS fp_ledger_rows,
     (SELECT coalesce(sum(h), 0) FROM judged_ledger)::text AS fp_ledger_sum,
-    (SELECT coalesce(sum(report_rows), 0) FROM report)::int AS fp_report_rows,
-    (SELECT coalesce(max(max_row_id), 0) FROM report)::bigint AS fp_report_max,
-    (SELECT coalesce(sum(fp_sum), 0) FROM report)::text AS fp_report_sum;
+    (SELECT coalesce(sum(report_rows), 0) FROM judged)::int AS fp_report_rows,
+    (SELECT coalesce(max(max_row_id), 0) FROM judged)::bigint AS fp_report_max,
+    (SELECT coalesce(sum(fp_report), 0) FROM judged)::text AS fp_report_sum;
 
 -- name: record_shard_report
 -- The shard's report: the counts of one full judgement of the shard and the fingerprint of exactly
@@ -208,6 +220,8 @@ SELECT
 -- nothing is written.
 -- $1 date, $2 shard, $3 workflow ID, $4 keys examined, $5 discrepancies, $6 corrected,
 -- $7 sent to review, $8 duplicate report rows, $9 batches, $10 judged fingerprint, $11 current fingerprint
+-- (NULL when the shard has no report yet: the caller, under the lock, skips reading it; only the
+-- replacement of a recorded report needs it)
 WITH inserted AS (
     INSERT INTO ledger_shard_reports
         (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
@@ -244,6 +258,9 @@ SELECT
     (SELECT count(*) || ':' || coalesce(max(report_row_id), 0) || ':' || coalesce(sum(hashtextextended(
                 game || '|' || payment_id || '|' || amount_cents || '|' || currency || '|' || status, 0)), 0)
      FROM ledger_report_rows WHERE business_date = $1 AND shard = $2) AS fingerprint;
+
+-- name: shard_report_exists
+SELECT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2);
 
 -- name: get_shard_report
 SELECT business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,

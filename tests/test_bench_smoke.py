@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import (
+    batch_plan,
     cohort_cleanup,
     ledger_reconciliation,
     ledger_rerun,
@@ -14,8 +15,9 @@ from bench import (
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
-    result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50)
+    result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100))
     assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
+    assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [(25, 300), (100, 300)]
     assert result["floor_cleaned"] == [300, 300]
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
@@ -96,3 +98,18 @@ async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_plann
     assert "other" not in result["cleaned_by"], "cleaned by the planner's cleanups only"
     assert result["lateness_seconds"]["min"] >= 0, "never cleaned before the deadline"
     assert result["temporal_server_peak_rss_mib"] > 0 and result["worker_0_peak_rss_mib"] > 0
+
+
+async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
+    """The guard against a batch plan that turns quadratic again (BENCHMARKS.md, "The Postgres
+    floor"): each job's batch statement under EXPLAIN ANALYZE, custom and generic plans, at 200 and
+    1,000 keys. Rows processed are counted, not timed; the cleanup statement from before its fix
+    grew 4.2x per account here."""
+    result = await batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000)
+    assert set(result["rows_per_key_growth"]) == {
+        "custom_plan_growth",
+        "generic_plan_growth",
+        "ledger_custom_plan_growth",
+        "ledger_generic_plan_growth",
+    }
+    assert result["worst_rows_per_key_growth"] < batch_plan.GROWTH_LIMIT, result["rows_per_key_growth"]
