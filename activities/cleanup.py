@@ -47,6 +47,8 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
+# A partition that follows a running claim and found nothing new looks again after this long.
+CLAIM_POLL_SECONDS = 0.2
 
 
 async def wait_for_database_clock(
@@ -148,6 +150,7 @@ async def clean_partition_batches(
     compiled: CompiledCleanup | None = None,
     budget: LoadBudget | None = None,
     waiting_for_budget: Callable[[PartitionCheckpoint, dict[str, Any]], None] | None = None,
+    waiting_for_claim: Callable[[PartitionCheckpoint], None] | None = None,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
@@ -158,9 +161,28 @@ async def clean_partition_batches(
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
     With a `budget` (core.budget), each batch first takes its slot and rows of the database's load
     budget, waiting (and calling `waiting_for_budget`) while there are none.
+    With `input.follow_claim` the partition runs while the cohort's claim is still claiming: a
+    short batch ends it only if the claim was done before that batch began (a chunk committed
+    meanwhile is read by the next batch); until then it runs a batch only once a new chunk has
+    committed, looking every `CLAIM_POLL_SECONDS` and calling `waiting_for_claim`. The claim walks
+    one instant's accounts in account order, the order of the partition's keyset, so no claim lands
+    behind the cursor.
     """
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
+    claim_done = not input.follow_claim
+    chunks_seen: int | None = None  # the claim's chunks when the last short batch began
     while True:
+        chunks: int | None = None
+        if not claim_done:
+            progress = await pool.fetchrow(SQL.claim_progress_done, input.cleanup_id)
+            claim_done = progress is not None and progress["done"]
+            chunks = progress["chunks"] if progress is not None else 0
+            if not claim_done and chunks == chunks_seen:
+                # Nothing claimed since the last short batch: no batch (and no budget) for nothing.
+                if waiting_for_claim is not None:
+                    waiting_for_claim(checkpoint)
+                await asyncio.sleep(CLAIM_POLL_SECONDS)
+                continue
         waiting: Waiting | None = (
             functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget is not None else None
         )
@@ -176,16 +198,18 @@ async def clean_partition_batches(
                 wait_interval=wait_interval,
             )
             grant.rows_done = result.batch_rows
-        if result.batch_rows == 0:
+        if result.batch_rows > 0:
+            checkpoint = PartitionCheckpoint(
+                last_account_id=result.last_account_id,
+                counts=checkpoint.counts + result.counts,
+                batches=checkpoint.batches + 1,
+            )
+            after_batch(checkpoint)
+        if result.batch_rows == input.batch_size:
+            continue
+        if claim_done:
             return checkpoint
-        checkpoint = PartitionCheckpoint(
-            last_account_id=result.last_account_id,
-            counts=checkpoint.counts + result.counts,
-            batches=checkpoint.batches + 1,
-        )
-        after_batch(checkpoint)
-        if result.batch_rows < input.batch_size:
-            return checkpoint
+        chunks_seen = chunks
 
 
 class CleanupActivities:
@@ -324,6 +348,11 @@ class CleanupActivities:
             # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
             activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
 
+        def waiting_for_claim(checkpoint: PartitionCheckpoint) -> None:
+            activity.heartbeat(checkpoint.model_dump(mode="json"), {"waiting_for_claim": True})
+            if activity.is_worker_shutdown():
+                raise handed_back(f"partition {input.partition_no} handed back while the claim runs")
+
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
@@ -337,6 +366,7 @@ class CleanupActivities:
             compiled=self.compiled,
             budget=self.budget,
             waiting_for_budget=waiting_for_budget,
+            waiting_for_claim=waiting_for_claim,
         )
         c = checkpoint.counts
         await self.pool.execute(

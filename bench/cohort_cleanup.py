@@ -30,12 +30,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
+
 import bench
 import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
-from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
+from bench.common import cpu_seconds, cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from cleanup.models import (
     ClaimChunkedInput,
+    ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
     PartitionCheckpoint,
@@ -82,26 +85,48 @@ async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str
 
 
 async def direct_cleanup(
-    acts: CleanupActivities, deadline: datetime, partitions: int, parallel: int, batch_size: int
+    acts: CleanupActivities,
+    claim_pool: asyncpg.Pool | None,
+    deadline: datetime,
+    partitions: int,
+    parallel: int,
+    batch_size: int,
 ) -> dict[str, Any]:
+    """The pipeline's steps without Temporal: the chunked claim (on `claim_pool`, one backend, so
+    its own CPU can be read) with every partition following it, the join, the settlement."""
     cleanup_id = f"direct-{deadline:%H%M%S}"
+    assert claim_pool is not None
+    claim_pid = await claim_pool.fetchval("SELECT pg_backend_pid()")
+    claim_cpu_before = cpu_seconds(claim_pid)
     load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
-    # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
-    claim = await claim_in_chunks(
-        acts.pool,
-        ClaimChunkedInput(
-            cleanup_id=cleanup_id,
-            deadline_from=deadline,
-            deadline_until=deadline + timedelta(microseconds=1),
-            partitions=partitions,
-        ),
-    )
+    claim_seconds = 0.0
+    claim_cpu: float | None = None
+
+    async def claim() -> ClaimResult:
+        # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
+        nonlocal claim_seconds, claim_cpu
+        result = await claim_in_chunks(
+            claim_pool,
+            ClaimChunkedInput(
+                cleanup_id=cleanup_id,
+                deadline_from=deadline,
+                deadline_until=deadline + timedelta(microseconds=1),
+                partitions=partitions,
+            ),
+        )
+        claim_seconds = time.perf_counter() - t0
+        claim_cpu_after = cpu_seconds(claim_pid)
+        if claim_cpu_before is not None and claim_cpu_after is not None:
+            claim_cpu = round(claim_cpu_after - claim_cpu_before, 2)
+        return result
+
     limit = asyncio.Semaphore(parallel)
 
     async def partition(p: int) -> PartitionReport:
         async with limit:
-            inp = CleanupPartitionInput(cleanup_id=cleanup_id, partition_no=p, batch_size=batch_size)
+            # As in the pipeline: every partition starts with the claim and follows it.
+            inp = CleanupPartitionInput(cleanup_id=cleanup_id, partition_no=p, batch_size=batch_size, follow_claim=True)
             cp = await clean_partition_batches(
                 acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop, compiled=acts.compiled
             )
@@ -118,12 +143,18 @@ async def direct_cleanup(
             )
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 
-    claim_seconds = time.perf_counter() - t0
-    cpu_claimed = await database_cpu_seconds(acts.pool)
-    reports = await asyncio.gather(*(partition(p) for p, n in enumerate(claim.claimed_per_partition) if n))
+    claim_task = asyncio.ensure_future(claim())
+    partition_tasks = [asyncio.ensure_future(partition(p)) for p in range(partitions)]
+    await asyncio.gather(claim_task, *partition_tasks)  # a failed claim fails the run at once
+    claim_result = claim_task.result()
+    reports = [t.result() for t in partition_tasks]
     settlement = await acts.settle_cleanup(
         SettleCleanupInput(
-            cleanup_id=cleanup_id, deadline=deadline, partitions=partitions, claim=claim, reports=list(reports)
+            cleanup_id=cleanup_id,
+            deadline=deadline,
+            partitions=partitions,
+            claim=claim_result,
+            reports=list(reports),
         )
     )
     seconds = time.perf_counter() - t0
@@ -133,7 +164,7 @@ async def direct_cleanup(
         "claim_seconds": claim_seconds,
         "cleaned": settlement.cleaned,
         "backend_cpu_s": cpu_used(cpu_before, cpu_after),
-        "claim_backend_cpu_s": cpu_used(cpu_before, cpu_claimed),
+        "claim_backend_cpu_s": claim_cpu,
         "load": [load_before, load_average()],
     }
 
@@ -144,7 +175,7 @@ def _noop(_: PartitionCheckpoint) -> None:
 
 def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
     """One direct run of the batch-size sweep: throughput, and Postgres CPU per account with and
-    without the claim (the claim does not depend on the batch size)."""
+    without the claim's backend (the claim does not depend on the batch size)."""
     batches_cpu = (
         d["backend_cpu_s"] - d["claim_backend_cpu_s"]
         if d["backend_cpu_s"] is not None and d["claim_backend_cpu_s"] is not None
@@ -153,9 +184,8 @@ def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
     return {
         "batch_size": size,
         "seconds": round(d["seconds"], 3),
-        "claim_seconds": round(d["claim_seconds"], 3),
+        "claim_done_at_seconds": round(d["claim_seconds"], 3),
         "accounts_per_s": round(d["cleaned"] / d["seconds"], 1),
-        "batches_accounts_per_s": round(d["cleaned"] / (d["seconds"] - d["claim_seconds"]), 1),
         "backend_cpu_s": d["backend_cpu_s"],
         "batches_cpu_us_per_account": round(1e6 * batches_cpu / d["cleaned"], 1) if batches_cpu is not None else None,
         "cleaned": d["cleaned"],
@@ -197,7 +227,7 @@ async def run(
 
         acts = await CleanupActivities.create(s.pool, load_targets())
         floor = await floor_cleanup(acts, floor_deadline)
-        direct = await direct_cleanup(acts, direct_deadline, partitions, parallel, batch_size)
+        direct = await direct_cleanup(acts, s.one_backend, direct_deadline, partitions, parallel, batch_size)
 
         # The pipeline's cohort gets a deadline just ahead: move it there (set-based), then start the
         # cleanup a couple of seconds before it, so the durable sleep is part of the run.
@@ -234,10 +264,10 @@ async def run(
         orchestration_after = s.process_cpu()
         pipeline_load.append(load_average())
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
-        direct_2 = await direct_cleanup(acts, direct_after, partitions, parallel, batch_size)
+        direct_2 = await direct_cleanup(acts, s.one_backend, direct_after, partitions, parallel, batch_size)
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = [
-            sweep_result(size, await direct_cleanup(acts, d, partitions, parallel, size))
+            sweep_result(size, await direct_cleanup(acts, s.one_backend, d, partitions, parallel, size))
             for size, d in zip(sweep, sweep_deadlines, strict=True)
         ]
         history = await handle.fetch_history()

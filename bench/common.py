@@ -94,6 +94,8 @@ class Stack:
     admin_url: str
     database: str
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # A pool of one connection: what runs on it runs on one backend, whose CPU can be read apart.
+    one_backend: asyncpg.Pool | None = None
 
     def start_worker(self, module: str = "bench.worker", **env: str) -> subprocess.Popen[bytes]:
         assert self.settings.temporal_address and self.settings.database_url
@@ -199,7 +201,8 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
         await db.migrate_url(url)
         pool = await db.create_pool(url, max_size=pool_size)
         client = await connect(settings)
-        s = Stack(settings, client, pool, server, admin_url, database)
+        one_backend = await db.create_pool(url, min_size=1, max_size=1)
+        s = Stack(settings, client, pool, server, admin_url, database, one_backend=one_backend)
         try:
             yield s
         finally:
@@ -208,6 +211,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             for p in s.workers:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=30)
+            await one_backend.close()
             await pool.close()
             server.stop()
             await db.drop_database(admin_url, database)

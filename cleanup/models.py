@@ -16,6 +16,9 @@ from core.model import Model
 
 ACCOUNT_ID_PATTERN = r"^acct_[A-Za-z0-9_-]{1,60}$"
 MAX_PARTITIONS = 256
+# Accounts per statement of a cohort's chunked claim (its longest statement grows with this, not
+# with the cohort).
+DEFAULT_CLAIM_CHUNK_SIZE = 10_000
 _ACCOUNT_ID = re.compile(ACCOUNT_ID_PATTERN)
 
 
@@ -121,7 +124,7 @@ class RenewalCleanupInput(Model):
     # sweeps); the run sleeps until deadline_until. None (and in every older history): one instant.
     deadline_until: UtcDatetime | None = None
     # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
-    claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+    claim_chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
 
     # How often a partition heartbeats while a batch runs; None (and in older histories): a third
     # of the heartbeat timeout.
@@ -173,7 +176,7 @@ class ClaimChunkedInput(Model):
     deadline_from: UtcDatetime
     deadline_until: UtcDatetime
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
-    chunk_size: int = Field(default=10_000, ge=1, le=100_000)
+    chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
 
 
 class ClaimResult(Model):
@@ -191,6 +194,10 @@ class CleanupPartitionInput(Model):
     partition_no: int = Field(ge=0, lt=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
+    # Started while the cohort's claim still runs (runs after the `claim-overlap` patch): a short
+    # batch is not the end until the claim's progress row says it is done. False (and in every
+    # older history): the claim had finished before the partition started.
+    follow_claim: bool = False
 
 
 class PartitionCounts(Model):

@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from cleanup.models import (
     CLEANUP_WORKFLOW,
+    DEFAULT_CLAIM_CHUNK_SIZE,
     MAX_PARTITIONS,
     PLANNER_NUDGE_SIGNAL,
     RENEWED_SIGNAL,
@@ -138,6 +139,7 @@ async def start_cleanup(
     note: str = "",
     allow_empty: bool = False,
     max_failed: str | int | None = None,
+    claim_chunk_size: int | None = None,
 ) -> StartedCleanup:
     """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
 
@@ -221,6 +223,7 @@ async def start_cleanup(
             note=note,
             max_failed=max_failed_count,
             max_failed_percent=max_failed_percent,
+            claim_chunk_size=claim_chunk_size if claim_chunk_size is not None else DEFAULT_CLAIM_CHUNK_SIZE,
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None

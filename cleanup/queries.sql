@@ -297,6 +297,12 @@ SELECT cursor_deadline, cursor_account, claimed_per_partition, skipped_renewed, 
 FROM cleanup_claim_progress WHERE cleanup_id = $1
 FOR UPDATE;
 
+-- name: claim_progress_done
+-- Whether a cohort's chunked claim has claimed its last chunk, and how many chunks it committed (no
+-- row: not started yet). A partition that follows the claim runs a batch only when a chunk
+-- committed since its last short batch, and ends after a short batch that began once `done` was true.
+SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
+
 -- name: claim_chunk
 -- One chunk of a cohort's claim: the next $6 accounts of the deadline range [$2, $3) after the
 -- keyset cursor ($4, $5) on accounts_due_idx, whatever the cohort's size. Active accounts whose

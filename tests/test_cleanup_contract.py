@@ -365,3 +365,57 @@ async def test_a_partition_blocked_on_a_lock_keeps_heartbeating_and_is_not_run_t
     assert set(attempts) == {1}, "the blocked partition (nor the claim) was not retried as if dead"
     assert not any(e.HasField("activity_task_timed_out_event_attributes") for e in events)
     assert (await effect_counts(pool))["applied"] == 30
+
+
+async def test_partitions_clean_while_the_claim_still_claims_and_every_account_once(client, pool, task_queue, worker):
+    """A cohort's partitions start with its claim and clean each chunk as it commits. A player's
+    open transaction holds one account in the middle of the cohort: the claim waits on it, chunks
+    before it are cleaned meanwhile, and once it is released every account ends cleaned once."""
+    deadline = deadline_in(3)
+    accounts = await seed(pool, deadline, 400)
+    renewed = accounts[:3]
+    for account_id in renewed:
+        await renew(client, pool, task_queue, account_id)
+    held = accounts[250]
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT 1 FROM accounts WHERE account_id = $1 FOR UPDATE", held)
+        started = await start_cleanup(
+            client,
+            pool,
+            task_queue,
+            deadline=deadline,
+            partitions=4,
+            max_parallel_partitions=4,
+            batch_size=25,
+            claim_chunk_size=40,
+        )
+
+        async def cleaned_while_claim_waits() -> bool:
+            row = await pool.fetchrow(
+                "SELECT (SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'cleaned') AS n,"
+                " (SELECT done FROM cleanup_claim_progress WHERE cleanup_id = $2) AS done",
+                deadline,
+                started.workflow_id,
+            )
+            assert row is not None and row["done"] is not True, "the claim finished past a held row"
+            return bool(row["n"] >= 100)
+
+        await wait_until(cleaned_while_claim_waits, within=60)
+        await tx.rollback()
+
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+    result: CleanupResult = await handle.result()
+    assert result.outcome == "cleaned" and result.settlement is not None
+    assert result.settlement.cleaned == result.settlement.claimed == 397
+    assert result.settlement.skipped_renewed == 3
+    counts = await effect_counts(pool)
+    assert counts["applied"] == counts["reminders"] == counts["cleaned_accounts"] == 397
+    assert counts["duplicate_reminders"] == counts["duplicate_archives"] == 0
+    timeline = activity_timeline(await handle.fetch_history())
+    claim_done = next(i for i, what, name in timeline if what == "completed" and name == "claim_cleanup_in_chunks")
+    first_partition = min(i for i, what, name in timeline if what == "scheduled" and name == "cleanup_partition")
+    assert first_partition < claim_done, timeline
+    chunks = await pool.fetchval("SELECT chunks FROM cleanup_claim_progress WHERE cleanup_id = $1", started.workflow_id)
+    assert chunks >= 10

@@ -29,6 +29,8 @@ def test_recorded_histories_exist():
     assert {"chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running"} <= names
     # Recorded with the `renewed-phase-kept` patch (single_account_renewed was recorded before it).
     assert "single_account_renewed_phase_kept" in names
+    # Recorded with the `claim-overlap` patch: partitions follow the cohort's claim.
+    assert "overlapped_cohort_completed" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

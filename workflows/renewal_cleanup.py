@@ -58,6 +58,7 @@ class RenewalCleanupWorkflow:
         self._reports: dict[int, PartitionReport] = {}
         self._settlement: CleanupSettlement | None = None
         self._step_timeout = timedelta(seconds=input.step_timeout_seconds)
+        self._overlapped = False
 
     @workflow.run
     async def run(self, input: RenewalCleanupInput) -> CleanupResult:
@@ -66,14 +67,23 @@ class RenewalCleanupWorkflow:
             return self._result("renewed")
 
         self._set_phase("claiming")
-        claim = await self._claim_accounts(input)
-        self._claim = claim
-
-        self._set_phase("cleaning")
         limit = asyncio.Semaphore(input.max_parallel_partitions)
-        busy = [p for p, n in enumerate(claim.claimed_per_partition) if n > 0]
-        # The join: settlement starts only after every partition with claimed accounts has reported.
-        await asyncio.gather(*(self._clean_partition(p, limit) for p in busy))
+        if self._overlaps_claim(input):
+            # Partitions start with the claim and clean each chunk as it commits; the join waits
+            # for the claim and for every partition.
+            await asyncio.gather(
+                self._claim_then_clean(input),
+                *(self._clean_partition(p, limit, follow_claim=True) for p in range(input.partitions)),
+            )
+            assert self._claim is not None
+            claim = self._claim
+        else:
+            claim = await self._claim_accounts(input)
+            self._claim = claim
+            self._set_phase("cleaning")
+            busy = [p for p, n in enumerate(claim.claimed_per_partition) if n > 0]
+            # The join: settlement starts only after every partition with claimed accounts has reported.
+            await asyncio.gather(*(self._clean_partition(p, limit) for p in busy))
 
         await self._settle(claim)
         self._check_failed_tolerance()
@@ -82,6 +92,19 @@ class RenewalCleanupWorkflow:
         if input.account_id is not None:
             return self._result("renewed" if claim.skipped_renewed else "stale")
         return self._result("nothing_to_clean")
+
+    def _overlaps_claim(self, input: RenewalCleanupInput) -> bool:
+        """A cohort of one instant, started after the `claim-overlap` patch, cleans while it claims:
+        its chunks arrive in account order, the order of the partitions' keysets. Ranges (the
+        planner's buckets and sweeps) and single accounts claim first, as before."""
+        if input.account_id is not None or input.deadline_until is not None:
+            return False
+        self._overlapped = workflow.patched("claim-overlap")
+        return self._overlapped
+
+    async def _claim_then_clean(self, input: RenewalCleanupInput) -> None:
+        self._claim = await self._claim_accounts(input)
+        self._set_phase("cleaning")
 
     async def _claim_accounts(self, input: RenewalCleanupInput) -> ClaimResult:
         """Cohorts started after the `chunked-claim` patch claim in bounded chunks, as a regular
@@ -144,7 +167,7 @@ class RenewalCleanupWorkflow:
                 self._set_phase("renewed")
                 return True
 
-    async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore) -> None:
+    async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore, follow_claim: bool = False) -> None:
         async with limit:
             report = await workflow.execute_activity(
                 CLEANUP_PARTITION,
@@ -153,6 +176,7 @@ class RenewalCleanupWorkflow:
                     partition_no=partition_no,
                     batch_size=self._input.batch_size,
                     heartbeat_interval_seconds=self._input.heartbeat_interval_seconds,
+                    follow_claim=follow_claim,
                 ),
                 result_type=PartitionReport,
                 start_to_close_timeout=timedelta(hours=2),
@@ -245,7 +269,11 @@ class RenewalCleanupWorkflow:
             phase=self._phase,
             deadline=self._input.deadline,
             account_id=self._input.account_id,
-            partitions_total=sum(1 for n in claim.claimed_per_partition if n) if claim else self._input.partitions,
+            partitions_total=(
+                sum(1 for n in claim.claimed_per_partition if n)
+                if claim and not self._overlapped
+                else self._input.partitions
+            ),
             partitions_done=len(self._reports),
             settled=self._settlement is not None,
             renewal_signals=len(self._renewal_signals),
