@@ -2,10 +2,14 @@
 
 Five cohorts of the same size are seeded into one fresh database.
 
-- *floor*: the least work with the same effects and guarantees, `cleanup_floor` (bench/floor.sql):
-  one set-based statement for the whole cohort on one backend (mark cleaned, idempotency record,
-  delete saves and items, archive matches, outbox row), no claim, no batches, no Temporal. Run
-  once before and once after the pipeline; the faster one is the floor.
+- *floor*: the least work with the same effects and guarantees, `cleanup_floor` (bench/floor.sql)
+  on as many backends as there are cores (`bench.floor.FLOOR_BACKENDS`, printed as
+  `floor_backends`): the cohort cut into that many account_id ranges of equal size by one untimed
+  query, then one set-based statement per range (mark cleaned, idempotency record, delete saves and
+  items, archive matches, outbox row), each in its own transaction on its own backend, all at once,
+  timed from the start of the first to the end of the last; no claim, no batches, no Temporal. Run
+  once before and once after the pipeline; the faster one is the floor. (Figures measured before
+  the floor was sliced used one statement on one backend.)
 - *direct*: the same claim, partition batch and settlement SQL as the pipeline, from this process
   (same batch size, same partition parallelism, no Temporal), once before and once after the
   pipeline; the faster one is the direct path.
@@ -15,7 +19,8 @@ Five cohorts of the same size are seeded into one fresh database.
 
 Ratios (accounts/s over accounts/s, all measured in this run): direct / floor, pipeline / direct
 and pipeline / floor. Also printed: each run's Postgres CPU time where the server's processes can
-be read (`direct_over_floor_by_cpu`: floor CPU / direct CPU for the same accounts; it moves far less
+be read, summed over every backend of the database (the floor's: all its slices' backends;
+`direct_over_floor_by_cpu`: floor CPU / direct CPU for the same accounts; it moves far less
 with the machine's load than wall-clock time), the claim's share of the direct run (wall clock and
 CPU), the CPU of the worker process and the Temporal server during the pipeline, and the load
 average around every run. The pipeline runs with the load budget off (`Stack.budget_off`).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -33,6 +39,7 @@ from typing import Any
 import asyncpg
 
 import bench
+import bench.floor
 import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
 from bench.common import cpu_seconds, cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
@@ -68,19 +75,21 @@ async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) ->
 
 
 async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str, Any]:
-    """The whole cohort in one statement and one transaction, on one backend."""
+    """The cohort cut into `bench.floor.FLOOR_BACKENDS` account_id ranges of equal size (their
+    bounds read by one untimed query), one statement and one transaction per range, each on its own
+    backend, all at once; timed together (start of the first to end of the last), counts summed."""
     cleanup_id = f"floor-{deadline:%H%M%S}"
-    load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
-    t0 = time.perf_counter()
-    async with acts.pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(FLOOR.cleanup_floor, cleanup_id, deadline, timeout=LONG_STATEMENT_SECONDS)
-    assert row is not None
+    bounds = await acts.pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
+    edges: list[str | None] = [None, *(bounds or []), None]
+    slices = [(cleanup_id, deadline, lo, hi) for lo, hi in itertools.pairwise(edges)]
+    run = await bench.floor.run_slices(acts.pool, FLOOR.cleanup_floor, slices, LONG_STATEMENT_SECONDS)
     return {
-        "seconds": time.perf_counter() - t0,
-        "cleaned": row["cleaned"],
-        "reminders": row["reminders"],
-        "backend_cpu_s": cpu_used(cpu_before, await database_cpu_seconds(acts.pool)),
-        "load": [load_before, load_average()],
+        "seconds": run.seconds,
+        "backends": len(slices),
+        "cleaned": run.total("cleaned"),
+        "reminders": run.total("reminders"),
+        "backend_cpu_s": run.backend_cpu_s,
+        "load": run.load,
     }
 
 
@@ -203,7 +212,7 @@ async def run(
     """`sweep`: batch sizes of extra direct runs, one more cohort each, after the others (the
     per-account cost of each size measured in the same run)."""
     load_before = load_average()
-    async with stack() as s:
+    async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         direct_deadline, pipeline_deadline_seed, direct_after, floor_deadline, floor_after = (
@@ -290,6 +299,7 @@ async def run(
         "partitions": partitions,
         "parallel_partitions": parallel,
         "batch_size": batch_size,
+        "floor_backends": floor["backends"],
         "seed_seconds": round(seed_seconds, 2),
         "floor_seconds_before_and_after": [round(floor["seconds"], 3), round(floor_2["seconds"], 3)],
         "floor_accounts_per_s": round(floor_rate, 1),

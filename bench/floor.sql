@@ -1,17 +1,36 @@
 -- The Postgres floor of each job: the least work that has the same effects with the same
 -- guarantees (the idempotency record commits in the same transaction as the effect, under its
--- UNIQUE constraint), as one set-based statement, on one backend, with no Temporal, no claim, no
--- partitions, no batches and no counts read back. The benchmarks divide the direct path's and the
--- pipeline's throughput by this one, measured in the same script run.
+-- UNIQUE constraint), as set-based statements on as many backends as there are cores, with no
+-- Temporal, no claim, no partitions, no batches and no counts read back. The work is cut into
+-- FLOOR_BACKENDS (bench/floor.py: os.cpu_count()) disjoint slices, decided by one untimed query
+-- before the run; each slice is ONE statement in its own transaction on its own connection, all
+-- slices at once, timed together (start of the first to end of the last), their counts summed.
+-- The benchmarks divide the direct path's and the pipeline's throughput by this one, measured in
+-- the same script run. (Figures measured before the floor was sliced used one statement on one
+-- backend.)
+
+-- name: cleanup_floor_bounds
+-- Untimed, before the floor: the $2 - 1 account_ids that cut the cohort ($1 = its deadline) into
+-- $2 slices of equal size, ascending (slice k is [bound k-1, bound k), the first and the last
+-- open-ended). NULL for an empty cohort; a bound repeats (an empty slice) when the cohort has
+-- fewer accounts than slices.
+SELECT percentile_disc(ARRAY(SELECT k::float8 / $2 FROM generate_series(1, $2 - 1) AS k))
+           WITHIN GROUP (ORDER BY account_id) AS bounds
+FROM accounts
+WHERE renewal_deadline = $1 AND status = 'active';
 
 -- name: cleanup_floor
--- A whole cohort ($2 = its deadline) cleaned by one statement under cleanup ID $1: every active
--- account past its deadline marked cleaned, its idempotency record, the shipped game data
--- deleted (saves, items) or archived (matches), its renewal reminder in the outbox.
+-- One slice of a cohort ($2 = its deadline; account_id >= $3 and < $4, NULL = unbounded) cleaned
+-- by one statement under cleanup ID $1: every active account of the slice past its deadline
+-- marked cleaned, its idempotency record, the shipped game data deleted (saves, items) or
+-- archived (matches), its renewal reminder in the outbox. The slices are disjoint, so they touch
+-- disjoint rows; a range fits the index accounts_active_due_idx (deadline, account_id).
 WITH cleaned AS (
     UPDATE accounts
     SET status = 'cleaned', claimed_by = $1, claimed_at = now(), cleaned_at = now()
     WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND ($3::text IS NULL OR account_id >= $3::text)
+      AND ($4::text IS NULL OR account_id < $4::text)
     RETURNING account_id, cleanup_version
 ),
 applied AS (
@@ -50,15 +69,28 @@ SELECT (SELECT count(*) FROM applied)::int AS cleaned,
        (SELECT count(*) FROM archived)::int AS match_history,
        (SELECT count(*) FROM reminders)::int AS reminders;
 
+-- name: ledger_floor_slices
+-- Untimed, before the floor: the shards of the date ($1) dealt to $2 slices, slice k taking every
+-- shard s with s % $2 = k (a slice with no shard, when the date has fewer shards than slices, is
+-- not listed). A payment's ledger row and its report rows carry the same shard (what the batches
+-- rely on too), so every key is judged in exactly one slice.
+SELECT s % $2 AS slice, array_agg(s ORDER BY s) AS shards
+FROM ledger_days d, generate_series(0, d.shards - 1) AS s
+WHERE d.business_date = $1
+GROUP BY s % $2
+ORDER BY slice;
+
 -- name: ledger_floor
--- A whole business date ($1) reconciled by one statement: every ledger row of the date locked
--- (as the batches lock theirs) and judged against the provider's report rows by the same rules,
--- corrections recorded under their idempotency key and applied to the ledger, the rest sent to
--- review. No shards, no keyset, no fingerprint, no reports. $2 tolerance in cents, $3 workflow ID.
+-- One slice of a business date ($1; the shards in $4) reconciled by one statement: every ledger
+-- row of the slice locked (as the batches lock theirs) and judged against the provider's report
+-- rows by the same rules, corrections recorded under their idempotency key and applied to the
+-- ledger, the rest sent to review. No keyset, no fingerprint, no reports, no shard lock: the
+-- slices are disjoint sets of whole shards, read through the (date, shard, ...) indexes.
+-- $2 tolerance in cents, $3 workflow ID.
 WITH ledger AS (
     SELECT l.game, l.payment_id, l.shard, l.amount_cents, l.currency, l.status, l.version
     FROM ledger_payments l
-    WHERE l.business_date = $1
+    WHERE l.business_date = $1 AND l.shard = ANY($4::int[])
     FOR UPDATE OF l
 ),
 report AS (
@@ -67,7 +99,7 @@ report AS (
            count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
            min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status
     FROM ledger_report_rows r
-    WHERE r.business_date = $1
+    WHERE r.business_date = $1 AND r.shard = ANY($4::int[])
     GROUP BY r.game, r.payment_id
 ),
 facts AS (

@@ -9,11 +9,15 @@ is the limit. The *pipeline* run is the real thing: `start_reconciliation` (the 
 date-keyed workflow ID) of `LedgerReconciliationWorkflow`, executed by a separate worker process,
 timed from the start call to the settled result.
 The ratio is payments/s of the pipeline over that of the faster direct run. The *floor* runs
-reconcile a date with `ledger_floor` (bench/floor.sql): one set-based statement for the whole date
-on one backend, the same rules and effects (row locks, corrections under their idempotency key and
-their ledger updates, review rows), no shards, no keyset batches, no fingerprint, no reports; once
-before and once after the pipeline, the faster one is the floor. Also printed: direct / floor and
-pipeline / floor.
+reconcile a date with `ledger_floor` (bench/floor.sql) on as many backends as there are cores
+(`bench.floor.FLOOR_BACKENDS`, printed as `floor_backends`; no more than the date has shards): the
+date's shards dealt to that many slices (shard % n = k) by one untimed query, then one set-based
+statement per slice, each in its own transaction on its own backend, all at once, timed from the
+start of the first to the end of the last, the outcomes summed. The same rules and effects (every
+ledger row of the slice locked, corrections under their idempotency key and their ledger updates,
+review rows), no keyset batches, no shard lock, no fingerprint, no reports; once before and once
+after the pipeline, the faster one is the floor. Also printed: direct / floor and pipeline /
+floor. (Figures measured before the floor was sliced used one statement on one backend.)
 
 Every run starts from the same effect tables: after each run its corrections and review rows
 (only those: its ledger updates and reports stay) are deleted and both tables vacuumed; the checked
@@ -22,7 +26,8 @@ batch's key range, so the previous runs' rows would cost little; the floor's joi
 them.)
 
 Besides wall-clock throughput, each run's Postgres CPU time is printed where the server's processes
-can be read (`database_cpu_seconds`): on a shared machine it moves far less with the load than the
+can be read (`database_cpu_seconds`, summed over every backend of the database: the floor's over all
+its slices' backends): on a shared machine it moves far less with the load than the
 wall clock, and `direct_over_floor_by_cpu` (floor CPU / direct CPU for the same payments) says
 what the batches cost next to the floor whatever the other tenants do. The pipeline runs with the
 load budget off (`Stack.budget_off`; the budget is measured by scenario 6).
@@ -42,6 +47,7 @@ import asyncpg
 import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
+from bench.floor import FLOOR_BACKENDS, STACK_POOL_SIZE, run_slices
 from core.queries import load
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
@@ -82,18 +88,21 @@ async def clear_effects(pool: asyncpg.Pool, business_date: date) -> None:
 
 
 async def floor_reconciliation(pool: asyncpg.Pool, business_date: date, workflow_id: str) -> dict[str, Any]:
-    """The whole date in one statement and one transaction, on one backend."""
-    load_before, cpu_before = load_average(), await database_cpu_seconds(pool)
-    t0 = time.perf_counter()
-    async with pool.acquire() as conn, conn.transaction():
-        # One statement over the whole date: it may outlast the pool's 300 s timeout on a loaded machine.
-        row = await conn.fetchrow(FLOOR.ledger_floor, business_date, TOLERANCE_CENTS, workflow_id, timeout=3600)
-    assert row is not None
+    """The date cut into `FLOOR_BACKENDS` slices of whole shards (shard % n = k; the slices read by
+    one untimed query), one statement and one transaction per slice, each on its own backend, all
+    at once; timed together (start of the first to end of the last), outcomes summed."""
+    slices = [
+        (business_date, TOLERANCE_CENTS, workflow_id, list(r["shards"]))
+        for r in await pool.fetch(FLOOR.ledger_floor_slices, business_date, FLOOR_BACKENDS)
+    ]
+    # One statement over a whole slice may outlast the pool's 300 s timeout on a loaded machine.
+    run = await run_slices(pool, FLOOR.ledger_floor, slices, 3600)
     return {
-        "seconds": time.perf_counter() - t0,
-        "outcome": {k: row[k] for k in FLOOR_OUTCOME},
-        "backend_cpu_s": cpu_used(cpu_before, await database_cpu_seconds(pool)),
-        "load": [load_before, load_average()],
+        "seconds": run.seconds,
+        "backends": len(slices),
+        "outcome": {k: run.total(k) for k in FLOOR_OUTCOME},
+        "backend_cpu_s": run.backend_cpu_s,
+        "load": run.load,
     }
 
 
@@ -247,7 +256,7 @@ async def run(
     payments: int, shards: int = 16, parallel: int = 8, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> dict[str, Any]:
     load_before = load_average()
-    async with stack() as s:
+    async with stack(pool_size=STACK_POOL_SIZE) as s:
         direct_date, pipeline_date, direct_after_date, floor_date, floor_after_date = business_dates(5)
         t = time.perf_counter()
         seeded = [
@@ -289,6 +298,7 @@ async def run(
         "shards": shards,
         "parallel_shards": parallel,
         "batch_size": batch_size,
+        "floor_backends": floor["backends"],
         "seed_seconds": round(seed_seconds, 2),
         "floor_seconds_before_and_after": [round(floor["seconds"], 3), round(floor_2["seconds"], 3)],
         "floor_payments_per_s": round(floor_rate, 1),
