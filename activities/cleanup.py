@@ -170,7 +170,7 @@ async def clean_partition_batches(
     """
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     claim_done = not input.follow_claim
-    chunks_seen: int | None = None  # the claim's chunks when the last short batch began
+    chunks_seen: int | None = 0  # the claim's chunks when the last short batch began: none yet
     while True:
         chunks: int | None = None
         if not claim_done:
