@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
@@ -31,7 +32,7 @@ from temporalio.client import Client
 
 import bench
 from bench.common import LoadSampler, Stack, machine, stack, wait_for_worker
-from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION
+from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION, STATUS_QUERY, planner_workflow_id
 from cleanup.operations import seed_accounts
 from core.budget import budget_status
 from core.queries import load
@@ -68,6 +69,21 @@ async def wait_all_cleaned(pool: asyncpg.Pool, accounts: int, until: float, ever
         if time.monotonic() > until:
             return False
         await asyncio.sleep(every)
+
+
+async def keep_evidence(s: Stack) -> str:
+    """A run that did not clean every account: keep the worker and server logs and the planner's
+    status beside the project (the stack's directory is deleted with it) so the stall can be read."""
+    target = s.settings.state_dir / "bench-evidence" / f"planner-lateness-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    target.mkdir(parents=True, exist_ok=True)
+    for log in s.server.state_dir.glob("*.log"):
+        shutil.copy(log, target / log.name)
+    try:
+        status = await s.client.get_workflow_handle(planner_workflow_id(s.settings.task_queue)).query(STATUS_QUERY)
+        (target / "planner-status.json").write_text(json.dumps(status, default=str, indent=2))
+    except Exception as err:  # the evidence of a broken run: whatever can be read is worth keeping
+        (target / "planner-status.json").write_text(json.dumps({"error": repr(err)}))
+    return str(target)
 
 
 def _r(x: float | None, n: int = 3) -> float | None:
@@ -223,6 +239,7 @@ async def run(
         phases = await bucket_phases(s.client, [b for b in buckets if _bucket_end(b) is not None])
         memory = s.memory()
         alive = [w.poll() is None for w in s.workers]
+        evidence = None if done else await keep_evidence(s)
     late = report["lateness_seconds"]
     return {
         "scenario": "planner_lateness",
@@ -242,6 +259,7 @@ async def run(
         "cpu_seconds_during_run": {k: round(cpu_after[k] - cpu_before[k], 1) for k in cpu_after},
         **memory,
         "workers_alive_at_end": alive,
+        "evidence_kept_in": evidence,
         "load_average_1m": load.summary(),
         "machine": machine(),
     }
