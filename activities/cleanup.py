@@ -34,6 +34,7 @@ from cleanup.models import (
     PartitionCounts,
     PartitionReport,
     SettleCleanupInput,
+    claim_stream_id,
 )
 from cleanup.targets import CleanupTargets
 from core import db, failpoints, metrics
@@ -87,13 +88,13 @@ async def claim_in_chunks(
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
-        SQL.claim_progress_start, input.cleanup_id, input.partitions, input.deadline_from, input.deadline_until
+        SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
         async with under_budget(budget, "claim", chunk_size, waiting_for_budget) as grant:
             grant.rows_done = 0
             async with pool.acquire() as conn, db.transaction(conn):
-                progress = await conn.fetchrow(SQL.claim_progress_lock, input.cleanup_id)
+                progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
                 assert progress is not None
                 per_partition = list(progress["claimed_per_partition"])
                 if progress["done"]:
@@ -111,8 +112,10 @@ async def claim_in_chunks(
                     progress["cursor_deadline"],
                     progress["cursor_account"],
                     chunk_size,
-                    input.partitions,
+                    input.stream_partitions,
                     sum(per_partition),
+                    input.streams,
+                    input.stream,
                 )
                 assert row is not None
                 for p in row["partitions"]:
@@ -120,7 +123,7 @@ async def claim_in_chunks(
                 done = row["scanned"] < chunk_size
                 await conn.execute(
                     SQL.claim_progress_update,
-                    input.cleanup_id,
+                    input.progress_id,
                     row["last_deadline"],
                     row["last_account"],
                     per_partition,
@@ -166,15 +169,17 @@ async def clean_partition_batches(
     meanwhile is read by the next batch); until then it runs a batch only once a new chunk has
     committed, looking every `CLAIM_POLL_SECONDS` and calling `waiting_for_claim`. The claim walks
     one instant's accounts in account order, the order of the partition's keyset, so no claim lands
-    behind the cursor.
+    behind the cursor; with several claim streams the partition follows the one stream that claims
+    for it (`partition_no % claim_streams`).
     """
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     claim_done = not input.follow_claim
+    stream_id = claim_stream_id(input.cleanup_id, input.partition_no % input.claim_streams)
     chunks_seen: int | None = 0  # the claim's chunks when the last short batch began: none yet
     while True:
         chunks: int | None = None
         if not claim_done:
-            progress = await pool.fetchrow(SQL.claim_progress_done, input.cleanup_id)
+            progress = await pool.fetchrow(SQL.claim_progress_done, stream_id)
             claim_done = progress is not None and progress["done"]
             chunks = progress["chunks"] if progress is not None else 0
             if not claim_done and chunks == chunks_seen:

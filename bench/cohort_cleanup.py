@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
+import operator
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +46,7 @@ import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
 from bench.common import cpu_seconds, cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from cleanup.models import (
+    DEFAULT_CLAIM_STREAMS,
     ClaimChunkedInput,
     ClaimResult,
     CleanupPartitionInput,
@@ -101,41 +104,57 @@ async def direct_cleanup(
     parallel: int,
     batch_size: int,
 ) -> dict[str, Any]:
-    """The pipeline's steps without Temporal: the chunked claim (on `claim_pool`, one backend, so
-    its own CPU can be read) with every partition following it, the join, the settlement."""
+    """The pipeline's steps without Temporal: the chunked claim in `DEFAULT_CLAIM_STREAMS` streams
+    (on `claim_pool`, one connection per stream, so the claim's own CPU can be read) with every
+    partition following its stream, the join, the settlement."""
     cleanup_id = f"direct-{deadline:%H%M%S}"
     assert claim_pool is not None
-    claim_pid = await claim_pool.fetchval("SELECT pg_backend_pid()")
-    claim_cpu_before = cpu_seconds(claim_pid)
+    streams = min(DEFAULT_CLAIM_STREAMS, partitions)
+    claim_pids = await backend_pids(claim_pool, streams)
+    claim_cpu_before = [cpu_seconds(pid) for pid in claim_pids]
     load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
     t0 = time.perf_counter()
     claim_seconds = 0.0
     claim_cpu: float | None = None
 
     async def claim() -> ClaimResult:
-        # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activity.
+        # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activities.
         nonlocal claim_seconds, claim_cpu
-        result = await claim_in_chunks(
-            claim_pool,
-            ClaimChunkedInput(
-                cleanup_id=cleanup_id,
-                deadline_from=deadline,
-                deadline_until=deadline + timedelta(microseconds=1),
-                partitions=partitions,
-            ),
+        results = await asyncio.gather(
+            *(
+                claim_in_chunks(
+                    claim_pool,
+                    ClaimChunkedInput(
+                        cleanup_id=cleanup_id,
+                        deadline_from=deadline,
+                        deadline_until=deadline + timedelta(microseconds=1),
+                        partitions=partitions,
+                        stream=k,
+                        streams=streams,
+                    ),
+                )
+                for k in range(streams)
+            )
         )
         claim_seconds = time.perf_counter() - t0
-        claim_cpu_after = cpu_seconds(claim_pid)
-        if claim_cpu_before is not None and claim_cpu_after is not None:
-            claim_cpu = round(claim_cpu_after - claim_cpu_before, 2)
-        return result
+        before = [c for c in claim_cpu_before if c is not None]
+        after = [c for c in (cpu_seconds(pid) for pid in claim_pids) if c is not None]
+        if len(before) == len(after) == len(claim_pids):
+            claim_cpu = round(sum(after) - sum(before), 2)
+        return functools.reduce(operator.add, results)
 
     limit = asyncio.Semaphore(parallel)
 
     async def partition(p: int) -> PartitionReport:
         async with limit:
             # As in the pipeline: every partition starts with the claim and follows it.
-            inp = CleanupPartitionInput(cleanup_id=cleanup_id, partition_no=p, batch_size=batch_size, follow_claim=True)
+            inp = CleanupPartitionInput(
+                cleanup_id=cleanup_id,
+                partition_no=p,
+                batch_size=batch_size,
+                follow_claim=True,
+                claim_streams=streams,
+            )
             cp = await clean_partition_batches(
                 acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop, compiled=acts.compiled
             )
@@ -176,6 +195,16 @@ async def direct_cleanup(
         "claim_backend_cpu_s": claim_cpu,
         "load": [load_before, load_average()],
     }
+
+
+async def backend_pids(pool: asyncpg.Pool, n: int) -> list[int]:
+    """The backend PIDs of a pool of exactly `n` connections (all held at once to read them)."""
+    conns = [await pool.acquire() for _ in range(n)]
+    try:
+        return [await c.fetchval("SELECT pg_backend_pid()") for c in conns]
+    finally:
+        for c in conns:
+            await pool.release(c)
 
 
 def _noop(_: PartitionCheckpoint) -> None:
@@ -236,7 +265,7 @@ async def run(
 
         acts = await CleanupActivities.create(s.pool, load_targets())
         floor = await floor_cleanup(acts, floor_deadline)
-        direct = await direct_cleanup(acts, s.one_backend, direct_deadline, partitions, parallel, batch_size)
+        direct = await direct_cleanup(acts, s.claim_backends, direct_deadline, partitions, parallel, batch_size)
 
         # The pipeline's cohort gets a deadline just ahead: move it there (set-based), then start the
         # cleanup a couple of seconds before it, so the durable sleep is part of the run.
@@ -273,10 +302,10 @@ async def run(
         orchestration_after = s.process_cpu()
         pipeline_load.append(load_average())
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
-        direct_2 = await direct_cleanup(acts, s.one_backend, direct_after, partitions, parallel, batch_size)
+        direct_2 = await direct_cleanup(acts, s.claim_backends, direct_after, partitions, parallel, batch_size)
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = [
-            sweep_result(size, await direct_cleanup(acts, s.one_backend, d, partitions, parallel, size))
+            sweep_result(size, await direct_cleanup(acts, s.claim_backends, d, partitions, parallel, size))
             for size, d in zip(sweep, sweep_deadlines, strict=True)
         ]
         history = await handle.fetch_history()

@@ -18,6 +18,7 @@ from pathlib import Path
 import asyncpg
 from temporalio.client import Client
 
+from cleanup.models import DEFAULT_CLAIM_STREAMS
 from core import db, embedded
 from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
@@ -94,8 +95,8 @@ class Stack:
     admin_url: str
     database: str
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    # A pool of one connection: what runs on it runs on one backend, whose CPU can be read apart.
-    one_backend: asyncpg.Pool | None = None
+    # A pool of one connection per claim stream: the claim's backends, whose CPU can be read apart.
+    claim_backends: asyncpg.Pool | None = None
 
     def start_worker(self, module: str = "bench.worker", **env: str) -> subprocess.Popen[bytes]:
         assert self.settings.temporal_address and self.settings.database_url
@@ -201,8 +202,8 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
         await db.migrate_url(url)
         pool = await db.create_pool(url, max_size=pool_size)
         client = await connect(settings)
-        one_backend = await db.create_pool(url, min_size=1, max_size=1)
-        s = Stack(settings, client, pool, server, admin_url, database, one_backend=one_backend)
+        claim_backends = await db.create_pool(url, min_size=DEFAULT_CLAIM_STREAMS, max_size=DEFAULT_CLAIM_STREAMS)
+        s = Stack(settings, client, pool, server, admin_url, database, claim_backends=claim_backends)
         try:
             yield s
         finally:
@@ -211,7 +212,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             for p in s.workers:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=30)
-            await one_backend.close()
+            await claim_backends.close()
             await pool.close()
             server.stop()
             await db.drop_database(admin_url, database)

@@ -60,8 +60,8 @@ async def run(
         )
         await s.pool.execute("VACUUM ANALYZE")
         acts = await CleanupActivities.create(s.pool, load_targets())
-        clean = await direct_cleanup(acts, s.one_backend, clean_deadline, partitions, parallel, batch_size)
-        bad = await direct_cleanup(acts, s.one_backend, poisoned_deadline, partitions, parallel, batch_size)
+        clean = await direct_cleanup(acts, s.claim_backends, clean_deadline, partitions, parallel, batch_size)
+        bad = await direct_cleanup(acts, s.claim_backends, poisoned_deadline, partitions, parallel, batch_size)
         failed = await s.pool.fetchval("SELECT count(*) FROM cleanup_failed")
         held = await s.pool.fetchval("SELECT count(*) FROM legal_holds")
     clean_rate = clean["cleaned"] / clean["seconds"]

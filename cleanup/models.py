@@ -19,6 +19,10 @@ MAX_PARTITIONS = 256
 # Accounts per statement of a cohort's chunked claim (its longest statement grows with this, not
 # with the cohort).
 DEFAULT_CLAIM_CHUNK_SIZE = 10_000
+# Claims of one cohort running at once (cohorts of one instant whose partitions follow the claim):
+# each stream claims the accounts of one hash class in account order for its own partitions.
+DEFAULT_CLAIM_STREAMS = 2
+MAX_CLAIM_STREAMS = 16
 _ACCOUNT_ID = re.compile(ACCOUNT_ID_PATTERN)
 
 
@@ -73,6 +77,12 @@ def cohort_cleanup_id(deadline: datetime) -> str:
 
 def account_cleanup_id(account_id: str, deadline: datetime) -> str:
     return f"cleanup-account-{account_id}-{_instant(deadline)}"
+
+
+def claim_stream_id(cleanup_id: str, stream: int) -> str:
+    """The progress row of one claim stream: stream 0 keeps the cleanup's own ID (as every claim
+    had before streams existed)."""
+    return cleanup_id if stream == 0 else f"{cleanup_id}#claim-{stream}"
 
 
 def bucket_cleanup_id(start: datetime, width_ms: int, task_queue: str) -> str:
@@ -136,6 +146,10 @@ class RenewalCleanupInput(Model):
     # 0 (and in every older history): wake at the end of the range.
     wake_early_seconds: float = Field(default=0.0, ge=0, le=10)
 
+    # Claim streams of a cohort of one instant whose partitions follow the claim (at most the
+    # partitions). 1 (and in every older history): one claim activity.
+    claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
+
     @model_validator(mode="after")
     def _interval_below_timeout(self) -> RenewalCleanupInput:
         interval = self.heartbeat_interval_seconds
@@ -177,6 +191,25 @@ class ClaimChunkedInput(Model):
     deadline_until: UtcDatetime
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
     chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
+    # Stream `stream` of `streams` claims the accounts whose ID hashes to it, for the partitions p
+    # with p % streams == stream. One stream (and in every older history): the whole range.
+    stream: int = Field(default=0, ge=0, lt=MAX_CLAIM_STREAMS)
+    streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
+
+    @model_validator(mode="after")
+    def _stream_in_range(self) -> ClaimChunkedInput:
+        if self.stream >= self.streams or self.streams > self.partitions:
+            raise ValueError("claim stream must be below streams, and streams at most the partitions")
+        return self
+
+    @property
+    def progress_id(self) -> str:
+        return claim_stream_id(self.cleanup_id, self.stream)
+
+    @property
+    def stream_partitions(self) -> int:
+        """How many partitions this stream feeds (p % streams == stream)."""
+        return len(range(self.stream, self.partitions, self.streams))
 
 
 class ClaimResult(Model):
@@ -188,6 +221,16 @@ class ClaimResult(Model):
     def claimed(self) -> int:
         return sum(self.claimed_per_partition)
 
+    def __add__(self, other: ClaimResult) -> ClaimResult:
+        """Two claim streams of one cohort: each counted its own partitions and renewals."""
+        a, b = self.claimed_per_partition, other.claimed_per_partition
+        size = max(len(a), len(b))
+        return ClaimResult(
+            claimed_per_partition=[(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(size)],
+            skipped_renewed=self.skipped_renewed + other.skipped_renewed,
+            skipped_stale=self.skipped_stale + other.skipped_stale,
+        )
+
 
 class CleanupPartitionInput(Model):
     cleanup_id: str
@@ -198,6 +241,9 @@ class CleanupPartitionInput(Model):
     # batch is not the end until the claim's progress row says it is done. False (and in every
     # older history): the claim had finished before the partition started.
     follow_claim: bool = False
+    # The claim streams of the cohort: a partition that follows the claim follows stream
+    # partition_no % claim_streams, the only one that claims for it.
+    claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
 
 class PartitionCounts(Model):

@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from cleanup.models import (
     CLEANUP_WORKFLOW,
     DEFAULT_CLAIM_CHUNK_SIZE,
+    DEFAULT_CLAIM_STREAMS,
     MAX_PARTITIONS,
     PLANNER_NUDGE_SIGNAL,
     RENEWED_SIGNAL,
@@ -140,6 +141,7 @@ async def start_cleanup(
     allow_empty: bool = False,
     max_failed: str | int | None = None,
     claim_chunk_size: int | None = None,
+    claim_streams: int = DEFAULT_CLAIM_STREAMS,
 ) -> StartedCleanup:
     """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
 
@@ -224,6 +226,8 @@ async def start_cleanup(
             max_failed=max_failed_count,
             max_failed_percent=max_failed_percent,
             claim_chunk_size=claim_chunk_size if claim_chunk_size is not None else DEFAULT_CLAIM_CHUNK_SIZE,
+            # A cohort of one instant claims in this many streams at once (at most its partitions).
+            claim_streams=min(claim_streams, partitions),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None

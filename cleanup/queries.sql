@@ -298,9 +298,10 @@ FROM cleanup_claim_progress WHERE cleanup_id = $1
 FOR UPDATE;
 
 -- name: claim_progress_done
--- Whether a cohort's chunked claim has claimed its last chunk, and how many chunks it committed (no
--- row: not started yet). A partition that follows the claim runs a batch only when a chunk
--- committed since its last short batch, and ends after a short batch that began once `done` was true.
+-- Whether a claim stream ($1: its progress row) has claimed its last chunk, and how many chunks it
+-- committed (no row: not started yet). A partition that follows the claim runs a batch only when a
+-- chunk committed since its last short batch, and ends after a short batch that began once `done`
+-- was true.
 SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
 
 -- name: claim_chunk
@@ -308,13 +309,16 @@ SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
 -- keyset cursor ($4, $5) on accounts_due_idx, whatever the cohort's size. Active accounts whose
 -- deadline has passed by the database clock move to 'cleaning' (a renewal that committed first
 -- changed the row, and the UPDATE re-checks the row it locks); renewed ones are counted.
--- Partitions continue round-robin from $8 (accounts claimed by the earlier chunks).
+-- Claim stream $10 of $9 takes only the accounts whose ID hashes to it (one stream: all of them)
+-- and feeds only its own partitions, $10 + $9 * i for i below $7, round-robin from $8 (accounts
+-- this stream claimed in its earlier chunks): so each partition's claims come in account order.
 WITH scan AS (
     SELECT account_id, renewal_deadline, status
     FROM accounts
     WHERE status IN ('active', 'renewed')
       AND renewal_deadline >= $2 AND renewal_deadline < $3
       AND (renewal_deadline, account_id) > ($4::timestamptz, $5::text)
+      AND ($9::int = 1 OR (hashtext(account_id) & 2147483647) % $9::int = $10::int)
     ORDER BY renewal_deadline, account_id
     LIMIT $6
 ),
@@ -329,7 +333,8 @@ claimed AS (
 ),
 inserted AS (
     INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-    SELECT $1, account_id, cleanup_version, (($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) % $7
+    SELECT $1, account_id, cleanup_version,
+           $10::int + $9::int * ((($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) % $7)
     FROM claimed
     ON CONFLICT DO NOTHING
     RETURNING partition_no

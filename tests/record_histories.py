@@ -71,18 +71,23 @@ async def record_renewed_phase_kept(client: Client, pool: asyncpg.Pool, task_que
     print(f"recorded single_account_renewed_phase_kept: {len(history.events)} events")
 
 
-async def record_overlapped_claim(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
+async def record_overlapped_claim(
+    client: Client, pool: asyncpg.Pool, task_queue: str, name: str = "overlapped_cohort_completed", streams: int = 1
+) -> None:
     """A cohort after the `claim-overlap` patch: every partition starts with the claim (chunks of
-    30 accounts) and follows it; some accounts renewed before the deadline."""
+    30 accounts, in `streams` claim streams) and follows it; some accounts renewed before the
+    deadline. `overlapped_cohort_completed` was recorded before claim streams existed (one claim)."""
     deadline = deadline_in(3)
     accounts = await seed(pool, deadline, 200)
-    cohort = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4, claim_chunk_size=30)
+    cohort = await start_cleanup(
+        client, pool, task_queue, deadline=deadline, partitions=4, claim_chunk_size=30, claim_streams=streams
+    )
     for account_id in accounts[:5]:
         await renew(client, pool, task_queue, account_id)
     await client.get_workflow_handle(cohort.workflow_id).result()
     history = await client.get_workflow_handle(cohort.workflow_id).fetch_history()
-    (HISTORIES / "overlapped_cohort_completed.json").write_text(history.to_json())
-    print(f"recorded overlapped_cohort_completed: {len(history.events)} events")
+    (HISTORIES / f"{name}.json").write_text(history.to_json())
+    print(f"recorded {name}: {len(history.events)} events")
 
 
 async def main(only: list[str] | None = None) -> None:
@@ -97,9 +102,9 @@ async def main(only: list[str] | None = None) -> None:
             await record_failed_tolerance(client, pool, task_queue)
         await pool.close()
         return
-    if only == ["overlapped_cohort_completed"]:
+    if only == ["two_stream_cohort_completed"]:
         async with build_worker(client, task_queue, await build_activities(pool)):
-            await record_overlapped_claim(client, pool, task_queue)
+            await record_overlapped_claim(client, pool, task_queue, "two_stream_cohort_completed", streams=2)
         await pool.close()
         return
     if only == ["single_account_renewed_phase_kept"]:

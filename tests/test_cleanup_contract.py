@@ -395,7 +395,7 @@ async def test_partitions_clean_while_the_claim_still_claims_and_every_account_o
         async def cleaned_while_claim_waits() -> bool:
             row = await pool.fetchrow(
                 "SELECT (SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'cleaned') AS n,"
-                " (SELECT done FROM cleanup_claim_progress WHERE cleanup_id = $2) AS done",
+                " (SELECT bool_and(done) FROM cleanup_claim_progress WHERE cleanup_id LIKE $2 || '%') AS done",
                 deadline,
                 started.workflow_id,
             )
@@ -417,5 +417,18 @@ async def test_partitions_clean_while_the_claim_still_claims_and_every_account_o
     claim_done = next(i for i, what, name in timeline if what == "completed" and name == "claim_cleanup_in_chunks")
     first_partition = min(i for i, what, name in timeline if what == "scheduled" and name == "cleanup_partition")
     assert first_partition < claim_done, timeline
-    chunks = await pool.fetchval("SELECT chunks FROM cleanup_claim_progress WHERE cleanup_id = $1", started.workflow_id)
-    assert chunks >= 10
+    streams = await pool.fetch(
+        "SELECT cleanup_id, chunks, done FROM cleanup_claim_progress WHERE cleanup_id LIKE $1 || '%' ORDER BY 1",
+        started.workflow_id,
+    )
+    assert [r["cleanup_id"] for r in streams] == [started.workflow_id, f"{started.workflow_id}#claim-1"]
+    assert all(r["done"] for r in streams) and sum(r["chunks"] for r in streams) >= 10
+    claims = [n for i, what, n in timeline if what == "scheduled" and n == "claim_cleanup_in_chunks"]
+    assert len(claims) == 2, "two claim streams at once"
+    # Each partition is fed by one stream, the one its accounts hash to: its claims come in account order.
+    crossed = await pool.fetchval(
+        "SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1"
+        " AND (hashtext(account_id) & 2147483647) % 2 <> partition_no % 2",
+        started.workflow_id,
+    )
+    assert crossed == 0

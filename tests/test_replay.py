@@ -31,6 +31,8 @@ def test_recorded_histories_exist():
     assert "single_account_renewed_phase_kept" in names
     # Recorded with the `claim-overlap` patch: partitions follow the cohort's claim.
     assert "overlapped_cohort_completed" in names
+    # ... and with two claim streams at once.
+    assert "two_stream_cohort_completed" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

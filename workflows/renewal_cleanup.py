@@ -7,6 +7,8 @@ activities are called by name so this module never imports asyncpg (see DEVELOPE
 from __future__ import annotations
 
 import asyncio
+import functools
+import operator
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -59,6 +61,7 @@ class RenewalCleanupWorkflow:
         self._settlement: CleanupSettlement | None = None
         self._step_timeout = timedelta(seconds=input.step_timeout_seconds)
         self._overlapped = False
+        self._streams = 1
 
     @workflow.run
     async def run(self, input: RenewalCleanupInput) -> CleanupResult:
@@ -100,6 +103,8 @@ class RenewalCleanupWorkflow:
         if input.account_id is not None or input.deadline_until is not None:
             return False
         self._overlapped = workflow.patched("claim-overlap")
+        if self._overlapped:
+            self._streams = min(input.claim_streams, input.partitions)
         return self._overlapped
 
     async def _claim_then_clean(self, input: RenewalCleanupInput) -> None:
@@ -111,22 +116,12 @@ class RenewalCleanupWorkflow:
         heartbeating activity (a 10M-account cohort never becomes one statement); older histories
         and single accounts keep the one-statement claim."""
         if input.account_id is None and workflow.patched("chunked-claim"):
-            return await workflow.execute_activity(  # type: ignore[no-any-return]
-                CLAIM_CLEANUP_IN_CHUNKS,
-                ClaimChunkedInput(
-                    cleanup_id=input.cleanup_id,
-                    deadline_from=input.deadline,
-                    # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
-                    deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
-                    partitions=input.partitions,
-                    chunk_size=input.claim_chunk_size,
-                ),
-                result_type=ClaimResult,
-                start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
-                retry_policy=_RETRY,
-                summary="claim",
-            )
+            # Several streams (partitions following the claim) claim at once, each for its own
+            # partitions; their counts add up to the cohort's.
+            if self._streams == 1:  # awaited directly: its command comes first, as in every older history
+                return await self._claim_stream(input, 0)
+            streams = await asyncio.gather(*(self._claim_stream(input, k) for k in range(self._streams)))
+            return functools.reduce(operator.add, streams)
         return await self._bookkeeping(
             CLAIM_CLEANUP,
             ClaimCleanupInput(
@@ -137,6 +132,26 @@ class RenewalCleanupWorkflow:
                 partitions=input.partitions,
             ),
             ClaimResult,
+        )
+
+    async def _claim_stream(self, input: RenewalCleanupInput, stream: int) -> ClaimResult:
+        return await workflow.execute_activity(  # type: ignore[no-any-return]
+            CLAIM_CLEANUP_IN_CHUNKS,
+            ClaimChunkedInput(
+                cleanup_id=input.cleanup_id,
+                deadline_from=input.deadline,
+                # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
+                deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
+                partitions=input.partitions,
+                chunk_size=input.claim_chunk_size,
+                stream=stream,
+                streams=self._streams,
+            ),
+            result_type=ClaimResult,
+            start_to_close_timeout=timedelta(hours=2),
+            heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
+            retry_policy=_RETRY,
+            summary="claim" if self._streams == 1 else f"claim stream {stream}",
         )
 
     async def _sleep_until_deadline(self) -> bool:
@@ -177,6 +192,7 @@ class RenewalCleanupWorkflow:
                     batch_size=self._input.batch_size,
                     heartbeat_interval_seconds=self._input.heartbeat_interval_seconds,
                     follow_claim=follow_claim,
+                    claim_streams=self._streams,
                 ),
                 result_type=PartitionReport,
                 start_to_close_timeout=timedelta(hours=2),
