@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import operator
 import os
 import resource
 import statistics
@@ -30,7 +32,7 @@ import bench
 import cleanup
 from activities.cleanup import claim_in_chunks
 from bench.common import machine
-from cleanup.models import ClaimChunkedInput
+from cleanup.models import DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
 from core import db
 from core.queries import load
 
@@ -84,7 +86,13 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
     }
 
 
-async def run(accounts: int, chunk: int = 10_000, partitions: int = 16, idle_seconds: float = 10.0) -> dict[str, Any]:
+async def run(
+    accounts: int,
+    chunk: int = 10_000,
+    streams: int = DEFAULT_CLAIM_STREAMS,
+    partitions: int = 16,
+    idle_seconds: float = 10.0,
+) -> dict[str, Any]:
     admin_url = os.environ["DATABASE_URL"]
     load_before = round(os.getloadavg()[0], 2)
     name = f"bench_claim_{uuid.uuid4().hex[:8]}"
@@ -113,29 +121,40 @@ async def run(accounts: int, chunk: int = 10_000, partitions: int = 16, idle_sec
         idle_from = await _wal(probe)
         await asyncio.sleep(idle_seconds)
         idle_wal = await _wal(probe) - idle_from
-        pool = await asyncpg.create_pool(url, min_size=2, max_size=2, init=init, command_timeout=300)
+        pool = await asyncpg.create_pool(
+            url, min_size=max(2, streams), max_size=max(2, streams), init=init, command_timeout=300
+        )
         chunks: list[float] = []
-        last = time.monotonic()
+        last: dict[int, float] = {}
 
-        def tick(_: int) -> None:
-            nonlocal last
+        def tick(stream: int, _: int) -> None:
             now = time.monotonic()
-            chunks.append(now - last)
-            last = now
+            chunks.append(now - last[stream])
+            last[stream] = now
 
         wal_from = await _wal(probe)
-        t0 = last = time.monotonic()
-        result = await claim_in_chunks(
-            pool,
-            ClaimChunkedInput(
-                cleanup_id="bench",
-                deadline_from=deadline,
-                deadline_until=deadline + timedelta(microseconds=1),
-                partitions=partitions,
-                chunk_size=chunk,
-            ),
-            tick,
+        t0 = time.monotonic()
+        last.update({k: t0 for k in range(streams)})
+        # The claim streams of one cohort run at once, as the cleanup's claim activities do.
+        results = await asyncio.gather(
+            *(
+                claim_in_chunks(
+                    pool,
+                    ClaimChunkedInput(
+                        cleanup_id="bench",
+                        deadline_from=deadline,
+                        deadline_until=deadline + timedelta(microseconds=1),
+                        partitions=partitions,
+                        chunk_size=chunk,
+                        stream=k,
+                        streams=streams,
+                    ),
+                    functools.partial(tick, k),
+                )
+                for k in range(streams)
+            )
         )
+        result = functools.reduce(operator.add, results)
         total = time.monotonic() - t0
         wal_bytes = await _wal(probe) - wal_from
         await pool.close()  # the backends flush their table statistics as they exit
@@ -150,6 +169,7 @@ async def run(accounts: int, chunk: int = 10_000, partitions: int = 16, idle_sec
         "scenario": "claim_chunks",
         "accounts": accounts,
         "chunk_size": chunk,
+        "claim_streams": streams,
         "partitions": partitions,
         "database": "the $DATABASE_URL server, a fresh database",
         "seed_seconds": round(seed_seconds, 1),
@@ -194,8 +214,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--accounts", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=10_000)
+    parser.add_argument("--streams", type=int, default=DEFAULT_CLAIM_STREAMS, help="claim streams at once")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, args.chunk)), indent=2, default=str))
+    print(json.dumps(asyncio.run(run(args.accounts, args.chunk, args.streams)), indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -362,7 +362,14 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
             # the first account in key order goes to partition 0
             await player.execute("SELECT 1 FROM inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0])
             started = await start_cleanup(
-                client, pool, task_queue, deadline=deadline, partitions=2, max_parallel_partitions=2, batch_size=50
+                client,
+                pool,
+                task_queue,
+                deadline=deadline,
+                partitions=2,
+                max_parallel_partitions=2,
+                batch_size=50,
+                claim_streams=1,  # one stream: partitions take the accounts round-robin in key order
             )
 
             async def other_partition_done() -> bool:

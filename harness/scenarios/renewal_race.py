@@ -53,9 +53,11 @@ async def run(ctx: Ctx) -> Row:
             # Its cloud save, not its account row: the claim (an UPDATE of every account) must not wait.
             await blocker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", blocked)
 
-            async def claimed(cleanup_id: str = started.workflow_id) -> bool:
+            async def claimed(cleanup_id: str = started.workflow_id, expected: int = n - k) -> bool:
+                # Every account not renewed in time is claimed (by every claim stream of the cohort).
                 return bool(
                     await pool.fetchval("SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1", cleanup_id)
+                    >= expected
                 )
 
             await wait_for(claimed, 30, 0.05)
