@@ -71,6 +71,8 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
             chunk,
             partitions,
             0,
+            1,  # one claim stream: the whole range
+            0,
         )
         await tr.rollback()
     finally:
