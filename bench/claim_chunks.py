@@ -1,7 +1,8 @@
-"""The chunked claim at scale: `python -m bench.claim_chunks --accounts 10000000 [--chunk 10000]`.
+"""The chunked claim at scale: `python -m bench.claim_chunks --accounts 10000000 [--chunk 10000] [--streams 2]`.
 
 Seeds one cohort (accounts only, no game data, one deadline) in a fresh database on $DATABASE_URL's
-server, claims it with the same function the `claim_cleanup_in_chunks` activity runs, and prints one
+server, claims it with the same function the `claim_cleanup_in_chunks` activity runs, in as many
+claim streams at once as a cohort's cleanup uses (`DEFAULT_CLAIM_STREAMS`), and prints one
 JSON document: every statement's duration as the client saw it (the longest one is what bounds the
 claim, whatever the cohort), every chunk's transaction, the total, the WAL the server wrote during
 the claim (`pg_current_wal_lsn` before and after; server-wide, so another database's writes count
