@@ -231,6 +231,29 @@ def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both runs of each size taken together (accounts over seconds; CPU per account), and whether
+    each size is no slower per account than the one before it (the goal)."""
+    out: list[dict[str, Any]] = []
+    for size in sizes:
+        runs = [r for r in swept if r["batch_size"] == size]
+        cleaned = sum(r["cleaned"] for r in runs)
+        cpu = [r["batches_cpu_us_per_account"] for r in runs]
+        out.append(
+            {
+                "batch_size": size,
+                "runs": len(runs),
+                "accounts_per_s": round(cleaned / sum(r["seconds"] for r in runs), 1),
+                "batches_cpu_us_per_account": round(sum(cpu) / len(cpu), 1) if None not in cpu else None,
+            }
+        )
+    rates = [r["accounts_per_s"] for r in out]
+    return {
+        "sizes": out,
+        "each_no_slower_than_the_one_before": all(b >= a for a, b in itertools.pairwise(rates)),
+    }
+
+
 async def run(
     accounts: int,
     partitions: int = 16,
@@ -238,8 +261,9 @@ async def run(
     batch_size: int = 1000,
     sweep: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """`sweep`: batch sizes of extra direct runs, one more cohort each, after the others (the
-    per-account cost of each size measured in the same run)."""
+    """`sweep`: batch sizes of extra direct runs after the others, each size twice, in the given
+    order then in reverse (ABC CBA), one more cohort each: a drift over the run (dead tuples,
+    autovacuum, a growing database) then weighs on every size alike instead of on the last one."""
     load_before = load_average()
     async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
@@ -253,7 +277,8 @@ async def run(
         await seed_cohort(s.pool, "q", direct_after, accounts)
         await seed_cohort(s.pool, "f", floor_deadline, accounts)
         await seed_cohort(s.pool, "g", floor_after, accounts)
-        sweep_deadlines = [base + timedelta(hours=5 + i) for i in range(len(sweep))]
+        sweep_order = [*sweep, *reversed(sweep)]
+        sweep_deadlines = [base + timedelta(hours=5 + i) for i in range(len(sweep_order))]
         for i, d in enumerate(sweep_deadlines):
             await seed_cohort(s.pool, f"s{i}", d, accounts)
         seed_seconds = time.perf_counter() - t
@@ -306,7 +331,7 @@ async def run(
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = [
             sweep_result(size, await direct_cleanup(acts, s.claim_backends, d, partitions, parallel, size))
-            for size, d in zip(sweep, sweep_deadlines, strict=True)
+            for size, d in zip(sweep_order, sweep_deadlines, strict=True)
         ]
         history = await handle.fetch_history()
         memory = s.memory()
@@ -372,6 +397,7 @@ async def run(
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
         "direct_batch_size_sweep": swept,
+        "direct_batch_size_sweep_by_size": sweep_by_size(sweep, swept),
         "history_events": len(history.events),
         "history_bytes": len(history.to_json()),
         **memory,
@@ -390,7 +416,7 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="batch sizes of extra direct runs (one more cohort each), e.g. --sweep 500 1000 5000",
+        help="batch sizes of extra direct runs, each twice (forward, then reverse), e.g. --sweep 500 1000 5000",
     )
     args = parser.parse_args()
     result = asyncio.run(run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep)))

@@ -83,7 +83,46 @@ async def keep_evidence(s: Stack) -> str:
         (target / "planner-status.json").write_text(json.dumps(status, default=str, indent=2))
     except Exception as err:  # the evidence of a broken run: whatever can be read is worth keeping
         (target / "planner-status.json").write_text(json.dumps({"error": repr(err)}))
+    database = {
+        "account_states": [dict(r) for r in await s.pool.fetch(SQL.account_states)],
+        "backends": [dict(r) for r in await s.pool.fetch(SQL.backends)],
+        "budget": await budget_status(s.pool),
+    }
+    (target / "database.json").write_text(json.dumps(database, default=str, indent=2))
+    (target / "running-cleanups.json").write_text(json.dumps(await running_cleanups(s.client), default=str, indent=2))
     return str(target)
+
+
+async def running_cleanups(client: Client, limit: int = 200) -> list[dict[str, Any]]:
+    """Every running cleanup's pending activities: type, attempt, state, last heartbeat, last failure."""
+    out: list[dict[str, Any]] = []
+    async for w in client.list_workflows("ExecutionStatus = 'Running'", limit=limit):
+        try:
+            raw = (await client.get_workflow_handle(w.id).describe()).raw_description
+        except Exception as err:
+            out.append({"workflow_id": w.id, "error": repr(err)})
+            continue
+        out.append(
+            {
+                "workflow_id": w.id,
+                "type": w.workflow_type,
+                "pending_activities": [
+                    {
+                        "type": a.activity_type.name,
+                        "activity_id": a.activity_id,
+                        "state": a.state,
+                        "attempt": a.attempt,
+                        "last_heartbeat": (
+                            a.last_heartbeat_time.ToDatetime() if a.HasField("last_heartbeat_time") else None
+                        ),
+                        "last_worker": a.last_worker_identity,
+                        "last_failure": a.last_failure.message if a.HasField("last_failure") else None,
+                    }
+                    for a in raw.pending_activities
+                ],
+            }
+        )
+    return out
 
 
 def _r(x: float | None, n: int = 3) -> float | None:

@@ -107,3 +107,13 @@ SELECT cleanup_clock();
 
 -- name: cleanup_ids
 SELECT DISTINCT cleanup_id FROM cleanup_applied ORDER BY cleanup_id;
+
+-- name: account_states
+-- Accounts by state (a stalled run: how many wait where).
+SELECT state, count(*) AS accounts FROM accounts GROUP BY state ORDER BY state;
+
+-- name: backends
+-- What every other backend is doing (a stalled run: locks, long statements).
+SELECT pid, state, wait_event_type, wait_event, now() - xact_start AS in_transaction,
+       now() - query_start AS in_statement, left(query, 200) AS query
+FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database();

@@ -17,7 +17,15 @@ from bench import (
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
     result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100))
     assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
-    assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [(25, 300), (100, 300)]
+    assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [
+        (25, 300),
+        (100, 300),
+        (100, 300),
+        (25, 300),
+    ]
+    by_size = result["direct_batch_size_sweep_by_size"]
+    assert [(r["batch_size"], r["runs"]) for r in by_size["sizes"]] == [(25, 2), (100, 2)]
+    assert isinstance(by_size["each_no_slower_than_the_one_before"], bool)
     assert result["floor_cleaned"] == [300, 300]
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
