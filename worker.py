@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import os
+import random
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -23,12 +24,12 @@ from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
-from cleanup.planner import ensure_planner
+from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage, shutdown
 from core.config import Settings
 from core.errors import InputError
-from core.heartbeat import MAX_HEARTBEAT_THROTTLE
+from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
 from core.process import exit_now
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
@@ -69,6 +70,24 @@ async def ensure_planner_running(client: Client, task_queue: str) -> None:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return
     log.info("deadline planner %s %s", workflow_id, "started" if started else "already running")
+
+
+def watchdog_seconds() -> float:
+    """PLANNER_WATCHDOG_SECONDS: how often this worker looks that the planner runs (default 30 s)."""
+    return seconds_from_env("PLANNER_WATCHDOG_SECONDS") or 30.0
+
+
+async def keep_planner_running(client: Client, task_queue: str, every: float) -> None:
+    """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
+    again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
+    run (a step that failed for good, a termination, a task failing over and over) stops it for long."""
+    stuck = 0
+    while True:
+        await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
+        try:
+            _, stuck = await watch_planner(client, task_queue, stuck)
+        except RPCError as err:  # the server is away: look again next time
+            log.warning("could not look at the deadline planner: %s", err.message)
 
 
 def ledger_activities(pool: asyncpg.Pool) -> list[object]:
@@ -191,11 +210,17 @@ async def run_worker(
             "on" if settings.payload_encryption_key else "off",
         )
         async with worker:
+            watchdog: asyncio.Task[None] | None = None
             if planner and planner_enabled():
                 await ensure_planner_running(client, settings.task_queue)
+                watchdog = asyncio.create_task(keep_planner_running(client, settings.task_queue, watchdog_seconds()))
             if on_ready is not None:
                 on_ready()
-            await (stop or asyncio.Event()).wait()
+            try:
+                await (stop or asyncio.Event()).wait()
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
             log.info(
                 "worker shutting down: running activities get %ss to finish or hand their work back",
                 settings.worker_graceful_shutdown_seconds,

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 import cleanup
 from cleanup.models import (
@@ -272,6 +274,47 @@ async def ensure_planner(client: Client, task_queue: str, settings: PlannerSetti
     return workflow_id, started
 
 
+# A planner whose workflow task failed this many times in a row (a bug, a non-deterministic change
+# deployed under a running history) is stuck: it no longer plans nor sweeps, though RUNNING.
+STUCK_TASK_ATTEMPTS = 3
+
+
+async def watch_planner(client: Client, task_queue: str, stuck_checks: int = 0) -> tuple[str, int]:
+    """One look of a worker's watchdog at the planner: (what it did, stuck checks so far).
+
+    A closed planner (failed, terminated, timed out, or gone) is started again; one whose workflow
+    task has failed `STUCK_TASK_ATTEMPTS` times in a row at two looks in a row is terminated and
+    started again. Both are safe: the planner keeps no state the database does not (bucket IDs,
+    sweeps and recoveries are recorded there); what a restart loses is its counters and a pause."""
+    workflow_id = planner_workflow_id(task_queue)
+    desc = await describe_or_none(client, workflow_id)
+    if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
+        was = desc.status.name if desc is not None and desc.status else "not found"
+        _, started = await ensure_planner(client, task_queue)
+        if started:
+            log.warning("deadline planner %s was %s: started again", workflow_id, was)
+            metrics.record_planner_restart("closed")
+            return "restarted", 0
+        return "running", 0
+    task = desc.raw_description.pending_workflow_task
+    failing = desc.raw_description.HasField("pending_workflow_task") and task.attempt >= STUCK_TASK_ATTEMPTS
+    if not failing:
+        return "running", 0
+    if stuck_checks + 1 < 2:
+        log.warning("deadline planner %s: its workflow task failed %d times in a row", workflow_id, task.attempt - 1)
+        return "stuck", stuck_checks + 1
+    log.error(
+        "deadline planner %s is stuck (its workflow task failed %d times in a row): terminating and starting it again",
+        workflow_id,
+        task.attempt - 1,
+    )
+    with contextlib.suppress(RPCError):  # closed meanwhile: start it all the same
+        await client.get_workflow_handle(workflow_id).terminate(reason="stuck: its workflow task kept failing")
+    await ensure_planner(client, task_queue)
+    metrics.record_planner_restart("stuck")
+    return "restarted", 0
+
+
 async def signal_planner(client: Client, task_queue: str, action: Literal["pause", "resume"], reason: str = "") -> None:
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
     if action == "pause":
@@ -313,6 +356,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
         out["last_iteration_at"] = live.last_iteration_at
         out["last_plan"] = live.last_plan.model_dump(mode="json") if live.last_plan else None
         out["last_sweep"] = live.last_sweep.model_dump(mode="json") if live.last_sweep else None
+        out["last_step_error"] = live.last_step_error
     return out
 
 

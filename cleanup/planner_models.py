@@ -57,6 +57,8 @@ class PlannerTotals(Model):
     sweeps_started: int = 0
     overdue_swept: int = 0
     stranded_recovered: int = 0
+    # Plan or sweep steps that failed for good (a non-retryable error): reported, the loop went on.
+    step_failures: int = 0
 
 
 class PlannerInput(Model):
@@ -109,3 +111,4 @@ class PlannerStatus(Model):
     last_plan: PlanTickResult | None = None
     last_sweep: SweepResult | None = None
     last_iteration_at: UtcDatetime | None = None
+    last_step_error: str | None = None

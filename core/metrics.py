@@ -23,6 +23,7 @@ Counters (names as scraped; docs/observability.md):
   planner_overdue_accounts            gauge: active accounts past deadline + grace at the last sweep
   planner_overdue_swept               overdue accounts handed to a sweep cleanup
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
+  planner_restarts{reason}            the planner started again by a worker's watchdog (closed / stuck)
   load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py, after back-off)
   load_budget_rows_per_second_limit   gauge: rows per second allowed now (after back-off)
   load_budget_scale                   gauge: the adaptive factor (1 = healthy, smaller = backing off)
@@ -57,6 +58,7 @@ DESCRIPTIONS: dict[str, str] = {
     "planner_overdue_accounts": "active accounts past their deadline (and the sweep grace) at the last sweep",
     "planner_overdue_swept": "overdue accounts handed to a sweep cleanup by the planner",
     "planner_stranded_recovered": "claims of closed cleanups released by the planner for re-claiming",
+    "planner_restarts": "times a worker's watchdog started the deadline planner again (it was closed or stuck)",
     "load_budget_in_flight_limit": "batches the load budget allows in flight now (after adaptive back-off)",
     "load_budget_rows_per_second_limit": "rows per second the load budget allows now (after adaptive back-off)",
     "load_budget_scale": "the load budget's adaptive factor (1 = healthy, smaller = backing off)",
@@ -175,6 +177,10 @@ def record_overdue_swept(n: int) -> None:
 
 def record_stranded(n: int) -> None:
     count("planner_stranded_recovered", n)
+
+
+def record_planner_restart(reason: str) -> None:
+    count("planner_restarts", 1, {"reason": reason})
 
 
 # --- load budget (core/budget.py) -------------------------------------------------------------------

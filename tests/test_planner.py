@@ -21,20 +21,29 @@ from typing import Any
 
 import asyncpg
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 import cleanup
 from activities.cleanup import claim_in_chunks
 from cleanup.cli import _planner_human_status as _human_status
-from cleanup.models import ClaimChunkedInput, CleanupPartitionInput, PartitionReport, planner_workflow_id
+from cleanup.models import (
+    ClaimChunkedInput,
+    CleanupPartitionInput,
+    PartitionReport,
+    planner_workflow_id,
+)
 from cleanup.operations import renew, start_cleanup
-from cleanup.planner import ensure_planner, plan_buckets, planner_status
-from cleanup.planner_models import PlannerSettings, PlanTickInput
+from cleanup.planner import STUCK_TASK_ATTEMPTS, ensure_planner, plan_buckets, planner_status, watch_planner
+from cleanup.planner_models import PlannerSettings, PlanTickInput, PlanTickResult
 from core.config import PROJECT_ROOT
 from core.queries import load
+from core.temporal import describe_or_none
+from tests.broken_planner import BrokenPlanner
 from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
+from workflows.deadline_planner import DeadlinePlannerWorkflow
 
 SQL = load(cleanup.__file__)
 FAST = PlannerSettings(
@@ -349,8 +358,6 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
     assert status["lateness_seconds"]["cleanups"] == 30 and status["overdue"] == 0
     assert {"next_deadlines", "due_next_hour", "stranded_claims_recovered"} <= set(status)
     cli("pause", "--reason", "maintenance")
-    from workflows.deadline_planner import DeadlinePlannerWorkflow
-
     handle = client.get_workflow_handle_for(DeadlinePlannerWorkflow.run, planner_workflow_id(task_queue))
 
     async def phase(expected: str) -> bool:
@@ -469,3 +476,103 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     assert len({i for i, _, _ in starts}) == 2 and set(ensured) == {i for i, _, _ in starts}
     await plan_buckets(pool, RecordingClient(), tick, {})  # type: ignore[arg-type]
     assert len(starts) == 4
+
+
+async def test_a_planner_step_that_fails_for_good_is_reported_and_the_loop_goes_on(client, pool, task_queue):
+    """A non-retryable error in one plan step (a bad row, a bug) used to fail the planner's run,
+    which then planned and swept nothing until a worker restarted. Now the step is reported (status,
+    a log line) and the next tick plans again: every account is still cleaned, once."""
+    real = await build_activities(pool)
+    real_plan: Any = next(a for a in real if getattr(a, "__name__", "") == "plan_deadline_buckets")
+    calls = 0
+
+    @activity.defn(name="plan_deadline_buckets")
+    async def plan_failing_once(input: PlanTickInput) -> PlanTickResult:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ApplicationError("a row the planner cannot read", type="BadRow", non_retryable=True)
+        return PlanTickResult.model_validate(await real_plan(input))
+
+    accounts = await seed(pool, deadline_in(4), 20)
+    async with build_worker(client, task_queue, [a for a in real if a is not real_plan] + [plan_failing_once]):
+        await ensure_planner(client, task_queue, FAST)
+        await wait_until(lambda: all_settled(pool, accounts), within=90, interval=0.5)
+        handle = client.get_workflow_handle_for(DeadlinePlannerWorkflow.run, planner_workflow_id(task_queue))
+        status = await handle.query(DeadlinePlannerWorkflow.status)
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert status.totals.step_failures == 1 and calls >= 2
+        assert status.last_step_error is not None and "a row the planner cannot read" in status.last_step_error
+        assert status.totals.iterations >= 2
+        await handle.terminate(reason="test over")
+    assert (
+        await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", accounts) == 20
+    )
+
+
+async def test_a_workers_watchdog_starts_a_closed_planner_again(client, pool, task_queue, worker_processes):
+    """Terminated (by hand, or failed, or timed out), the planner is started again by the next look
+    of any worker's watchdog, and accounts due after that are cleaned by it."""
+    worker_processes.start(
+        CLEANUP_PLANNER="on",
+        PLANNER_WATCHDOG_SECONDS="1",
+        PLANNER_TICK_SECONDS="1",
+        PLANNER_SWEEP_GRACE_SECONDS="3",
+        PLANNER_PARTITIONS="2",
+    )
+    handle = client.get_workflow_handle(planner_workflow_id(task_queue))
+
+    async def running() -> bool:
+        desc = await describe_or_none(client, planner_workflow_id(task_queue))
+        return desc is not None and desc.status == WorkflowExecutionStatus.RUNNING
+
+    await wait_until(running, within=60)
+    first_run = (await handle.describe()).run_id
+    await handle.terminate(reason="test: an operator's mistake")
+
+    async def another_run() -> bool:
+        desc = await describe_or_none(client, planner_workflow_id(task_queue))
+        return desc is not None and desc.status == WorkflowExecutionStatus.RUNNING and desc.run_id != first_run
+
+    await wait_until(another_run, within=60)
+    assert "was TERMINATED: started again" in worker_processes.logs()
+    accounts = await seed(pool, deadline_in(4), 10)
+    await wait_until(lambda: all_settled(pool, accounts), within=90, interval=0.5)
+    assert (
+        await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", accounts) == 10
+    )
+
+
+async def test_a_planner_stuck_on_a_failing_workflow_task_is_started_again(client, pool, task_queue):
+    """RUNNING but stuck: its task fails over and over, so it plans nothing. The watchdog's second
+    look at it terminates it and starts a new run, which a healthy worker then runs."""
+    async with Worker(client, task_queue=task_queue, workflows=[BrokenPlanner]):
+        await ensure_planner(client, task_queue, FAST)
+
+        async def failing() -> bool:
+            desc = await describe_or_none(client, planner_workflow_id(task_queue))
+            assert desc is not None
+            task = desc.raw_description.pending_workflow_task
+            return desc.raw_description.HasField("pending_workflow_task") and task.attempt >= STUCK_TASK_ATTEMPTS
+
+        await wait_until(failing, within=120, interval=0.5)
+        first_run = (await client.get_workflow_handle(planner_workflow_id(task_queue)).describe()).run_id
+        assert await watch_planner(client, task_queue, 0) == ("stuck", 1)
+        assert await watch_planner(client, task_queue, 1) == ("restarted", 0)
+    handle = client.get_workflow_handle_for(DeadlinePlannerWorkflow.run, planner_workflow_id(task_queue))
+    assert (await handle.describe()).run_id != first_run
+    async with build_worker(client, task_queue, await build_activities(pool)):
+        await wait_until(
+            lambda: _iterated(handle),
+            within=60,
+        )
+        assert await watch_planner(client, task_queue, 0) == ("running", 0)
+        await handle.terminate(reason="test over")
+
+
+async def applied(pool: asyncpg.Pool, accounts: list[str]) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", accounts))
+
+
+async def _iterated(handle: Any) -> bool:
+    return bool((await handle.query(DeadlinePlannerWorkflow.status)).totals.iterations >= 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from cleanup.models import (
@@ -58,6 +59,7 @@ class DeadlinePlannerWorkflow:
         self._last_iteration_at: datetime | None = None
         self._watermark = input.lateness_watermark
         self._last_sweep_id: str | None = None
+        self._last_step_error: str | None = None
 
     @workflow.run
     async def run(self, input: PlannerInput) -> PlannerTotals:
@@ -72,44 +74,57 @@ class DeadlinePlannerWorkflow:
                 self._set_phase("paused")
                 await workflow.wait_condition(lambda: not self._paused)
             self._set_phase("planning")
-            plan = await workflow.execute_activity(
-                PLAN_DEADLINE_BUCKETS,
-                PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
-                result_type=PlanTickResult,
-                start_to_close_timeout=timedelta(minutes=2),
-                heartbeat_timeout=heartbeat,
-                retry_policy=_RETRY,
-                summary="plan buckets",
-            )
-            self._last_plan = plan
-            self._watermark = plan.lateness_watermark
+            # A step that fails for good (a non-retryable error) is reported and the loop goes on at
+            # the next tick: the planner is the one thing that must never stop.
+            plan: PlanTickResult | None = None
+            sweep: SweepResult | None = None
+            try:
+                plan = await workflow.execute_activity(
+                    PLAN_DEADLINE_BUCKETS,
+                    PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
+                    result_type=PlanTickResult,
+                    start_to_close_timeout=timedelta(minutes=2),
+                    heartbeat_timeout=heartbeat,
+                    retry_policy=_RETRY,
+                    summary="plan buckets",
+                )
+            except ActivityError as err:
+                self._step_failed("plan buckets", err)
+            if plan is not None:
+                self._last_plan = plan
+                self._watermark = plan.lateness_watermark
             self._set_phase("sweeping")
-            sweep = await workflow.execute_activity(
-                SWEEP_OVERDUE_ACCOUNTS,
-                SweepInput(
-                    settings=s,
-                    task_queue=task_queue,
-                    previous_sweep_id=self._last_sweep_id,
-                    as_of=workflow.now(),
-                ),
-                result_type=SweepResult,
-                start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=heartbeat,
-                retry_policy=_RETRY,
-                summary="sweep",
-            )
-            self._last_sweep = sweep
-            if sweep.sweep_cleanup_id:
-                self._last_sweep_id = sweep.sweep_cleanup_id
+            try:
+                sweep = await workflow.execute_activity(
+                    SWEEP_OVERDUE_ACCOUNTS,
+                    SweepInput(
+                        settings=s,
+                        task_queue=task_queue,
+                        previous_sweep_id=self._last_sweep_id,
+                        as_of=workflow.now(),
+                    ),
+                    result_type=SweepResult,
+                    start_to_close_timeout=timedelta(minutes=30),
+                    heartbeat_timeout=heartbeat,
+                    retry_policy=_RETRY,
+                    summary="sweep",
+                )
+            except ActivityError as err:
+                self._step_failed("sweep", err)
+            if sweep is not None:
+                self._last_sweep = sweep
+                if sweep.sweep_cleanup_id:
+                    self._last_sweep_id = sweep.sweep_cleanup_id
             self._last_iteration_at = workflow.now()
             t = self._totals
             self._totals = t.model_copy(
                 update={
                     "iterations": t.iterations + 1,
-                    "buckets_ensured": t.buckets_ensured + plan.buckets,
-                    "sweeps_started": t.sweeps_started + (1 if sweep.sweep_cleanup_id else 0),
-                    "overdue_swept": t.overdue_swept + (sweep.overdue if sweep.sweep_cleanup_id else 0),
-                    "stranded_recovered": t.stranded_recovered + sweep.stranded_recovered,
+                    "buckets_ensured": t.buckets_ensured + (plan.buckets if plan else 0),
+                    "sweeps_started": t.sweeps_started + (1 if sweep and sweep.sweep_cleanup_id else 0),
+                    "overdue_swept": t.overdue_swept + (sweep.overdue if sweep and sweep.sweep_cleanup_id else 0),
+                    "stranded_recovered": t.stranded_recovered + (sweep.stranded_recovered if sweep else 0),
+                    "step_failures": t.step_failures + (plan is None) + (sweep is None),
                 }
             )
             iterations += 1
@@ -134,6 +149,11 @@ class DeadlinePlannerWorkflow:
                 )
             except TimeoutError:
                 pass
+
+    def _step_failed(self, step: str, err: ActivityError) -> None:
+        cause = err.cause if err.cause is not None else err
+        self._last_step_error = f"{step}: {type(cause).__name__}: {cause}"
+        workflow.logger.error("planner step failed for good, the loop goes on: %s", self._last_step_error)
 
     def _set_phase(self, phase: PlannerPhase) -> None:
         self._phase = phase
@@ -172,4 +192,5 @@ class DeadlinePlannerWorkflow:
             last_plan=self._last_plan,
             last_sweep=self._last_sweep,
             last_iteration_at=self._last_iteration_at,
+            last_step_error=self._last_step_error,
         )
