@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -179,12 +180,22 @@ async def plan_buckets(
     )
 
 
+# One sweep step releases stranded claims for at most this long (a closed cohort of millions takes
+# several steps), so the step, and the planner's loop behind it, stays short and bounded.
+RELEASE_SECONDS_PER_STEP = 60.0
+
+
 async def recover_stranded(
-    pool: asyncpg.Pool, client: Client, heartbeat: Callable[[], None] = lambda: None
+    pool: asyncpg.Pool,
+    client: Client,
+    heartbeat: Callable[[], None] = lambda: None,
+    time_limit: float = RELEASE_SECONDS_PER_STEP,
 ) -> tuple[list[str], int]:
-    """Release the claims of closed cleanups (terminated, cancelled, failed, timed out, or gone)."""
+    """Release the claims of closed cleanups (terminated, cancelled, failed, timed out, or gone),
+    starting no new chunk after `time_limit` seconds (the rest is released by the next step)."""
     closed: list[str] = []
     released = 0
+    until = time.monotonic() + time_limit
     for row in await pool.fetch(SQL.claiming_workflows, 1000):
         workflow_id: str = row["claimed_by"]
         desc = await describe_or_none(client, workflow_id)
@@ -196,7 +207,7 @@ async def recover_stranded(
             chunk = int(done.split()[-1])
             n += chunk
             heartbeat()
-            if chunk == 0:
+            if chunk == 0 or time.monotonic() > until:
                 break
         if n:
             closed.append(workflow_id)
@@ -208,6 +219,8 @@ async def recover_stranded(
                 workflow_id,
                 desc.status.name if desc is not None and desc.status else "not found",
             )
+        if time.monotonic() > until:  # at least one chunk per step: every step makes progress
+            break
     return closed, released
 
 

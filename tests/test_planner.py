@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 import cleanup
 from activities.cleanup import claim_in_chunks
+from cleanup import planner as planner_module
 from cleanup.cli import _planner_human_status as _human_status
 from cleanup.models import (
     ClaimChunkedInput,
@@ -35,7 +36,14 @@ from cleanup.models import (
     planner_workflow_id,
 )
 from cleanup.operations import renew, start_cleanup
-from cleanup.planner import STUCK_TASK_ATTEMPTS, ensure_planner, plan_buckets, planner_status, watch_planner
+from cleanup.planner import (
+    STUCK_TASK_ATTEMPTS,
+    ensure_planner,
+    plan_buckets,
+    planner_status,
+    recover_stranded,
+    watch_planner,
+)
 from cleanup.planner_models import PlannerSettings, PlanTickInput, PlanTickResult
 from core.config import PROJECT_ROOT
 from core.queries import load
@@ -576,3 +584,20 @@ async def applied(pool: asyncpg.Pool, accounts: list[str]) -> int:
 
 async def _iterated(handle: Any) -> bool:
     return bool((await handle.query(DeadlinePlannerWorkflow.status)).totals.iterations >= 1)
+
+
+async def test_a_sweep_step_releases_a_big_stranded_claim_in_bounded_steps(client, pool, task_queue, monkeypatch):
+    """A closed cohort of millions is released over several sweep steps, each bounded in time (at
+    least one chunk each), so the planner's loop never waits long behind one step."""
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 30)
+    workflow_id = await strand_a_claim(client, pool, accounts, deadline)
+    monkeypatch.setattr(planner_module, "RELEASE_CHUNK", 10)
+    steps = [await recover_stranded(pool, client, time_limit=0.0) for _ in range(4)]
+    assert steps == [([workflow_id], 10), ([workflow_id], 10), ([workflow_id], 10), ([], 0)]
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'active'", accounts
+        )
+        == 30
+    )

@@ -104,7 +104,9 @@ class DeadlinePlannerWorkflow:
                         as_of=workflow.now(),
                     ),
                     result_type=SweepResult,
-                    start_to_close_timeout=timedelta(minutes=30),
+                    # Bounded work per step (cleanup.planner.RELEASE_SECONDS_PER_STEP): an attempt
+                    # that hangs while heartbeating holds the loop this long, not half an hour.
+                    start_to_close_timeout=timedelta(minutes=5),
                     heartbeat_timeout=heartbeat,
                     retry_policy=_RETRY,
                     summary="sweep",
