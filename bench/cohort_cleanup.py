@@ -54,6 +54,7 @@ from cleanup.models import (
     PartitionCheckpoint,
     PartitionReport,
     SettleCleanupInput,
+    following_partitions,
 )
 from cleanup.operations import seed_accounts, start_cleanup
 from cleanup.targets import load_targets
@@ -109,6 +110,7 @@ async def direct_cleanup(
     partition following its stream, the join, the settlement."""
     cleanup_id = f"direct-{deadline:%H%M%S}"
     assert claim_pool is not None
+    partitions = following_partitions(partitions, parallel)  # as the pipeline: all of them at once
     streams = min(DEFAULT_CLAIM_STREAMS, partitions)
     claim_pids = await backend_pids(claim_pool, streams)
     claim_cpu_before = [cpu_seconds(pid) for pid in claim_pids]

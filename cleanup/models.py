@@ -22,6 +22,16 @@ DEFAULT_CLAIM_CHUNK_SIZE = 10_000
 # Claims of one cohort running at once (cohorts of one instant whose partitions follow the claim):
 # each stream claims the accounts of one hash class in account order for its own partitions.
 DEFAULT_CLAIM_STREAMS = 2
+
+
+def following_partitions(partitions: int, max_parallel: int) -> int:
+    """How many partitions a cohort that cleans while it claims runs: no more than may run at once.
+    A partition that follows the claim ends only when the claim does, so partitions beyond the
+    parallelism would start then, in a second wave, with every account claimed for them still to
+    clean (half the cohort at 16 partitions 8 at a time: the run's tail)."""
+    return min(partitions, max_parallel)
+
+
 MAX_CLAIM_STREAMS = 16
 _ACCOUNT_ID = re.compile(ACCOUNT_ID_PATTERN)
 

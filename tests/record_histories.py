@@ -72,15 +72,29 @@ async def record_renewed_phase_kept(client: Client, pool: asyncpg.Pool, task_que
 
 
 async def record_overlapped_claim(
-    client: Client, pool: asyncpg.Pool, task_queue: str, name: str = "overlapped_cohort_completed", streams: int = 1
+    client: Client,
+    pool: asyncpg.Pool,
+    task_queue: str,
+    name: str = "overlapped_cohort_completed",
+    streams: int = 1,
+    parallel: int = 8,
 ) -> None:
     """A cohort after the `claim-overlap` patch: every partition starts with the claim (chunks of
     30 accounts, in `streams` claim streams) and follows it; some accounts renewed before the
-    deadline. `overlapped_cohort_completed` was recorded before claim streams existed (one claim)."""
+    deadline. `overlapped_cohort_completed` was recorded before claim streams existed (one claim);
+    `capped_cohort_completed` after the `following-partitions-at-once` patch (4 partitions, 2 at a
+    time: 2 run)."""
     deadline = deadline_in(3)
     accounts = await seed(pool, deadline, 200)
     cohort = await start_cleanup(
-        client, pool, task_queue, deadline=deadline, partitions=4, claim_chunk_size=30, claim_streams=streams
+        client,
+        pool,
+        task_queue,
+        deadline=deadline,
+        partitions=4,
+        claim_chunk_size=30,
+        claim_streams=streams,
+        max_parallel_partitions=parallel,
     )
     for account_id in accounts[:5]:
         await renew(client, pool, task_queue, account_id)
@@ -105,6 +119,11 @@ async def main(only: list[str] | None = None) -> None:
     if only == ["two_stream_cohort_completed"]:
         async with build_worker(client, task_queue, await build_activities(pool)):
             await record_overlapped_claim(client, pool, task_queue, "two_stream_cohort_completed", streams=2)
+        await pool.close()
+        return
+    if only == ["capped_cohort_completed"]:
+        async with build_worker(client, task_queue, await build_activities(pool)):
+            await record_overlapped_claim(client, pool, task_queue, "capped_cohort_completed", streams=2, parallel=2)
         await pool.close()
         return
     if only == ["single_account_renewed_phase_kept"]:

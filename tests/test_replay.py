@@ -33,6 +33,8 @@ def test_recorded_histories_exist():
     assert "overlapped_cohort_completed" in names
     # ... and with two claim streams at once.
     assert "two_stream_cohort_completed" in names
+    # ... and with the `following-partitions-at-once` patch (no more following partitions than run at once).
+    assert "capped_cohort_completed" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         RenewalCleanupInput,
         RenewalSignal,
         SettleCleanupInput,
+        following_partitions,
     )
     from core import search_attributes as sa
     from core.errors import STEP_RETRY, FailedToleranceExceeded
@@ -62,6 +63,7 @@ class RenewalCleanupWorkflow:
         self._step_timeout = timedelta(seconds=input.step_timeout_seconds)
         self._overlapped = False
         self._streams = 1
+        self._partitions = input.partitions
 
     @workflow.run
     async def run(self, input: RenewalCleanupInput) -> CleanupResult:
@@ -76,7 +78,7 @@ class RenewalCleanupWorkflow:
             # for the claim and for every partition.
             await asyncio.gather(
                 self._claim_then_clean(input),
-                *(self._clean_partition(p, limit, follow_claim=True) for p in range(input.partitions)),
+                *(self._clean_partition(p, limit, follow_claim=True) for p in range(self._partitions)),
             )
             assert self._claim is not None
             claim = self._claim
@@ -104,7 +106,11 @@ class RenewalCleanupWorkflow:
             return False
         self._overlapped = workflow.patched("claim-overlap")
         if self._overlapped:
-            self._streams = min(input.claim_streams, input.partitions)
+            # After the `following-partitions-at-once` patch, all of them run at once (none waits
+            # for the claim to end); older histories ran `partitions`, `max_parallel` at a time.
+            if workflow.patched("following-partitions-at-once"):
+                self._partitions = following_partitions(input.partitions, input.max_parallel_partitions)
+            self._streams = min(input.claim_streams, self._partitions)
         return self._overlapped
 
     async def _claim_then_clean(self, input: RenewalCleanupInput) -> None:
@@ -142,7 +148,7 @@ class RenewalCleanupWorkflow:
                 deadline_from=input.deadline,
                 # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
                 deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
-                partitions=input.partitions,
+                partitions=self._partitions,
                 chunk_size=input.claim_chunk_size,
                 stream=stream,
                 streams=self._streams,
@@ -222,7 +228,7 @@ class RenewalCleanupWorkflow:
                 cleanup_id=self._input.cleanup_id,
                 deadline=self._input.deadline,
                 account_id=self._input.account_id,
-                partitions=self._input.partitions,
+                partitions=self._partitions,
                 claim=claim,
                 reports=[self._reports[p] for p in sorted(self._reports)],
             ),
@@ -286,9 +292,7 @@ class RenewalCleanupWorkflow:
             deadline=self._input.deadline,
             account_id=self._input.account_id,
             partitions_total=(
-                sum(1 for n in claim.claimed_per_partition if n)
-                if claim and not self._overlapped
-                else self._input.partitions
+                sum(1 for n in claim.claimed_per_partition if n) if claim and not self._overlapped else self._partitions
             ),
             partitions_done=len(self._reports),
             settled=self._settlement is not None,
