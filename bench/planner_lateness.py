@@ -94,7 +94,8 @@ async def keep_evidence(s: Stack) -> str:
 
 
 async def running_cleanups(client: Client, limit: int = 200) -> list[dict[str, Any]]:
-    """Every running cleanup's pending activities: type, attempt, state, last heartbeat, last failure."""
+    """Every running workflow's pending workflow task attempt (a task failing over and over) and
+    pending activities: type, attempt, state, last heartbeat, last failure."""
     out: list[dict[str, Any]] = []
     async for w in client.list_workflows("ExecutionStatus = 'Running'", limit=limit):
         try:
@@ -106,6 +107,9 @@ async def running_cleanups(client: Client, limit: int = 200) -> list[dict[str, A
             {
                 "workflow_id": w.id,
                 "type": w.workflow_type,
+                "workflow_task_attempt": (
+                    raw.pending_workflow_task.attempt if raw.HasField("pending_workflow_task") else None
+                ),
                 "pending_activities": [
                     {
                         "type": a.activity_type.name,
