@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,8 @@ class Stack:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     # A pool of one connection per claim stream: the claim's backends, whose CPU can be read apart.
     claim_backends: asyncpg.Pool | None = None
+    # The code the workers run: a copy taken when the stack started (`snapshot_code`).
+    code: Path = PROJECT_ROOT
 
     def start_worker(self, module: str = "bench.worker", **env: str) -> subprocess.Popen[bytes]:
         assert self.settings.temporal_address and self.settings.database_url
@@ -105,11 +108,12 @@ class Stack:
             "TEMPORAL_ADDRESS": self.settings.temporal_address,
             "DATABASE_URL": self.settings.database_url,
             "TEMPORAL_TASK_QUEUE": self.settings.task_queue,
+            "PYTHONPATH": str(self.code),
             **env,
         }
         log = open(self.server.state_dir / f"worker-{len(self.workers)}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT
+            [sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=self.code
         )
         self.workers.append(proc)
         return proc
@@ -183,6 +187,23 @@ class LoadSampler:
         }
 
 
+def snapshot_code(target: Path) -> Path:
+    """A copy of the project's code for the stack's workers to run.
+
+    The workflow sandbox imports a workflow's module from disk again for each run it starts or
+    replays, so a worker running from the working tree picks up any file edited while a benchmark
+    runs: a workflow module that no longer matches the modules the process already holds fails every
+    activation from then on (the deadline planner stuck on a failing task: lateness run D, and a run
+    next to this change). With a copy, what a benchmark measures is the code it started with."""
+    code = target / "code"
+    shutil.copytree(
+        PROJECT_ROOT,
+        code,
+        ignore=shutil.ignore_patterns(".git", ".venv", ".state", "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache"),
+    )
+    return code
+
+
 @contextlib.asynccontextmanager
 async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     base = Settings.from_env()
@@ -203,7 +224,16 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
         pool = await db.create_pool(url, max_size=pool_size)
         client = await connect(settings)
         claim_backends = await db.create_pool(url, min_size=DEFAULT_CLAIM_STREAMS, max_size=DEFAULT_CLAIM_STREAMS)
-        s = Stack(settings, client, pool, server, admin_url, database, claim_backends=claim_backends)
+        s = Stack(
+            settings,
+            client,
+            pool,
+            server,
+            admin_url,
+            database,
+            claim_backends=claim_backends,
+            code=snapshot_code(Path(tmp)),
+        )
         try:
             yield s
         finally:
