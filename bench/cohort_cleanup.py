@@ -104,13 +104,19 @@ async def direct_cleanup(
     partitions: int,
     parallel: int,
     batch_size: int,
+    follow: bool = True,
 ) -> dict[str, Any]:
     """The pipeline's steps without Temporal: the chunked claim in `DEFAULT_CLAIM_STREAMS` streams
     (on `claim_pool`, one connection per stream, so the claim's own CPU can be read) with every
-    partition following its stream, the join, the settlement."""
+    partition following its stream, the join, the settlement.
+
+    `follow=False` (the batch-size sweep): the claim first, then the batches alone, timed and their
+    CPU read apart (`batches_seconds`, `batches_cpu_s`): the batch size changes only the batches, and
+    a claim the same for every size, overlapping them, would hide what it changes."""
     cleanup_id = f"direct-{deadline:%H%M%S}"
     assert claim_pool is not None
-    partitions = following_partitions(partitions, parallel)  # as the pipeline: all of them at once
+    if follow:
+        partitions = following_partitions(partitions, parallel)  # as the pipeline: all of them at once
     streams = min(DEFAULT_CLAIM_STREAMS, partitions)
     claim_pids = await backend_pids(claim_pool, streams)
     claim_cpu_before = [cpu_seconds(pid) for pid in claim_pids]
@@ -154,7 +160,7 @@ async def direct_cleanup(
                 cleanup_id=cleanup_id,
                 partition_no=p,
                 batch_size=batch_size,
-                follow_claim=True,
+                follow_claim=follow,
                 claim_streams=streams,
             )
             cp = await clean_partition_batches(
@@ -173,11 +179,20 @@ async def direct_cleanup(
             )
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 
-    claim_task = asyncio.ensure_future(claim())
-    partition_tasks = [asyncio.ensure_future(partition(p)) for p in range(partitions)]
-    await asyncio.gather(claim_task, *partition_tasks)  # a failed claim fails the run at once
-    claim_result = claim_task.result()
-    reports = [t.result() for t in partition_tasks]
+    batches_seconds: float | None = None
+    batches_cpu: float | None = None
+    if follow:
+        claim_task = asyncio.ensure_future(claim())
+        partition_tasks = [asyncio.ensure_future(partition(p)) for p in range(partitions)]
+        await asyncio.gather(claim_task, *partition_tasks)  # a failed claim fails the run at once
+        claim_result = claim_task.result()
+        reports = [t.result() for t in partition_tasks]
+    else:
+        claim_result = await claim()
+        batches_cpu_before, t_batches = await database_cpu_seconds(acts.pool), time.perf_counter()
+        reports = list(await asyncio.gather(*(partition(p) for p in range(partitions))))
+        batches_seconds = time.perf_counter() - t_batches
+        batches_cpu = cpu_used(batches_cpu_before, await database_cpu_seconds(acts.pool))
     settlement = await acts.settle_cleanup(
         SettleCleanupInput(
             cleanup_id=cleanup_id,
@@ -195,6 +210,8 @@ async def direct_cleanup(
         "cleaned": settlement.cleaned,
         "backend_cpu_s": cpu_used(cpu_before, cpu_after),
         "claim_backend_cpu_s": claim_cpu,
+        "batches_seconds": batches_seconds,
+        "batches_cpu_s": batches_cpu,
         "load": [load_before, load_average()],
     }
 
@@ -214,28 +231,26 @@ def _noop(_: PartitionCheckpoint) -> None:
 
 
 def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
-    """One direct run of the batch-size sweep: throughput, and Postgres CPU per account with and
-    without the claim's backend (the claim does not depend on the batch size)."""
-    batches_cpu = (
-        d["backend_cpu_s"] - d["claim_backend_cpu_s"]
-        if d["backend_cpu_s"] is not None and d["claim_backend_cpu_s"] is not None
-        else None
-    )
+    """One direct run of the batch-size sweep (claim first, then the batches alone): the batches'
+    throughput and Postgres CPU per account, and the whole run's."""
+    batches_s, batches_cpu = d["batches_seconds"], d["batches_cpu_s"]
     return {
         "batch_size": size,
         "seconds": round(d["seconds"], 3),
-        "claim_done_at_seconds": round(d["claim_seconds"], 3),
+        "claim_seconds": round(d["claim_seconds"], 3),
+        "batches_seconds": round(batches_s, 3),
+        "batches_accounts_per_s": round(d["cleaned"] / batches_s, 1),
+        "batches_cpu_us_per_account": round(1e6 * batches_cpu / d["cleaned"], 1) if batches_cpu is not None else None,
         "accounts_per_s": round(d["cleaned"] / d["seconds"], 1),
         "backend_cpu_s": d["backend_cpu_s"],
-        "batches_cpu_us_per_account": round(1e6 * batches_cpu / d["cleaned"], 1) if batches_cpu is not None else None,
         "cleaned": d["cleaned"],
         "load": d["load"],
     }
 
 
 def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[str, Any]:
-    """Both runs of each size taken together (accounts over seconds; CPU per account), and whether
-    each size is no slower per account than the one before it (the goal)."""
+    """Both runs of each size taken together (the batches' accounts over their seconds; their CPU per
+    account), and whether each size's batches are no slower per account than the one before (the goal)."""
     out: list[dict[str, Any]] = []
     for size in sizes:
         runs = [r for r in swept if r["batch_size"] == size]
@@ -245,11 +260,12 @@ def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[s
             {
                 "batch_size": size,
                 "runs": len(runs),
-                "accounts_per_s": round(cleaned / sum(r["seconds"] for r in runs), 1),
+                "batches_accounts_per_s": round(cleaned / sum(r["batches_seconds"] for r in runs), 1),
                 "batches_cpu_us_per_account": round(sum(cpu) / len(cpu), 1) if None not in cpu else None,
+                "accounts_per_s_with_the_claim": round(cleaned / sum(r["seconds"] for r in runs), 1),
             }
         )
-    rates = [r["accounts_per_s"] for r in out]
+    rates = [r["batches_accounts_per_s"] for r in out]
     return {
         "sizes": out,
         "each_no_slower_than_the_one_before": all(b >= a for a, b in itertools.pairwise(rates)),
@@ -332,7 +348,9 @@ async def run(
         direct_2 = await direct_cleanup(acts, s.claim_backends, direct_after, partitions, parallel, batch_size)
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = [
-            sweep_result(size, await direct_cleanup(acts, s.claim_backends, d, partitions, parallel, size))
+            sweep_result(
+                size, await direct_cleanup(acts, s.claim_backends, d, partitions, parallel, size, follow=False)
+            )
             for size, d in zip(sweep_order, sweep_deadlines, strict=True)
         ]
         history = await handle.fetch_history()
