@@ -12,12 +12,21 @@ the players alone once more. The alone windows around each cleanup phase show ho
 machine drifted; the `_bracketed` ratios divide by their mean instead of by phase (1). The cleanup
 is the real pipeline (start_cleanup, a worker process, partitions, settlement); throughput is
 accounts/s from the deadline to settled.
+
+`--paced-floor` adds two phases that bound what any budget could do on this machine: the floor's
+statement (bench/floor.sql: the least work with the same effects and guarantees, no Temporal, no
+claim, no worker) over two more cohorts, in slices of `--floor-slice` accounts on one backend,
+paced at (4) half the unbudgeted cleanup's throughput of phase (2), the least the goal allows, and
+(5) the budgeted cleanup's throughput of phase (3); each followed by the players alone. If the
+players' p99 during (4) is already more than 1.2x their p99 alone, no schedule of the cleanup's
+work meets both goals on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -29,11 +38,13 @@ from typing import Any
 
 import asyncpg
 
+import bench
 from bench.common import machine, stack, wait_for_worker
 from bench.observe import Observer
 from cleanup.models import CleanupResult
 from cleanup.operations import seed_accounts, start_cleanup
 from core.budget import BudgetSettings, budget_status, set_budget
+from core.queries import load
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 PROFILE = """
@@ -47,6 +58,7 @@ MATCHES = (
     " WHERE account_id = $1 ORDER BY played_at DESC LIMIT 20"
 )
 SPEND = "UPDATE inventory_items SET quantity = quantity + 1 WHERE account_id = $1 AND item_id = $2"
+FLOOR = load(bench.__file__, "floor.sql")
 RECORD_MATCH = (
     "INSERT INTO match_history (account_id, played_at, mode, result, score) VALUES ($1, now(), 'ranked', 'win', $2)"
 )
@@ -173,6 +185,40 @@ async def activity_steps(handle: Any) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in steps.items()}
 
 
+async def paced_floor(
+    pool: asyncpg.Pool, deadline: datetime, accounts: int, rate: float, slice_size: int
+) -> dict[str, Any]:
+    """The floor's statement over the cohort due at `deadline`, one slice of ~`slice_size` accounts
+    (account-ID ranges cut by one untimed query) every `slice_size / rate` seconds, one transaction
+    each, on one backend: the cohort's effects at `rate` accounts/s with no orchestration at all.
+    A slice that falls behind its schedule runs at once after the one before."""
+    slices = max(1, accounts // slice_size)
+    bounds = list(await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, slices) or [])
+    ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
+    cleaned = behind = 0
+    async with pool.acquire() as conn:
+        started = time.perf_counter()
+        for k, (low, high) in enumerate(ranges):
+            wait = started + k * slice_size / rate - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            else:
+                behind += 1
+            async with conn.transaction():
+                row = await conn.fetchrow(FLOOR.cleanup_floor, "paced-floor", deadline, low, high)
+            assert row is not None
+            cleaned += int(row["cleaned"])
+        seconds = time.perf_counter() - started
+    return {
+        "cleaned": cleaned,
+        "seconds": round(seconds, 3),
+        "accounts_per_s": round(cleaned / seconds, 1),
+        "paced_at_accounts_per_s": round(rate, 1),
+        "slices": len(ranges),
+        "slices_started_late": behind,
+    }
+
+
 def with_application_name(url: str, name: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}application_name={name}"
 
@@ -192,12 +238,17 @@ async def run(
     player_connections: int = 8,
     max_in_flight: int | None = None,
     rows_per_second: float | None = None,
+    paced_floor_slice: int | None = None,
 ) -> dict[str, Any]:
-    """`max_in_flight` / `rows_per_second`: set the budget of phase 3 (default: the defaults)."""
-    assert players + 2 * accounts <= 200_000, "keep this benchmark modest: the machine is shared"
+    """`max_in_flight` / `rows_per_second`: set the budget of phase 3 (default: the defaults).
+    `paced_floor_slice`: add phases 4 and 5 (the floor, paced), in slices of this many accounts."""
+    cohorts = 4 if paced_floor_slice else 2
+    assert players + cohorts * accounts <= 200_000, "keep this benchmark modest: the machine is shared"
     async with stack() as s:
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         seeds = {"off": base, "default": base + timedelta(hours=1)}
+        if paced_floor_slice:
+            seeds |= {"floor_half": base + timedelta(hours=2), "floor_budget": base + timedelta(hours=3)}
         t = time.perf_counter()
         await seed_accounts(s.pool, prefix="live", deadline=base + timedelta(days=400), count=players)
         for name, deadline in seeds.items():
@@ -289,6 +340,15 @@ async def run(
             on = await phase("default_budget", lambda: cleanup(seeds["default"]))
             on_budget = await budget_status(s.pool)
             await phase("alone_after", alone)
+            floors: dict[str, Any] = {}
+            if paced_floor_slice:
+                paced = {"floor_half": 0.5 * off["accounts_per_s"], "floor_budget": on["accounts_per_s"]}
+                for name, pace in paced.items():
+                    floors[name] = await phase(
+                        f"paced_{name}",
+                        functools.partial(paced_floor, s.pool, seeds[name], accounts, pace, paced_floor_slice),
+                    )
+                    await phase(f"alone_after_{name}", alone)
         finally:
             await crowd.stop()
             loop.cancel()
@@ -319,6 +379,28 @@ async def run(
             / statistics.fmean([phases["alone_between"]["p99_ms"], phases["alone_after"]["p99_ms"]]),
             3,
         ),
+        **(
+            {
+                "paced_floor": floors,
+                "paced_floor_slice": paced_floor_slice,
+                # The floor at half the unbudgeted throughput: the players' p99 no budget can beat.
+                "p99_ratio_floor_at_half_throughput": round(phases["paced_floor_half"]["p99_ms"] / alone_p99, 3),
+                "p99_ratio_floor_at_half_throughput_bracketed": round(
+                    phases["paced_floor_half"]["p99_ms"]
+                    / statistics.fmean([phases["alone_after"]["p99_ms"], phases["alone_after_floor_half"]["p99_ms"]]),
+                    3,
+                ),
+                "p99_ratio_floor_at_budget_throughput_bracketed": round(
+                    phases["paced_floor_budget"]["p99_ms"]
+                    / statistics.fmean(
+                        [phases["alone_after_floor_half"]["p99_ms"], phases["alone_after_floor_budget"]["p99_ms"]]
+                    ),
+                    3,
+                ),
+            }
+            if paced_floor_slice
+            else {}
+        ),
         "cleanup_no_budget": off,
         "cleanup_default_budget": on,
         "throughput_ratio_budget_over_none": round(on["accounts_per_s"] / off["accounts_per_s"], 3),
@@ -341,7 +423,9 @@ async def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--accounts", type=int, default=40_000, help="accounts per cohort (two cohorts)")
+    parser.add_argument(
+        "--accounts", type=int, default=40_000, help="accounts per cohort (2 cohorts; 4 with --paced-floor)"
+    )
     parser.add_argument("--players", type=int, default=20_000, help="live player accounts")
     parser.add_argument("--rate", type=float, default=150.0, help="player queries per second")
     parser.add_argument("--alone-seconds", type=float, default=15.0)
@@ -350,6 +434,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--max-in-flight", type=int, help="phase 3's budget instead of the default")
     parser.add_argument("--rows-per-second", type=float, help="phase 3's budget instead of the default")
+    parser.add_argument(
+        "--paced-floor",
+        action="store_true",
+        help="add phases 4 and 5: the floor's statement paced at half the unbudgeted and at the budgeted throughput",
+    )
+    parser.add_argument("--floor-slice", type=int, default=250, help="accounts per paced floor statement")
     args = parser.parse_args()
     result = asyncio.run(
         run(
@@ -362,6 +452,7 @@ def main() -> None:
             args.batch_size,
             max_in_flight=args.max_in_flight,
             rows_per_second=args.rows_per_second,
+            paced_floor_slice=args.floor_slice if args.paced_floor else None,
         )
     )
     print(json.dumps(result, indent=2, default=str))
