@@ -85,11 +85,25 @@ async def test_poisoned_cohort_benchmark_isolates_the_poisoned_and_measures_a_ra
 
 async def test_player_load_benchmark_measures_players_alone_and_during_cleanups():
     result = await player_load.run(
-        accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
+        accounts=300,
+        players=200,
+        rate=50,
+        alone_seconds=1,
+        partitions=4,
+        parallel=2,
+        batch_size=50,
+        paced_floor_slice=50,
     )
     assert result["cleanup_no_budget"]["cleaned"] == result["cleanup_default_budget"]["cleaned"] == 300
-    for phase in ("alone", "no_budget", "alone_between", "default_budget", "alone_after"):
+    phases = ["alone", "no_budget", "alone_between", "default_budget", "alone_after"]
+    phases += ["paced_floor_half", "alone_after_floor_half", "paced_floor_budget", "alone_after_floor_budget"]
+    for phase in phases:
         assert result["players"][phase]["queries"] > 0 and result["players"][phase]["errors"] == 0
+    # the floor, paced at half the unbudgeted rate and at the budgeted one, cleans its cohorts in full
+    half, budget = result["paced_floor"]["floor_half"], result["paced_floor"]["floor_budget"]
+    assert half["cleaned"] == budget["cleaned"] == 300 and half["slices"] == 6
+    assert half["paced_at_accounts_per_s"] == round(0.5 * result["cleanup_no_budget"]["accounts_per_s"], 1)
+    assert result["p99_ratio_floor_at_half_throughput"] > 0
     assert result["p99_ratio_no_budget"] > 0 and result["p99_ratio_default_budget"] > 0
     assert result["throughput_ratio_budget_over_none"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
