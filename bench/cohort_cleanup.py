@@ -34,6 +34,7 @@ import functools
 import itertools
 import json
 import operator
+import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -216,11 +217,25 @@ async def direct_cleanup(
     }
 
 
+AUTOVACUUM_OFF = """
+DO $$
+DECLARE t regclass;
+BEGIN
+    FOR t IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'public' AND c.relkind = 'r'
+    LOOP
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', t);
+    END LOOP;
+END $$
+"""
+
+
 async def settle(pool: asyncpg.Pool) -> None:
     """Untimed, before every timed run: the runs before it vacuumed and their dirty pages written, so
     no run pays for another's dead tuples (autovacuum on the same 2 cores) or checkpoint. Without it
     six sweep runs of the same statement measured 120, 136, 152, 151, 155, 161 us of CPU per account,
-    in the order they ran."""
+    in the order they ran. The benchmark's database runs with autovacuum off (`AUTOVACUUM_OFF`, set
+    once after seeding), so a vacuum of one run's dead tuples never lands in the middle of another."""
     await pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
     await pool.execute("CHECKPOINT", timeout=LONG_STATEMENT_SECONDS)
 
@@ -258,18 +273,23 @@ def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[str, Any]:
-    """Both runs of each size taken together (the batches' accounts over their seconds; their CPU per
-    account), and whether each size's batches are no slower per account than the one before (the goal)."""
+    """All runs of each size taken together (the batches' accounts over their seconds; their CPU per
+    account), and whether each size's batches are no slower per account than the one before (the goal).
+    `run_to_run_spread`: the widest (max - min) / mean of one size's runs, the noise of one run here."""
     out: list[dict[str, Any]] = []
+    spreads: list[float] = []
     for size in sizes:
         runs = [r for r in swept if r["batch_size"] == size]
         cleaned = sum(r["cleaned"] for r in runs)
         cpu = [r["batches_cpu_us_per_account"] for r in runs]
+        each = [r["batches_accounts_per_s"] for r in runs]
+        spreads.append((max(each) - min(each)) / statistics.fmean(each))
         out.append(
             {
                 "batch_size": size,
                 "runs": len(runs),
                 "batches_accounts_per_s": round(cleaned / sum(r["batches_seconds"] for r in runs), 1),
+                "batches_accounts_per_s_each_run": each,
                 "batches_cpu_us_per_account": round(sum(cpu) / len(cpu), 1) if None not in cpu else None,
                 "accounts_per_s_with_the_claim": round(cleaned / sum(r["seconds"] for r in runs), 1),
             }
@@ -278,6 +298,7 @@ def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[s
     return {
         "sizes": out,
         "each_no_slower_than_the_one_before": all(b >= a for a, b in itertools.pairwise(rates)),
+        "run_to_run_spread": round(max(spreads), 3) if spreads else None,
     }
 
 
@@ -287,10 +308,11 @@ async def run(
     parallel: int = 8,
     batch_size: int = 1000,
     sweep: tuple[int, ...] = (),
+    sweep_rounds: int = 2,
 ) -> dict[str, Any]:
-    """`sweep`: batch sizes of extra direct runs after the others, each size twice, in the given
-    order then in reverse (ABC CBA), one more cohort each: a drift over the run (dead tuples,
-    autovacuum, a growing database) then weighs on every size alike instead of on the last one."""
+    """`sweep`: batch sizes of extra direct runs after the others, `sweep_rounds` rounds, in the
+    given order then in reverse, and so on (ABC CBA ABC), one more cohort each: a drift over the run
+    (a growing database) then weighs on every size alike instead of on the last one."""
     load_before = load_average()
     async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
@@ -304,12 +326,13 @@ async def run(
         await seed_cohort(s.pool, "q", direct_after, accounts)
         await seed_cohort(s.pool, "f", floor_deadline, accounts)
         await seed_cohort(s.pool, "g", floor_after, accounts)
-        sweep_order = [*sweep, *reversed(sweep)]
+        sweep_order = [size for r in range(sweep_rounds) for size in (sweep if r % 2 == 0 else sweep[::-1])]
         sweep_deadlines = [base + timedelta(hours=5 + i) for i in range(len(sweep_order))]
         for i, d in enumerate(sweep_deadlines):
             await seed_cohort(s.pool, f"s{i}", d, accounts)
         seed_seconds = time.perf_counter() - t
         await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
+        await s.pool.execute(AUTOVACUUM_OFF)
 
         worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
@@ -451,10 +474,13 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="batch sizes of extra direct runs, each twice (forward, then reverse), e.g. --sweep 500 1000 5000",
+        help="batch sizes of extra direct runs, in rounds (forward, reverse, ...), e.g. --sweep 500 1000 5000",
     )
+    parser.add_argument("--sweep-rounds", type=int, default=2, help="runs of each sweep size (default 2)")
     args = parser.parse_args()
-    result = asyncio.run(run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep)))
+    result = asyncio.run(
+        run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep), args.sweep_rounds)
+    )
     print(json.dumps(result, indent=2))
 
 
