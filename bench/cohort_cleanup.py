@@ -46,6 +46,7 @@ import bench.floor
 import cleanup
 from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
 from bench.common import cpu_seconds, cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
+from bench.observe import Observer
 from cleanup.models import (
     DEFAULT_CLAIM_STREAMS,
     ClaimChunkedInput,
@@ -70,6 +71,8 @@ FLOOR = load(bench.__file__, "floor.sql")
 # can outlast the pool's 300 s command timeout on a loaded machine.
 LONG_STATEMENT_SECONDS = 3600.0
 SEED_CHUNK = 100_000
+# pg_stat_activity sampled this often during a sweep run's batches (a run lasts a few seconds).
+SWEEP_SAMPLE_SECONDS = 0.02
 
 
 async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) -> None:
@@ -106,6 +109,7 @@ async def direct_cleanup(
     parallel: int,
     batch_size: int,
     follow: bool = True,
+    observer: Observer | None = None,
 ) -> dict[str, Any]:
     """The pipeline's steps without Temporal: the chunked claim in `DEFAULT_CLAIM_STREAMS` streams
     (on `claim_pool`, one connection per stream, so the claim's own CPU can be read) with every
@@ -113,7 +117,8 @@ async def direct_cleanup(
 
     `follow=False` (the batch-size sweep): the claim first, then the batches alone, timed and their
     CPU read apart (`batches_seconds`, `batches_cpu_s`): the batch size changes only the batches, and
-    a claim the same for every size, overlapping them, would hide what it changes."""
+    a claim the same for every size, overlapping them, would hide what it changes. `observer`: what
+    the batches' backends waited on and how busy the cores were while the batches ran (`batches_observed`)."""
     cleanup_id = f"direct-{deadline:%H%M%S}"
     assert claim_pool is not None
     if follow:
@@ -182,6 +187,7 @@ async def direct_cleanup(
 
     batches_seconds: float | None = None
     batches_cpu: float | None = None
+    batches_observed: dict[str, Any] | None = None
     if follow:
         claim_task = asyncio.ensure_future(claim())
         partition_tasks = [asyncio.ensure_future(partition(p)) for p in range(partitions)]
@@ -191,7 +197,14 @@ async def direct_cleanup(
     else:
         claim_result = await claim()
         batches_cpu_before, t_batches = await database_cpu_seconds(acts.pool), time.perf_counter()
-        reports = list(await asyncio.gather(*(partition(p) for p in range(partitions))))
+
+        async def batches() -> list[PartitionReport]:
+            return list(await asyncio.gather(*(partition(p) for p in range(partitions))))
+
+        if observer is None:
+            reports = await batches()
+        else:
+            batches_observed, reports = await observer.observe(batches)
         batches_seconds = time.perf_counter() - t_batches
         batches_cpu = cpu_used(batches_cpu_before, await database_cpu_seconds(acts.pool))
     settlement = await acts.settle_cleanup(
@@ -213,6 +226,7 @@ async def direct_cleanup(
         "claim_backend_cpu_s": claim_cpu,
         "batches_seconds": batches_seconds,
         "batches_cpu_s": batches_cpu,
+        "batches_observed": batches_observed,
         "load": [load_before, load_average()],
     }
 
@@ -269,6 +283,25 @@ def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
         "backend_cpu_s": d["backend_cpu_s"],
         "cleaned": d["cleaned"],
         "load": d["load"],
+        **observed_summary(d.get("batches_observed")),
+    }
+
+
+def observed_summary(o: dict[str, Any] | None) -> dict[str, Any]:
+    """What the batches' backends did while they ran: the busy fraction of the machine's cores, their
+    run-queue delay (runnable, no free core) per second of their CPU, and the share of pg_stat_activity
+    samples that found them on a CPU or waiting on what."""
+    if o is None:
+        return {}
+    backends = o["cpu"].get("client backend", {})
+    samples = o["wait_samples"].get("client backend", {})
+    total = sum(samples.values())
+    return {
+        "batches_machine_busy": o["machine_busy"],
+        "batches_runqueue_wait_per_cpu_s": (
+            round(backends["runqueue_wait_s"] / backends["cpu_s"], 3) if backends.get("cpu_s") else None
+        ),
+        "batches_wait_samples": {k: round(v / total, 3) for k, v in samples.items()} if total else {},
     }
 
 
@@ -292,6 +325,7 @@ def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[s
                 "batches_accounts_per_s_each_run": each,
                 "batches_cpu_us_per_account": round(sum(cpu) / len(cpu), 1) if None not in cpu else None,
                 "accounts_per_s_with_the_claim": round(cleaned / sum(r["seconds"] for r in runs), 1),
+                **pooled_observations(runs),
             }
         )
     rates = [r["batches_accounts_per_s"] for r in out]
@@ -299,6 +333,26 @@ def sweep_by_size(sizes: tuple[int, ...], swept: list[dict[str, Any]]) -> dict[s
         "sizes": out,
         "each_no_slower_than_the_one_before": all(b >= a for a, b in itertools.pairwise(rates)),
         "run_to_run_spread": round(max(spreads), 3) if spreads else None,
+    }
+
+
+def pooled_observations(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`observed_summary` over one size's runs: means of the busy fraction and the run-queue delay,
+    and the wait samples' shares averaged."""
+    observed = [r for r in runs if "batches_machine_busy" in r]
+    if not observed:
+        return {}
+    waits: dict[str, float] = {}
+    for r in observed:
+        for k, v in r["batches_wait_samples"].items():
+            waits[k] = waits.get(k, 0.0) + v / len(observed)
+    delays = [
+        r["batches_runqueue_wait_per_cpu_s"] for r in observed if r["batches_runqueue_wait_per_cpu_s"] is not None
+    ]
+    return {
+        "batches_machine_busy": round(statistics.fmean(r["batches_machine_busy"] for r in observed), 3),
+        "batches_runqueue_wait_per_cpu_s": round(statistics.fmean(delays), 3) if delays else None,
+        "batches_wait_samples": {k: round(v, 3) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:8]},
     }
 
 
@@ -384,11 +438,16 @@ async def run(
         await settle(s.pool)
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = []
+        assert s.settings.database_url is not None
+        observer = Observer(s.settings.database_url, {}, interval=SWEEP_SAMPLE_SECONDS)
         for size, d in zip(sweep_order, sweep_deadlines, strict=True):
             await settle(s.pool)
             swept.append(
                 sweep_result(
-                    size, await direct_cleanup(acts, s.claim_backends, d, partitions, parallel, size, follow=False)
+                    size,
+                    await direct_cleanup(
+                        acts, s.claim_backends, d, partitions, parallel, size, follow=False, observer=observer
+                    ),
                 )
             )
         history = await handle.fetch_history()

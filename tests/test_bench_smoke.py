@@ -26,6 +26,7 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
     by_size = result["direct_batch_size_sweep_by_size"]
     assert [(r["batch_size"], r["runs"]) for r in by_size["sizes"]] == [(25, 2), (100, 2)]
     assert isinstance(by_size["each_no_slower_than_the_one_before"], bool)
+    assert all(0 <= r["batches_machine_busy"] <= 1 for r in by_size["sizes"])
     assert result["floor_cleaned"] == [300, 300]
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
