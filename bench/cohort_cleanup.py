@@ -37,6 +37,7 @@ import operator
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -363,10 +364,13 @@ async def run(
     batch_size: int = 1000,
     sweep: tuple[int, ...] = (),
     sweep_rounds: int = 2,
+    timeline_file: str | None = None,
 ) -> dict[str, Any]:
     """`sweep`: batch sizes of extra direct runs after the others, `sweep_rounds` rounds, in the
     given order then in reverse, and so on (ABC CBA ABC), one more cohort each: a drift over the run
-    (a growing database) then weighs on every size alike instead of on the last one."""
+    (a growing database) then weighs on every size alike instead of on the last one.
+    `timeline_file`: where to write each sweep run's timeline (`bench.observe`, every 20 ms: cores
+    busy, backends on a CPU and waiting), as JSON."""
     load_before = load_average()
     async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
         # Deadlines already passed by the database clock: the claim never takes an account before it.
@@ -439,17 +443,19 @@ async def run(
         floor_2 = await floor_cleanup(acts, floor_after)
         swept = []
         assert s.settings.database_url is not None
-        observer = Observer(s.settings.database_url, {}, interval=SWEEP_SAMPLE_SECONDS)
+        observer = Observer(
+            s.settings.database_url, {}, interval=SWEEP_SAMPLE_SECONDS, timeline=timeline_file is not None
+        )
+        timelines = []
         for size, d in zip(sweep_order, sweep_deadlines, strict=True):
             await settle(s.pool)
-            swept.append(
-                sweep_result(
-                    size,
-                    await direct_cleanup(
-                        acts, s.claim_backends, d, partitions, parallel, size, follow=False, observer=observer
-                    ),
-                )
+            one = await direct_cleanup(
+                acts, s.claim_backends, d, partitions, parallel, size, follow=False, observer=observer
             )
+            timelines.append({"batch_size": size, **one["batches_observed"].pop("timeline", {})})
+            swept.append(sweep_result(size, one))
+        if timeline_file is not None:
+            await asyncio.to_thread(Path(timeline_file).write_text, json.dumps(timelines) + "\n")
         history = await handle.fetch_history()
         memory = s.memory()
         assert worker.poll() is None
@@ -536,9 +542,20 @@ def main() -> None:
         help="batch sizes of extra direct runs, in rounds (forward, reverse, ...), e.g. --sweep 500 1000 5000",
     )
     parser.add_argument("--sweep-rounds", type=int, default=2, help="runs of each sweep size (default 2)")
+    parser.add_argument(
+        "--timeline", metavar="FILE", help="write each sweep run's timeline here (cores busy, backends waiting)"
+    )
     args = parser.parse_args()
     result = asyncio.run(
-        run(args.accounts, args.partitions, args.parallel, args.batch_size, tuple(args.sweep), args.sweep_rounds)
+        run(
+            args.accounts,
+            args.partitions,
+            args.parallel,
+            args.batch_size,
+            tuple(args.sweep),
+            args.sweep_rounds,
+            args.timeline,
+        )
     )
     print(json.dumps(result, indent=2))
 

@@ -14,6 +14,10 @@ For each phase it records:
 - **WAL and checkpoints**: pg_stat_wal and pg_stat_bgwriter deltas (cluster-wide: on a shared
   server they include other databases' work).
 - **the machine**: /proc/stat busy and iowait fractions of all cores.
+- **a timeline** (when `timeline=True`): per sample, the seconds since the start, the busy fraction
+  of the cores since the sample before, and the database's client backends active: how many, how
+  many on a CPU, and what the others waited on. It shows *when* cores idle (a tail, a burst of
+  commits) where the totals only say how much.
 """
 
 from __future__ import annotations
@@ -75,10 +79,11 @@ async def _counters(conn: asyncpg.Connection) -> dict[str, int]:
 class Observer:
     """Samples one database (and the processes around it) while a phase runs."""
 
-    def __init__(self, url: str, processes: dict[str, int], interval: float = 0.1) -> None:
+    def __init__(self, url: str, processes: dict[str, int], interval: float = 0.1, timeline: bool = False) -> None:
         self.url = url
         self.processes = processes  # group name -> pid of a client-side process (worker, bench, temporal)
         self.interval = interval
+        self.timeline = timeline
 
     async def observe(self, during: Any) -> tuple[dict[str, Any], Any]:
         conn = await asyncpg.connect(self.url, server_settings={"application_name": "observer"})
@@ -87,6 +92,7 @@ class Observer:
             pids: dict[int, str] = {}
             start_sched: dict[int, tuple[int, int]] = {}
             stop = asyncio.Event()
+            timeline: list[list[Any]] = []
 
             def note_pid(pid: int, who: str) -> None:
                 if pid not in pids:
@@ -96,13 +102,32 @@ class Observer:
                         start_sched[pid] = first
 
             async def sample() -> None:
+                previous = proc_stat()
                 while not stop.is_set():
+                    client: Counter[str] = Counter()
                     for r in await conn.fetch(ACTIVITY):
                         who = _group(r["who"], r["backend_type"])
                         note_pid(r["pid"], who)
                         if r["state"] == "active" or r["backend_type"] != "client backend":
                             what = f"{r['wait_event_type']}:{r['wait_event']}" if r["wait_event_type"] else "CPU"
                             waits.setdefault(who, Counter())[what] += 1
+                            if r["backend_type"] == "client backend":
+                                client[what] += 1
+                    if self.timeline:
+                        now = proc_stat()
+                        total, idle, iowait = (e - s for e, s in zip(now, previous, strict=True))
+                        previous = now
+                        busy = round(1 - (idle + iowait) / total, 2) if total else None
+                        on_cpu = client.pop("CPU", 0)
+                        timeline.append(
+                            [
+                                round(time.perf_counter() - started, 2),
+                                busy,
+                                on_cpu + sum(client.values()),
+                                on_cpu,
+                                dict(client),
+                            ]
+                        )
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), self.interval)
 
@@ -137,7 +162,7 @@ class Observer:
             group["cpu_s"] = round(group["cpu_s"], 3)
             group["runqueue_wait_s"] = round(group["runqueue_wait_s"], 3)
         total, idle, iowait = (e - s for e, s in zip(machine_end, machine, strict=True))
-        out = {
+        out: dict[str, Any] = {
             "seconds": round(seconds, 2),
             "machine_busy": round(1 - (idle + iowait) / total, 3) if total else None,
             "machine_iowait": round(iowait / total, 3) if total else None,
@@ -146,6 +171,11 @@ class Observer:
             "wait_samples": {who: dict(c.most_common(8)) for who, c in sorted(waits.items())},
             "cluster_counters": {k: counters_end[k] - counters.get(k, 0) for k in counters_end},
         }
+        if self.timeline:
+            out["timeline"] = {
+                "columns": ["seconds", "cores_busy", "client_backends_active", "on_cpu", "waiting_on"],
+                "samples": timeline,
+            }
         return out, result
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from bench import (
     batch_plan,
     cohort_cleanup,
@@ -14,8 +16,11 @@ from bench import (
 )
 
 
-async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
-    result = await cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100))
+async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    result = await cohort_cleanup.run(
+        accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100), timeline_file=str(timeline)
+    )
     assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
     assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [
         (25, 300),
@@ -27,6 +32,7 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio():
     assert [(r["batch_size"], r["runs"]) for r in by_size["sizes"]] == [(25, 2), (100, 2)]
     assert isinstance(by_size["each_no_slower_than_the_one_before"], bool)
     assert all(0 <= r["batches_machine_busy"] <= 1 for r in by_size["sizes"])
+    assert [t["batch_size"] for t in json.loads(timeline.read_text())] == [25, 100, 100, 25]
     assert result["floor_cleaned"] == [300, 300]
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
