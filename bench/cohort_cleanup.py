@@ -303,6 +303,7 @@ def observed_summary(o: dict[str, Any] | None) -> dict[str, Any]:
             round(backends["runqueue_wait_s"] / backends["cpu_s"], 3) if backends.get("cpu_s") else None
         ),
         "batches_wait_samples": {k: round(v / total, 3) for k, v in samples.items()} if total else {},
+        **({"batches_idle_core_seconds": o["idle_core_seconds"]} if "idle_core_seconds" in o else {}),
     }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import time
 from collections import Counter
@@ -172,11 +173,28 @@ class Observer:
             "cluster_counters": {k: counters_end[k] - counters.get(k, 0) for k in counters_end},
         }
         if self.timeline:
+            out["idle_core_seconds"] = idle_core_seconds(timeline, os.cpu_count() or 1)
             out["timeline"] = {
                 "columns": ["seconds", "cores_busy", "client_backends_active", "on_cpu", "waiting_on"],
                 "samples": timeline,
             }
         return out, result
+
+
+def idle_core_seconds(samples: list[list[Any]], cores: int) -> dict[str, float]:
+    """Core-seconds left idle over a timeline, split by whether at least one client backend per core
+    was active at the sample (cores idle while backends wait: locks, WAL flushes) or fewer (a tail
+    or a start with too little work in flight)."""
+    waiting = few = 0.0
+    for (t0, *_), (t1, busy, active, *_) in itertools.pairwise(samples):
+        if busy is None:
+            continue
+        idle = (1 - busy) * cores * (t1 - t0)
+        if active >= cores:
+            waiting += idle
+        else:
+            few += idle
+    return {"with_a_backend_per_core": round(waiting, 3), "fewer_backends_than_cores": round(few, 3)}
 
 
 def _group(who: str, backend_type: str) -> str:
