@@ -6,6 +6,10 @@
 #   bash bench/tuned_postgres.sh [DIR] [PORT]     (as root or as the postgres user)
 #   DATABASE_URL=postgresql://postgres@127.0.0.1:5433/postgres .venv/bin/python -m bench.cohort_cleanup ...
 # Settings as pgtune gives for an OLTP server of this size; fsync and synchronous_commit stay on.
+# wal_writer_delay 10ms (default 200ms): the WAL writer writes and flushes the WAL as it comes, so a
+# commit does not find ~200 ms of everyone's WAL still to flush while every other backend waits for
+# buffer space (LWLock:WALWrite); it made the floor's two large commits ~20% faster and removed the
+# stalls that cost batches of 5,000 their last few percent (BENCHMARKS.md, "Where bigger batches").
 set -euo pipefail
 dir="${1:-/work/pg-tuned}"
 port="${2:-5433}"
@@ -28,6 +32,7 @@ min_wal_size = 1GB
 checkpoint_timeout = 30min
 checkpoint_completion_target = 0.9
 max_connections = 200
+wal_writer_delay = 10ms
 CONF
 fi
 as_postgres "$bin/pg_ctl -D $dir/data -l $dir/log -w status" >/dev/null 2>&1 ||
