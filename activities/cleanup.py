@@ -22,6 +22,7 @@ from cleanup.models import (
     CHECK_ACCOUNT_RENEWED,
     CLAIM_CLEANUP,
     CLAIM_CLEANUP_IN_CHUNKS,
+    CLAIM_RUN_ACCOUNTS,
     CLEANUP_PARTITION,
     SETTLE_CLEANUP,
     AccountRenewalCheck,
@@ -116,6 +117,7 @@ async def claim_in_chunks(
                     sum(per_partition),
                     input.streams,
                     input.stream,
+                    CLAIM_RUN_ACCOUNTS,
                 )
                 assert row is not None
                 for p in row["partitions"]:

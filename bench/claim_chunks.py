@@ -33,7 +33,7 @@ import bench
 import cleanup
 from activities.cleanup import claim_in_chunks
 from bench.common import machine
-from cleanup.models import DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
+from cleanup.models import CLAIM_RUN_ACCOUNTS, DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
 from core import db
 from core.queries import load
 
@@ -74,6 +74,7 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
             0,
             1,  # one claim stream: the whole range
             0,
+            CLAIM_RUN_ACCOUNTS,
         )
         await tr.rollback()
     finally:

@@ -22,6 +22,10 @@ DEFAULT_CLAIM_CHUNK_SIZE = 10_000
 # Claims of one cohort running at once (cohorts of one instant whose partitions follow the claim):
 # each stream claims the accounts of one hash class in account order for its own partitions.
 DEFAULT_CLAIM_STREAMS = 2
+# A stream deals its claims to its partitions in runs of this many consecutive accounts, not one by
+# one: rows of neighbouring accounts share pages (accounts, saves, items, matches), and partitions
+# dealt one account each would all lock and write every page at once (LWLock:BufferContent).
+CLAIM_RUN_ACCOUNTS = 64
 
 
 def following_partitions(partitions: int, max_parallel: int) -> int:

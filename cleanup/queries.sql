@@ -310,8 +310,9 @@ SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
 -- deadline has passed by the database clock move to 'cleaning' (a renewal that committed first
 -- changed the row, and the UPDATE re-checks the row it locks); renewed ones are counted.
 -- Claim stream $10 of $9 takes only the accounts whose ID hashes to it (one stream: all of them)
--- and feeds only its own partitions, $10 + $9 * i for i below $7, round-robin from $8 (accounts
--- this stream claimed in its earlier chunks): so each partition's claims come in account order.
+-- and feeds only its own partitions, $10 + $9 * i for i below $7, round-robin in runs of $11
+-- consecutive accounts from $8 (accounts this stream claimed in its earlier chunks): so each
+-- partition's claims come in account order, and few partitions write to any one page.
 WITH scan AS (
     SELECT ctid, account_id, renewal_deadline, status
     FROM accounts
@@ -336,7 +337,7 @@ claimed AS (
 inserted AS (
     INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
     SELECT $1, account_id, cleanup_version,
-           $10::int + $9::int * ((($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) % $7)
+           $10::int + $9::int * (((($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) / $11::int) % $7)
     FROM claimed
     ON CONFLICT DO NOTHING
     RETURNING partition_no

@@ -330,7 +330,8 @@ async def test_the_claim_runs_as_bounded_chunks_and_a_redelivery_claims_nothing_
     assert chunks == [900, 1000, 500], chunks
     assert first == again, "a second delivery reports the same claim and claims nothing"
     assert first.claimed == 2400 and first.skipped_renewed == 100
-    assert first.claimed_per_partition == [600, 600, 600, 600]
+    # dealt round-robin in runs of CLAIM_RUN_ACCOUNTS (64): 37 whole runs and one of 32
+    assert first.claimed_per_partition == [640, 608, 576, 576]
     assert await pool.fetchval("SELECT count(*) FROM cleanup_claims") == 2400
     assert await pool.fetchval("SELECT count(*) FROM accounts WHERE status = 'cleaning'") == 2400
 

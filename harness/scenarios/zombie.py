@@ -632,6 +632,22 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             if not await completed(part, what, result, pool=pool):
                 return part
         part.recovery = time.monotonic() - cut_at
+        # The relay stops the first time it finds nothing pending, which can come while a partition
+        # still waits on its held row; a production relay never stops. A second one, started once the
+        # cleanup has settled, delivers what was written after the first one drained.
+        drain_id = f"harness-relay-{events_prefix}-drain-"
+        await start_relays(
+            client,
+            lane.task_queue,
+            relays=1,
+            settings=RELAY_Z,
+            idle_sleep_seconds=0.5,
+            stop_when_drained=True,
+            id_prefix=drain_id,
+        )
+        drain = client.get_workflow_handle_for(OutboxRelayWorkflow.run, f"{drain_id}1").result()
+        if not await completed(part, f"relay {drain_id}1", drain, pool=pool):
+            return part
         part.mark("completed")
         part.runs += 1
         while_cut = fwd_pg.bytes_up_while_cut_elsewhere
