@@ -565,15 +565,19 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
         await start_reconciliation(
             client, pool, lane.task_queue, d, batch_size=40, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
         )
-        await start_relays(
-            client,
-            lane.task_queue,
-            relays=1,
-            settings=RELAY_Z,
-            idle_sleep_seconds=0.5,
-            stop_when_drained=True,
-            id_prefix=f"harness-relay-{events_prefix}-",
-        )
+
+        async def relay_until_drained(id_prefix: str) -> None:
+            await start_relays(
+                client,
+                lane.task_queue,
+                relays=1,
+                settings=RELAY_Z,
+                idle_sleep_seconds=0.5,
+                stop_when_drained=True,
+                id_prefix=id_prefix,
+            )
+
+        await relay_until_drained(f"harness-relay-{events_prefix}-")
 
         async def batches_open() -> bool:
             if await lock_waiters(pool) < 2:
@@ -636,15 +640,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
         # still waits on its held row; a production relay never stops. A second one, started once the
         # cleanup has settled, delivers what was written after the first one drained.
         drain_id = f"harness-relay-{events_prefix}-drain-"
-        await start_relays(
-            client,
-            lane.task_queue,
-            relays=1,
-            settings=RELAY_Z,
-            idle_sleep_seconds=0.5,
-            stop_when_drained=True,
-            id_prefix=drain_id,
-        )
+        await relay_until_drained(drain_id)
         drain = client.get_workflow_handle_for(OutboxRelayWorkflow.run, f"{drain_id}1").result()
         if not await completed(part, f"relay {drain_id}1", drain, pool=pool):
             return part
