@@ -37,8 +37,8 @@ from workflows import ALL_WORKFLOWS
 log = logging.getLogger("worker")
 
 
-async def build_activities(pool: asyncpg.Pool) -> list[object]:
-    cleanup = await CleanupActivities.create(pool, load_targets())
+async def build_activities(pool: asyncpg.Pool, claim_pool: asyncpg.Pool | None = None) -> list[object]:
+    cleanup = await CleanupActivities.create(pool, load_targets(), claim_pool=claim_pool)
     relay = OutboxRelayActivities.from_env(pool)  # MAIL_PROVIDER_URL / MAIL_PROVIDER_TOKEN
     return [
         cleanup.claim_cleanup,
@@ -183,6 +183,9 @@ async def run_worker(
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )
+    claim_pool = await open_pool(
+        settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
+    )
     try:
         client = await connect(settings, runtime=runtime)
         try:
@@ -194,7 +197,7 @@ async def run_worker(
         worker = build_worker(
             client,
             settings.task_queue,
-            [*(await build_activities(pool)), *extra_activities],
+            [*(await build_activities(pool, claim_pool)), *extra_activities],
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
@@ -228,6 +231,7 @@ async def run_worker(
             stopping = time.monotonic()
         log.info("worker stopped %.1fs after the shutdown began", time.monotonic() - stopping)
     finally:
+        await claim_pool.close()
         await pool.close()
 
 

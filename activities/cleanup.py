@@ -84,16 +84,18 @@ async def claim_in_chunks(
     and reports the same result, read back from the database.
 
     With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
-    slot and its rows first, and is at most the budget's `max_claim_rows` accounts."""
-    chunk_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
+    slot and its rows first, and is at most the budget's `max_claim_rows` accounts (with the budget
+    switched off, `chunk_size`, as without one)."""
+    budgeted_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
-        async with under_budget(budget, "claim", chunk_size, waiting_for_budget) as grant:
+        async with under_budget(budget, "claim", budgeted_size, waiting_for_budget) as grant:
             grant.rows_done = 0
+            chunk_size = budgeted_size if grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):
                 progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
                 assert progress is not None
@@ -220,7 +222,10 @@ async def clean_partition_batches(
 
 
 class CleanupActivities:
-    """Holds the pool and the compiled cleanup statement; one instance per worker process."""
+    """Holds the pools and the compiled cleanup statement; one instance per worker process.
+
+    `claim_pool` (default: `pool`): connections of the cohort claims alone, so a claim never waits
+    for a connection behind the batches of the partitions that follow it."""
 
     def __init__(
         self,
@@ -228,17 +233,21 @@ class CleanupActivities:
         partition_batch_sql: str,
         compiled: CompiledCleanup | None = None,
         budget: LoadBudget | None = None,
+        claim_pool: asyncpg.Pool | None = None,
     ) -> None:
         self.pool = pool
+        self.claim_pool = claim_pool or pool
         self.partition_batch_sql = partition_batch_sql
         self.compiled = compiled or CompiledCleanup.from_batch_sql(partition_batch_sql)
         self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
 
     @classmethod
-    async def create(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CleanupActivities:
+    async def create(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, claim_pool: asyncpg.Pool | None = None
+    ) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
-        return cls(pool, compiled.batch_sql, compiled)
+        return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
 
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
@@ -292,7 +301,7 @@ class CleanupActivities:
                 raise handed_back(f"the claim of {input.cleanup_id} handed back after a chunk")
 
         return await claim_in_chunks(
-            self.pool,
+            self.claim_pool,
             input,
             after_chunk,
             beat=activity.heartbeat,

@@ -265,6 +265,42 @@ async def backend_pids(pool: asyncpg.Pool, n: int) -> list[int]:
             await pool.release(c)
 
 
+def activity_timeline(history: Any, deadline: datetime) -> dict[str, list[float | None]]:
+    """Each activity of the pipeline's history as [scheduled, started, closed], in seconds after the
+    deadline (its summary, e.g. "claim stream 0", "partition 3"; markers (patches, local activities) as "marker N" with
+    the time their marker was recorded): where a run's time went between the deadline and settled."""
+    out: dict[str, list[float | None]] = {}
+    names: dict[int, str] = {}
+    local = 0
+
+    def at(event: Any) -> float:
+        seconds: float = (event.event_time.ToDatetime(UTC) - deadline).total_seconds()
+        return round(seconds, 3)
+
+    for e in history.events:
+        kind = e.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            summary = e.user_metadata.summary.data.decode().strip('"') if e.HasField("user_metadata") else ""
+            name = summary or e.activity_task_scheduled_event_attributes.activity_type.name
+            names[e.event_id] = name
+            out[name] = [at(e), None, None]
+        elif kind == "activity_task_started_event_attributes":
+            out[names[e.activity_task_started_event_attributes.scheduled_event_id]][1] = at(e)
+        elif (
+            kind is not None
+            and kind.startswith("activity_task_")
+            and kind != "activity_task_cancel_requested_event_attributes"
+        ):
+            scheduled = getattr(e, kind).scheduled_event_id
+            out[names[scheduled]][2] = at(e)
+        elif kind == "marker_recorded_event_attributes":
+            local += 1
+            out[f"marker {local}"] = [None, None, at(e)]
+        elif kind == "timer_fired_event_attributes":
+            out["timer fired"] = [None, None, at(e)]
+    return out
+
+
 def _noop(_: PartitionCheckpoint) -> None:
     return None
 
@@ -522,6 +558,7 @@ async def run(
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
         "direct_batch_size_sweep": swept,
         "direct_batch_size_sweep_by_size": sweep_by_size(sweep, swept),
+        "pipeline_activities_seconds_after_deadline": activity_timeline(history, deadline),
         "history_events": len(history.events),
         "history_bytes": len(history.to_json()),
         **memory,

@@ -132,8 +132,9 @@ class Stack:
 
         The throughput benchmarks measure what orchestration costs next to the same SQL run
         directly, and the direct runs take no budget; with the default budget (2 batches in flight,
-        4,000 rows/s) the pipeline would measure the budget's limit instead. Its acquire and release
-        statements still run per batch. Scenario 6 (bench/player_load.py) measures the budget.
+        4,000 rows/s) the pipeline would measure the budget's limit instead. A worker that finds it
+        off asks again once a second (`off_recheck_seconds`), not per batch. Scenario 6
+        (bench/player_load.py) measures the budget.
         """
         await set_budget(self.pool, enabled=False, changed_by="benchmark")
 

@@ -220,11 +220,21 @@ SET reported_at = now(), recorded_at = clock_timestamp(), cleaned = EXCLUDED.cle
 WHERE NOT EXISTS (SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = r.cleanup_id);
 
 -- name: unreported_partitions
-SELECT DISTINCT c.partition_no
-FROM cleanup_claims c
-WHERE c.cleanup_id = $1
+-- The partitions with claims (one descent of the primary key per partition, not a read of every
+-- claim of the cohort) that have no report.
+WITH RECURSIVE claimed AS (
+    (SELECT partition_no FROM cleanup_claims WHERE cleanup_id = $1 ORDER BY partition_no LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.partition_no FROM cleanup_claims c
+            WHERE c.cleanup_id = $1 AND c.partition_no > claimed.partition_no
+            ORDER BY c.partition_no LIMIT 1)
+    FROM claimed WHERE claimed.partition_no IS NOT NULL
+)
+SELECT partition_no
+FROM claimed p
+WHERE p.partition_no IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM cleanup_partition_reports r
-                  WHERE r.cleanup_id = c.cleanup_id AND r.partition_no = c.partition_no)
+                  WHERE r.cleanup_id = $1 AND r.partition_no = p.partition_no)
 ORDER BY 1;
 
 -- name: settle_cleanup

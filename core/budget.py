@@ -77,6 +77,9 @@ class BudgetSettings(BaseModel):
     quiet_seconds: float = Field(default=1.0, ge=0)  # how long nothing is granted while it is (0: never)
     max_claim_rows: int = Field(default=2000, ge=1)  # the claim's chunks under the budget: at most this
     blocked_after_seconds: float = Field(default=1.0, ge=0)  # a batch blocked on a lock this long stops counting
+    # A process that found the budget switched off (`budget set --enabled off`) runs its batches
+    # without budget statements for this long, then asks again: switching it on takes effect within it.
+    off_recheck_seconds: float = Field(default=1.0, ge=0)
 
     @classmethod
     def from_env(cls, **overrides: object) -> BudgetSettings:
@@ -133,6 +136,9 @@ class LoadBudget:
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
         self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
+        # Until then (time.monotonic()), the operator's row said "off": no statements per batch. Two per
+        # batch on one hot row otherwise, serialized by the budget's lock, for a budget that limits nothing.
+        self._off_until = 0.0
 
     async def _probe_loop(self) -> None:
         """Time the commit probe every `probe_interval_seconds` while this process has work; each
@@ -153,7 +159,7 @@ class LoadBudget:
     @contextlib.asynccontextmanager
     async def batch(self, job: str, rows: int, while_waiting: Waiting | None = None) -> AsyncIterator[Grant]:
         """Hold a slot and `rows` rows of the budget for the body (one batch); release after it."""
-        if not self.settings.enabled:
+        if not self.settings.enabled or time.monotonic() < self._off_until:
             yield Grant(lease="", slot=None, rows=rows, waited_seconds=0.0)
             return
         async with self._probing():
@@ -223,6 +229,8 @@ class LoadBudget:
                     s.blocked_after_seconds,
                 )
             assert row is not None
+            if not row["enabled"]:
+                self._off_until = time.monotonic() + s.off_recheck_seconds
             metrics.set_budget(row["in_flight_limit"], row["rows_per_second"], row["scale"])
             if row["granted"]:
                 metrics.record_budget_wait(waited)

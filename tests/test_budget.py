@@ -224,6 +224,26 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
             await p.close()
 
 
+async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per_batch(pool):
+    """Switched off by the operator, the budget limits nothing: a worker that has read so runs its
+    batches without the acquire and release statements (each one on the budget's one hot row,
+    under its lock) until `off_recheck_seconds` have passed, then reads the row again."""
+    await set_budget(pool, enabled=False)
+    asked_once = LoadBudget(pool, BudgetSettings(off_recheck_seconds=3600))
+    before = (await budget_status(pool, asked_once.settings))["granted"]
+    grants = []
+    for _ in range(20):
+        async with asked_once.batch("test", 10) as grant:
+            grants.append(grant)
+    assert all(g.slot is None for g in grants), "off: no slot taken"
+    assert (await budget_status(pool, asked_once.settings))["granted"] - before == 1, "one acquire, not 20"
+
+    await set_budget(pool, enabled=True)
+    asks_each_time = LoadBudget(pool, BudgetSettings(off_recheck_seconds=0, quiet_seconds=0))
+    async with asks_each_time.batch("test", 10) as grant:
+        assert grant.slot is not None, "switched on again: the next read of the row takes a slot"
+
+
 def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
     common: dict[str, Any] = {
         "latency_threshold": 1000.0,
