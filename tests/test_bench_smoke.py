@@ -21,7 +21,7 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     result = await cohort_cleanup.run(
         accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100), timeline_file=str(timeline)
     )
-    assert result["pipeline_cleaned"] == 300 and result["direct_cleaned"] == [300, 300]
+    assert result["pipeline_cleaned"] == [300, 300] and result["direct_cleaned"] == [300, 300]
     assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [
         (25, 300),
         (100, 300),
