@@ -3,8 +3,11 @@
 -- UNIQUE constraint), as set-based statements on as many backends as there are cores, with no
 -- Temporal, no claim, no partitions, no batches and no counts read back. The work is cut into
 -- FLOOR_BACKENDS (bench/floor.py: os.cpu_count()) disjoint slices, decided by one untimed query
--- before the run; each slice is ONE statement in its own transaction on its own connection, all
--- slices at once, timed together (start of the first to end of the last), their counts summed.
+-- before the run; each slice runs on its own connection, all slices at once, timed together (start
+-- of the first to end of the last), their counts summed. A cleanup slice is ONE statement in its own
+-- transaction; a ledger slice is one statement per shard of the slice, in turn, each in its own
+-- transaction (over 8 shards at once the statement read both tables whole and sorted on disk: 1.6x
+-- the CPU of the same shards one by one).
 -- The benchmarks divide the direct path's and the pipeline's throughput by this one, measured in
 -- the same script run. (Figures measured before the floor was sliced used one statement on one
 -- backend.)
