@@ -666,6 +666,12 @@ async def test_a_nudge_during_a_batch_is_not_cleared_unseen(client, pool, task_q
 
     # Without the nudge the relay would idle for idle_sleep_seconds (an hour) before looking again.
     await wait_until(delivered, within=60, interval=0.1)
+
+    async def counted() -> bool:
+        # The row commits before the workflow records the batch's result: its totals follow.
+        return (await handle.query(OutboxRelayWorkflow.status)).totals.delivered >= 1
+
+    await wait_until(counted, within=30, interval=0.1)
     status = await handle.query(OutboxRelayWorkflow.status)
     assert status.totals.delivered == 1 and status.totals.batches >= 2
     await handle.signal(OutboxRelayWorkflow.stop)
