@@ -669,7 +669,7 @@ async def test_a_nudge_during_a_batch_is_not_cleared_unseen(client, pool, task_q
 
     async def counted() -> bool:
         # The row commits before the workflow records the batch's result: its totals follow.
-        return (await handle.query(OutboxRelayWorkflow.status)).totals.delivered >= 1
+        return bool((await handle.query(OutboxRelayWorkflow.status)).totals.delivered >= 1)
 
     await wait_until(counted, within=30, interval=0.1)
     status = await handle.query(OutboxRelayWorkflow.status)
