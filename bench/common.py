@@ -249,8 +249,11 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             await db.drop_database(admin_url, database)
 
 
-async def wait_for_worker(client: Client, task_queue: str, within: float = 60) -> None:
-    """Block until a worker polls the task queue (so start-up is not billed to the pipeline)."""
+async def wait_for_worker(client: Client, task_queue: str, within: float = 60, pid: int | None = None) -> None:
+    """Block until a worker polls the task queue (so start-up is not billed to the pipeline).
+
+    `pid`: until that worker process polls (its identity, the SDK's default `pid@host`): the server
+    keeps listing a stopped worker's pollers for a while."""
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -264,7 +267,7 @@ async def wait_for_worker(client: Client, task_queue: str, within: float = 60) -
                 task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
             )
         )
-        if resp.pollers:
+        if any(pid is None or p.identity.startswith(f"{pid}@") for p in resp.pollers):
             return
         await asyncio.sleep(0.2)
     raise RuntimeError("no worker polled the task queue in time")

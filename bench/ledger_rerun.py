@@ -15,7 +15,9 @@ ID, worker process). Then, as an operator does after late data (`starter.py reco
    shard, which is the first run's work); also the rows it wrote, its dead tuples and what its
    revision says, against what the change must add.
 
-Around each re-check, after the server's statistics have been flushed, the cumulative counters of
+Around each re-check, after the server's statistics have been flushed (each pipeline run has a
+worker process of its own, stopped before the counters are read: a backend flushes its statistics
+when it exits, at once, where an idle one waits up to 10 s), the cumulative counters of
 pg_stat_user_tables (inserts, updates, deletes, dead tuples, vacuums), the relation sizes and the
 identity sequences of every ledger table are compared: a write would show as an insert, update or
 delete, a rejected INSERT as a dead tuple, a grown relation or a consumed identity value. Before
@@ -40,7 +42,7 @@ from typing import Any
 import asyncpg
 
 import bench
-from bench.common import machine, stack, wait_for_worker
+from bench.common import Stack, machine, peak_rss_mib, stack, wait_for_worker
 from bench.ledger_reconciliation import (
     business_dates,
     direct_reconciliation,
@@ -68,12 +70,14 @@ IDENTITY_SEQUENCES = {
     "ledger_review": "review_id",
 }
 LATE = load(bench.__file__, "late_data.sql")
+OTHER_BACKENDS = """SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND NOT (pid = ANY($1::int[]))"""
 TOLERANCE_CENTS = 50
 COUNTERS = ["n_tup_ins", "n_tup_upd", "n_tup_del", "n_dead_tup", "vacuum_count", "autovacuum_count"]
 VACUUM_EFFECTS = "VACUUM ANALYZE ledger_corrections, ledger_review"
 VACUUM_CHANGED = "VACUUM ANALYZE ledger_payments, ledger_report_rows, ledger_corrections, ledger_review"
-# A backend that is idle with statistics pending flushes them within 10 s (PGSTAT_IDLE_INTERVAL).
-STATS_FLUSH_SECONDS = 10.5
+# How long the backends of a stopped worker may take to exit (and flush their statistics).
+BACKEND_EXIT_SECONDS = 30.0
 
 
 async def _read_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
@@ -92,16 +96,32 @@ async def _read_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
     return out
 
 
-async def table_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
+async def table_stats(s: Stack) -> dict[str, dict[str, int]]:
     """Cumulative statistics of the ledger tables once every backend has flushed its own.
 
-    `pg_stat_force_next_flush()` (PG15+) only flushes the calling backend; the worker's idle
-    connections flush theirs within 10 s (PGSTAT_IDLE_INTERVAL), so wait that long, then until two reads agree.
+    A backend flushes pending statistics when it exits, or when idle at most every 10 s
+    (PGSTAT_IDLE_INTERVAL), or at once after `pg_stat_force_next_flush()` (PG15+, the calling
+    backend only). So: stop the worker processes first (`pipeline_on_a_worker_of_its_own`); here
+    every connection of this process's pools is told to flush, then the reading
+    waits until no other backend of the database is left (the stopped worker's have exited), then
+    until two reads agree.
     """
-    async with pool.acquire() as conn:
-        if await conn.fetchval("SELECT to_regproc('pg_stat_force_next_flush') IS NOT NULL"):
-            await conn.execute("SELECT pg_stat_force_next_flush()")
-    await asyncio.sleep(STATS_FLUSH_SECONDS)
+    pool, ours = s.pool, set()
+    for p in (s.pool, *([s.claim_backends] if s.claim_backends is not None else [])):
+        conns = [await p.acquire() for _ in range(p.get_max_size())]  # every connection of the pool
+        try:
+            for conn in conns:
+                ours.add(conn.get_server_pid())
+                if await conn.fetchval("SELECT to_regproc('pg_stat_force_next_flush') IS NOT NULL"):
+                    await conn.execute("SELECT pg_stat_force_next_flush()")
+        finally:
+            for conn in conns:
+                await p.release(conn)
+    deadline = time.monotonic() + BACKEND_EXIT_SECONDS
+    while set(await pool.fetchval(OTHER_BACKENDS, list(ours))):
+        if time.monotonic() > deadline:
+            raise RuntimeError("backends of a stopped worker still connected: statistics incomplete")
+        await asyncio.sleep(0.1)
     previous = await _read_stats(pool)
     while True:
         await asyncio.sleep(0.5)
@@ -109,6 +129,21 @@ async def table_stats(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
         if current == previous:
             return current
         previous = current
+
+
+async def pipeline_on_a_worker_of_its_own(s: Stack, peaks: list[float], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`pipeline_reconciliation` on a worker process started for it and stopped after it, so its
+    backends have flushed their statistics by the time `table_stats` reads them. Start-up is not
+    billed to the run (`wait_for_worker` waits for this process's pollers); its peak RSS goes to `peaks`."""
+    worker = s.start_worker()
+    await wait_for_worker(s.client, s.settings.task_queue, pid=worker.pid)
+    try:
+        return await pipeline_reconciliation(s, *args, **kwargs)
+    finally:
+        peaks.append(peak_rss_mib(worker.pid))
+        assert worker.poll() is None, "the worker process died"
+        worker.terminate()
+        await asyncio.to_thread(worker.wait, BACKEND_EXIT_SECONDS)
 
 
 def deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -134,7 +169,13 @@ def writes(table_deltas: dict[str, dict[str, int]]) -> dict[str, Any]:
 
 
 async def changed_recheck(
-    s: Any, business_date: date, first_seconds: float, per_10000: int, parallel: int, batch_size: int
+    s: Stack,
+    peaks: list[float],
+    business_date: date,
+    first_seconds: float,
+    per_10000: int,
+    parallel: int,
+    batch_size: int,
 ) -> dict[str, Any]:
     """Change `per_10000` of the date's payments, then re-check it: seconds, writes, the revision."""
     t = time.perf_counter()
@@ -142,9 +183,9 @@ async def changed_recheck(
     assert change is not None
     await s.pool.execute(VACUUM_CHANGED)
     change_seconds = time.perf_counter() - t
-    before = await table_stats(s.pool)
-    recheck = await pipeline_reconciliation(s, business_date, parallel, batch_size, recheck=True)
-    after = await table_stats(s.pool)
+    before = await table_stats(s)
+    recheck = await pipeline_on_a_worker_of_its_own(s, peaks, business_date, parallel, batch_size, recheck=True)
+    after = await table_stats(s)
     revision = await s.pool.fetchrow(LATE.latest_revision, business_date)
     assert revision is not None
     table_deltas = deltas(before, after)
@@ -190,26 +231,33 @@ async def run(
         await s.pool.execute("VACUUM ANALYZE")
         seed_seconds = time.perf_counter() - t
 
-        worker = s.start_worker()
-        await wait_for_worker(s.client, s.settings.task_queue)
-
-        first = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
+        peaks: list[float] = []
+        at_start = await table_stats(s)
+        first = await pipeline_on_a_worker_of_its_own(s, peaks, pipeline_date, parallel, batch_size)
         # The first run's inserts would trigger an autovacuum of the effect tables during the rerun,
         # which resets n_dead_tup; vacuum them now (untimed) so the rerun's counters stand alone.
         await s.pool.execute(VACUUM_EFFECTS)
-        before = await table_stats(s.pool)
-        rerun = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size, recheck=True)
-        after = await table_stats(s.pool)
+        before = await table_stats(s)
+        # The counters must see what a run wrote, or "the rerun wrote nothing" proves nothing: the
+        # first run's inserts as counted, beside the rows its effect tables hold (only it wrote them).
+        first_inserts = {
+            t: [before[t]["n_tup_ins"] - at_start[t]["n_tup_ins"], await s.pool.fetchval(f"SELECT count(*) FROM {t}")]
+            for t in ("ledger_corrections", "ledger_review")
+        }
+        rerun = await pipeline_on_a_worker_of_its_own(s, peaks, pipeline_date, parallel, batch_size, recheck=True)
+        after = await table_stats(s)
         unchanged_revision = await s.pool.fetchrow(LATE.latest_revision, pipeline_date)
-        changed = await changed_recheck(s, pipeline_date, first["seconds"], changed_per_10000, parallel, batch_size)
+        changed = await changed_recheck(
+            s, peaks, pipeline_date, first["seconds"], changed_per_10000, parallel, batch_size
+        )
 
         direct: dict[str, Any] | None = None
         if with_direct:
             d1 = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-first")
             await s.pool.execute(VACUUM_EFFECTS)
-            d_before = await table_stats(s.pool)
+            d_before = await table_stats(s)
             d2 = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-rerun")
-            d_after = await table_stats(s.pool)
+            d_after = await table_stats(s)
             assert seeded_direct is not None
             direct = {
                 "first_seconds": round(d1["seconds"], 3),
@@ -220,8 +268,11 @@ async def run(
                 "expected": expected(seeded_direct),
                 "rerun_table_deltas": deltas(d_before, d_after),
             }
-        memory = s.memory()
-        assert worker.poll() is None, "the worker process died"
+        # One worker process per pipeline run (see table_stats): the largest of their peaks.
+        memory = {
+            "worker_peak_rss_mib": round(max(peaks), 1),
+            "temporal_server_peak_rss_mib": s.memory()["temporal_server_peak_rss_mib"],
+        }
 
     per_run = {"batches_this_attempt", "unchanged_since_report"}
     rerun_shards = [r.model_dump(exclude=per_run) for r in rerun["result"].shards]
@@ -250,6 +301,8 @@ async def run(
         "rerun_batches": rerun["batches"],
         "first_timeline": first["timeline"],
         "rerun_timeline": rerun["timeline"],
+        "first_run_inserts_counted_and_held": first_inserts,
+        "counters_saw_the_first_run": all(counted == held > 0 for counted, held in first_inserts.values()),
         "rerun_table_deltas": table_deltas,
         "rerun_rows_inserted": sum(table_deltas[t]["n_tup_ins"] for t in LEDGER_TABLES),
         "rerun_dead_tuples_in_effect_tables": sum(

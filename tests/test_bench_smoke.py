@@ -63,6 +63,7 @@ async def test_ledger_rerun_benchmark_changes_nothing_and_measures_a_ratio():
     assert result["first_outcome"] == result["rerun_outcome"] == result["expected"]
     assert result["rerun_reports_same_as_first"]
     assert result["rerun_shards_unchanged_since_report"] == 4, "the rerun took the unchanged-inputs shortcut"
+    assert result["counters_saw_the_first_run"], result["first_run_inserts_counted_and_held"]
     assert result["ratio"] > 0
     deltas = result["rerun_table_deltas"]
     for table in ("ledger_corrections", "ledger_review"):
