@@ -130,8 +130,8 @@ class ServerNotReady(RuntimeError):
     """A Temporal server did not start serving within its start-up timeout."""
 
 
-def probe_temporal(address: str, namespace: str = "default") -> str | None:
-    """None when the frontend serves `namespace`, else why not (one attempt, a few seconds at most).
+def probe_temporal(address: str, namespace: str = "default", timeout: float = 10.0) -> str | None:
+    """None when the frontend serves `namespace`, else why not (one attempt of at most `timeout` s).
 
     An open port is not enough: the frontend answers `Unavailable: Frontend is not healthy yet` for
     a moment after it binds, and the namespace of a fresh dev server is registered after that.
@@ -147,16 +147,16 @@ def probe_temporal(address: str, namespace: str = "default") -> str | None:
 
     def run() -> None:  # its own thread and loop: callers may be sync or inside a running loop
         try:
-            asyncio.run(asyncio.wait_for(attempt(), timeout=10))
+            asyncio.run(asyncio.wait_for(attempt(), timeout=timeout))
             outcome.append(None)
         except BaseException as err:
             outcome.append(err)
 
     thread = threading.Thread(target=run, name="temporal-probe", daemon=True)
     thread.start()
-    thread.join(15)
+    thread.join(timeout + 5)
     if not outcome:
-        return "no answer within 15 s"
+        return f"no answer within {timeout + 5:g} s"
     err = outcome[0]
     return None if err is None else f"{type(err).__name__}: {err}".splitlines()[0][:300]
 
@@ -177,7 +177,8 @@ def wait_until_serving(
     while True:
         if process is not None and process.poll() is not None:
             raise ServerNotReady(f"temporal dev server exited ({process.returncode}){where}")
-        why = probe_temporal(address, namespace)
+        # One attempt never outlasts the deadline by much (a port that accepts and never answers).
+        why = probe_temporal(address, namespace, timeout=min(10.0, max(3.0, deadline - time.monotonic())))
         if why is None:
             return
         if time.monotonic() > deadline:
