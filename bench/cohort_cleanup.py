@@ -273,8 +273,11 @@ async def pipeline_cleanup(
     """The real thing, timed from the deadline to settled: the cohort seeded at `seed_deadline` gets
     a deadline `lead_seconds` ahead (set-based), the cleanup starts 2 s before it, so the durable
     sleep is part of the run. Returns the run and a lead that suffices for another cohort this size
-    (twice what moving this one took, at least 5 s)."""
+    (three times what moving this one took, at least 5 s). The runs before it are settled first
+    (untimed), so the lead covers this cohort's move and nothing that the runs before left behind
+    (run AR failed here: the floor's dead tuples vacuumed inside the second pipeline's lead)."""
     lead = 2.0
+    await settle(s.pool)
     moved_at = datetime.now(UTC)
     deadline = (moved_at + timedelta(seconds=lead_seconds)).replace(microsecond=0)
     await s.pool.execute(
@@ -284,7 +287,7 @@ async def pipeline_cleanup(
         timeout=LONG_STATEMENT_SECONDS,
     )
     await settle(s.pool)
-    next_lead = max(5.0, 2 * (datetime.now(UTC) - moved_at).total_seconds())
+    next_lead = max(5.0, 3 * (datetime.now(UTC) - moved_at).total_seconds())
     ahead = (deadline - datetime.now(UTC)).total_seconds()
     # Started after the deadline, the pipeline's time from the deadline would include the delay.
     assert ahead > lead, f"moving the cohort took longer than its lead ({ahead:.1f} s left); raise the lead"
