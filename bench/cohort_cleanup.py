@@ -72,6 +72,7 @@ from cleanup.models import (
     following_partitions,
 )
 from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.planner_models import PlannerSettings
 from cleanup.targets import load_targets
 from core.queries import load
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -86,6 +87,10 @@ LONG_STATEMENT_SECONDS = 3600.0
 SEED_CHUNK = 100_000
 # pg_stat_activity sampled this often during a sweep run's batches (a run lasts a few seconds).
 SWEEP_SAMPLE_SECONDS = 0.02
+# Partitions at a time: the planner's default, the cohort cleanups that run with nobody starting
+# them (8, `starter.py cleanup`'s default, is 10 backends with the claim streams on a 2-core server:
+# `--compare-parallel 8` measures what that costs beside it; BENCHMARKS.md, "Partitions at a time").
+DEFAULT_PARALLEL = PlannerSettings().max_parallel_partitions
 
 
 async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) -> None:
@@ -379,6 +384,31 @@ def _noop(_: PartitionCheckpoint) -> None:
     return None
 
 
+def compared_summary(
+    compare_parallel: int | None, compared: list[dict[str, Any]], direct_rate: float, direct_cpu: list[float | None]
+) -> dict[str, Any]:
+    """The direct runs at `compare_parallel` partitions at a time beside the main ones: seconds, CPU,
+    and the main direct path's rate over theirs (each the faster of two runs) and CPU the same way."""
+    if not compare_parallel:
+        return {}
+    cpu = [c["backend_cpu_s"] for c in compared]
+    rate = max(c["cleaned"] / c["seconds"] for c in compared)
+    known = None not in cpu and None not in direct_cpu
+    return {
+        "compare_parallel_partitions": compare_parallel,
+        "compare_direct_seconds_before_and_after": [round(c["seconds"], 3) for c in compared],
+        "compare_direct_claim_seconds": [round(c["claim_seconds"], 3) for c in compared],
+        "compare_direct_cpu_seconds": cpu,
+        "compare_direct_cleaned": [c["cleaned"] for c in compared],
+        "direct_over_compare_parallel": round(direct_rate / rate, 3),
+        "direct_over_compare_parallel_by_cpu": (
+            round(min(c for c in cpu if c is not None) / min(c for c in direct_cpu if c is not None), 3)
+            if known
+            else None
+        ),
+    }
+
+
 def sweep_result(size: int, d: dict[str, Any]) -> dict[str, Any]:
     """One direct run of the batch-size sweep (claim first, then the batches alone): the batches'
     throughput and Postgres CPU per account, and the whole run's."""
@@ -471,13 +501,17 @@ def pooled_observations(runs: list[dict[str, Any]]) -> dict[str, Any]:
 async def run(
     accounts: int,
     partitions: int = 16,
-    parallel: int = 8,
+    parallel: int = DEFAULT_PARALLEL,
     batch_size: int = 1000,
     sweep: tuple[int, ...] = (),
     sweep_rounds: int = 2,
     timeline_file: str | None = None,
+    compare_parallel: int | None = None,
 ) -> dict[str, Any]:
-    """`sweep`: batch sizes of extra direct runs after the others, `sweep_rounds` rounds, in the
+    """`compare_parallel`: two more direct runs with that many partitions at a time (one before the
+    first direct run, one after the second, two more cohorts), so the cost of a parallelism against
+    `parallel` is a ratio of this run (`direct_over_compare_parallel`).
+    `sweep`: batch sizes of extra direct runs after the others, `sweep_rounds` rounds, in the
     given order then in reverse, and so on (ABC CBA ABC), one more cohort each: a drift over the run
     (a growing database) then weighs on every size alike instead of on the last one.
     `timeline_file`: where to write each sweep run's timeline (`bench.observe`, every 20 ms: cores
@@ -496,8 +530,12 @@ async def run(
         await seed_cohort(s.pool, "f", floor_deadline, accounts)
         await seed_cohort(s.pool, "g", floor_after, accounts)
         await seed_cohort(s.pool, "r", pipeline_again_seed, accounts)
+        compare_deadlines = [base + timedelta(hours=6 + i) for i in range(2 if compare_parallel else 0)]
+        for i, d in enumerate(compare_deadlines):
+            await seed_cohort(s.pool, f"c{i}", d, accounts)
         sweep_order = [size for r in range(sweep_rounds) for size in (sweep if r % 2 == 0 else sweep[::-1])]
-        sweep_deadlines = [base + timedelta(hours=6 + i) for i in range(len(sweep_order))]
+        first_sweep = 6 + len(compare_deadlines)
+        sweep_deadlines = [base + timedelta(hours=first_sweep + i) for i in range(len(sweep_order))]
         for i, d in enumerate(sweep_deadlines):
             await seed_cohort(s.pool, f"s{i}", d, accounts)
         seed_seconds = time.perf_counter() - t
@@ -511,6 +549,17 @@ async def run(
         acts = await CleanupActivities.create(s.pool, load_targets())
         await settle(s.pool)
         floor = await floor_cleanup(acts, floor_deadline)
+        compared: list[dict[str, Any]] = []
+
+        async def compare(deadline: datetime) -> None:
+            assert compare_parallel is not None
+            await settle(s.pool)
+            compared.append(
+                await direct_cleanup(acts, s.claim_backends, deadline, partitions, compare_parallel, batch_size)
+            )
+
+        if compare_parallel:
+            await compare(compare_deadlines[0])
         await settle(s.pool)
         direct = await direct_cleanup(acts, s.claim_backends, direct_deadline, partitions, parallel, batch_size)
 
@@ -520,6 +569,8 @@ async def run(
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         await settle(s.pool)
         direct_2 = await direct_cleanup(acts, s.claim_backends, direct_after, partitions, parallel, batch_size)
+        if compare_parallel:
+            await compare(compare_deadlines[1])
         await settle(s.pool)
         floor_2 = await floor_cleanup(acts, floor_after)
         # The pipeline again, last: like the floor and the direct path, it counts by its faster run.
@@ -600,6 +651,7 @@ async def run(
         "pipeline_cleaned": [p["cleaned"] for p in pipelines],
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
+        **compared_summary(compare_parallel, compared, direct_rate, cpu["direct"]),
         "direct_batch_size_sweep": swept,
         "direct_batch_size_sweep_by_size": sweep_by_size(sweep, swept),
         "pipeline_activities_seconds_after_deadline": [p["activities"] for p in pipelines],
@@ -614,7 +666,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--accounts", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=16)
-    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help="partitions at a time (default: the planner's, which starts every cohort cleanup by itself)",
+    )
+    parser.add_argument(
+        "--compare-parallel",
+        type=int,
+        metavar="N",
+        help="two more direct runs with N partitions at a time, as a ratio against --parallel (e.g. 8)",
+    )
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
         "--sweep",
@@ -637,6 +700,7 @@ def main() -> None:
             tuple(args.sweep),
             args.sweep_rounds,
             args.timeline,
+            args.compare_parallel,
         )
     )
     print(json.dumps(result, indent=2))

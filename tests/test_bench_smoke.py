@@ -19,7 +19,13 @@ from bench import (
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     timeline = tmp_path / "timeline.json"
     result = await cohort_cleanup.run(
-        accounts=300, partitions=4, parallel=2, batch_size=50, sweep=(25, 100), timeline_file=str(timeline)
+        accounts=300,
+        partitions=4,
+        parallel=2,
+        batch_size=50,
+        sweep=(25, 100),
+        timeline_file=str(timeline),
+        compare_parallel=1,
     )
     assert result["pipeline_cleaned"] == [300, 300] and result["direct_cleaned"] == [300, 300]
     assert [(r["batch_size"], r["cleaned"]) for r in result["direct_batch_size_sweep"]] == [
@@ -34,6 +40,8 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     assert all(0 <= r["batches_machine_busy"] <= 1 for r in by_size["sizes"])
     assert [t["batch_size"] for t in json.loads(timeline.read_text())] == [25, 100, 100, 25]
     assert result["floor_cleaned"] == [300, 300]
+    assert result["compare_parallel_partitions"] == 1 and result["compare_direct_cleaned"] == [300, 300]
+    assert result["direct_over_compare_parallel"] > 0
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
     assert result["worker_0_peak_rss_mib"] > 0 and result["temporal_server_peak_rss_mib"] > 0
