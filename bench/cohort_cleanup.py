@@ -20,6 +20,10 @@ a path to the machine's noise alone: the floor's two runs differ by up to 50%).
   from the deadline to the settled result), twice; each run's activities on a timeline
   (`pipeline_activities_seconds_after_deadline`: scheduled, started, closed).
 
+Partitions at a time: the planner's default (`DEFAULT_PARALLEL`), `--parallel` to change it;
+`--compare-parallel N` adds two direct runs at N (two more cohorts), one before the first direct run
+and one after the second, printed as `direct_over_compare_parallel`.
+
 Ratios (accounts/s over accounts/s, all measured in this run): direct / floor, pipeline / direct
 and pipeline / floor. Also printed: each run's Postgres CPU time where the server's processes can
 be read, summed over every backend of the database (the floor's: all its slices' backends;
