@@ -389,15 +389,15 @@ def _noop(_: PartitionCheckpoint) -> None:
 
 
 def compared_summary(
-    compare_parallel: int | None, compared: list[dict[str, Any]], direct_rate: float, direct_cpu: list[float | None]
+    compare_parallel: int | None, compared: list[dict[str, Any]], direct_rate: float, direct_cpu: float | None
 ) -> dict[str, Any]:
     """The direct runs at `compare_parallel` partitions at a time beside the main ones: seconds, CPU,
-    and the main direct path's rate over theirs (each the faster of two runs) and CPU the same way."""
+    and the main direct path's rate over theirs (each the faster of two runs), and its least CPU
+    (`direct_cpu`) against theirs."""
     if not compare_parallel:
         return {}
     cpu = [c["backend_cpu_s"] for c in compared]
     rate = max(c["cleaned"] / c["seconds"] for c in compared)
-    known = None not in cpu and None not in direct_cpu
     return {
         "compare_parallel_partitions": compare_parallel,
         "compare_direct_seconds_before_and_after": [round(c["seconds"], 3) for c in compared],
@@ -406,9 +406,7 @@ def compared_summary(
         "compare_direct_cleaned": [c["cleaned"] for c in compared],
         "direct_over_compare_parallel": round(direct_rate / rate, 3),
         "direct_over_compare_parallel_by_cpu": (
-            round(min(c for c in cpu if c is not None) / min(c for c in direct_cpu if c is not None), 3)
-            if known
-            else None
+            round(min(cpu) / direct_cpu, 3) if direct_cpu and None not in cpu else None
         ),
     }
 
@@ -655,7 +653,7 @@ async def run(
         "pipeline_cleaned": [p["cleaned"] for p in pipelines],
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
-        **compared_summary(compare_parallel, compared, direct_rate, cpu["direct"]),
+        **compared_summary(compare_parallel, compared, direct_rate, least.get("direct")),
         "direct_batch_size_sweep": swept,
         "direct_batch_size_sweep_by_size": sweep_by_size(sweep, swept),
         "pipeline_activities_seconds_after_deadline": [p["activities"] for p in pipelines],
