@@ -212,7 +212,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     database = f"bench_{uuid.uuid4().hex[:10]}"
     url = await db.create_database(admin_url, database, migrate=False)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        server = embedded.DevServer(Path(tmp), port=embedded.free_port())
+        server = embedded.DevServer(Path(tmp), port=None)
         server.start()
         settings = base.model_copy(
             update={

@@ -66,15 +66,33 @@ def free_port() -> int:
 
 
 class DevServer:
-    """A `temporal server start-dev` process persisting to a SQLite file."""
+    """A `temporal server start-dev` process persisting to a SQLite file.
 
-    def __init__(self, state_dir: Path, port: int = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None) -> None:
+    `port=None` picks a free port, and picks another when a start fails: the dev server also binds
+    ports it chooses itself (HTTP, metrics, the internal services), and on a loaded machine another
+    process can take one between its choice and its bind. Once started, the port is kept, so a
+    restart serves the same address and the same SQLite file.
+    """
+
+    START_ATTEMPTS = 3
+
+    def __init__(self, state_dir: Path, port: int | None = EMBEDDED_TEMPORAL_PORT, ui_port: int | None = None) -> None:
         self.state_dir = state_dir
-        self.port = port
+        self._port_is_ours = port is None
+        self.port = free_port() if port is None else port
         self.ui_port = ui_port
-        self.db_file = state_dir / f"temporal-{port}.sqlite"
-        self.pid_file = state_dir / f"temporal-{port}.pid"
-        self.log_file = state_dir / f"temporal-{port}.log"
+
+    @property
+    def db_file(self) -> Path:
+        return self.state_dir / f"temporal-{self.port}.sqlite"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / f"temporal-{self.port}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / f"temporal-{self.port}.log"
 
     @property
     def address(self) -> str:
@@ -85,12 +103,32 @@ class DevServer:
         return port_open("127.0.0.1", self.port)
 
     def start(self, timeout: float = 90.0) -> None:
-        """Start the server (or reuse one already on the port) and return once it answers requests."""
+        """Start the server (or reuse one already on the port) and return once it answers requests.
+
+        A process that exits while starting is started again (up to START_ATTEMPTS times, each with
+        `timeout`); the error says why each attempt exited.
+        """
+        exits: list[str] = []
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            if attempt > 1 and self._port_is_ours:
+                self.port = free_port()
+            try:
+                self._start_once(timeout)
+            except ServerExited as exited:
+                exits.append(f"attempt {attempt}: {exited}")
+                if attempt == self.START_ATTEMPTS:
+                    raise ServerExited("; ".join(exits)) from exited
+                continue
+            self._port_is_ours = False  # restarts keep this address and this SQLite file
+            return
+
+    def _start_once(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         if self.running():
             wait_until_serving(self.address, deadline=deadline, log_file=self.log_file)
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        log_from = self.log_file.stat().st_size if self.log_file.exists() else 0
         cmd = [
             temporal_cli_path(), "server", "start-dev",
             "--db-filename", str(self.db_file),
@@ -105,7 +143,11 @@ class DevServer:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self.pid_file.write_text(str(proc.pid))
-        wait_until_serving(self.address, deadline=deadline, log_file=self.log_file, process=proc)
+        try:
+            wait_until_serving(self.address, deadline=deadline, log_file=self.log_file, process=proc, log_from=log_from)
+        except ServerExited:
+            self.pid_file.unlink(missing_ok=True)
+            raise
         if self.ui_port:
             wait_until_http_answers(f"http://127.0.0.1:{self.ui_port}/", deadline=deadline, log_file=self.log_file)
 
@@ -128,6 +170,20 @@ class DevServer:
 
 class ServerNotReady(RuntimeError):
     """A Temporal server did not start serving within its start-up timeout."""
+
+
+class ServerExited(ServerNotReady):
+    """The server process exited before it served; the message carries the end of its log."""
+
+
+def log_tail(log_file: Path | None, since: int = 0, lines: int = 8) -> str:
+    """The last lines a log got after byte `since`, on one line, for an error message."""
+    if log_file is None or not log_file.exists():
+        return ""
+    with open(log_file, "rb") as log:
+        log.seek(since)
+        tail = log.read().decode(errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(line.strip()[:300] for line in tail)
 
 
 def probe_temporal(address: str, namespace: str = "default", timeout: float = 10.0) -> str | None:
@@ -167,6 +223,7 @@ def wait_until_serving(
     deadline: float,
     log_file: Path | None = None,
     process: subprocess.Popen[bytes] | None = None,
+    log_from: int = 0,
     namespace: str = "default",
 ) -> None:
     """Block until the Temporal frontend at `address` answers real requests, or raise ServerNotReady.
@@ -176,7 +233,10 @@ def wait_until_serving(
     where = f"; see {log_file}" if log_file else ""
     while True:
         if process is not None and process.poll() is not None:
-            raise ServerNotReady(f"temporal dev server exited ({process.returncode}){where}")
+            tail = log_tail(log_file, since=log_from)
+            raise ServerExited(
+                f"temporal dev server exited ({process.returncode}){where}" + (f": {tail}" if tail else "")
+            )
         # One attempt never outlasts the deadline by much (a port that accepts and never answers).
         why = probe_temporal(address, namespace, timeout=min(10.0, max(3.0, deadline - time.monotonic())))
         if why is None:

@@ -85,7 +85,7 @@ async def env(
     server: embedded.DevServer | None = None
     if choice == "local":
         # The project's own DevServer, so the suite waits on the same readiness check as everything else.
-        server = embedded.DevServer(tmp_path_factory.mktemp("temporal"), port=embedded.free_port())
+        server = embedded.DevServer(tmp_path_factory.mktemp("temporal"), port=None)
         await asyncio.to_thread(server.start)
         address = server.address
     elif choice == "time-skipping":

@@ -31,7 +31,7 @@ D = date(2026, 10, 25)
 async def main(prefix: str, recheck: bool) -> None:
     admin_url = os.environ["DATABASE_URL"]
     name = f"record_ledger_{uuid.uuid4().hex[:8]}"
-    server = embedded.DevServer(Path(tempfile.mkdtemp()), port=embedded.free_port())
+    server = embedded.DevServer(Path(tempfile.mkdtemp()), port=None)
     await asyncio.to_thread(server.start)
     url = await db.create_database(admin_url, name)
     try:

@@ -10,7 +10,7 @@ from temporalio.api.enums.v1 import EventType
 from cleanup.models import CleanupResult, CleanupStatus
 from cleanup.operations import start_cleanup
 from core.config import Settings
-from core.embedded import DevServer, free_port
+from core.embedded import DevServer
 from core.temporal import connect
 from tests.helpers import deadline_in, effect_counts, seed
 from worker import build_activities, build_worker
@@ -45,7 +45,7 @@ async def test_deadline_days_away_fires_on_the_time_skipping_server(time_skippin
 
 
 async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_queue, tmp_path):
-    server = DevServer(tmp_path, port=free_port())
+    server = DevServer(tmp_path, port=None)
     await asyncio.to_thread(server.start)
     try:
         client = await connect(Settings(temporal_address=server.address))

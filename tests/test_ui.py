@@ -75,7 +75,7 @@ def chromium(binary: str, profile: str, *args: str, timeout: float = 90) -> subp
 @pytest_asyncio.fixture(scope="module")
 async def ui_server() -> AsyncIterator[DevServer]:
     state = Path(tempfile.mkdtemp(prefix="ui-devserver-"))
-    server = DevServer(state, port=free_port(), ui_port=free_port())
+    server = DevServer(state, port=None, ui_port=free_port())
     await asyncio.to_thread(server.start)
     try:
         yield server

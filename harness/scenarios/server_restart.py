@@ -15,7 +15,7 @@ from temporalio.api.enums.v1 import EventType
 
 from cleanup.operations import cleanup_status, start_cleanup
 from core.config import Settings
-from core.embedded import DevServer, free_port
+from core.embedded import DevServer
 from core.temporal import connect
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort
@@ -26,7 +26,7 @@ async def run(ctx: Ctx) -> Row:
     row = Row("9 server restart")
     rng = ctx.rng("server-restart")
     with tempfile.TemporaryDirectory(prefix="harness-restart-") as tmp:
-        server = DevServer(Path(tmp), port=free_port())
+        server = DevServer(Path(tmp), port=None)
         await asyncio.to_thread(server.start)
         lane = await ctx.h.lane("restart", 2, address=server.address)
         try:
