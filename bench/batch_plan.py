@@ -59,18 +59,27 @@ REMOVED = ("Rows Removed by Filter", "Rows Removed by Join Filter", "Rows Remove
 
 
 @contextlib.asynccontextmanager
-async def fresh_database() -> AsyncIterator[asyncpg.Pool]:
+async def fresh_database_url() -> AsyncIterator[str]:
     """A fresh, migrated database in the embedded Postgres (or $DATABASE_URL's server); no Temporal."""
     base = Settings.from_env()
     admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
     name = f"bench_{uuid.uuid4().hex[:10]}"
     url = await db.create_database(admin_url, name, migrate=True)
-    pool = await db.create_pool(url, max_size=4)
     try:
-        yield pool
+        yield url
     finally:
-        await pool.close()
         await db.drop_database(admin_url, name)
+
+
+@contextlib.asynccontextmanager
+async def fresh_database() -> AsyncIterator[asyncpg.Pool]:
+    """`fresh_database_url`, as a pool of a few connections."""
+    async with fresh_database_url() as url:
+        pool = await db.create_pool(url, max_size=4)
+        try:
+            yield pool
+        finally:
+            await pool.close()
 
 
 def _walk(node: dict[str, Any], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:
@@ -127,21 +136,31 @@ def growth(results: dict[str, Any], prefix: str, sizes: tuple[int, ...]) -> dict
     }
 
 
-async def explain_batch(
-    pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, batch_size: int, generic: bool
-) -> dict[str, Any]:
+async def explain_prepared(pool: asyncpg.Pool, sql: str, args: tuple[Any, ...], generic: bool) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of `sql` as a prepared statement, rolled back. A generic plan needs `PREPARE`
+    and `EXECUTE`: `EXPLAIN` of the statement with bound parameters plans it for those values (a
+    custom plan) whatever `plan_cache_mode` says, which is what this guard measured until it was
+    found (BENCHMARKS.md, "A generic plan frozen on an empty table")."""
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    # EXECUTE takes no bind parameters: its arguments as literals (this module's own values).
+    literals = ", ".join(str(a) if isinstance(a, int) else "'" + str(a).replace("'", "''") + "'" for a in args)
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
-            if generic:
-                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            raw = await conn.fetchval(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.batch_sql, cleanup_id, 0, "", batch_size
-            )
+            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            await conn.execute("PREPARE explained AS " + sql)
+            raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE explained({literals})")
         finally:
             await tx.rollback()
-    summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
+            await conn.execute("DEALLOCATE explained")  # it outlives the transaction
+    return summarize(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+async def explain_batch(
+    pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, batch_size: int, generic: bool
+) -> dict[str, Any]:
+    summary = await explain_prepared(pool, compiled.batch_sql, (cleanup_id, 0, "", batch_size), generic)
     summary["ms_per_account"] = round(summary["execution_ms"] / batch_size, 4)
     summary["rows_per_account"] = round(summary["rows_processed"] / batch_size, 2)
     return summary
@@ -150,25 +169,8 @@ async def explain_batch(
 async def explain_ledger_batch(
     pool: asyncpg.Pool, business_date: date, batch_size: int, generic: bool
 ) -> dict[str, Any]:
-    async with pool.acquire() as conn:
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            if generic:
-                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            raw = await conn.fetchval(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + LEDGER_SQL.reconcile_batch,
-                business_date,
-                0,
-                "",
-                "",
-                batch_size,
-                50,
-                "explain",
-            )
-        finally:
-            await tx.rollback()
-    summary = summarize(json.loads(raw) if isinstance(raw, str) else raw)
+    args = (business_date, 0, "", "", batch_size, 50, "explain")
+    summary = await explain_prepared(pool, LEDGER_SQL.reconcile_batch, args, generic)
     summary["ms_per_key"] = round(summary["execution_ms"] / batch_size, 4)
     summary["rows_per_key"] = round(summary["rows_processed"] / batch_size, 2)
     return summary

@@ -78,12 +78,18 @@ async def create_pool(
 
     `idle_in_transaction_timeout` (seconds): the server ends a session whose transaction stays idle
     that long (Postgres' idle_in_transaction_session_timeout), so a client frozen or cut off between
-    a statement and its COMMIT does not keep its row and advisory locks: see Settings."""
-    server_settings = (
-        {"idle_in_transaction_session_timeout": str(max(1, int(idle_in_transaction_timeout * 1000)))}
-        if idle_in_transaction_timeout
-        else None
-    )
+    a statement and its COMMIT does not keep its row and advisory locks: see Settings.
+
+    Every statement is planned for its own parameters (`plan_cache_mode = force_custom_plan`):
+    asyncpg prepares each statement once per connection, and after five executions Postgres may
+    keep one generic plan for the connection's life, planned on the statistics of that moment. A
+    batch statement's generic plan made while `cleanup_applied` was small probes it with a
+    sequential scan per account, and keeps doing so as the table grows: a cohort's cleanup turned
+    quadratic (BENCHMARKS.md, "A generic plan frozen on an empty table"). Planning the batch
+    statement costs ~1 ms against 40-450 ms to run it."""
+    server_settings = {"plan_cache_mode": "force_custom_plan"}
+    if idle_in_transaction_timeout:
+        server_settings["idle_in_transaction_session_timeout"] = str(max(1, int(idle_in_transaction_timeout * 1000)))
 
     async def init(conn: asyncpg.Connection) -> None:
         if on_connect is not None:

@@ -1,0 +1,284 @@
+"""Batch sizes side by side, in one run: `python -m bench.batch_sizes --accounts 1000000`.
+
+The batch-size sweep of `bench.cohort_cleanup` cleans one cohort per size, one after the other, and
+on a shared 2-core machine one size's runs spread 6-40% (BENCHMARKS.md), more than the few percent
+the sizes differ by. Here the sizes share the same seconds instead: one cohort, claimed into
+`--parallel` partitions (the planner's 4 partitions at a time by default), all of them running at
+once, each on its own backend; every partition walks its accounts in cycles that give each size
+the same number of accounts (10 batches of 500, 5 of 1,000 and 1 of 5,000, shuffled), so at any
+moment the other backends run the same mix whatever size this one runs, and a slow minute of the
+machine weighs on every size alike.
+
+Each statement is the worker's compiled batch statement with its COMMIT (`run_keyset_batch`),
+measured by its own backend: wall time, CPU time and time runnable but waiting for a core
+(`/proc/PID/schedstat`, nanoseconds). Counted are full batches run while every partition was still
+running (a partition's short last batch and the tail after the first partition ends are left out
+and counted apart). Per size: microseconds of wall time per account on its backend (the speed: with
+every backend busy, the machine's throughput is `parallel` / that) and of CPU. Per step to the next
+size: the speed ratio (previous size's time per account / this one's; >= 1 is "no slower") and its
+95% interval by a paired bootstrap over the cycles (each cycle holds every size), the same by CPU,
+and the ratio in each quarter of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from activities.cleanup import claim_in_chunks
+from bench.batch_plan import fresh_database_url
+from bench.cohort_cleanup import AUTOVACUUM_OFF, DEFAULT_PARALLEL, LONG_STATEMENT_SECONDS, seed_cohort, settle
+from bench.common import load_average, machine
+from bench.observe import schedstat
+from cleanup.batches import CompiledCleanup, run_keyset_batch
+from cleanup.models import DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
+from cleanup.targets import load_targets
+from core import db
+
+BOOTSTRAP_RESAMPLES = 2000
+QUARTERS = 4
+
+
+@dataclass(frozen=True)
+class Statement:
+    partition: int
+    cycle: int
+    size: int
+    rows: int
+    started: float
+    ended: float
+    cpu_ns: int
+    runnable_ns: int
+
+    @property
+    def wall_ns(self) -> float:
+        return (self.ended - self.started) * 1e9
+
+
+def cycle_of(sizes: tuple[int, ...]) -> list[int]:
+    """One cycle: each size as often as gives it the largest size's accounts."""
+    largest = max(sizes)
+    if any(largest % s for s in sizes):
+        raise SystemExit(f"every size must divide the largest ({largest}): {sizes}")
+    return [s for s in sizes for _ in range(largest // s)]
+
+
+async def run_partition(
+    url: str, compiled: CompiledCleanup, cleanup_id: str, partition: int, sizes: tuple[int, ...]
+) -> tuple[list[Statement], float]:
+    """One partition to its end on a backend of its own; returns its statements and when it ended."""
+    pool = await db.create_pool(url, min_size=1, max_size=1)
+    try:
+        pid = await pool.fetchval("SELECT pg_backend_pid()")
+        rng = random.Random(partition)
+        out: list[Statement] = []
+        last = ""
+        cycle = 0
+        while True:
+            order = cycle_of(sizes)
+            rng.shuffle(order)
+            for size in order:
+                before, t0 = schedstat(pid), time.perf_counter()
+                result = await run_keyset_batch(pool, compiled, cleanup_id, partition, last, size)
+                t1, after = time.perf_counter(), schedstat(pid)
+                assert before is not None and after is not None, "the backend's /proc/PID/schedstat"
+                out.append(
+                    Statement(
+                        partition, cycle, size, result.batch_rows, t0, t1, after[0] - before[0], after[1] - before[1]
+                    )
+                )
+                if result.batch_rows < size:
+                    return out, t1
+                last = result.last_account_id
+            cycle += 1
+    finally:
+        await pool.close()
+
+
+def per_account(statements: list[Statement], size: int) -> tuple[float, float, float, int]:
+    """(wall us, CPU us, runnable-waiting us) per account and the accounts, of one size's statements."""
+    mine = [s for s in statements if s.size == size]
+    accounts = sum(s.rows for s in mine)
+    if not accounts:
+        return float("nan"), float("nan"), float("nan"), 0
+    return (
+        sum(s.wall_ns for s in mine) / accounts / 1e3,
+        sum(s.cpu_ns for s in mine) / accounts / 1e3,
+        sum(s.runnable_ns for s in mine) / accounts / 1e3,
+        accounts,
+    )
+
+
+def step_ratios(statements: list[Statement], smaller: int, larger: int) -> tuple[float, float]:
+    """(speed ratio, CPU ratio) of `larger` against `smaller`: >= 1 means `larger` no slower / cheaper."""
+    w_small, c_small, _, _ = per_account(statements, smaller)
+    w_large, c_large, _, _ = per_account(statements, larger)
+    return w_small / w_large, c_small / c_large
+
+
+def interval(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    return [round(ordered[int(0.025 * len(ordered))], 4), round(ordered[int(0.975 * len(ordered)) - 1], 4)]
+
+
+def summarize(statements: list[Statement], ends: list[float], sizes: tuple[int, ...], parallel: int) -> dict[str, Any]:
+    steady_until = min(ends)
+    counted = [s for s in statements if s.rows == s.size and s.ended <= steady_until]
+    # The paired units: one partition's cycle with every size in it, all of it counted.
+    cycles: dict[tuple[int, int], list[Statement]] = {}
+    for s in counted:
+        cycles.setdefault((s.partition, s.cycle), []).append(s)
+    full = len(cycle_of(sizes))
+    units = [v for _, v in sorted(cycles.items(), key=lambda kv: min(s.started for s in kv[1])) if len(v) == full]
+    by_size = []
+    for size in sizes:
+        wall, cpu, runnable, accounts = per_account(counted, size)
+        by_size.append(
+            {
+                "batch_size": size,
+                "statements": sum(1 for s in counted if s.size == size),
+                "accounts": accounts,
+                "wall_us_per_account": round(wall, 2),
+                "cpu_us_per_account": round(cpu, 2),
+                "runnable_waiting_us_per_account": round(runnable, 2),
+                "machine_accounts_per_s": round(parallel * 1e6 / wall, 1),
+            }
+        )
+    rng = random.Random(0)
+    steps: list[dict[str, Any]] = []
+    for smaller, larger in itertools.pairwise(sizes):
+        speed, cpu = step_ratios(counted, smaller, larger)
+        boot_speed, boot_cpu = [], []
+        for _ in range(BOOTSTRAP_RESAMPLES):
+            sample = [s for unit in rng.choices(units, k=len(units)) for s in unit]
+            bs, bc = step_ratios(sample, smaller, larger)
+            boot_speed.append(bs)
+            boot_cpu.append(bc)
+        quarter = max(1, len(units) // QUARTERS)
+        quarters = [
+            round(step_ratios([s for u in units[i : i + quarter] for s in u], smaller, larger)[0], 4)
+            for i in range(0, quarter * QUARTERS, quarter)
+            if units[i : i + quarter]
+        ]
+        steps.append(
+            {
+                "from": smaller,
+                "to": larger,
+                "speed_ratio": round(speed, 4),
+                "speed_ratio_95": interval(boot_speed),
+                "cpu_ratio": round(cpu, 4),
+                "cpu_ratio_95": interval(boot_cpu),
+                "speed_ratio_by_quarter": quarters,
+            }
+        )
+    return {
+        "sizes": by_size,
+        "steps": steps,
+        "each_no_slower_than_the_one_before": all(s["speed_ratio"] >= 1 for s in steps),
+        # The stricter reading: no slower even at the low end of the 95% interval.
+        "each_no_slower_at_95": all(s["speed_ratio_95"][0] >= 1 for s in steps),
+        "each_no_costlier_by_cpu": all(s["cpu_ratio"] >= 1 for s in steps),
+        "cycles_counted": len(units),
+        "statements_counted": len(counted),
+        "left_out": {
+            "short_last_batches": sum(1 for s in statements if s.rows < s.size),
+            "tail_statements": sum(1 for s in statements if s.rows == s.size and s.ended > steady_until),
+        },
+        "seconds_all_running": round(steady_until - min(s.started for s in statements), 3),
+        "partition_end_spread_s": round(max(ends) - steady_until, 3),
+    }
+
+
+async def run(
+    accounts: int, sizes: tuple[int, ...], parallel: int, statements_file: str | None = None
+) -> dict[str, Any]:
+    """`statements_file`: where to write every statement measured (JSON lines), for a closer look."""
+    load_before = load_average()
+    async with fresh_database_url() as url:
+        pool = await db.create_pool(url, max_size=4)
+        try:
+            deadline = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
+            t = time.perf_counter()
+            await seed_cohort(pool, "z", deadline, accounts)
+            seed_seconds = time.perf_counter() - t
+            await pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
+            await pool.execute(AUTOVACUUM_OFF)
+            cleanup_id = "batch-sizes"
+            streams = min(DEFAULT_CLAIM_STREAMS, parallel)
+            await asyncio.gather(
+                *(
+                    claim_in_chunks(
+                        pool,
+                        ClaimChunkedInput(
+                            cleanup_id=cleanup_id,
+                            deadline_from=deadline,
+                            deadline_until=deadline + timedelta(microseconds=1),
+                            partitions=parallel,
+                            stream=k,
+                            streams=streams,
+                        ),
+                    )
+                    for k in range(streams)
+                )
+            )
+            compiled = await CompiledCleanup.compile(pool, load_targets())
+            await settle(pool)
+            load_at_start = load_average()
+            t = time.perf_counter()
+            results = await asyncio.gather(
+                *(run_partition(url, compiled, cleanup_id, p, sizes) for p in range(parallel))
+            )
+            seconds = time.perf_counter() - t
+            cleaned = await pool.fetchval("SELECT count(*) FROM accounts WHERE status = 'cleaned'")
+        finally:
+            await pool.close()
+    statements = [s for part, _ in results for s in part]
+    if statements_file is not None:
+        t0 = min(s.started for s in statements)
+        lines = [json.dumps({**asdict(s), "started": s.started - t0, "ended": s.ended - t0}) for s in statements]
+        await asyncio.to_thread(Path(statements_file).write_text, "\n".join(lines) + "\n")
+    summary = summarize(statements, [end for _, end in results], sizes, parallel)
+    speed = [s["speed_ratio"] for s in summary["steps"]]
+    return {
+        "scenario": "batch_sizes",
+        "accounts": accounts,
+        "partitions_at_once": parallel,
+        "cycle": cycle_of(sizes),
+        "seed_seconds": round(seed_seconds, 1),
+        "seconds": round(seconds, 3),
+        "cleaned": cleaned,
+        **summary,
+        # For run_all's summary: the worst step's speed ratio.
+        "ratio": min(speed),
+        "target": ">= 1.0",
+        "statements_median_wall_ms": {
+            str(size): round(statistics.median(s.wall_ns / 1e6 for s in statements if s.size == size), 2)
+            for size in sizes
+        },
+        "load_average_1m_before_start_after": [load_before, load_at_start, round(os.getloadavg()[0], 2)],
+        "machine": machine(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--accounts", type=int, default=200_000)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 5000])
+    parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="partitions (and backends) at once")
+    parser.add_argument("--statements", metavar="FILE", help="write every statement measured here (JSON lines)")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.parallel, args.statements)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

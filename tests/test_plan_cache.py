@@ -1,0 +1,55 @@
+"""Statements are planned for their own parameters, never from a generic plan cached per connection.
+
+asyncpg prepares each statement once per connection; after five executions Postgres may switch to
+one generic plan for the rest of the connection's life, planned on the statistics of that moment.
+Measured (BENCHMARKS.md, "A generic plan frozen on an empty table"): the batch statement's generic
+plan, made while `cleanup_applied` was small, probed it with a sequential scan per account, and a
+cohort of 240,000 accounts took 390 s instead of 23 s. Proved here on real Postgres with the
+project's own pool, counted by Postgres itself (`pg_prepared_statements`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from activities.cleanup import claim_in_chunks
+from cleanup.batches import CompiledCleanup, run_keyset_batch
+from cleanup.models import ClaimChunkedInput
+from cleanup.targets import load_targets
+from core import db
+from tests.helpers import deadline_in, seed
+
+BATCHES = 12  # more than the five custom plans after which Postgres may choose a generic one
+
+
+async def test_batch_statements_are_never_run_from_a_cached_generic_plan(pool, db_url):
+    deadline = deadline_in(-60)
+    await seed(pool, deadline, BATCHES * 5)
+    await pool.execute("ANALYZE")  # cleanup_applied analyzed while empty, as on a fresh deployment
+    await claim_in_chunks(
+        pool,
+        ClaimChunkedInput(
+            cleanup_id="plans",
+            deadline_from=deadline,
+            deadline_until=deadline + timedelta(microseconds=1),
+            partitions=1,
+        ),
+    )
+    one = await db.create_pool(db_url, min_size=1, max_size=1)  # one connection: its prepared statements
+    try:
+        compiled = await CompiledCleanup.compile(one, load_targets())
+        last, cleaned = "", 0
+        for _ in range(BATCHES):
+            result = await run_keyset_batch(one, compiled, "plans", 0, last, 5)
+            last, cleaned = result.last_account_id, cleaned + result.counts.cleaned
+        plans = await one.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            compiled.batch_sql,
+        )
+        mode = await one.fetchval("SHOW plan_cache_mode")
+    finally:
+        await one.close()
+    assert cleaned == BATCHES * 5
+    assert mode == "force_custom_plan"
+    assert plans is not None, "the batch statement is a prepared statement of this connection"
+    assert (plans["generic_plans"], plans["custom_plans"]) == (0, BATCHES)
