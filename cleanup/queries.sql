@@ -57,9 +57,17 @@ WITH batch AS (
 -- cleanup_applied_once, never a join filter over the whole, ever-growing table). Cost per account
 -- stays flat whatever the batch size and however stale the statistics of the claims just written
 -- (EXPLAIN before/after: BENCHMARKS.md, "The Postgres floor").
+-- The batch's accounts are fetched by primary key, one probe per account, never by a join the
+-- planner may turn into a hash of the whole accounts table: with batches of 5,000 and a table of
+-- 240,000 accounts it did, and each batch read every account (BENCHMARKS.md, "Batches pinned to
+-- their keys"). The batch enters as two arrays unnested (estimated at a few rows whatever its
+-- size), so the plan is a nested loop over it with an index probe per account at every size; the
+-- targets and `marked` reach their tables by `= ANY` of the applied accounts for the same reason.
 locked AS (
     SELECT a.account_id, b.claimed_version, a.status, a.cleanup_version, a.claimed_by
-    FROM batch b JOIN accounts a ON a.account_id = b.account_id
+    FROM unnest(ARRAY(SELECT account_id FROM batch), ARRAY(SELECT claimed_version FROM batch))
+        AS b (account_id, claimed_version)
+    JOIN accounts a ON a.account_id = b.account_id
     ORDER BY a.account_id
     FOR UPDATE OF a
 ),
@@ -113,7 +121,7 @@ reminders AS (
 ),
 marked AS (
     UPDATE accounts a SET status = 'cleaned', cleaned_at = now()
-    FROM applied p WHERE a.account_id = p.account_id
+    WHERE a.account_id = ANY (ARRAY(SELECT account_id FROM applied))
     RETURNING 1
 )
 SELECT

@@ -65,14 +65,14 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
     counts: list[str] = []
     for i, t in enumerate(targets.target):
         table, match = _q(t.table), _q(t.match_column)
+        # By the applied accounts' keys (`= ANY`), never a join the planner may hash over the table.
+        applied = f"t.{match} = ANY (ARRAY(SELECT account_id FROM applied))"
         if t.action == "delete":
-            ctes.append(f"t{i} AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING 1)")
+            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING 1)")
         else:
             assert t.archive_table is not None
             cols = ", ".join(_q(c) for c in columns[t.table])
-            ctes.append(
-                f"t{i}_moved AS (DELETE FROM {table} t USING applied p WHERE t.{match} = p.account_id RETURNING t.*)"
-            )
+            ctes.append(f"t{i}_moved AS (DELETE FROM {table} t WHERE {applied} RETURNING t.*)")
             ctes.append(
                 f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
             )

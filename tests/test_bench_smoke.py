@@ -147,7 +147,12 @@ async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
     assert set(result["rows_per_key_growth"]) == {
         "custom_plan_growth",
         "generic_plan_growth",
+        "analyzed_custom_plan_growth",
+        "analyzed_generic_plan_growth",
         "ledger_custom_plan_growth",
         "ledger_generic_plan_growth",
     }
     assert result["worst_rows_per_key_growth"] < batch_plan.GROWTH_LIMIT, result["rows_per_key_growth"]
+    # No plan reads a whole table per batch (the cleanup's join of its batch to the accounts did, as
+    # a hash of every account, before it was pinned to the batch's keys).
+    assert result["full_table_scans"] == {}, result["full_table_scans"]
