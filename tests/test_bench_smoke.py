@@ -6,6 +6,7 @@ import json
 
 from bench import (
     batch_plan,
+    batch_sizes,
     cohort_cleanup,
     ledger_reconciliation,
     ledger_rerun,
@@ -156,3 +157,17 @@ async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
     # No plan reads a whole table per batch (the cleanup's join of its batch to the accounts did, as
     # a hash of every account, before it was pinned to the batch's keys).
     assert result["full_table_scans"] == {}, result["full_table_scans"]
+
+
+async def test_batch_sizes_benchmark_interleaves_the_sizes_and_cleans_every_account(tmp_path):
+    """bench.batch_sizes at a tiny size: every account cleaned once, each size measured by its own
+    backends' statements, a ratio printed per step (its value at this size means nothing)."""
+    statements = tmp_path / "statements.jsonl"
+    result = await batch_sizes.run(accounts=6000, sizes=(50, 100, 500), parallel=2, statements_file=str(statements))
+    assert result["cleaned"] == 6000
+    assert [s["batch_size"] for s in result["sizes"]] == [50, 100, 500]
+    assert all(s["statements"] > 0 and s["cpu_us_per_account"] > 0 for s in result["sizes"])
+    assert [(s["from"], s["to"]) for s in result["steps"]] == [(50, 100), (100, 500)]
+    assert result["cycles_counted"] >= 1 and result["ratio"] > 0
+    lines = statements.read_text().splitlines()
+    assert sum(json.loads(line)["rows"] for line in lines) == 6000
