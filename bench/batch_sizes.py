@@ -18,12 +18,19 @@ every backend busy, the machine's throughput is `parallel` / that) and of CPU. P
 size: the speed ratio (previous size's time per account / this one's; >= 1 is "no slower") and its
 95% interval by a paired bootstrap over the cycles (each cycle holds every size), the same by CPU,
 and the ratio in each quarter of the run.
+
+`--together N`: the sizes as a cleanup runs them instead, every partition on the same size at
+once: each partition runs N accounts at the first size, all wait for each other, then all run N
+at the next (rounds in the given order, then reversed: ABC CBA ...). The paired unit is a round;
+`phase_accounts_per_s` is the machine's accounts per second within each size's phases (from the
+phase's first statement to its last, so the partitions that finish a phase early count against it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -74,9 +81,19 @@ def cycle_of(sizes: tuple[int, ...]) -> list[int]:
 
 
 async def run_partition(
-    url: str, compiled: CompiledCleanup, cleanup_id: str, partition: int, sizes: tuple[int, ...]
+    url: str,
+    compiled: CompiledCleanup,
+    cleanup_id: str,
+    partition: int,
+    sizes: tuple[int, ...],
+    together: int | None = None,
+    barrier: asyncio.Barrier | None = None,
 ) -> tuple[list[Statement], float]:
-    """One partition to its end on a backend of its own; returns its statements and when it ended."""
+    """One partition to its end on a backend of its own; returns its statements and when it ended.
+
+    `together` (with `barrier`): every partition runs the same size at once, `together` accounts
+    each, then all switch to the next size (rounds in the order given, then reversed, ...);
+    `Statement.cycle` is the round."""
     pool = await db.create_pool(url, min_size=1, max_size=1)
     try:
         pid = await pool.fetchval("SELECT pg_backend_pid()")
@@ -85,9 +102,13 @@ async def run_partition(
         last = ""
         cycle = 0
         while True:
-            order = cycle_of(sizes)
-            rng.shuffle(order)
-            for size in order:
+            if together is None:
+                order = cycle_of(sizes)
+                rng.shuffle(order)
+            else:
+                rounds = sizes if cycle % 2 == 0 else sizes[::-1]
+                order = [size for size in rounds for _ in range(together // size)]
+            for i, size in enumerate(order):
                 before, t0 = schedstat(pid), time.perf_counter()
                 result = await run_keyset_batch(pool, compiled, cleanup_id, partition, last, size)
                 t1, after = time.perf_counter(), schedstat(pid)
@@ -98,8 +119,14 @@ async def run_partition(
                     )
                 )
                 if result.batch_rows < size:
+                    if barrier is not None:
+                        await barrier.abort()  # the others run their last phases unsynchronized
                     return out, t1
                 last = result.last_account_id
+                phase_ends = i + 1 == len(order) or order[i + 1] != size
+                if barrier is not None and phase_ends and not barrier.broken:
+                    with contextlib.suppress(asyncio.BrokenBarrierError):
+                        await barrier.wait()
             cycle += 1
     finally:
         await pool.close()
@@ -126,19 +153,34 @@ def step_ratios(statements: list[Statement], smaller: int, larger: int) -> tuple
     return w_small / w_large, c_small / c_large
 
 
+def phase_throughput(units: list[list[Statement]], sizes: tuple[int, ...]) -> dict[str, Any]:
+    per_size = {}
+    for size in sizes:
+        rows = seconds = 0.0
+        for unit in units:
+            mine = [s for s in unit if s.size == size]
+            rows += sum(s.rows for s in mine)
+            seconds += max(s.ended for s in mine) - min(s.started for s in mine)
+        per_size[str(size)] = round(rows / seconds, 1) if seconds else float("nan")
+    return per_size
+
+
 def interval(values: list[float]) -> list[float]:
     ordered = sorted(values)
     return [round(ordered[int(0.025 * len(ordered))], 4), round(ordered[int(0.975 * len(ordered)) - 1], 4)]
 
 
-def summarize(statements: list[Statement], ends: list[float], sizes: tuple[int, ...], parallel: int) -> dict[str, Any]:
+def summarize(
+    statements: list[Statement], ends: list[float], sizes: tuple[int, ...], parallel: int, together: int | None
+) -> dict[str, Any]:
     steady_until = min(ends)
     counted = [s for s in statements if s.rows == s.size and s.ended <= steady_until]
-    # The paired units: one partition's cycle with every size in it, all of it counted.
+    # The paired units: one partition's cycle with every size in it (`together`: one round of every
+    # partition), all of it counted.
     cycles: dict[tuple[int, int], list[Statement]] = {}
     for s in counted:
-        cycles.setdefault((s.partition, s.cycle), []).append(s)
-    full = len(cycle_of(sizes))
+        cycles.setdefault((s.partition if together is None else 0, s.cycle), []).append(s)
+    full = len(cycle_of(sizes)) if together is None else sum(parallel * (together // size) for size in sizes)
     units = [v for _, v in sorted(cycles.items(), key=lambda kv: min(s.started for s in kv[1])) if len(v) == full]
     by_size = []
     for size in sizes:
@@ -181,9 +223,13 @@ def summarize(statements: list[Statement], ends: list[float], sizes: tuple[int, 
                 "speed_ratio_by_quarter": quarters,
             }
         )
+    phases = phase_throughput(units, sizes) if together is not None else None
     return {
         "sizes": by_size,
         "steps": steps,
+        # `together`: accounts per second of the whole machine in each size's phases, from the
+        # phase's first statement to its last (the partitions that finish a phase early included).
+        "phase_accounts_per_s": phases,
         "each_no_slower_than_the_one_before": all(s["speed_ratio"] >= 1 for s in steps),
         # The stricter reading: no slower even at the low end of the 95% interval.
         "each_no_slower_at_95": all(s["speed_ratio_95"][0] >= 1 for s in steps),
@@ -200,9 +246,17 @@ def summarize(statements: list[Statement], ends: list[float], sizes: tuple[int, 
 
 
 async def run(
-    accounts: int, sizes: tuple[int, ...], parallel: int, statements_file: str | None = None
+    accounts: int,
+    sizes: tuple[int, ...],
+    parallel: int,
+    statements_file: str | None = None,
+    together: int | None = None,
 ) -> dict[str, Any]:
-    """`statements_file`: where to write every statement measured (JSON lines), for a closer look."""
+    """`statements_file`: where to write every statement measured (JSON lines), for a closer look.
+    `together`: all partitions run one size at once, `together` accounts each, then switch together
+    (as a cleanup runs: every partition at its batch size), instead of the sizes interleaved."""
+    if together is not None and any(together % size for size in sizes):
+        raise SystemExit(f"--together must be a multiple of every size: {sizes}")
     load_before = load_average()
     async with fresh_database_url() as url:
         pool = await db.create_pool(url, max_size=4)
@@ -235,8 +289,9 @@ async def run(
             await settle(pool)
             load_at_start = load_average()
             t = time.perf_counter()
+            barrier = asyncio.Barrier(parallel) if together is not None else None
             results = await asyncio.gather(
-                *(run_partition(url, compiled, cleanup_id, p, sizes) for p in range(parallel))
+                *(run_partition(url, compiled, cleanup_id, p, sizes, together, barrier) for p in range(parallel))
             )
             seconds = time.perf_counter() - t
             cleaned = await pool.fetchval("SELECT count(*) FROM accounts WHERE status = 'cleaned'")
@@ -247,13 +302,14 @@ async def run(
         t0 = min(s.started for s in statements)
         lines = [json.dumps({**asdict(s), "started": s.started - t0, "ended": s.ended - t0}) for s in statements]
         await asyncio.to_thread(Path(statements_file).write_text, "\n".join(lines) + "\n")
-    summary = summarize(statements, [end for _, end in results], sizes, parallel)
+    summary = summarize(statements, [end for _, end in results], sizes, parallel, together)
     speed = [s["speed_ratio"] for s in summary["steps"]]
     return {
         "scenario": "batch_sizes",
         "accounts": accounts,
         "partitions_at_once": parallel,
-        "cycle": cycle_of(sizes),
+        "mode": "interleaved" if together is None else f"together, {together} accounts per partition per phase",
+        "cycle": cycle_of(sizes) if together is None else None,
         "seed_seconds": round(seed_seconds, 1),
         "seconds": round(seconds, 3),
         "cleaned": cleaned,
@@ -276,8 +332,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 5000])
     parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="partitions (and backends) at once")
     parser.add_argument("--statements", metavar="FILE", help="write every statement measured here (JSON lines)")
+    parser.add_argument(
+        "--together",
+        type=int,
+        metavar="N",
+        help="all partitions on one size at once, N accounts each per phase, then the next size together",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.parallel, args.statements)), indent=2))
+    result = asyncio.run(run(args.accounts, tuple(args.sizes), args.parallel, args.statements, args.together))
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -171,3 +171,7 @@ async def test_batch_sizes_benchmark_interleaves_the_sizes_and_cleans_every_acco
     assert result["cycles_counted"] >= 1 and result["ratio"] > 0
     lines = statements.read_text().splitlines()
     assert sum(json.loads(line)["rows"] for line in lines) == 6000
+    # All partitions on one size at once, switching together (as a cleanup runs its batch size).
+    together = await batch_sizes.run(accounts=8000, sizes=(50, 100, 500), parallel=2, together=1000)
+    assert together["cleaned"] == 8000 and together["cycles_counted"] >= 1
+    assert set(together["phase_accounts_per_s"]) == {"50", "100", "500"}
