@@ -289,11 +289,15 @@ async def run(
             await settle(pool)
             load_at_start = load_average()
             t = time.perf_counter()
+            temp_sql = "SELECT temp_files, temp_bytes FROM pg_stat_database WHERE datname = current_database()"
+            temp_before = await pool.fetchrow(temp_sql)
             barrier = asyncio.Barrier(parallel) if together is not None else None
             results = await asyncio.gather(
                 *(run_partition(url, compiled, cleanup_id, p, sizes, together, barrier) for p in range(parallel))
             )
             seconds = time.perf_counter() - t
+            await asyncio.sleep(1.5)  # the partitions' backends have closed; their statistics flushed
+            temp_after = await pool.fetchrow(temp_sql)
             cleaned = await pool.fetchval("SELECT count(*) FROM accounts WHERE status = 'cleaned'")
         finally:
             await pool.close()
@@ -313,6 +317,9 @@ async def run(
         "seed_seconds": round(seed_seconds, 1),
         "seconds": round(seconds, 3),
         "cleaned": cleaned,
+        # Temporary files the batches wrote (a CTE over work_mem spills): none expected.
+        "temp_files": temp_after["temp_files"] - temp_before["temp_files"],
+        "temp_mib": round((temp_after["temp_bytes"] - temp_before["temp_bytes"]) / 2**20, 1),
         **summary,
         # For run_all's summary: the worst step's speed ratio.
         "ratio": min(speed),
