@@ -42,13 +42,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from activities.cleanup import claim_in_chunks
 from bench.batch_plan import fresh_database_url
-from bench.cohort_cleanup import AUTOVACUUM_OFF, DEFAULT_PARALLEL, LONG_STATEMENT_SECONDS, seed_cohort, settle
+from bench.cohort_cleanup import (
+    AUTOVACUUM_OFF,
+    DEFAULT_PARALLEL,
+    LONG_STATEMENT_SECONDS,
+    claim_in_streams,
+    seed_cohort,
+    settle,
+)
 from bench.common import load_average, machine
 from bench.observe import schedstat
 from cleanup.batches import CompiledCleanup, run_keyset_batch
-from cleanup.models import DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
+from cleanup.models import DEFAULT_CLAIM_STREAMS
 from cleanup.targets import load_targets
 from core import db
 
@@ -268,23 +274,7 @@ async def run(
             await pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
             await pool.execute(AUTOVACUUM_OFF)
             cleanup_id = "batch-sizes"
-            streams = min(DEFAULT_CLAIM_STREAMS, parallel)
-            await asyncio.gather(
-                *(
-                    claim_in_chunks(
-                        pool,
-                        ClaimChunkedInput(
-                            cleanup_id=cleanup_id,
-                            deadline_from=deadline,
-                            deadline_until=deadline + timedelta(microseconds=1),
-                            partitions=parallel,
-                            stream=k,
-                            streams=streams,
-                        ),
-                    )
-                    for k in range(streams)
-                )
-            )
+            await claim_in_streams(pool, cleanup_id, deadline, parallel, min(DEFAULT_CLAIM_STREAMS, parallel))
             compiled = await CompiledCleanup.compile(pool, load_targets())
             await settle(pool)
             load_at_start = load_average()

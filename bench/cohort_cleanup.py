@@ -104,6 +104,30 @@ async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) ->
         await seed_accounts(pool, prefix=f"{prefix}{chunk:02d}", deadline=deadline, count=n)
 
 
+async def claim_in_streams(
+    pool: asyncpg.Pool, cleanup_id: str, deadline: datetime, partitions: int, streams: int
+) -> list[ClaimResult]:
+    """The cohort due at `deadline` claimed by the pipeline's chunked claim, its streams at once."""
+    return list(
+        await asyncio.gather(
+            *(
+                claim_in_chunks(
+                    pool,
+                    ClaimChunkedInput(
+                        cleanup_id=cleanup_id,
+                        deadline_from=deadline,
+                        deadline_until=deadline + timedelta(microseconds=1),
+                        partitions=partitions,
+                        stream=k,
+                        streams=streams,
+                    ),
+                )
+                for k in range(streams)
+            )
+        )
+    )
+
+
 async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str, Any]:
     """The cohort cut into `bench.floor.FLOOR_BACKENDS` account_id ranges of equal size (their
     bounds read by one untimed query), one statement and one transaction per range, each on its own
@@ -156,22 +180,7 @@ async def direct_cleanup(
     async def claim() -> ClaimResult:
         # The same chunked claim as the pipeline's `claim_cleanup_in_chunks` activities.
         nonlocal claim_seconds, claim_cpu
-        results = await asyncio.gather(
-            *(
-                claim_in_chunks(
-                    claim_pool,
-                    ClaimChunkedInput(
-                        cleanup_id=cleanup_id,
-                        deadline_from=deadline,
-                        deadline_until=deadline + timedelta(microseconds=1),
-                        partitions=partitions,
-                        stream=k,
-                        streams=streams,
-                    ),
-                )
-                for k in range(streams)
-            )
-        )
+        results = await claim_in_streams(claim_pool, cleanup_id, deadline, partitions, streams)
         claim_seconds = time.perf_counter() - t0
         before = [c for c in claim_cpu_before if c is not None]
         after = [c for c in (cpu_seconds(pid) for pid in claim_pids) if c is not None]
