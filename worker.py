@@ -31,6 +31,7 @@ from core.config import Settings
 from core.errors import InputError
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
 from core.process import exit_now
+from core.sessions import StalledSessions
 from core.temporal import connect, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
@@ -214,6 +215,12 @@ async def run_worker(
         )
         async with worker:
             watchdog: asyncio.Task[None] | None = None
+            # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
+            stalled = (
+                asyncio.create_task(StalledSessions(pool, settings.db_idle_in_transaction_timeout_seconds).watch())
+                if settings.db_idle_in_transaction_timeout_seconds
+                else None
+            )
             if planner and planner_enabled():
                 await ensure_planner_running(client, settings.task_queue)
                 watchdog = asyncio.create_task(keep_planner_running(client, settings.task_queue, watchdog_seconds()))
@@ -222,8 +229,9 @@ async def run_worker(
             try:
                 await (stop or asyncio.Event()).wait()
             finally:
-                if watchdog is not None:
-                    watchdog.cancel()
+                for task in (watchdog, stalled):
+                    if task is not None:
+                        task.cancel()
             log.info(
                 "worker shutting down: running activities get %ss to finish or hand their work back",
                 settings.worker_graceful_shutdown_seconds,

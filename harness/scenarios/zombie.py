@@ -67,7 +67,7 @@ from harness.checks import (
 )
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events, wait_for
 from harness.stack import Lane, Slot
-from harness.visibility import temporal_evidence
+from harness.visibility import pending_evidence, temporal_evidence
 from ledger.models import ledger_workflow_id
 from ledger.operations import ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
@@ -195,9 +195,17 @@ async def pending_on(client: Client, workflow_id: str, activity: str) -> list[tu
     ]
 
 
-async def completed(part: Part, what: str, result: Any, within: float = 120, pool: asyncpg.Pool | None = None) -> bool:
+async def completed(
+    part: Part,
+    what: str,
+    result: Any,
+    within: float = 120,
+    pool: asyncpg.Pool | None = None,
+    hung: tuple[Client, str, Lane] | None = None,
+) -> bool:
     """Await a workflow's result; a failed (or never finished) workflow is a violation (with the
-    lane's sessions and who waits on whom, when it hangs)."""
+    lane's sessions and who waits on whom, what Temporal shows, and the workers' last lines, when
+    it hangs)."""
     try:
         await asyncio.wait_for(result, within)
         return True
@@ -212,6 +220,13 @@ async def completed(part: Part, what: str, result: Any, within: float = 120, poo
                 "AND pid <> pg_backend_pid()"
             )
             part.notes.append(f"{part.name}: sessions when it hung: {[dict(r) for r in rows]}")
+        if hung is not None:
+            client, workflow_id, lane = hung
+            shown = await pending_evidence(client, workflow_id) + await temporal_evidence(client, workflow_id)
+            part.notes.append(f"{part.name}: Temporal when it hung: {shown}")
+            for slot in lane.slots:
+                tail = [plain(ln)[:200] for ln in log_since(slot, 0).splitlines() if ln[:1].isdigit()][-8:]
+                part.notes.append(f"{part.name}: {slot.name} last lines: {tail}")
     return False
 
 
@@ -311,7 +326,7 @@ async def frozen_cleanup(ctx: Ctx, round_no: int = 0) -> Part:
         )
         await idle_transactions_ended(part, pool, frozen_at)
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, wf)
-        if not await completed(part, f"cleanup {wf}", handle.result(), pool=pool):
+        if not await completed(part, f"cleanup {wf}", handle.result(), pool=pool, hung=(client, wf, lane)):
             return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -363,7 +378,7 @@ async def frozen_ledger(ctx: Ctx, round_no: int = 0) -> Part:
         )
         await idle_transactions_ended(part, pool, frozen_at)
         handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, wf)
-        if not await completed(part, f"ledger {wf}", handle.result(), pool=pool):
+        if not await completed(part, f"ledger {wf}", handle.result(), pool=pool, hung=(client, wf, lane)):
             return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -440,7 +455,7 @@ async def frozen_relay(ctx: Ctx, round_no: int = 0) -> Part:
             part.notes.append(f"{part.name}: the frozen batch held no lease when seen (owners {owners})")
         for relay in relays:
             handle = client.get_workflow_handle_for(OutboxRelayWorkflow.run, relay)
-            if not await completed(part, f"relay {relay}", handle.result(), pool=pool):
+            if not await completed(part, f"relay {relay}", handle.result(), pool=pool, hung=(client, relay, lane)):
                 return part
         part.recovery = time.monotonic() - frozen_at
         part.mark("completed")
@@ -628,12 +643,12 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             "the same partition and shard at once"
         )
         handles = [
-            (f"cleanup {cwf}", client.get_workflow_handle_for(RenewalCleanupWorkflow.run, cwf).result()),
-            (f"ledger {lwf}", client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, lwf).result()),
-            (f"relay {relay_id}", client.get_workflow_handle_for(OutboxRelayWorkflow.run, relay_id).result()),
+            (cwf, f"cleanup {cwf}", client.get_workflow_handle_for(RenewalCleanupWorkflow.run, cwf).result()),
+            (lwf, f"ledger {lwf}", client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, lwf).result()),
+            (relay_id, f"relay {relay_id}", client.get_workflow_handle_for(OutboxRelayWorkflow.run, relay_id).result()),
         ]
-        for what, result in handles:
-            if not await completed(part, what, result, pool=pool):
+        for wf_id, what, result in handles:
+            if not await completed(part, what, result, pool=pool, hung=(client, wf_id, lane)):
                 return part
         part.recovery = time.monotonic() - cut_at
         # The relay stops the first time it finds nothing pending, which can come while a partition
