@@ -37,6 +37,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,6 +60,23 @@ from cleanup.targets import load_targets
 from core import db
 
 BOOTSTRAP_RESAMPLES = 2000
+PhaseHook = Callable[[int], Awaitable[None]]
+# The logical work of every statement the partitions ran in this database (pg_stat_statements,
+# when the server preloads it): what a size costs the database per account, apart from its speed.
+WORK_SQL = """
+SELECT coalesce(sum(calls), 0)::float8 AS calls, coalesce(sum(total_exec_time), 0)::float8 AS exec_ms,
+       coalesce(sum(shared_blks_hit), 0)::float8 AS shared_blks_hit,
+       coalesce(sum(shared_blks_read), 0)::float8 AS shared_blks_read,
+       coalesce(sum(shared_blks_dirtied), 0)::float8 AS shared_blks_dirtied,
+       coalesce(sum(shared_blks_written), 0)::float8 AS shared_blks_written,
+       coalesce(sum(temp_blks_written), 0)::float8 AS temp_blks_written,
+       coalesce(sum(wal_records), 0)::float8 AS wal_records, coalesce(sum(wal_fpi), 0)::float8 AS wal_fpi,
+       coalesce(sum(wal_bytes), 0)::float8 AS wal_bytes,
+       (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::float8 AS checkpoints
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query NOT ILIKE '%pg_stat_statements%'
+"""
 QUARTERS = 4
 
 
@@ -94,12 +112,14 @@ async def run_partition(
     sizes: tuple[int, ...],
     together: int | None = None,
     barrier: asyncio.Barrier | None = None,
+    on_phase: PhaseHook | None = None,
 ) -> tuple[list[Statement], float]:
     """One partition to its end on a backend of its own; returns its statements and when it ended.
 
     `together` (with `barrier`): every partition runs the same size at once, `together` accounts
     each, then all switch to the next size (rounds in the order given, then reversed, ...);
-    `Statement.cycle` is the round."""
+    `Statement.cycle` is the round. `on_phase(size)` runs once per phase that every partition
+    finished, while all of them wait (the database's counters then hold that phase alone)."""
     pool = await db.create_pool(url, min_size=1, max_size=1)
     try:
         pid = await pool.fetchval("SELECT pg_backend_pid()")
@@ -132,7 +152,11 @@ async def run_partition(
                 phase_ends = i + 1 == len(order) or order[i + 1] != size
                 if barrier is not None and phase_ends and not barrier.broken:
                     with contextlib.suppress(asyncio.BrokenBarrierError):
-                        await barrier.wait()
+                        first = await barrier.wait() == 0
+                        if on_phase is not None:
+                            if first:
+                                await on_phase(size)
+                            await barrier.wait()
             cycle += 1
     finally:
         await pool.close()
@@ -251,6 +275,34 @@ def summarize(
     }
 
 
+async def work_counters(pool: Any) -> dict[str, float] | None:
+    """The database's statement counters now, or None when pg_stat_statements is not preloaded."""
+    try:
+        row = await pool.fetchrow(WORK_SQL)
+    except Exception:  # not in shared_preload_libraries (or not installed): not measured
+        return None
+    return dict(row)
+
+
+def work_per_account(phases: list[tuple[int, dict[str, float]]], sizes: tuple[int, ...], accounts: int) -> Any:
+    """Per size: the counters' sums over its phases, per account (`accounts` per phase); the
+    statement time in microseconds; and the phases that met a checkpoint."""
+    out = {}
+    for size in sizes:
+        mine = [d for s, d in phases if s == size]
+        if not mine:
+            continue
+        n = len(mine) * accounts
+        keys = [k for k in mine[0] if k not in ("checkpoints", "exec_ms")]
+        out[str(size)] = {
+            "phases": len(mine),
+            "exec_us": round(sum(d["exec_ms"] for d in mine) * 1000 / n, 2),
+            **{k: round(sum(d[k] for d in mine) / n, 3) for k in keys},
+            "phases_with_a_checkpoint": sum(1 for d in mine if d["checkpoints"] > 0),
+        }
+    return out
+
+
 async def run(
     accounts: int,
     sizes: tuple[int, ...],
@@ -282,8 +334,26 @@ async def run(
             temp_sql = "SELECT temp_files, temp_bytes FROM pg_stat_database WHERE datname = current_database()"
             temp_before = await pool.fetchrow(temp_sql)
             barrier = asyncio.Barrier(parallel) if together is not None else None
+            phases: list[tuple[int, dict[str, float]]] = []
+            on_phase: PhaseHook | None = None
+            if together is not None:
+                with contextlib.suppress(Exception):  # where it is not installed, not measured
+                    await pool.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            last = await work_counters(pool) if together is not None else None
+            if last is not None:
+
+                async def on_phase(size: int) -> None:
+                    nonlocal last
+                    now = await work_counters(pool)
+                    assert now is not None and last is not None
+                    phases.append((size, {k: now[k] - last[k] for k in now}))
+                    last = now
+
             results = await asyncio.gather(
-                *(run_partition(url, compiled, cleanup_id, p, sizes, together, barrier) for p in range(parallel))
+                *(
+                    run_partition(url, compiled, cleanup_id, p, sizes, together, barrier, on_phase)
+                    for p in range(parallel)
+                )
             )
             seconds = time.perf_counter() - t
             await asyncio.sleep(1.5)  # the partitions' backends have closed; their statistics flushed
@@ -310,6 +380,9 @@ async def run(
         # Temporary files the batches wrote (a CTE over work_mem spills): none expected.
         "temp_files": temp_after["temp_files"] - temp_before["temp_files"],
         "temp_mib": round((temp_after["temp_bytes"] - temp_before["temp_bytes"]) / 2**20, 1),
+        # `together` with pg_stat_statements preloaded: each size's work per account, summed over
+        # the phases every partition finished (None: not measured).
+        "work_per_account": work_per_account(phases, sizes, parallel * together) if phases and together else None,
         **summary,
         # For run_all's summary: the worst step's speed ratio.
         "ratio": min(speed),

@@ -43,4 +43,15 @@ for _ in $(seq 200); do
   sleep 0.3
 done
 psql -h 127.0.0.1 -p "$port" -U postgres -Atc "SELECT 1" >/dev/null || { echo "no answer on port $port; see $dir/log" >&2; exit 1; }
+# TUNED_PRELOAD=pg_stat_statements: the server preloads it (bench.batch_sizes --together then
+# reports each size's work per account); TUNED_PRELOAD= switches it off again. Restarts if it changes.
+if [ -n "${TUNED_PRELOAD+set}" ] &&
+   [ "$(psql -h 127.0.0.1 -p "$port" -U postgres -Atc "SHOW shared_preload_libraries")" != "$TUNED_PRELOAD" ]; then
+  psql -h 127.0.0.1 -p "$port" -U postgres -qAtc "ALTER SYSTEM SET shared_preload_libraries = '$TUNED_PRELOAD'"
+  as_postgres "$bin/pg_ctl -D $dir/data -l $dir/log -w restart" >/dev/null
+  for _ in $(seq 200); do
+    psql -h 127.0.0.1 -p "$port" -U postgres -Atc "SELECT 1" >/dev/null 2>&1 && break
+    sleep 0.3
+  done
+fi
 echo "postgresql://postgres@127.0.0.1:$port/postgres"

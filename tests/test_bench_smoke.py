@@ -175,3 +175,6 @@ async def test_batch_sizes_benchmark_interleaves_the_sizes_and_cleans_every_acco
     together = await batch_sizes.run(accounts=8000, sizes=(50, 100, 500), parallel=2, together=1000)
     assert together["cleaned"] == 8000 and together["cycles_counted"] >= 1
     assert set(together["phase_accounts_per_s"]) == {"50", "100", "500"}
+    # Each size's work per account where the server preloads pg_stat_statements (the tuned one).
+    work = together["work_per_account"]
+    assert work is None or (set(work) == {"50", "100", "500"} and all(w["wal_records"] > 0 for w in work.values()))
