@@ -1,6 +1,7 @@
 """Running the compiled cleanup statement: keyset batches, and isolating the accounts that fail.
 
-A batch is one set-based statement over up to `batch_size` accounts. When it fails:
+A batch is one transaction over up to `batch_size` accounts: the set-based batch statement over
+at most `STATEMENT_ACCOUNTS` of them at a time, then one COMMIT. When it fails:
 
 - transiently (connection lost, serialization failure, deadlock, lock or statement timeout,
   shutdown: core.errors.is_transient), the error propagates and Temporal retries the activity as
@@ -40,6 +41,12 @@ from core.queries import load
 
 SQL = load(__file__)
 IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's transaction
+# The most accounts one batch statement takes. The statement materializes every data-modifying CTE
+# (the archived rows, the deleted rows' counts, the keys' arrays), so its working set grows with
+# its accounts; at 5,000 the same buffers and WAL per account cost ~5-10% more time per account
+# once every partition ran such statements at once (BENCHMARKS.md, run BI). A larger batch is a
+# larger transaction (fewer COMMITs and budget grants), made of statements of this size.
+STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 
 
@@ -100,19 +107,29 @@ async def run_keyset_batch(
     while_waiting: Callable[[], None] | None = None,
     wait_interval: float = 5.0,
 ) -> BatchResult:
-    """One keyset batch: one statement and one COMMIT; bisected only if it fails deterministically.
+    """One keyset batch: statements of at most `STATEMENT_ACCOUNTS` accounts, walking on from the
+    last account of the one before, and one COMMIT for all of them; bisected (as a whole: nothing of
+    it committed) only if it fails deterministically.
 
-    `while_waiting` is called every `wait_interval` seconds while the statement runs (e.g. blocked
+    `while_waiting` is called every `wait_interval` seconds while a statement runs (e.g. blocked
     on a row lock) and after each statement of a bisection, so a slow batch keeps heartbeating.
     """
+    counts, rows, last = PartitionCounts(), 0, after_account_id
     try:
         async with pool.acquire() as conn, db.transaction(conn):
             failpoints.hit(IN_BATCH)  # the batch is open: its transaction begun, its statement not yet sent
-            row = await run_heartbeating(
-                conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, after_account_id, batch_size),
-                while_waiting,
-                wait_interval,
-            )
+            while rows < batch_size:
+                step = min(STATEMENT_ACCOUNTS, batch_size - rows)
+                row = await run_heartbeating(
+                    conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, last, step),
+                    while_waiting,
+                    wait_interval,
+                )
+                assert row is not None
+                counts, rows = counts + counts_of(row), rows + row["batch_rows"]
+                last = row["last_account_id"] or last
+                if row["batch_rows"] < step:
+                    break  # the partition's last accounts
     except Exception as err:
         if not is_deterministic(err):
             raise  # transient: Temporal retries the activity, committed batches are absorbed
@@ -125,12 +142,7 @@ async def run_keyset_batch(
         failures: list[AccountCleanupFailed] = []
         counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, while_waiting)
         return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
-    assert row is not None
-    return BatchResult(
-        counts=counts_of(row),
-        batch_rows=row["batch_rows"],
-        last_account_id=row["last_account_id"] or after_account_id,
-    )
+    return BatchResult(counts=counts, batch_rows=rows, last_account_id=last)
 
 
 async def run_subset(
