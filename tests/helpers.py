@@ -15,6 +15,8 @@ import asyncpg
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHistory
 
+from activities.cleanup import claim_in_chunks
+from cleanup.models import ClaimChunkedInput
 from cleanup.operations import seed_accounts
 from tests.redelivery import RedeliverActivityWorkflow, Redelivery
 
@@ -92,3 +94,16 @@ def activity_timeline(history: WorkflowHistory) -> list[tuple[int, str, str]]:
                 if "activity_type" in marker:
                     out.append((e.event_id, "local", marker["activity_type"]))
     return out
+
+
+async def claim_one_partition(pool: asyncpg.Pool, cleanup_id: str, deadline: datetime) -> None:
+    """Claim the accounts of exactly `deadline` into one partition, as a cleanup's claim does."""
+    await claim_in_chunks(
+        pool,
+        ClaimChunkedInput(
+            cleanup_id=cleanup_id,
+            deadline_from=deadline,
+            deadline_until=deadline + timedelta(microseconds=1),
+            partitions=1,
+        ),
+    )

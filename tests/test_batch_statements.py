@@ -8,16 +8,12 @@ of the connection), the transaction by the rows' `xmin`.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import asyncpg
 
-from activities.cleanup import claim_in_chunks
 from cleanup.batches import STATEMENT_ACCOUNTS, CompiledCleanup, run_keyset_batch
-from cleanup.models import ClaimChunkedInput
 from cleanup.targets import load_targets
 from core import db
-from tests.helpers import deadline_in, effect_counts, seed
+from tests.helpers import claim_one_partition, deadline_in, effect_counts, seed
 from tests.test_cleanup_poison import poison_by_trigger
 
 BATCH = 2 * STATEMENT_ACCOUNTS + STATEMENT_ACCOUNTS // 2  # three statements: full, full, half
@@ -27,15 +23,7 @@ TAIL = 100
 async def claimed_cohort(pool: asyncpg.Pool, cleanup_id: str, accounts: int) -> list[str]:
     deadline = deadline_in(-60)
     ids = await seed(pool, deadline, accounts)
-    await claim_in_chunks(
-        pool,
-        ClaimChunkedInput(
-            cleanup_id=cleanup_id,
-            deadline_from=deadline,
-            deadline_until=deadline + timedelta(microseconds=1),
-            partitions=1,
-        ),
-    )
+    await claim_one_partition(pool, cleanup_id, deadline)
     return ids
 
 

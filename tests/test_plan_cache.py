@@ -10,14 +10,10 @@ project's own pool, counted by Postgres itself (`pg_prepared_statements`).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from activities.cleanup import claim_in_chunks
 from cleanup.batches import CompiledCleanup, run_keyset_batch
-from cleanup.models import ClaimChunkedInput
 from cleanup.targets import load_targets
 from core import db
-from tests.helpers import deadline_in, seed
+from tests.helpers import claim_one_partition, deadline_in, seed
 
 BATCHES = 12  # more than the five custom plans after which Postgres may choose a generic one
 
@@ -26,15 +22,7 @@ async def test_batch_statements_are_never_run_from_a_cached_generic_plan(pool, d
     deadline = deadline_in(-60)
     await seed(pool, deadline, BATCHES * 5)
     await pool.execute("ANALYZE")  # cleanup_applied analyzed while empty, as on a fresh deployment
-    await claim_in_chunks(
-        pool,
-        ClaimChunkedInput(
-            cleanup_id="plans",
-            deadline_from=deadline,
-            deadline_until=deadline + timedelta(microseconds=1),
-            partitions=1,
-        ),
-    )
+    await claim_one_partition(pool, "plans", deadline)
     one = await db.create_pool(db_url, min_size=1, max_size=1)  # one connection: its prepared statements
     try:
         compiled = await CompiledCleanup.compile(one, load_targets())

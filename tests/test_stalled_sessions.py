@@ -8,7 +8,6 @@ cached), and the client then sends nothing more.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -17,6 +16,7 @@ from core import db
 from core.budget import SQL as BUDGET_SQL
 from core.budget import BudgetSettings, LoadBudget
 from core.sessions import StalledSessions
+from tests.helpers import wait_until
 
 IDLE_TIMEOUT = 0.5
 
@@ -36,15 +36,6 @@ async def state_of(pool: asyncpg.Pool, pid: int) -> tuple[str, str] | None:
 
 async def blocked(pool: asyncpg.Pool, pid: int) -> bool:
     return bool(await pool.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_the_idle_timeout_does_not_end_a_client_stalled_inside_a_statement(db_url: str, pool: asyncpg.Pool):
@@ -78,12 +69,17 @@ async def test_a_stalled_holder_of_the_budget_lock_is_ended_and_the_budget_moves
                 return grant.slot
 
         acquire = asyncio.create_task(one_batch())
-        waiting = await pool.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'advisory'"
-            " AND pid <> $1",
-            pid,
-        )
-        assert await eventually(lambda: blocked(pool, waiting) if waiting else asyncio.sleep(0, False)) or True
+
+        async def acquire_waits_on_the_zombie() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event = 'advisory' AND $1 = ANY (pg_blocking_pids(pid))",
+                    pid,
+                )
+            )
+
+        await wait_until(acquire_waits_on_the_zombie, within=10, interval=0.05)
         await asyncio.sleep(IDLE_TIMEOUT * 3)
         assert not acquire.done(), "the acquire waits on the stalled session's lock"
 
@@ -91,7 +87,7 @@ async def test_a_stalled_holder_of_the_budget_lock_is_ended_and_the_budget_moves
         assert [r["pid"] for r in ended] == [pid] and all(r["ended"] for r in ended), ended
         assert ended[0]["stalled_seconds"] >= IDLE_TIMEOUT * 3
         assert await asyncio.wait_for(acquire, 10) is not None, "the batch had its slot"
-        assert await eventually(lambda: _gone(pool, pid))
+        await wait_until(lambda: _gone(pool, pid), within=10, interval=0.05)
         with pytest.raises((asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, OSError)):
             await zombie.execute("SELECT 1")  # the zombie's late statement finds its session ended
     finally:
@@ -116,7 +112,7 @@ async def test_sessions_that_are_not_stalled_lock_holders_are_left_alone(db_url:
         await asyncio.sleep(IDLE_TIMEOUT * 3)
         young_pid = await stall_holding(young, "SELECT pg_advisory_xact_lock(3)")
         waiting_young = asyncio.create_task(pool.execute("SELECT pg_advisory_lock(3), pg_advisory_unlock(3)"))
-        assert await eventually(lambda: blocked(pool, waiter.get_server_pid()))
+        await wait_until(lambda: blocked(pool, waiter.get_server_pid()), within=10, interval=0.05)
 
         assert await StalledSessions(pool, IDLE_TIMEOUT * 2).end_stalled_lock_holders() == []
         for pid, state in ((alone_pid, "active"), (idle_pid, "idle in transaction"), (young_pid, "active")):
