@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from core import embedded
 from core.config import PROJECT_ROOT
 from tests import leftovers
 
@@ -52,3 +55,21 @@ def test_this_session_carries_a_token_its_children_inherit() -> None:
         child.kill()
         child.wait()
     assert child.pid not in leftovers.carrying(token)
+
+
+@pytest.mark.server
+def test_dev_down_stops_the_embedded_postgres(tmp_path: Path) -> None:
+    embedded.embedded_postgres_url(tmp_path)
+    assert embedded.embedded_postgres_pid(tmp_path) is not None
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
+    done = subprocess.run(
+        [sys.executable, "starter.py", "dev", "down", "--json"],
+        cwd=PROJECT_ROOT,
+        env=dict(env, CLEANUP_STATE_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert embedded.embedded_postgres_pid(tmp_path) is None
+    assert '"postgres": "stopped"' in done.stdout, done.stdout
