@@ -71,10 +71,11 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
         server.stop()
+        was_running = embedded.stop_embedded_postgres(settings.state_dir)
         emit(
             args,
-            {"temporal": "stopped", "postgres": "running"},
-            lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
+            {"temporal": "stopped", "postgres": "stopped" if was_running else "not running"},
+            lambda d: "embedded Temporal dev server and embedded Postgres stopped",
         )
     else:
         resolved = embedded.resolve(settings)
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lead-seconds", type=float, default=10.0, help="how far ahead the first deadline is (default 10)")
     p.add_argument("--spread-seconds", type=float, default=15.0, help="deadlines spread over this window (default 15)")
 
-    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
+    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server and Postgres")
     p.add_argument("action", choices=["up", "down"])
 
     help = "run the fault-injection harness (`harness --help` for its options)"

@@ -289,6 +289,37 @@ def embedded_postgres_url(state_dir: Path) -> str:
     return str(server.get_uri(EMBEDDED_DATABASE))
 
 
+def embedded_postgres_pid(state_dir: Path) -> int | None:
+    """The pid of the embedded Postgres of `state_dir` if it runs (its postmaster.pid names a live
+    postgres process: a stale file whose pid was reused by another program does not count)."""
+    pid_file = state_dir / "pgdata" / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if b"postgres" in cmdline and _alive(pid) else None
+
+
+def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
+    """Stop the embedded Postgres of `state_dir`; True if it was running. SIGINT is Postgres' "fast"
+    shutdown (sessions ended, a checkpoint, exit); SIGQUIT if that takes longer than `timeout`."""
+    pid = embedded_postgres_pid(state_dir)
+    if pid is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+        while _alive(pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+    return True
+
+
 def resolve(settings: Settings) -> Settings:
     """Fill every unset address with an embedded service, starting it if needed."""
     updates: dict[str, object] = {}

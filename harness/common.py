@@ -188,3 +188,18 @@ async def wait_for(predicate: Any, within: float, interval: float = 0.1) -> bool
             return False
         await asyncio.sleep(interval)
     return True
+
+
+async def wait_while_progressing(done: Any, progress: Any, stall: float, interval: float = 0.3) -> bool:
+    """True once `done()`; False once `progress()` (a figure that changes while work gets done) has
+    stayed the same for `stall` seconds. A check of liveness, not of speed: a loaded machine is slow,
+    and a stuck consumer makes no progress however long it is given."""
+    last, since = await progress(), time.monotonic()
+    while not await done():
+        now_at = await progress()
+        if now_at != last:
+            last, since = now_at, time.monotonic()
+        elif time.monotonic() - since > stall:
+            return False
+        await asyncio.sleep(interval)
+    return True

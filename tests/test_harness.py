@@ -19,7 +19,7 @@ from core.config import PROJECT_ROOT
 from harness.runner import render_table
 from harness.scenarios import registry
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.server]
 
 
 def harness(*args: str) -> subprocess.CompletedProcess[str]:
