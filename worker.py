@@ -217,7 +217,9 @@ async def run_worker(
             watchdog: asyncio.Task[None] | None = None
             # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
             stalled = (
-                asyncio.create_task(StalledSessions(pool, settings.db_idle_in_transaction_timeout_seconds).watch())
+                asyncio.create_task(
+                    StalledSessions(settings.database_url, settings.db_idle_in_transaction_timeout_seconds).watch()
+                )
                 if settings.db_idle_in_transaction_timeout_seconds
                 else None
             )

@@ -127,7 +127,7 @@ class RenewalCleanupInput(Model):
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
     # Tolerance of accounts whose cleanup failed deterministically (cleanup_failed); beyond it the
-    # workflow fails after settling. Defaults keep older histories' inputs valid.
+    # workflow fails after settling. None: no tolerance.
     max_failed: int | None = Field(default=None, ge=0)
     max_failed_percent: float | None = Field(default=None, ge=0, le=100)
 
@@ -145,23 +145,23 @@ class RenewalCleanupInput(Model):
         return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
     # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
-    # sweeps); the run sleeps until deadline_until. None (and in every older history): one instant.
+    # sweeps); the run sleeps until deadline_until. None: one instant.
     deadline_until: UtcDatetime | None = None
-    # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
+    # Accounts per claim statement of a cohort's chunked claim.
     claim_chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
 
-    # How often a partition heartbeats while a batch runs; None (and in older histories): a third
+    # How often a partition heartbeats while a batch runs; None: a third
     # of the heartbeat timeout.
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
 
     # Wake this long before the end of the range (the planner's buckets): the timer, the workflow
     # task and the claim's dispatch then happen before the deadline, and the claim itself waits
     # for the database clock to pass the range (it never takes an account before its deadline).
-    # 0 (and in every older history): wake at the end of the range.
+    # 0: wake at the end of the range.
     wake_early_seconds: float = Field(default=0.0, ge=0, le=10)
 
     # Claim streams of a cohort of one instant whose partitions follow the claim (at most the
-    # partitions). 1 (and in every older history): one claim activity.
+    # partitions). 1: one claim activity.
     claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
     @model_validator(mode="after")
@@ -206,7 +206,7 @@ class ClaimChunkedInput(Model):
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
     chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
     # Stream `stream` of `streams` claims the accounts whose ID hashes to it, for the partitions p
-    # with p % streams == stream. One stream (and in every older history): the whole range.
+    # with p % streams == stream. One stream: the whole range.
     stream: int = Field(default=0, ge=0, lt=MAX_CLAIM_STREAMS)
     streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
@@ -251,9 +251,9 @@ class CleanupPartitionInput(Model):
     partition_no: int = Field(ge=0, lt=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
-    # Started while the cohort's claim still runs (runs after the `claim-overlap` patch): a short
-    # batch is not the end until the claim's progress row says it is done. False (and in every
-    # older history): the claim had finished before the partition started.
+    # Started while the cohort's claim still runs (a cohort of one instant): a short batch is not
+    # the end until the claim's progress row says it is done. False: the claim had finished before
+    # the partition started.
     follow_claim: bool = False
     # The claim streams of the cohort: a partition that follows the claim follows stream
     # partition_no % claim_streams, the only one that claims for it.

@@ -250,7 +250,7 @@ async def sweep_overdue(
         previous = await describe_or_none(client, previous_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
-    workflow_id = sweep_cleanup_id(input.as_of or cutoff, input.task_queue)
+    workflow_id = sweep_cleanup_id(input.as_of, input.task_queue)
     await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)

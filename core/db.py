@@ -65,9 +65,15 @@ def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
 
 
+# Every session this service opens carries this application_name prefix (its pools: create_pool;
+# the stalled-session check: core.sessions), and only those may be ended by core.sessions.
+APPLICATION_NAME = "deadline-cleanup"
+
+
 async def create_pool(
     url: str,
     *,
+    application_name: str = APPLICATION_NAME,
     min_size: int = 1,
     max_size: int = 8,
     on_connect: Callable[[], None] | None = None,
@@ -87,7 +93,7 @@ async def create_pool(
     sequential scan per account, and keeps doing so as the table grows: a cohort's cleanup turned
     quadratic (BENCHMARKS.md, "A generic plan frozen on an empty table"). Planning the batch
     statement costs ~1 ms against 40-450 ms to run it."""
-    server_settings = {"plan_cache_mode": "force_custom_plan"}
+    server_settings = {"plan_cache_mode": "force_custom_plan", "application_name": application_name}
     if idle_in_transaction_timeout:
         server_settings["idle_in_transaction_session_timeout"] = str(max(1, int(idle_in_transaction_timeout * 1000)))
 

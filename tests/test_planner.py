@@ -16,7 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -426,7 +426,8 @@ async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(cl
     await seed(pool, deadline_in(-60), 5)
     # The planner's input names the sweep of an earlier iteration (long finished); no worker polls
     # the queue, so the sweep the step starts stays running.
-    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=f"cleanup-sweep-earlier-{task_queue}")
+    earlier = f"cleanup-sweep-earlier-{task_queue}"
+    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=earlier, as_of=datetime.now(UTC))
     first = await sweep_overdue(pool, client, sweep)
     retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
     try:
