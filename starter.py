@@ -70,11 +70,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
-        server.stop()
+        stopped = server.stop()
         emit(
             args,
-            {"temporal": "stopped", "postgres": "running"},
-            lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
+            {"temporal": stopped, "postgres": "running"},
+            lambda d: f"embedded Temporal dev server: {stopped} (the embedded Postgres keeps running; it is cheap)",
         )
     else:
         resolved = embedded.resolve(settings)
