@@ -70,12 +70,12 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
-        server.stop()
+        stopped = server.stop()
         was_running = embedded.stop_embedded_postgres(settings.state_dir)
         emit(
             args,
-            {"temporal": "stopped", "postgres": "stopped" if was_running else "not running"},
-            lambda d: "embedded Temporal dev server and embedded Postgres stopped",
+            {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
+            lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
         )
     else:
         resolved = embedded.resolve(settings)

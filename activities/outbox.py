@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 SEND_PATH = "/v1/messages"
 ERROR_TEXT_LIMIT = 1000
+# What of a dead letter's reason (the provider's reply included) a log line shows.
+LOG_REPLY_LIMIT = 200
 # Read at most this much of an answer: only its first ERROR_TEXT_LIMIT characters are ever kept.
 MAX_RESPONSE_BYTES = 64 * 1024
 # Stop starting requests this long before the lease ends, to leave time to record the outcomes.
@@ -67,6 +69,7 @@ DB_RETRY_MAX_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
 _JITTER = random.Random()
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")  # an Idempotency-Key: printable ASCII, no space
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")  # RFC 9110 token
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e\t]{0,4000}$")  # visible ASCII, space, tab: never CR, LF, NUL
@@ -100,6 +103,25 @@ def redact(text: str, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, "***")
     return text
+
+
+def dead_letter_log_args(row: Mapping[str, object], outcomes: Mapping[int, Outcome]) -> tuple[str, str]:
+    """A dead letter as a log line may show it: the event by its number and kind, the account by the
+    name workflow IDs give it (a keyed pseudonym under payload encryption), and at most
+    LOG_REPLY_LIMIT characters of the reason, with the account ID and control characters removed."""
+    from core.codec import pseudonymize  # lazy: cryptography is slow to import
+
+    try:
+        codec = activity.client().data_converter.payload_codec
+    except RuntimeError:  # no client (a test's ActivityEnvironment): nothing to pseudonymize with
+        codec = None
+    account = str(row["account_id"])
+    shown = pseudonymize(codec, account)
+    reason = str(outcomes[int(str(row["event_id"]))].error or "")
+    reason = _CONTROL.sub(" ", reason.replace(account, shown))
+    if len(reason) > LOG_REPLY_LIMIT:
+        reason = reason[:LOG_REPLY_LIMIT] + "..."
+    return f"#{row['event_id']} ({row['kind']}, account {shown})", reason
 
 
 def parse_base_url(url: str) -> SplitResult:
@@ -326,9 +348,7 @@ class OutboxRelayActivities:
             metrics.record_outbox(result.delivered, result.dead)
             for r in rows:
                 if outcomes[r["event_id"]].kind == "dead":
-                    activity.logger.warning(
-                        "outbox event %s dead-lettered: %s", r["event_key"], outcomes[r["event_id"]].error
-                    )
+                    activity.logger.warning("outbox event %s dead-lettered: %s", *dead_letter_log_args(r, outcomes))
         if len(rows) < s.batch_size:
             summary = await with_database("pending_summary", lease_end, lambda: self.pool.fetchrow(SQL.pending_summary))
             assert summary is not None

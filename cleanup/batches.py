@@ -48,6 +48,10 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # larger transaction (fewer COMMITs and budget grants), made of statements of this size.
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
+# Values of the row that was to be deleted, as PostgreSQL quotes them in a message.
+_FAILING_ROW = re.compile(r"\s*Failing row contains \(.*", re.DOTALL)
+_KEY_VALUES = re.compile(r"Key \(([^)]*)\)=\(.*?\)")
+_TRAILING_VALUE = re.compile(r':\s*"[^"]*"\s*$')
 
 
 @dataclass(frozen=True)
@@ -216,8 +220,7 @@ async def _record_failure(
     error: BaseException,
 ) -> AccountCleanupFailed | None:
     sqlstate = sqlstate_of(error) or "?????"
-    message = str(getattr(error, "message", None) or error)
-    detail = getattr(error, "detail", None)
+    message, detail = failure_reason(error)
     target = _target_from_error(error, compiled) or await _probe_target(pool, compiled, account_id)
     row = await pool.fetchrow(
         SQL.record_failed, cleanup_id, partition_no, account_id, target, sqlstate, message, detail
@@ -225,6 +228,26 @@ async def _record_failure(
     if row is None or row["failed"] == 0:
         return None
     return AccountCleanupFailed(account_id, sqlstate, message, target)
+
+
+def failure_reason(error: BaseException) -> tuple[str, str | None]:
+    """What an isolated account's failure keeps: the database's message with any value of the row
+    withheld, and the constraint, table and column it names. Never the error's DETAIL: "Failing row
+    contains (...)" and "Key (...)=(...)" hold the data the cleanup was to delete."""
+    message = str(getattr(error, "message", None) or error)
+    message = _FAILING_ROW.sub("", message)
+    message = _KEY_VALUES.sub(r"Key (\1)=(withheld)", message)
+    message = _TRAILING_VALUE.sub(": (value withheld)", message)
+    names = [
+        f'{kind} "{value}"'
+        for kind, value in (
+            ("constraint", getattr(error, "constraint_name", None)),
+            ("table", getattr(error, "table_name", None)),
+            ("column", getattr(error, "column_name", None)),
+        )
+        if value
+    ]
+    return message, "; ".join(names) or None
 
 
 def _target_from_error(error: BaseException, compiled: CompiledCleanup) -> str | None:

@@ -27,7 +27,17 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
-from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
+from core.cli import (
+    EXIT_TOO_LATE,
+    CliContext,
+    Commands,
+    Progress,
+    count_argument,
+    database_pool,
+    emit,
+    key_values,
+    table,
+)
 from core.config import Settings
 from core.errors import InputError
 
@@ -351,12 +361,12 @@ def register(commands: Commands) -> None:
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
-    p.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
     p = command(
         "retry-failed",

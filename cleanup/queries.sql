@@ -98,6 +98,7 @@ applied AS (
 resolved AS (
     UPDATE cleanup_failed f
     SET resolved_at = now(),
+        detail = NULL,  -- resolved: nothing of the failure is kept but its reason
         resolution = CASE
             WHEN v.verdict IN ('apply', 'already_applied') THEN 'cleaned'
             WHEN v.verdict = 'renewed' OR v.account_status IN ('renewed', 'active') THEN 'renewed'
@@ -291,6 +292,13 @@ updated AS (
       AND (c.status = 'renewed'
            OR (c.status IN ('active', 'cleanup_failed') AND c.judged_at < c.renewal_deadline))
     RETURNING a.account_id, a.cleanup_version
+),
+-- A renewal makes a pending failure stale: nothing of it is kept but its reason.
+purged AS (
+    UPDATE cleanup_failed f SET detail = NULL
+    FROM updated u
+    WHERE f.account_id = u.account_id AND f.resolved_at IS NULL AND f.detail IS NOT NULL
+    RETURNING 1
 ),
 logged AS (
     INSERT INTO renewals (account_id, outcome, new_deadline, version_after, status_seen, judged_at, deadline_seen)

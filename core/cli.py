@@ -34,6 +34,21 @@ EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
 
 
+def count_argument(low: int, high: int = 1_000_000) -> Callable[[str], int]:
+    """An argparse `type` for a count in [low, high]: anything else exits 2 naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
 def json_default(value: object) -> object:
     if isinstance(value, datetime | date):
         return value.isoformat()

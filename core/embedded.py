@@ -151,10 +151,29 @@ class DevServer:
         if self.ui_port:
             wait_until_http_answers(f"http://127.0.0.1:{self.ui_port}/", deadline=deadline, log_file=self.log_file)
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def is_this_server(self, pid: int) -> bool:
+        """Whether `pid` is the dev server this object starts: a process-group leader (stop signals
+        its group) whose command line is `temporal server start-dev` on this SQLite file. A pid file
+        left by a server that died may name any process since."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            leader = os.getpgid(pid) == pid
+        except (OSError, ProcessLookupError):
+            return False
+        return leader and "start-dev" in argv and str(self.db_file) in argv
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """Stop the server this pid file names; returns what was done ("stopped", "not running", or
+        why a stale pid file was only removed)."""
         if not self.pid_file.exists():
-            return
-        pid = int(self.pid_file.read_text())
+            return "not running"
+        try:
+            pid = int(self.pid_file.read_text())
+        except ValueError:
+            pid = 0
+        if pid <= 0 or not self.is_this_server(pid):
+            self.pid_file.unlink(missing_ok=True)
+            return f"stale pid file removed: pid {pid} is not this dev server; nothing signalled"
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -166,6 +185,7 @@ class DevServer:
         self.pid_file.unlink(missing_ok=True)
         while self.running() and time.monotonic() < deadline + 5:
             time.sleep(0.2)
+        return "stopped"
 
 
 class ServerNotReady(RuntimeError):
