@@ -29,6 +29,7 @@ Counters (names as scraped; docs/observability.md):
   load_budget_scale                   gauge: the adaptive factor (1 = healthy, smaller = backing off)
   load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
   load_budget_wait_seconds            histogram: time a batch waited for the budget
+  worker_ready                        gauge: 1 when the worker's readiness checks pass (core/health.py)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ DESCRIPTIONS: dict[str, str] = {
     "load_budget_scale": "the load budget's adaptive factor (1 = healthy, smaller = backing off)",
     "load_budget_rows": "rows done by batches under the load budget",
     "load_budget_wait_seconds": "seconds a batch waited for the load budget",
+    "worker_ready": "1 when the worker's readiness checks pass (database, task queue polls, planner), else 0",
 }
 LATENESS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0]
 
@@ -214,3 +216,15 @@ def record_budget_wait(seconds: float) -> None:
             meter.create_histogram_float(name, DESCRIPTIONS[name]).record(max(0.0, seconds))
     except Exception:
         log.debug("could not record the load budget wait", exc_info=True)
+
+
+# --- health (core/health.py) ------------------------------------------------------------------------
+
+
+def set_ready(ready: bool) -> None:
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge("worker_ready", DESCRIPTIONS["worker_ready"]).set(1 if ready else 0)
+    except Exception:
+        log.debug("could not set the readiness gauge", exc_info=True)
