@@ -26,7 +26,7 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
-from core import db, embedded, health, logs, metrics, outage, shutdown
+from core import db, embedded, fleet, health, logs, metrics, outage, shutdown
 from core.config import Settings
 from core.errors import InputError
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
@@ -254,6 +254,7 @@ async def _run_worker(
             )
             readiness.polling = True
             exporter = asyncio.create_task(health.export_readiness(readiness))
+            gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
             if planner and planner_enabled():
                 readiness.planner_expected = True
                 if await ensure_planner_running(client, settings.task_queue):
@@ -267,7 +268,7 @@ async def _run_worker(
                 await (stop or asyncio.Event()).wait()
             finally:
                 readiness.polling = False
-                for task in (watchdog, stalled, exporter):
+                for task in (watchdog, stalled, exporter, gauges):
                     if task is not None:
                         task.cancel()
             log.info(
