@@ -38,4 +38,9 @@ RUN pip install --no-deps . \
 # The code stays owned by root and read-only to the worker's user.
 USER cleanup
 
+# /healthz and /readyz (core/health.py): "healthy" = ready (database answers, polling its queue).
+ENV HEALTH_PORT=8081
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/readyz' % os.environ['HEALTH_PORT'], timeout=4)"]
+
 CMD ["python", "worker.py"]

@@ -26,7 +26,7 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
-from core import db, embedded, logs, metrics, outage, shutdown
+from core import db, embedded, fleet, health, logs, metrics, outage, shutdown
 from core.config import Settings
 from core.errors import InputError
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
@@ -63,14 +63,15 @@ def planner_enabled() -> bool:
     return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-async def ensure_planner_running(client: Client, task_queue: str) -> None:
-    """Running workers is enough: each one ensures the planner (a running one is kept)."""
+async def ensure_planner_running(client: Client, task_queue: str) -> bool:
+    """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
     try:
         workflow_id, started = await ensure_planner(client, task_queue)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
-        return
+        return False
     log.info("deadline planner %s %s", workflow_id, "started" if started else "already running")
+    return True
 
 
 def watchdog_seconds() -> float:
@@ -78,7 +79,9 @@ def watchdog_seconds() -> float:
     return seconds_from_env("PLANNER_WATCHDOG_SECONDS") or 30.0
 
 
-async def keep_planner_running(client: Client, task_queue: str, every: float) -> None:
+async def keep_planner_running(
+    client: Client, task_queue: str, every: float, seen: Callable[[], None] | None = None
+) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
     run (a step that failed for good, a termination, a task failing over and over) stops it for long."""
@@ -86,7 +89,9 @@ async def keep_planner_running(client: Client, task_queue: str, every: float) ->
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            _, stuck = await watch_planner(client, task_queue, stuck)
+            outcome, stuck = await watch_planner(client, task_queue, stuck)
+            if seen is not None and outcome != "stuck":  # running, or started again just now
+                seen()
         except RPCError as err:  # the server is away: look again next time
             log.warning("could not look at the deadline planner: %s", err.message)
 
@@ -180,15 +185,41 @@ async def run_worker(
     runtime = metrics_runtime(settings)
     if runtime is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
+    readiness = health.Readiness(
+        namespace=settings.temporal_namespace,
+        task_queue=settings.task_queue,
+        planner_stale_seconds=3 * watchdog_seconds() + 30,  # three missed looks of the watchdog
+    )
+    probes = await health.serve(readiness, settings.health_host, settings.health_port) if settings.health_port else None
+    try:
+        await _run_worker(settings, stop, readiness, runtime, extra_workflows, extra_activities, on_ready, planner)
+    finally:
+        if probes is not None:
+            probes.close()
+
+
+async def _run_worker(
+    settings: Settings,
+    stop: asyncio.Event | None,
+    readiness: health.Readiness,
+    runtime: Runtime | None,
+    extra_workflows: Sequence[type],
+    extra_activities: Sequence[object],
+    on_ready: Callable[[], None] | None,
+    planner: bool,
+) -> None:
+    assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )
+    readiness.ping_db = functools.partial(db.ping, pool)
     claim_pool = await open_pool(
         settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
     )
     try:
         client = await connect(settings, runtime=runtime)
+        readiness.client = client
         try:
             added = await ensure_search_attributes(client, settings.temporal_namespace)
             if added:
@@ -223,15 +254,23 @@ async def run_worker(
                 if settings.db_idle_in_transaction_timeout_seconds
                 else None
             )
+            readiness.polling = True
+            exporter = asyncio.create_task(health.export_readiness(readiness))
+            gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
             if planner and planner_enabled():
-                await ensure_planner_running(client, settings.task_queue)
-                watchdog = asyncio.create_task(keep_planner_running(client, settings.task_queue, watchdog_seconds()))
+                readiness.planner_expected = True
+                if await ensure_planner_running(client, settings.task_queue):
+                    readiness.planner_seen()
+                watchdog = asyncio.create_task(
+                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen)
+                )
             if on_ready is not None:
                 on_ready()
             try:
                 await (stop or asyncio.Event()).wait()
             finally:
-                for task in (watchdog, stalled):
+                readiness.polling = False
+                for task in (watchdog, stalled, exporter, gauges):
                     if task is not None:
                         task.cancel()
             log.info(

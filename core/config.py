@@ -76,6 +76,9 @@ class Settings(BaseModel):
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "0.0.0.0"
+    # /healthz and /readyz (core/health.py) on a port of their own; None: not served.
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+    health_host: str = "0.0.0.0"
     log_format: LogFormat = "text"
     # Security (docs/security.md)
     temporal_tls: bool | None = None  # None: TLS when a certificate, CA or API key is configured
@@ -129,6 +132,10 @@ class Settings(BaseModel):
             values["metrics_port"] = int(env["METRICS_PORT"])
         if env.get("METRICS_HOST"):
             values["metrics_host"] = env["METRICS_HOST"]
+        if env.get("HEALTH_PORT"):
+            values["health_port"] = int(env["HEALTH_PORT"])
+        if env.get("HEALTH_HOST"):
+            values["health_host"] = env["HEALTH_HOST"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
 

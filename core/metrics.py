@@ -29,6 +29,11 @@ Counters (names as scraped; docs/observability.md):
   load_budget_scale                   gauge: the adaptive factor (1 = healthy, smaller = backing off)
   load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
   load_budget_wait_seconds            histogram: time a batch waited for the budget
+  held_accounts, cleanups_in_flight   gauges (core/fleet.py): accounts in 'cleaning', the claims holding them
+  cleanup_lateness_max_seconds        gauge: the largest lateness of the cleanups of the last 15 minutes
+  outbox_backlog, outbox_dead_letters gauges: outbox events pending / dead-lettered now
+  ledger_last_settled_date_seconds    gauge: the last settled ledger business date (Unix time of its 00:00 UTC)
+  worker_ready                        gauge: 1 when the worker's readiness checks pass (core/health.py)
 """
 
 from __future__ import annotations
@@ -64,6 +69,13 @@ DESCRIPTIONS: dict[str, str] = {
     "load_budget_scale": "the load budget's adaptive factor (1 = healthy, smaller = backing off)",
     "load_budget_rows": "rows done by batches under the load budget",
     "load_budget_wait_seconds": "seconds a batch waited for the load budget",
+    "held_accounts": "accounts in 'cleaning' now: claimed by a cleanup that has not settled them yet",
+    "cleanups_in_flight": "cleanups holding claimed accounts now",
+    "cleanup_lateness_max_seconds": "largest cleaned_at - renewal_deadline of the cleanups of the last 15 minutes",
+    "outbox_backlog": "outbox events waiting to be delivered",
+    "outbox_dead_letters": "outbox events dead-lettered (need an operator)",
+    "ledger_last_settled_date_seconds": "the last settled ledger business date, as Unix time of its 00:00 UTC",
+    "worker_ready": "1 when the worker's readiness checks pass (database, task queue polls, planner), else 0",
 }
 LATENESS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0]
 
@@ -83,10 +95,32 @@ def runtime(bind_address: str) -> Runtime:
     )
 
 
+COUNTERS = (
+    "cleanup_accounts_cleaned",
+    "cleanup_duplicates_absorbed",
+    "cleanup_accounts_skipped",
+    "cleanup_settlements",
+    "cleanup_accounts_failed",
+    "ledger_corrections",
+    "ledger_review_rows",
+    "outbox_delivered",
+    "outbox_dead_lettered",
+    "planner_overdue_swept",
+    "planner_stranded_recovered",
+    "planner_restarts",
+)
+
+
 def install(meter: MetricMeter | None) -> None:
-    """The meter used outside activities (e.g. `runtime.metric_meter`); `None` turns that off."""
+    """The meter used outside activities (e.g. `runtime.metric_meter`); `None` turns that off.
+
+    Every counter is declared at 0 here, so `increase()` and the alert rules see a 0 from the
+    worker's start instead of no series until the first event."""
     global _installed
     _installed = meter
+    if meter is not None:
+        for name in COUNTERS:
+            meter.create_counter(name, DESCRIPTIONS[name]).add(0)
 
 
 def _meter() -> MetricMeter | None:
@@ -214,3 +248,25 @@ def record_budget_wait(seconds: float) -> None:
             meter.create_histogram_float(name, DESCRIPTIONS[name]).record(max(0.0, seconds))
     except Exception:
         log.debug("could not record the load budget wait", exc_info=True)
+
+
+# --- health (core/health.py) ------------------------------------------------------------------------
+
+
+def set_ready(ready: bool) -> None:
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge("worker_ready", DESCRIPTIONS["worker_ready"]).set(1 if ready else 0)
+    except Exception:
+        log.debug("could not set the readiness gauge", exc_info=True)
+
+
+def set_gauge(name: str, value: float) -> None:
+    """Set gauge `name` (declared in DESCRIPTIONS) on the installed meter."""
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge_float(name, DESCRIPTIONS[name]).set(float(value))
+    except Exception:
+        log.debug("could not set gauge %s", name, exc_info=True)

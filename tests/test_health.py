@@ -1,0 +1,101 @@
+"""Health probes of a real worker process: /healthz, and /readyz following its database."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import urllib.error
+import urllib.request
+
+import asyncpg
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from core import db, health
+from core.embedded import free_port
+from tests.conftest import WorkerProcesses
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, "no answer"
+
+
+async def wait_for_status(port: int, path: str, status: int, within: float = 120) -> str:
+    deadline = time.monotonic() + within
+    last = (0, "")
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(get, port, path)
+        if last[0] == status:
+            return last[1]
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{path} never answered {status} within {within}s; last {last}")
+
+
+async def test_readyz_follows_the_workers_database(worker_processes: WorkerProcesses) -> None:
+    from harness.private_pg import PrivatePostgres
+
+    pg = PrivatePostgres()
+    await asyncio.to_thread(pg.init)
+    port = free_port()
+    try:
+        proc = worker_processes.start(DATABASE_URL=pg.admin_url, HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
+        assert await wait_for_status(port, "/readyz", 200) == "ready\n", worker_processes.logs()
+        assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
+        assert (await asyncio.to_thread(get, port, "/nothing"))[0] == 404
+
+        await asyncio.to_thread(pg.crash)
+        body = await wait_for_status(port, "/readyz", 503)
+        assert body.startswith("not ready\n") and "- database: " in body, body
+        assert "task queue" not in body, "the worker still polls: only the database is named"
+        assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n"), "alive while its database is away"
+
+        await asyncio.to_thread(pg.restart)
+        assert await wait_for_status(port, "/readyz", 200) == "ready\n"
+        assert proc.poll() is None
+    finally:
+        worker_processes.stop_all()
+        await asyncio.to_thread(pg.close)
+
+
+async def test_readyz_names_the_task_queue_and_a_planner_not_seen(
+    client: Client, pool: asyncpg.Pool, task_queue: str, worker: Worker
+) -> None:
+    """Ready with the in-process worker polling and the planner just seen; a planner not seen for
+    longer than its limit, or a queue this client does not poll, is named in the reasons."""
+    now = [1000.0]
+    readiness = health.Readiness(
+        ping_db=functools.partial(db.ping, pool),
+        client=client,
+        task_queue=task_queue,
+        polling=True,
+        planner_expected=True,
+        planner_stale_seconds=60,
+        _clock=lambda: now[0],
+    )
+    reasons = await readiness.failures()
+    while any(r.startswith("task queue") for r in reasons):  # the worker's first poll reaches the server
+        await asyncio.sleep(0.2)
+        reasons = await readiness.failures()
+    assert reasons == ["planner: last seen running never (limit 60s)"]
+    readiness.planner_seen()
+    assert await readiness.failures() == []
+    now[0] += 61
+    assert await readiness.failures() == ["planner: last seen running 61s ago (limit 60s)"]
+
+    readiness.planner_expected = False
+    readiness.task_queue = f"{task_queue}-nobody-polls"
+    reasons = await readiness.failures()
+    assert len(reasons) == 1 and reasons[0].startswith("task queue: ") and client.identity in reasons[0], reasons
+
+
+async def test_worker_that_ensures_the_planner_gets_ready(worker_processes: WorkerProcesses) -> None:
+    port = free_port()
+    worker_processes.start(CLEANUP_PLANNER="on", HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
+    assert await wait_for_status(port, "/readyz", 200) == "ready\n", worker_processes.logs()
