@@ -121,6 +121,14 @@ async def under_budget(
         yield grant
 
 
+def _usable(conn: Any) -> bool:
+    """An open connection (asyncpg gives a pooled connection back to its pool when it closes)."""
+    try:
+        return conn is not None and not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
 def _holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -136,25 +144,94 @@ class LoadBudget:
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
         self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
+        # The session this process's slots are tied to: a pool connection held while it has budgeted
+        # work (the probes run on it), with its backend pid and start time. The database ends it with
+        # the process (or the server), and every slot recorded with it is free at once.
+        self._session: Any = None
+        self._session_id: tuple[int, Any] | None = None
+        self._session_lock = asyncio.Lock()
+        self._grants = 0  # slots granted to this process and not yet released
         # Until then (time.monotonic()), the operator's row said "off": no statements per batch. Two per
         # batch on one hot row otherwise, serialized by the budget's lock, for a budget that limits nothing.
         self._off_until = 0.0
 
+    def _busy(self) -> bool:
+        return self._active > 0 or self._grants > 0
+
     async def _probe_loop(self) -> None:
         """Time the commit probe every `probe_interval_seconds` while this process has work; each
-        probe statement also records the previous one's latency (quiet or busy) for the adjustment."""
+        probe statement also records the previous one's latency (quiet or busy) for the adjustment.
+        The probes run on the budget session, which also keeps it in use; it is given back when the
+        work is done."""
         previous: tuple[float, bool] | None = None
-        while self._active > 0:
+        while True:
+            if not self._busy():
+                self._prober = None  # before any await: a batch starting now starts a new loop
+                break
             try:
-                async with self.pool.acquire() as conn:
-                    started = time.perf_counter()
-                    quiet = await conn.fetchval(
-                        SQL.probe, self._probe_key, previous[0] if previous else None, previous[1] if previous else None
-                    )
-                    previous = ((time.perf_counter() - started) * 1000, bool(quiet))
+                async with self._session_lock:
+                    conn = await self._open_session()
+                    try:
+                        started = time.perf_counter()
+                        quiet = await conn.fetchval(
+                            SQL.probe,
+                            self._probe_key,
+                            previous[0] if previous else None,
+                            previous[1] if previous else None,
+                        )
+                    except Exception:
+                        if not _usable(conn):
+                            await self._discard_session()
+                        raise
+                previous = ((time.perf_counter() - started) * 1000, bool(quiet))
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
+        async with self._session_lock:
+            if not self._busy():
+                await self._discard_session(give_back=True)
+
+    async def _open_session(self) -> Any:
+        """The budget session (caller holds `_session_lock`): the one open, or a new one."""
+        if _usable(self._session):
+            return self._session
+        await self._discard_session()
+        conn = await self.pool.acquire()
+        try:
+            row = await conn.fetchrow(SQL.session_identity)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+            raise
+        assert row is not None
+        self._session, self._session_id = conn, (row["pid"], row["backend_start"])
+        return conn
+
+    async def _discard_session(self, give_back: bool = False) -> None:
+        """Forget the budget session (caller holds `_session_lock`). `give_back`: it is healthy and
+        this process holds no slot, so the pool may reuse it; otherwise it is closed, which ends it in
+        the database too."""
+        conn, self._session, self._session_id = self._session, None, None
+        if conn is None:
+            return
+        if not give_back:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+        with contextlib.suppress(Exception):
+            await self.pool.release(conn)
+
+    async def session_identity(self) -> tuple[int, Any]:
+        """(backend pid, backend start) of the session this process's slots are tied to."""
+        if self._session_id is None or not _usable(self._session):
+            async with self._session_lock:
+                await self._open_session()
+        assert self._session_id is not None
+        return self._session_id
+
+    async def close(self) -> None:
+        """End the budget session now (its slots become free); the next batch opens another."""
+        async with self._session_lock:
+            await self._discard_session()
 
     @contextlib.asynccontextmanager
     async def batch(self, job: str, rows: int, while_waiting: Waiting | None = None) -> AsyncIterator[Grant]:
@@ -170,7 +247,7 @@ class LoadBudget:
     async def _probing(self) -> AsyncIterator[None]:
         """The commit probe runs while this process has budgeted work waiting or in flight."""
         self._active += 1
-        if self._prober is None or self._prober.done():
+        if self._prober is None:
             self._prober = asyncio.ensure_future(self._probe_loop())
         try:
             yield
@@ -196,8 +273,15 @@ class LoadBudget:
             ms_per_1000 = seconds * 1_000_000 / max(rows, 1) if ok else None
             try:
                 await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000)
-            except Exception:  # the lease expires by itself; never mask the batch's own outcome
-                log.warning("could not release load budget slot %s; it expires by itself", grant.slot, exc_info=True)
+            except Exception:  # never mask the batch's own outcome
+                log.warning(
+                    "could not release load budget slot %s; it is free once its session ends (or its lease runs out)",
+                    grant.slot,
+                    exc_info=True,
+                )
+            finally:
+                if grant.slot is not None:
+                    self._grants -= 1
             metrics.record_budget_rows(done)
             # The slot is free now: this process's waiters try at once instead of at their next poll
             # (waiters in other processes still poll, within max_poll_seconds).
@@ -213,6 +297,7 @@ class LoadBudget:
         while True:
             await self.maybe_adjust()
             waited = time.perf_counter() - started
+            session_pid, session_start = await self.session_identity()
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(SQL.lock_budget)
                 row = await conn.fetchrow(
@@ -227,13 +312,22 @@ class LoadBudget:
                     waited,
                     s.burst_seconds,
                     s.blocked_after_seconds,
+                    session_pid,
+                    session_start,
                 )
             assert row is not None
+            if not row["session_alive"]:  # ended (a restart, a broken connection): tie the slot to a new one
+                async with self._session_lock:
+                    if self._session_id == (session_pid, session_start):
+                        await self._discard_session()
+                continue
             if not row["enabled"]:
                 self._off_until = time.monotonic() + s.off_recheck_seconds
             metrics.set_budget(row["in_flight_limit"], row["rows_per_second"], row["scale"])
             if row["granted"]:
                 metrics.record_budget_wait(waited)
+                if row["slot"] is not None:
+                    self._grants += 1
                 return Grant(
                     lease=lease,
                     slot=row["slot"],
@@ -281,11 +375,20 @@ class LoadBudget:
         if claimed is None:
             return None
         stress = await self.pool.fetchrow(SQL.sample_stress)
-        probes = await self.pool.fetchrow(SQL.collect_probes)
-        assert stress is not None and probes is not None
+        collected = await self.pool.fetchrow(SQL.collect_probes)
+        assert stress is not None and collected is not None
+        probes = dict(collected)
         latency_ms = claimed["window_ms_sum"] / claimed["window_batches"] if claimed["window_batches"] else None
         busy_ms = probes["busy_ms_sum"] / probes["busy_n"] if probes["busy_n"] else None
         baseline = claimed["probe_baseline_ms"]
+        # A baseline of an earlier run of the server says nothing of this one (cold caches, a
+        # recovery's checkpoint), and neither do this window's observations, taken across the
+        # restart: forget them all and learn the baseline again. A restart is not load.
+        restarted = bool(claimed["server_restarted"]) and baseline is not None
+        if restarted:
+            log.info("load budget: the database restarted; the commit probe's baseline is measured again")
+            baseline = latency_ms = busy_ms = None
+            probes.update(busy_n=0, quiet_n=0)
         new_baseline = None
         if probes["quiet_n"]:
             quiet_ms = probes["quiet_ms_sum"] / probes["quiet_n"]
@@ -329,6 +432,7 @@ class LoadBudget:
             probes["busy_n"],
             new_baseline,
             quiet,
+            restarted,
         )
         if verdict["scale"] < claimed["scale"]:
             log.info("load budget shrinks to %.2f: %s", verdict["scale"], verdict["stress"])

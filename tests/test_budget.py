@@ -17,7 +17,8 @@ from temporalio.api.enums.v1 import PendingActivityState
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
-from core.budget import BudgetSettings, LoadBudget, budget_status, judge, set_budget
+from core import db
+from core.budget import SQL, BudgetSettings, LoadBudget, budget_status, judge, set_budget
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
 from tests.helpers import deadline_in, effect_counts, seed, wait_until
@@ -220,8 +221,99 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
         grant = await budgets[1].acquire("alive", 1, waits.append)
         assert grant.slot is not None and waits, "it waited for an expired lease, then got a slot"
     finally:
+        for b in budgets:
+            await b.close()
         for p in pools:
             await p.close()
+
+
+# One slot, leased for an hour: only its session's end can free it within a test.
+ONE_SLOT_FOR_AN_HOUR = BudgetSettings(
+    max_in_flight=1, rows_per_second=1e6, latency_ms=1e6, lease_seconds=3600, quiet_seconds=0, adjust_seconds=0.001
+)
+
+
+async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
+    """The database session of the worker holding the only slot ends (the worker died, its
+    connection broke): a batch waiting in another worker gets the slot, though its lease has an
+    hour to run; the holder, asking again, ties its next slot to a new session."""
+    pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=4) for _ in range(2)]
+    holder, other = (LoadBudget(p, ONE_SLOT_FOR_AN_HOUR) for p in pools)
+    try:
+        assert (await holder.acquire("holder", 1)).slot == 0
+        pid, _ = await holder.session_identity()
+        waits: list[dict[str, Any]] = []
+        waiting = asyncio.ensure_future(other.acquire("other", 1, waits.append))
+
+        async def denied_twice() -> bool:
+            return len(waits) >= 2
+
+        await wait_until(denied_twice, within=60)  # denied: the slot is held
+        assert not waiting.done()
+        assert await pools[1].fetchval("SELECT pg_terminate_backend($1, 60000)", pid)
+        grant = await asyncio.wait_for(waiting, 60)
+        assert grant.slot == 0
+        status = await budget_status(pools[1], ONE_SLOT_FOR_AN_HOUR)
+        assert [s["holder"].split()[-1] for s in status["slots"]] == ["other"]
+
+        await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None)
+        again = await asyncio.wait_for(holder.acquire("holder", 1), 60)
+        assert again.slot == 0 and (await holder.session_identity())[0] != pid, "a new session holds it"
+    finally:
+        for b in (holder, other):
+            await b.close()
+        for p in pools:
+            await p.close()
+
+
+async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stress() -> None:
+    """A real crash and restart of the database: the slot held before it is free at once, and the
+    slow commit probes of the restarted server make a new baseline instead of shrinking the budget
+    (against a baseline measured on the same run of the server, the same probes do shrink it)."""
+    from harness.private_pg import PrivatePostgres
+
+    pg = PrivatePostgres()
+    await asyncio.to_thread(pg.init)
+    await db.migrate_url(pg.admin_url)
+    pools = [await db.create_pool(pg.admin_url, max_size=4)]
+    budgets = [LoadBudget(pools[0], ONE_SLOT_FOR_AN_HOUR)]
+    try:
+        assert (await budgets[0].acquire("before the crash", 1)).slot == 0
+        await pools[0].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)
+        await asyncio.to_thread(pg.crash)
+        await asyncio.to_thread(pg.restart)
+        pools.append(await db.create_pool(pg.admin_url, max_size=4))
+        budgets.append(LoadBudget(pools[1], ONE_SLOT_FOR_AN_HOUR))
+        after = budgets[1]
+        grant = await asyncio.wait_for(after.acquire("after the restart", 1), 60)
+        assert grant.slot == 0, "the slot held before the crash is free"
+
+        await pools[1].execute(SLOW_BUSY_PROBES)
+        verdict = await after.maybe_adjust()
+        assert verdict is not None and verdict["stress"] is None and verdict["scale"] == 1.0
+        assert await pools[1].fetchval("SELECT probe_baseline_ms FROM load_budget") is None, "learned again"
+
+        await pools[1].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)  # the same probes, no restart between
+        await pools[1].execute(SLOW_BUSY_PROBES)
+        verdict = await after.maybe_adjust()
+        assert verdict is not None and "commit probe" in verdict["stress"] and verdict["scale"] < 1.0
+    finally:
+        for b in budgets:
+            await b.close()
+        for p in pools:
+            p.terminate()
+        await asyncio.to_thread(pg.close)
+
+
+LEARNED_BASELINE_OF_THIS_SERVER_RUN = """
+UPDATE load_budget SET probe_baseline_ms = 1, probe_baseline_at = clock_timestamp(),
+       probe_baseline_server_start = pg_postmaster_start_time(), scale = 1
+"""
+# Five busy probes of 200 ms each: 200 times the baseline.
+SLOW_BUSY_PROBES = """
+INSERT INTO load_budget_probes (holder, probed_at, busy_ms_sum, busy_n) VALUES ('slow', clock_timestamp(), 1000, 5)
+ON CONFLICT (holder) DO UPDATE SET busy_ms_sum = 1000, busy_n = 5
+"""
 
 
 async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per_batch(pool):
