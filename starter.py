@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from cleanup import cli as cleanup_cli
 from core import budget_cli, db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
-from core.config import Settings, mask_url
+from core.config import Settings, dev_env_file, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
 from core.temporal import connect
@@ -69,22 +69,27 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+    """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
+    records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
         server.stop()
+        dev_env_file(settings.state_dir).unlink(missing_ok=True)
         emit(
             args,
             {"temporal": "stopped", "postgres": "running"},
             lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
         )
     else:
-        resolved = embedded.resolve(settings)
+        resolved = embedded.resolve(settings, start=True)
+        env_file = embedded.write_dev_env(resolved)
         emit(
             args,
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
                 "database_url": mask_url(resolved.database_url),
+                "env_file": str(env_file),
             },
             key_values,
         )

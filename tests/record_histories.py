@@ -105,7 +105,7 @@ async def record_overlapped_claim(
 
 
 async def main(only: list[str] | None = None) -> None:
-    settings = embedded.resolve(Settings.from_env())
+    settings = embedded.resolve(Settings.from_env(), start=True)
     assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
     pool = await db.create_pool(settings.database_url)
@@ -166,7 +166,7 @@ async def record_planner() -> None:
     from cleanup.planner import ensure_planner
     from cleanup.planner_models import PlannerSettings
 
-    settings = embedded.resolve(Settings.from_env())
+    settings = embedded.resolve(Settings.from_env(), start=True)
     assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
     pool = await db.create_pool(settings.database_url)
