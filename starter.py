@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import sys
 import traceback
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from cleanup import cli as cleanup_cli
 from core import budget_cli, db, embedded
 from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
-from core.config import Settings, mask_url
+from core.config import Settings, dev_env_file, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
 from core.temporal import connect
@@ -68,23 +69,28 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+    """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
+    records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
         stopped = server.stop()
         was_running = embedded.stop_embedded_postgres(settings.state_dir)
+        dev_env_file(settings.state_dir).unlink(missing_ok=True)
         emit(
             args,
             {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
             lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
         )
     else:
-        resolved = embedded.resolve(settings)
+        resolved = embedded.resolve(settings, start=True)
+        env_file = embedded.write_dev_env(resolved)
         emit(
             args,
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
                 "database_url": mask_url(resolved.database_url),
+                "env_file": str(env_file),
             },
             key_values,
         )
@@ -92,15 +98,21 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
     """The fault harness loads only when invoked: the operator CLI does not import it otherwise."""
-    from harness.cli import run_harness_cli
+    try:
+        from harness.cli import run_harness_cli
+    except ModuleNotFoundError as err:  # an installed package: the harness stays in the checkout
+        raise InputError("the fault harness runs from a checkout only: `python starter.py harness`") from err
 
     await run_harness_cli(args.harness_args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="starter.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="deadline-cleanup",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or 'deadline-cleanup'")
@@ -132,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server and Postgres")
     p.add_argument("action", choices=["up", "down"])
 
+    help = "run a worker (`worker --help` for its options; the global options above apply too)"
+    p = commands.sub.add_parser("worker", help=help, description=help, add_help=False)
+    p.set_defaults(handler=None)  # its arguments are parsed by worker.main (see main)
+
     help = "run the fault-injection harness (`harness --help` for its options)"
     p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
     p.set_defaults(handler=cmd_harness)  # its arguments are parsed by harness.cli (see main)
@@ -141,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command == "worker":
+        return run_worker_command(args, rest)
     if args.command == "harness":
         args.harness_args = rest
     elif rest:
@@ -169,6 +187,32 @@ def main(argv: list[str] | None = None) -> int:
         print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
         return EXIT_ERROR
     return 0
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("deadline-cleanup")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def run_worker_command(args: argparse.Namespace, rest: list[str]) -> int:
+    """`deadline-cleanup worker ...`: worker.main, with the global options passed on."""
+    from worker import main as worker_main  # lazy: the other commands never load the worker
+
+    passed = {
+        "--temporal-address": args.temporal_address,
+        "--task-queue": args.task_queue,
+        "--database-url": args.database_url,
+        "--namespace": args.namespace,
+    }
+    forwarded = [item for flag, value in passed.items() if value is not None for item in (flag, value)]
+    return worker_main([*forwarded, *rest])
+
+
+def console() -> None:
+    """The `deadline-cleanup` console command (pyproject.toml's [project.scripts])."""
+    exit_now(main())
 
 
 def redact(text: str, settings: Settings) -> str:

@@ -1,4 +1,6 @@
-"""Run a worker: `python worker.py`. Start as many as you like, on as many nodes as you like."""
+"""Run a worker: `deadline-cleanup worker` (or `python worker.py` in a checkout).
+
+Start as many as you like, on as many nodes as you like."""
 
 from __future__ import annotations
 
@@ -292,7 +294,8 @@ def main(
     on_ready: Callable[[], None] | None = None,
     planner: bool = True,
 ) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__)
+    parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
@@ -302,6 +305,7 @@ def main(
     try:
         settings = Settings.from_env(
             task_queue=args.task_queue,
+            temporal_namespace=args.namespace,
             temporal_address=args.temporal_address,
             database_url=args.database_url,
             metrics_port=args.metrics_port,

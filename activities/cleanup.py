@@ -53,6 +53,12 @@ MAX_CLOCK_WAIT_SECONDS = 30.0
 CLAIM_POLL_SECONDS = 0.2
 
 
+def claiming_namespace() -> str:
+    """The namespace of the workflow whose activity claims (recorded with each claim, so that
+    stranded-claim recovery judges it in that namespace only); '' outside an activity."""
+    return (activity.info().workflow_namespace or "") if activity.in_activity() else ""
+
+
 async def wait_for_database_clock(
     pool: asyncpg.Pool,
     instant: datetime,
@@ -120,6 +126,7 @@ async def claim_in_chunks(
                     input.streams,
                     input.stream,
                     CLAIM_RUN_ACCOUNTS,
+                    claiming_namespace(),
                 )
                 assert row is not None
                 for p in row["partitions"]:
@@ -259,7 +266,9 @@ class CleanupActivities:
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
-                await conn.execute(SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions)
+                await conn.execute(
+                    SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions, claiming_namespace()
+                )
                 skipped_renewed = await conn.fetchval(SQL.cohort_renewed_count, input.deadline)
             else:
                 await conn.execute(
@@ -268,6 +277,7 @@ class CleanupActivities:
                     input.account_id,
                     input.deadline,
                     input.expected_version,
+                    claiming_namespace(),
                 )
                 state = await conn.fetchrow(SQL.account_state, input.account_id)
                 if state is None:

@@ -75,6 +75,7 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
             1,  # one claim stream: the whole range
             0,
             CLAIM_RUN_ACCOUNTS,
+            "bench",  # the claiming namespace
         )
         await tr.rollback()
     finally:

@@ -6,8 +6,10 @@
   derived from the bucket, so ensuring it again is harmless. The durable timer does the rest.
 - overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
   bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
-- stranded claims: accounts left in 'cleaning' by a closed (terminated, cancelled, failed) cleanup
-  are released to 'active' and then swept; the key (account_id, cleanup_version) keeps one effect.
+- stranded claims: accounts left in 'cleaning' by a cleanup that Temporal reports closed
+  (terminated, cancelled, failed), in the namespace that claimed them, are released to 'active' and
+  then swept; the key (account_id, cleanup_version) keeps one effect. A claiming workflow that
+  Temporal does not know (another namespace or cluster) releases nothing and is reported.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import asyncpg
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -185,43 +187,71 @@ async def plan_buckets(
 RELEASE_SECONDS_PER_STEP = 60.0
 
 
+class StrandedRecovery(NamedTuple):
+    released_workflows: list[str]  # closed in this namespace: their claims went back to 'active'
+    released: int
+    not_found: list[str]  # unknown to this namespace: their claims are kept, and reported
+
+
 async def recover_stranded(
     pool: asyncpg.Pool,
     client: Client,
     heartbeat: Callable[[], None] = lambda: None,
     time_limit: float = RELEASE_SECONDS_PER_STEP,
-) -> tuple[list[str], int]:
-    """Release the claims of closed cleanups (terminated, cancelled, failed, timed out, or gone),
-    starting no new chunk after `time_limit` seconds (the rest is released by the next step)."""
-    closed: list[str] = []
+) -> StrandedRecovery:
+    """Release the claims of cleanups that Temporal reports closed (completed, terminated, cancelled,
+    failed, timed out) in this client's namespace, starting no new chunk after `time_limit` seconds
+    (the rest is released by the next step). Only claims recorded in this namespace (or before the
+    namespace was recorded, '') are judged. A workflow Temporal does not know releases nothing: a
+    worker pointed at another namespace or cluster must not take every claim in flight for closed."""
+    released_workflows: list[str] = []
+    not_found: list[str] = []
     released = 0
     until = time.monotonic() + time_limit
-    for row in await pool.fetch(SQL.claiming_workflows, 1000):
-        workflow_id: str = row["claimed_by"]
-        desc = await describe_or_none(client, workflow_id)
-        if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
-            continue
-        n = 0
-        while True:
-            done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK)
-            chunk = int(done.split()[-1])
-            n += chunk
-            heartbeat()
-            if chunk == 0 or time.monotonic() > until:
-                break
-        if n:
-            closed.append(workflow_id)
-            released += n
-            await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
-            log.warning(
-                "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
-                n,
-                workflow_id,
-                desc.status.name if desc is not None and desc.status else "not found",
-            )
-        if time.monotonic() > until:  # at least one chunk per step: every step makes progress
-            break
-    return closed, released
+    for claim_namespace in dict.fromkeys((client.namespace, "")):
+        for row in await pool.fetch(SQL.claiming_workflows, claim_namespace, 1000):
+            workflow_id: str = row["claimed_by"]
+            desc = await describe_or_none(client, workflow_id)
+            if desc is None:
+                not_found.append(workflow_id)
+                continue
+            if desc.status in (None, WorkflowExecutionStatus.RUNNING):
+                continue
+            n = await release_claims(pool, workflow_id, claim_namespace, until, heartbeat)
+            if n:
+                released_workflows.append(workflow_id)
+                released += n
+                await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
+                log.warning(
+                    "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
+                    n,
+                    workflow_id,
+                    desc.status.name,
+                )
+            if time.monotonic() > until:  # at least one chunk per step: every step makes progress
+                return StrandedRecovery(released_workflows, released, not_found)
+    if not_found:
+        log.warning(
+            "claims in 'cleaning' by %d workflow(s) unknown to namespace %s kept (not released): %s",
+            len(not_found),
+            client.namespace,
+            ", ".join(not_found[:10]),
+        )
+    return StrandedRecovery(released_workflows, released, not_found)
+
+
+async def release_claims(
+    pool: asyncpg.Pool, workflow_id: str, claim_namespace: str, until: float, heartbeat: Callable[[], None]
+) -> int:
+    """The claims of one closed workflow back to 'active', chunk by chunk until done or `until`."""
+    n = 0
+    while True:
+        done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK, claim_namespace)
+        chunk = int(done.split()[-1])
+        n += chunk
+        heartbeat()
+        if chunk == 0 or time.monotonic() > until:
+            return n
 
 
 async def sweep_overdue(
@@ -229,7 +259,7 @@ async def sweep_overdue(
 ) -> SweepResult:
     """The safety net: recover stranded claims, then hand every overdue active account to a sweep."""
     s = input.settings
-    stranded, released = await recover_stranded(pool, client, heartbeat)
+    stranded, released, not_found = await recover_stranded(pool, client, heartbeat)
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
     cutoff = now - timedelta(seconds=s.sweep_grace_seconds)
@@ -238,7 +268,11 @@ async def sweep_overdue(
     overdue, oldest = row["overdue"], row["oldest"]
     metrics.set_overdue(overdue)
     result = SweepResult(
-        overdue=overdue, oldest_overdue=oldest, stranded_workflows=stranded, stranded_recovered=released
+        overdue=overdue,
+        oldest_overdue=oldest,
+        stranded_workflows=stranded,
+        stranded_recovered=released,
+        stranded_not_found=not_found,
     )
     if overdue == 0:
         return result

@@ -30,32 +30,35 @@ SELECT b.start,
 FROM buckets b ORDER BY b.start;
 
 -- name: claiming_workflows
--- The distinct workflows holding accounts in 'cleaning' (a skip scan over accounts_cleaning_idx).
+-- The distinct workflows of namespace $1 holding accounts in 'cleaning' (a skip scan over
+-- accounts_cleaning_namespace_idx), at most $2.
 WITH RECURSIVE w(claimed_by) AS (
-    (SELECT claimed_by FROM accounts WHERE status = 'cleaning' AND claimed_by IS NOT NULL
+    (SELECT claimed_by FROM accounts
+     WHERE status = 'cleaning' AND claimed_namespace = $1 AND claimed_by IS NOT NULL
      ORDER BY claimed_by LIMIT 1)
   UNION ALL
     SELECT (SELECT a.claimed_by FROM accounts a
-            WHERE a.status = 'cleaning' AND a.claimed_by > w.claimed_by
+            WHERE a.status = 'cleaning' AND a.claimed_namespace = $1 AND a.claimed_by > w.claimed_by
             ORDER BY a.claimed_by LIMIT 1)
     FROM w WHERE w.claimed_by IS NOT NULL
 )
-SELECT claimed_by FROM w WHERE claimed_by IS NOT NULL LIMIT $1;
+SELECT claimed_by FROM w WHERE claimed_by IS NOT NULL LIMIT $2;
 
 -- name: release_stranded_chunk
--- Claims of a closed workflow go back to 'active' (same version) for the sweep to re-claim. Safe
+-- Claims of a closed workflow ($1, of namespace $3) go back to 'active' (same version) for the
+-- sweep to re-claim. Safe
 -- under the renewal rule: their deadline has passed, so a renewal now is too late either way, and
 -- the idempotency key (account_id, cleanup_version) still allows one effect only.
 WITH chunk AS (
     SELECT account_id FROM accounts
-    WHERE status = 'cleaning' AND claimed_by = $1
+    WHERE status = 'cleaning' AND claimed_namespace = $3 AND claimed_by = $1
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE accounts a
-SET status = 'active', claimed_by = NULL, claimed_at = NULL
+SET status = 'active', claimed_by = NULL, claimed_at = NULL, claimed_namespace = ''
 FROM chunk c
-WHERE a.account_id = c.account_id AND a.status = 'cleaning' AND a.claimed_by = $1;
+WHERE a.account_id = c.account_id AND a.status = 'cleaning' AND a.claimed_by = $1 AND a.claimed_namespace = $3;
 
 -- name: overdue_accounts
 -- Active accounts whose deadline is before $1 (the database clock minus the grace), outside the

@@ -99,6 +99,8 @@ class SweepResult(Model):
     sweep_cleanup_id: str | None = None
     stranded_workflows: list[str] = []
     stranded_recovered: int = 0
+    # Claiming workflows unknown to this namespace: their claims are kept in 'cleaning'.
+    stranded_not_found: list[str] = []
 
 
 class PlannerStatus(Model):

@@ -6,7 +6,7 @@
 -- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
 WITH claimed AS (
     UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $4
     WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
 )
@@ -17,7 +17,7 @@ FROM claimed;
 -- name: claim_account
 WITH claimed AS (
     UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $5
     WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
       AND status IN ('active', 'cleanup_failed') AND renewal_deadline <= cleanup_clock()
     RETURNING account_id, cleanup_version
@@ -354,7 +354,7 @@ claimed AS (
     -- per account, ~10% of a chunk); the UPDATE re-checks each row it locks, and a row changed
     -- since the scan is re-checked on its newest version or left to the overdue sweep.
     UPDATE accounts a
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $12
     WHERE a.ctid = ANY (ARRAY(SELECT ctid FROM scan))
       AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
       AND a.renewal_deadline <= cleanup_clock()

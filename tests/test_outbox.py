@@ -361,7 +361,7 @@ async def test_no_reminder_is_sent_for_a_cleanup_that_rolled_back(client, pool, 
     deadline = (datetime.now(UTC) - timedelta(minutes=1)).replace(microsecond=0)
     committed_account, rolled_back_account = await seed(pool, deadline, 2)
     cleanup_id = f"cleanup-test-{uuid.uuid4().hex[:6]}"
-    await pool.execute(CLEANUP_SQL.claim_cohort, cleanup_id, deadline, 2)  # one account per partition
+    await pool.execute(CLEANUP_SQL.claim_cohort, cleanup_id, deadline, 2, "default")  # one account per partition
     batch_sql = (await CleanupActivities.create(pool, load_targets())).partition_batch_sql
 
     async with pool.acquire() as conn, conn.transaction():

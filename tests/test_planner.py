@@ -595,7 +595,7 @@ async def test_a_sweep_step_releases_a_big_stranded_claim_in_bounded_steps(clien
     accounts = await seed(pool, deadline, 30)
     workflow_id = await strand_a_claim(client, pool, accounts, deadline)
     monkeypatch.setattr(planner_module, "RELEASE_CHUNK", 10)
-    steps = [await recover_stranded(pool, client, time_limit=0.0) for _ in range(4)]
+    steps = [(await recover_stranded(pool, client, time_limit=0.0))[:2] for _ in range(4)]
     assert steps == [([workflow_id], 10), ([workflow_id], 10), ([workflow_id], 10), ([], 0)]
     assert (
         await pool.fetchval(
@@ -603,3 +603,47 @@ async def test_a_sweep_step_releases_a_big_stranded_claim_in_bounded_steps(clien
         )
         == 30
     )
+
+
+async def cleaning_count(pool: asyncpg.Pool, accounts: list[str]) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'cleaning'", accounts
+        )
+    )
+
+
+async def test_claims_of_a_workflow_temporal_does_not_know_are_kept_and_reported(client, pool, task_queue):
+    """ "Not found" is not "closed": a worker pointed at another namespace or cluster must not take
+    every claim in flight for stranded. Only a workflow Temporal reports closed releases its claims."""
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 5)
+    ghost = f"cleanup-elsewhere-{uuid.uuid4().hex[:8]}"  # a claim made on another cluster
+    await pool.execute(
+        "UPDATE accounts SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $2"
+        " WHERE account_id = ANY($3::text[])",
+        ghost,
+        client.namespace,
+        accounts,
+    )
+    recovery = await recover_stranded(pool, client)
+    assert ghost in recovery.not_found and ghost not in recovery.released_workflows
+    assert await cleaning_count(pool, accounts) == len(accounts)
+
+
+async def test_claims_are_judged_only_in_the_namespace_that_claimed_them(client, pool, task_queue):
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 4)
+    workflow_id = await strand_a_claim(client, pool, accounts, deadline)
+    recorded = await pool.fetch("SELECT DISTINCT claimed_namespace FROM accounts WHERE claimed_by = $1", workflow_id)
+    assert [r["claimed_namespace"] for r in recorded] == [client.namespace], "the claim records its namespace"
+    # The same workflow ID, claimed in another namespace: closed here says nothing about it there.
+    await pool.execute("UPDATE accounts SET claimed_namespace = 'elsewhere' WHERE claimed_by = $1", workflow_id)
+    recovery = await recover_stranded(pool, client)
+    assert workflow_id not in recovery.released_workflows + recovery.not_found
+    assert await cleaning_count(pool, accounts) == len(accounts)
+    back = "UPDATE accounts SET claimed_namespace = $2 WHERE claimed_by = $1"
+    await pool.execute(back, workflow_id, client.namespace)
+    recovery = await recover_stranded(pool, client)
+    assert recovery.released_workflows == [workflow_id] and recovery.released == len(accounts)
+    assert await cleaning_count(pool, accounts) == 0
