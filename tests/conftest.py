@@ -47,10 +47,16 @@ os.environ.setdefault("CLEANUP_EMBEDDED", "1")
 SERVER_FIXTURES = frozenset({"env", "time_skipping_env", "admin_db_url"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("dev_server"):
             item.add_marker(pytest.mark.server)
+    if not config.getoption("--slow"):
+        # Long runs that prove nothing the default suite does not (at a smaller size): opt-in.
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 POSTGRES_WAS_RUNNING = pytest.StashKey[bool]()
@@ -91,6 +97,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (long, opt-in)")
     parser.addoption(
         "--workflow-environment",
         default="local",

@@ -4,8 +4,10 @@ lists and kills what a session left running, and fails that session."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,39 @@ def test_dev_down_stops_the_embedded_postgres(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert embedded.embedded_postgres_pid(tmp_path) is None
     assert '"postgres": "stopped"' in done.stdout, done.stdout
+
+
+# The session runs with SIGINT at its default (as in a terminal), whatever this one's is.
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_session_stops_the_servers_it_started(tmp_path: Path, signum: int) -> None:
+    token_file = tmp_path / "token"
+    pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/leak_probe.py", "-k", "wait"]
+    session = subprocess.Popen(
+        [sys.executable, "-c", DEFAULT_SIGINT, *pytest_cmd],
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ, LEAK_PROBE="wait", LEAK_PROBE_PID_FILE=str(token_file)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the signal goes to it as a terminal's Ctrl-C would
+    )
+    try:
+        while not token_file.exists():
+            assert session.poll() is None, session.communicate()[0]
+            time.sleep(0.2)
+        token = token_file.read_text()
+        assert leftovers.carrying(token), "the session's servers run while it waits"
+        os.killpg(session.pid, signum)
+        output = session.communicate(timeout=180)[0].decode(errors="replace")
+    finally:
+        if session.poll() is None:
+            os.killpg(session.pid, signal.SIGKILL)
+    assert session.returncode != 0, output
+    assert "KeyboardInterrupt" in output, output
+    assert "still running" not in output, output
+    assert not leftovers.carrying(token), output

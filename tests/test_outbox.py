@@ -154,10 +154,11 @@ async def wait_exit(proc: subprocess.Popen[bytes], within: float) -> int:
 # -- 1. 10,000 events, three relays, one killed mid-batch -------------------------------------------
 
 
+# The same proof at two volumes: 2,000 events in every run, the full 10,000 with `--slow`.
+@pytest.mark.parametrize("total", [2_000, pytest.param(10_000, marks=pytest.mark.slow)])
 async def test_ten_thousand_events_three_relays_one_killed_mid_batch(
-    client, pool, task_queue, worker_processes, provider, token
+    client, pool, task_queue, worker_processes, provider, token, total
 ):
-    total = 10_000
     await seed_events(pool, total)
     provider.provider.configure(share_5xx=0.02, share_429=0.01, retry_after="1")
     env = {"MAIL_PROVIDER_URL": provider.url, "MAIL_PROVIDER_TOKEN": token}
