@@ -162,7 +162,14 @@ async def open_pool(url: str, max_size: int, idle_in_transaction_timeout: float 
 
 
 def metrics_runtime(settings: Settings) -> Runtime | None:
-    """A runtime exporting Prometheus metrics when `metrics_port` is set (Temporal's and the project's)."""
+    """A runtime exporting metrics (Temporal's and the project's): served for Prometheus when
+    `metrics_port` is set, pushed over OTLP when `metrics_otlp_endpoint` is (one or the other)."""
+    if settings.metrics_otlp_endpoint is not None:
+        if settings.metrics_port is not None:
+            raise InputError("set METRICS_PORT (Prometheus) or METRICS_OTLP_ENDPOINT (OTLP), not both")
+        runtime = metrics.otlp_runtime(settings.metrics_otlp_endpoint)
+        metrics.install(runtime.metric_meter)
+        return runtime
     if settings.metrics_port is None:
         return None
     runtime = metrics.runtime(f"{settings.metrics_host}:{settings.metrics_port}")
@@ -185,8 +192,10 @@ async def run_worker(
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
-    if runtime is not None:
+    if runtime is not None and settings.metrics_port is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
+    elif runtime is not None:
+        log.info("metrics pushed over OTLP to %s", settings.metrics_otlp_endpoint)
     readiness = health.Readiness(
         namespace=settings.temporal_namespace,
         task_queue=settings.task_queue,

@@ -107,6 +107,10 @@ class Settings(BaseModel):
     # /healthz and /readyz (core/health.py) on a port of their own; None: not served.
     health_port: int | None = Field(default=None, ge=1, le=65535)
     health_host: str = "0.0.0.0"
+    # OpenTelemetry (core/tracing.py): traces over OTLP, and Temporal's and the project's metrics
+    # pushed over OTLP (gRPC) to this endpoint instead of served for Prometheus on metrics_port.
+    otel_tracing: bool = False
+    metrics_otlp_endpoint: str | None = None
     log_format: LogFormat = "text"
     # Security (docs/security.md)
     temporal_tls: bool | None = None  # None: TLS when a certificate, CA or API key is configured
@@ -166,6 +170,10 @@ class Settings(BaseModel):
             values["health_port"] = int(env["HEALTH_PORT"])
         if env.get("HEALTH_HOST"):
             values["health_host"] = env["HEALTH_HOST"]
+        if env.get("OTEL_TRACING"):
+            values["otel_tracing"] = env["OTEL_TRACING"].strip().lower() in ("on", "1", "true", "yes")
+        if env.get("METRICS_OTLP_ENDPOINT"):
+            values["metrics_otlp_endpoint"] = env["METRICS_OTLP_ENDPOINT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
 

@@ -19,6 +19,7 @@ from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from core import search_attributes as sa
+from core import tracing
 from core.config import Settings
 from core.errors import InputError, TemporalUnavailable
 
@@ -95,6 +96,7 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_t
                 tls=tls_config(settings),
                 api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
                 runtime=runtime,
+                plugins=tracing.plugins(settings),
             )
         except RuntimeError as err:
             if server_starting_up(err) and loop.time() <= deadline:

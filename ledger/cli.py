@@ -53,20 +53,35 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
             raise InputError("schedule backfill needs --from D1 --to D2 (business dates, YYYY-MM-DD)")
         first, last = _business_date(args.from_date), _business_date(args.to_date)
         ls.backfill_range(first, last)  # validate before connecting
-    at = ls.parse_time_of_day(args.at) if args.action == "create" else ls.DEFAULT_AT
+    at = ls.parse_time_of_day(args.at) if args.at is not None else None
+    zone = ls.parse_time_zone(args.time_zone) if args.time_zone is not None else None
+    if args.action == "update" and at is None and zone is None and args.note is None:
+        raise InputError("schedule update needs --at HH:MM, --time-zone ZONE or --note TEXT")
     options = _run_options(args, ScheduledLedgerInput) if args.action == "create" else None
     settings_resolved = embedded.resolve(settings)
     client = await connect(settings_resolved)
     if args.action == "create":
         data = await ls.create_schedule(
-            client, settings_resolved.task_queue, at=at, options=options, paused=args.paused, schedule_id=schedule_id
+            client,
+            settings_resolved.task_queue,
+            at=at or ls.DEFAULT_AT,
+            options=options,
+            paused=args.paused,
+            schedule_id=schedule_id,
+            time_zone=zone or ls.DEFAULT_TIME_ZONE,
         )
+    elif args.action == "update":
+        data = await ls.update_schedule(client, schedule_id, at=at, time_zone=zone, note=args.note)
+    elif args.action == "list":
+        rows = await ls.list_schedules(client)
+        emit(args, rows, lambda r: table(r, ["schedule_id", "runs_at", "paused", "note", "next_runs"]))
+        return
     elif args.action == "describe":
         data = await ls.describe_schedule(client, schedule_id)
     elif args.action == "pause":
-        data = await ls.pause_schedule(client, args.note, schedule_id)
+        data = await ls.pause_schedule(client, args.note or "", schedule_id)
     elif args.action == "unpause":
-        data = await ls.unpause_schedule(client, args.note, schedule_id)
+        data = await ls.unpause_schedule(client, args.note or "", schedule_id)
     elif args.action == "trigger":
         data = await ls.trigger_schedule(client, schedule_id)
     elif args.action == "backfill":
@@ -223,11 +238,15 @@ def register(commands: Commands) -> None:
     command = commands.add
     commands.route_status(LEDGER_ID_PATTERN, cmd_status)
     p = command("schedule", cmd_schedule, "the nightly ledger-reconciliation schedule (Temporal Schedule)")
-    p.add_argument("action", choices=["create", "describe", "pause", "unpause", "trigger", "backfill", "delete"])
+    p.add_argument(
+        "action",
+        choices=["create", "list", "describe", "update", "pause", "unpause", "trigger", "backfill", "delete"],
+    )
     p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"default {SCHEDULE_ID}")
-    p.add_argument("--at", default="02:00", help="create: time of day in UTC (default 02:00)")
+    p.add_argument("--at", help="create/update: time of day in the schedule's zone (default 02:00)")
+    p.add_argument("--time-zone", help="create/update: the game's IANA time zone, e.g. Europe/Berlin (default UTC)")
     p.add_argument("--paused", action="store_true", help="create: start paused")
-    p.add_argument("--note", default="", help="pause/unpause: why (shown by describe)")
+    p.add_argument("--note", help="pause/unpause/update: why (shown by describe)")
     p.add_argument("--from", dest="from_date", help="backfill: first business date (YYYY-MM-DD)")
     p.add_argument("--to", dest="to_date", help="backfill: last business date (YYYY-MM-DD)")
     _run_flags(p, shards_default=DEFAULT_SHARDS)

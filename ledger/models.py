@@ -5,8 +5,9 @@ Payloads carry dates, shard numbers, cursors and counts only, never payment amou
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Literal
+from zoneinfo import ZoneInfo
 
 from pydantic import Field
 
@@ -68,6 +69,15 @@ class ScheduledLedgerInput(RunOptions):
     days_before: int = Field(default=1, ge=0, le=31)
     id_prefix: str = Field(default=DEFAULT_ID_PREFIX, min_length=1, max_length=100)
     business_date: date | None = None  # only to run the parent by hand; the schedule leaves it unset
+    # The IANA zone of the game's business day, the schedule's own (ledger.schedule keeps the two
+    # equal). Defaulted: runs recorded before zones existed computed their dates in UTC.
+    time_zone: str = Field(default="UTC", min_length=1, max_length=64)
+
+
+def business_date_at(scheduled: datetime, time_zone: str, days_before: int) -> date:
+    """The business date a night scheduled at `scheduled` reconciles: its calendar date in the
+    game's zone, minus `days_before`. A night of 23 or 25 hours is still one date."""
+    return scheduled.astimezone(ZoneInfo(time_zone)).date() - timedelta(days=days_before)
 
 
 class LedgerDayCheck(Model):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 import urllib.error
 import urllib.request
 
 import asyncpg
+import yaml
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from core import db, health
+from core.config import PROJECT_ROOT
 from core.embedded import free_port
 from tests.conftest import WorkerProcesses
 
@@ -99,3 +102,20 @@ async def test_worker_that_ensures_the_planner_gets_ready(worker_processes: Work
     port = free_port()
     worker_processes.start(CLEANUP_PLANNER="on", HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
     assert await wait_for_status(port, "/readyz", 200) == "ready\n", worker_processes.logs()
+
+
+def test_image_and_compose_services_check_health() -> None:
+    """The image's HEALTHCHECK and the worker's compose healthcheck read /readyz on HEALTH_PORT; every
+    long-running compose service has a healthcheck (one-shot jobs are awaited by completion)."""
+    dockerfile = (PROJECT_ROOT / "Dockerfile").read_text()
+    port = re.search(r"^ENV HEALTH_PORT=(\d+)$", dockerfile, re.MULTILINE)
+    assert port, "the image sets HEALTH_PORT"
+    healthcheck = re.search(r"^HEALTHCHECK .*?CMD (.*?)$", dockerfile, re.MULTILINE | re.DOTALL)
+    assert healthcheck and health.READY_PATH in healthcheck[1] and "HEALTH_PORT" in healthcheck[1]
+    services = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())["services"]
+    for name, service in services.items():
+        if service.get("restart") == "unless-stopped":
+            check = service.get("healthcheck") or {}
+            assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
+    worker = services["worker"]
+    assert f":{worker['environment']['HEALTH_PORT']}{health.READY_PATH}" in " ".join(worker["healthcheck"]["test"])

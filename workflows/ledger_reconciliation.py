@@ -14,7 +14,7 @@ never imports asyncpg (see DEVELOPERS.md).
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import (
@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         ScheduledLedgerResult,
         SettleLedgerInput,
         ShardReport,
+        business_date_at,
         ledger_workflow_id,
     )
 
@@ -154,7 +155,7 @@ class ScheduledLedgerReconciliationWorkflow:
         else:
             # The scheduled time, not the wall clock: a backfill of last week gets last week's dates.
             scheduled = info.typed_search_attributes.get(SCHEDULED_START_TIME) or info.workflow_start_time
-            business_date = scheduled.astimezone(UTC).date() - timedelta(days=input.days_before)
+            business_date = business_date_at(scheduled, input.time_zone, input.days_before)
         workflow.upsert_search_attributes([sa.BUSINESS_DATE.value_set(business_date.isoformat())])
         child_id = ledger_workflow_id(business_date, input.id_prefix)
         child_input = LedgerReconciliationInput(
