@@ -7,6 +7,7 @@ either. A change is read by every worker at its next acquire (docs/budget.md).
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from core import db, embedded
@@ -21,6 +22,7 @@ LIMITS: dict[str, type] = {
     "max_lock_waits": int,
     "max_replication_lag_seconds": float,
     "probe_ratio": float,
+    "probe_max_ms": float,
 }
 
 
@@ -32,6 +34,8 @@ def parse_limit(name: str, text: str) -> int | float | None:
         value: int | float = LIMITS[name](text)
     except ValueError:
         raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
+    if not math.isfinite(value):
+        raise InputError(f"--{name.replace('_', '-')} must be a finite number or 'default', got {text!r}")
     low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
     if value < low or (name == "max_in_flight" and value > 256):
         bounds = "0-256" if name == "max_in_flight" else (">= 0" if low == 0 else "> 0")
@@ -40,7 +44,9 @@ def parse_limit(name: str, text: str) -> int | float | None:
 
 
 def _human(d: dict[str, Any]) -> str:
-    shown = {k: v for k, v in d.items() if k != "slots"}
+    # What it does and why first, then the settings and the rest.
+    first = ("enabled", "doing", "limited_by", "objective")
+    shown = {k: d[k] for k in first} | {k: v for k, v in d.items() if k != "slots" and k not in first}
     for name in LIMITS:
         shown[name] = f"{d[name]['value']} ({d[name]['source']})"
     slots = table(d["slots"], ["slot", "job", "holder", "rows", "acquired_at"]) if d["slots"] else "(none)"
@@ -84,5 +90,10 @@ def register(commands: Commands) -> None:
     p.add_argument(
         "--probe-ratio", dest="probe_ratio", help="commit probe latency / its quiet baseline that means stress (> 1)"
     )
+    p.add_argument(
+        "--probe-max-ms", dest="probe_max_ms", help="commit probe latency (mean per window) that means stress, in ms"
+    )
     p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
-    p.add_argument("--reset-scale", action="store_true", help="forget the adaptive back-off (scale back to 1)")
+    p.add_argument(
+        "--reset-scale", action="store_true", help="forget the adaptive throttle (unthrottled until the next stress)"
+    )
