@@ -175,6 +175,20 @@ class LoadBudget:
         probe statement also records the previous one's latency (quiet or busy) for the adjustment.
         The probes run on the budget session, which also keeps it in use; it is given back when the
         work is done."""
+        try:
+            await self._probe_while_busy()
+        except asyncio.CancelledError:  # the process is stopping: end the session (its slots go with it)
+            self._prober = None
+            conn, self._session, self._session_id = self._session, None, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.terminate()  # synchronous, and hands the connection back to its pool
+            raise
+        async with self._session_lock:
+            if not self._busy():
+                await self._discard_session(give_back=True)
+
+    async def _probe_while_busy(self) -> None:
         previous: tuple[float, bool] | None = None
         while True:
             if not self._busy():
@@ -199,9 +213,6 @@ class LoadBudget:
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
-        async with self._session_lock:
-            if not self._busy():
-                await self._discard_session(give_back=True)
 
     async def _open_session(self) -> Any:
         """The budget session (caller holds `_session_lock`): the one open, or a new one."""
