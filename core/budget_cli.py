@@ -48,7 +48,8 @@ def _human(d: dict[str, Any]) -> str:
     first = ("enabled", "doing", "limited_by", "objective")
     shown = {k: d[k] for k in first} | {k: v for k, v in d.items() if k != "slots" and k not in first}
     for name in LIMITS:
-        shown[name] = f"{d[name]['value']} ({d[name]['source']})"
+        value = d[name]["value"]
+        shown[name] = f"{'none' if value is None else value} ({d[name]['source']})"
     slots = table(d["slots"], ["slot", "job", "holder", "rows", "acquired_at"]) if d["slots"] else "(none)"
     return key_values(shown) + "\nin flight now:\n" + slots
 
