@@ -90,18 +90,20 @@ async def claim_in_chunks(
     and reports the same result, read back from the database.
 
     With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
-    slot and its rows first, and is at most the budget's `max_claim_rows` accounts (with the budget
-    switched off, `chunk_size`, as without one)."""
-    budgeted_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
+    slot and its rows first, and is at most the budget's `max_claim_rows` accounts while the budget
+    throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
+        budgeted_size = input.chunk_size if budget is None else budget.claim_rows(input.chunk_size)
         async with under_budget(budget, "claim", budgeted_size, waiting_for_budget) as grant:
             grant.rows_done = 0
-            chunk_size = budgeted_size if grant.slot is not None else input.chunk_size
+            # The grant read the limits in force now: a rate limit makes the chunk small (the
+            # unused part of what was charged is refunded at release).
+            chunk_size = budget.claim_rows(input.chunk_size) if budget and grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):
                 progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
                 assert progress is not None

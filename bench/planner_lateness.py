@@ -164,7 +164,16 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
         },
         "overdue_sweeps": {"sweeps": sweeps["sweeps"], "accounts": sweeps["accounts"]},
         "load_budget": {
-            k: budget[k] for k in ("effective_in_flight", "scale", "granted", "denied", "wait_seconds", "stress")
+            k: budget[k]
+            for k in (
+                "effective_in_flight",
+                "throttled",
+                "limited_by",
+                "granted",
+                "denied",
+                "wait_seconds",
+                "stress",
+            )
         },
         "latest_accounts": [
             {

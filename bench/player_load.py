@@ -411,7 +411,16 @@ async def run(
         "budget_of_phase_3": limits or "the defaults",
         "budget_after_default_run": {
             k: on_budget[k]
-            for k in ("scale", "effective_in_flight", "stress", "observed", "peak_in_flight", "granted", "denied")
+            for k in (
+                "doing",
+                "limited_by",
+                "effective_in_flight",
+                "stress",
+                "observed",
+                "peak_in_flight",
+                "granted",
+                "denied",
+            )
         },
         "budget_counters_after_no_budget_run": {k: off_budget[k] for k in ("granted", "rows_done")},
         "load_average_1m_before_and_after": loads,

@@ -274,13 +274,7 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
     }
     if budget := d.get("budget"):
-        lines["load budget"] = (
-            f"{budget['in_flight']}/{budget['effective_in_flight']} batches in flight, "
-            f"{budget['effective_rows_per_second']} rows/s (scale {budget['scale']}"
-            + (f", {budget['stress']}" if budget["stress"] else "")
-            + ")"
-            + ("" if budget["enabled"] else " [off]")
-        )
+        lines["load budget"] = f"{budget['in_flight']} batches in flight; {budget['doing']} ({budget['limited_by']})"
     return key_values(lines)
 
 

@@ -23,6 +23,7 @@ LIMITS: dict[str, type] = {
     "max_lock_waits": int,
     "max_replication_lag_seconds": float,
     "probe_ratio": float,
+    "probe_max_ms": float,
 }
 
 
@@ -44,9 +45,12 @@ def parse_limit(name: str, text: str) -> int | float | None:
 
 
 def _human(d: dict[str, Any]) -> str:
-    shown = {k: v for k, v in d.items() if k != "slots"}
+    # What it does and why first, then the settings and the rest.
+    first = ("enabled", "doing", "limited_by", "objective")
+    shown = {k: d[k] for k in first} | {k: v for k, v in d.items() if k != "slots" and k not in first}
     for name in LIMITS:
-        shown[name] = f"{d[name]['value']} ({d[name]['source']})"
+        value = d[name]["value"]
+        shown[name] = f"{'none' if value is None else value} ({d[name]['source']})"
     slots = table(d["slots"], ["slot", "job", "holder", "rows", "acquired_at"]) if d["slots"] else "(none)"
     return key_values(shown) + "\nin flight now:\n" + slots
 
@@ -88,5 +92,10 @@ def register(commands: Commands) -> None:
     p.add_argument(
         "--probe-ratio", dest="probe_ratio", help="commit probe latency / its quiet baseline that means stress (> 1)"
     )
+    p.add_argument(
+        "--probe-max-ms", dest="probe_max_ms", help="commit probe latency (mean per window) that means stress, in ms"
+    )
     p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
-    p.add_argument("--reset-scale", action="store_true", help="forget the adaptive back-off (scale back to 1)")
+    p.add_argument(
+        "--reset-scale", action="store_true", help="forget the adaptive throttle (unthrottled until the next stress)"
+    )
