@@ -148,7 +148,7 @@ def register(commands: Commands) -> None:
     p.add_argument("event_key", nargs="?", help="e.g. renewal-reminder:acct_123:v1")
     p.add_argument("--dead-since", metavar="TIME", help="instead of one key: every dead letter dead since TIME (ISO)")
     p.add_argument("--reason", metavar="TEXT", help="instead of one key: every dead letter whose reason contains TEXT")
-    p.add_argument("--yes", action="store_true", help="with a filter: do it (without: only count what matches)")
+    p.add_argument("--yes", action="store_true", help="redeliver what the filter selects (without it: only count)")
 
     relay = nested.add_parser("relay", help="start or stop the relay workflows")
     relay_sub = relay.add_subparsers(dest="relay_command", required=True)
