@@ -63,10 +63,10 @@ def planner_enabled() -> bool:
     return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-async def ensure_planner_running(client: Client, task_queue: str) -> None:
+async def ensure_planner_running(client: Client, task_queue: str, pool: asyncpg.Pool | None = None) -> None:
     """Running workers is enough: each one ensures the planner (a running one is kept)."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue)
+        workflow_id, started = await ensure_planner(client, task_queue, pool=pool)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return
@@ -78,7 +78,7 @@ def watchdog_seconds() -> float:
     return seconds_from_env("PLANNER_WATCHDOG_SECONDS") or 30.0
 
 
-async def keep_planner_running(client: Client, task_queue: str, every: float) -> None:
+async def keep_planner_running(client: Client, task_queue: str, every: float, pool: asyncpg.Pool | None = None) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
     run (a step that failed for good, a termination, a task failing over and over) stops it for long."""
@@ -86,7 +86,7 @@ async def keep_planner_running(client: Client, task_queue: str, every: float) ->
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            _, stuck = await watch_planner(client, task_queue, stuck)
+            _, stuck = await watch_planner(client, task_queue, stuck, pool=pool)
         except RPCError as err:  # the server is away: look again next time
             log.warning("could not look at the deadline planner: %s", err.message)
 
@@ -222,8 +222,10 @@ async def run_worker(
                 else None
             )
             if planner and planner_enabled():
-                await ensure_planner_running(client, settings.task_queue)
-                watchdog = asyncio.create_task(keep_planner_running(client, settings.task_queue, watchdog_seconds()))
+                await ensure_planner_running(client, settings.task_queue, pool)
+                watchdog = asyncio.create_task(
+                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), pool)
+                )
             if on_ready is not None:
                 on_ready()
             try:
