@@ -30,7 +30,8 @@ async def _live(client: Client, task_queue: str) -> PlannerStatus | None:
     if desc is None or desc.status is None or desc.status.name != "RUNNING":
         return None
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
-    return await handle.query(STATUS_QUERY, result_type=PlannerStatus)
+    live: PlannerStatus = await handle.query(STATUS_QUERY, result_type=PlannerStatus)
+    return live
 
 
 async def test_a_pause_survives_the_planner_started_again_by_the_watchdog(client, pool, task_queue):
