@@ -65,10 +65,10 @@ def planner_enabled() -> bool:
     return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-async def ensure_planner_running(client: Client, task_queue: str) -> bool:
+async def ensure_planner_running(client: Client, task_queue: str, pool: asyncpg.Pool | None = None) -> bool:
     """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue)
+        workflow_id, started = await ensure_planner(client, task_queue, pool=pool)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return False
@@ -82,7 +82,11 @@ def watchdog_seconds() -> float:
 
 
 async def keep_planner_running(
-    client: Client, task_queue: str, every: float, seen: Callable[[], None] | None = None
+    client: Client,
+    task_queue: str,
+    every: float,
+    seen: Callable[[], None] | None = None,
+    pool: asyncpg.Pool | None = None,
 ) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
@@ -91,7 +95,7 @@ async def keep_planner_running(
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            outcome, stuck = await watch_planner(client, task_queue, stuck)
+            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool)
             if seen is not None and outcome != "stuck":  # running, or started again just now
                 seen()
         except RPCError as err:  # the server is away: look again next time
@@ -270,10 +274,10 @@ async def _run_worker(
             gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
             if planner and planner_enabled():
                 readiness.planner_expected = True
-                if await ensure_planner_running(client, settings.task_queue):
+                if await ensure_planner_running(client, settings.task_queue, pool):
                     readiness.planner_seen()
                 watchdog = asyncio.create_task(
-                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen)
+                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen, pool)
                 )
             if on_ready is not None:
                 on_ready()

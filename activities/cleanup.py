@@ -37,6 +37,7 @@ from cleanup.models import (
     SettleCleanupInput,
     claim_stream_id,
 )
+from cleanup.planner import held_by_pause
 from cleanup.targets import CleanupTargets
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
@@ -49,6 +50,8 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
+# A bucket cleanup held by the planner's pause looks again this often.
+HOLD_RETRY_DELAY = timedelta(seconds=5)
 # A partition that follows a running claim and found nothing new looks again after this long.
 CLAIM_POLL_SECONDS = 0.2
 
@@ -258,12 +261,20 @@ class CleanupActivities:
         compiled = await CompiledCleanup.compile(pool, targets)
         return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
 
+    async def _hold_if_paused(self, cleanup_id: str) -> None:
+        """A planner paused with --hold-scheduled holds its bucket cleanups here, before any claim:
+        the attempt fails (retryable, visible in the run) and the next one looks again."""
+        held = await held_by_pause(self.pool, activity.info().task_queue, cleanup_id)
+        if held is not None:
+            raise failure(ErrorType.HELD_BY_PAUSE, held, next_retry_delay=HOLD_RETRY_DELAY)
+
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
         """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
 
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
+        await self._hold_if_paused(input.cleanup_id)
         await wait_for_database_clock(self.pool, input.deadline)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
@@ -304,6 +315,7 @@ class CleanupActivities:
         """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
         regular activity that heartbeats after each chunk: no statement grows with the cohort."""
         activity.heartbeat()
+        await self._hold_if_paused(input.cleanup_id)
 
         def after_chunk(claimed: int) -> None:
             activity.heartbeat(claimed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -124,13 +125,29 @@ def dead_letter_log_args(row: Mapping[str, object], outcomes: Mapping[int, Outco
     return f"#{row['event_id']} ({row['kind']}, account {shown})", reason
 
 
-def parse_base_url(url: str) -> SplitResult:
+def parse_base_url(url: str, allow_http: bool = False) -> SplitResult:
+    """The provider's URL. Plain http sends the bearer token in clear: only to a loopback address,
+    or where the operator says so (MAIL_PROVIDER_ALLOW_HTTP=1, e.g. a TLS-terminating sidecar)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
     if parts.username or parts.password:
         raise ValueError("put credentials in the token setting, not in the provider URL")
+    if parts.scheme == "http" and not allow_http and not is_loopback(parts.hostname):
+        raise ValueError(
+            f"refusing http:// to {parts.hostname}: the token would travel in clear; use https, "
+            "or set MAIL_PROVIDER_ALLOW_HTTP=1 if the network path is protected otherwise"
+        )
     return parts
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def safe_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -195,7 +212,8 @@ def classify(
     rate limits are the provider's state, not the event's fault. 5xx, 408, 401/403 (credentials are
     configuration, not the event), timeouts and broken connections are failures: they retry with
     backoff (a 503's Retry-After wins) until `max_attempts` failures, then dead-letter with the
-    failures counted by kind. Any other 4xx means the provider rejects this event: dead letter with
+    failures counted by kind. A 409 after one of our timeouts is the provider still processing
+    that request: asked again like a 429. Any other 4xx means the provider rejects this event: dead letter with
     its answer, no retry.
     """
     now = now or datetime.now(UTC)
@@ -211,6 +229,12 @@ def classify(
         return Outcome("delivered", status)
     if status == 429:
         delay = retry_after_seconds(answer.headers.get("retry-after") if answer else None, settings, now)
+        return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
+    if status == 409 and (failures or {}).get(FAILURE_TIMEOUT):
+        # After our own timeout, a 409 is the provider still working on our earlier request with
+        # this key (which it may well deliver): ask again later, as for a 429; never a dead letter.
+        delay = retry_after_seconds(answer.headers.get("retry-after") if answer else None, settings, now)
+        error = f"in progress at the provider (HTTP 409 after our timeout), asking again: {error}"
         return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
     if status is not None and 400 <= status < 500 and status not in (401, 403, 408):
         return Outcome("dead", status, 0.0, error)
@@ -252,9 +276,11 @@ async def with_database(what: str, until: float, statement: Callable[[], Awaitab
 class OutboxRelayActivities:
     """Holds the pool, the provider's address and token, and one pooled httpx client; one per worker."""
 
-    def __init__(self, pool: asyncpg.Pool, provider_url: str | None, token: str | None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, provider_url: str | None, token: str | None, allow_http: bool = False
+    ) -> None:
         self.pool = pool
-        self._base = parse_base_url(provider_url) if provider_url else None
+        self._base = parse_base_url(provider_url, allow_http) if provider_url else None
         self._token = token or None
         if self._token is not None:
             safe_headers({"Authorization": f"Bearer {self._token}"})  # a token with CR/LF is refused here
@@ -262,8 +288,11 @@ class OutboxRelayActivities:
 
     @classmethod
     def from_env(cls, pool: asyncpg.Pool) -> OutboxRelayActivities:
-        """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN; if either is unset the activity fails clearly."""
-        return cls(pool, os.environ.get("MAIL_PROVIDER_URL") or None, os.environ.get("MAIL_PROVIDER_TOKEN"))
+        """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN (if either is unset the activity fails clearly);
+        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback."""
+        allow_http = os.environ.get("MAIL_PROVIDER_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes")
+        url = os.environ.get("MAIL_PROVIDER_URL") or None
+        return cls(pool, url, os.environ.get("MAIL_PROVIDER_TOKEN"), allow_http)
 
     def __repr__(self) -> str:  # never the token
         where = self._base.geturl() if self._base else "unconfigured"

@@ -256,6 +256,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
         "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
     }
+    if d.get("pause_effect") and d.get("paused"):
+        head["pause effect"] = d["pause_effect"]
     if "database" in d:  # the database is down: what Temporal knows, and what is missing
         return key_values(head | {"database": d["database"]})
     lateness = d["lateness_seconds"]
@@ -298,10 +300,12 @@ async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
             emit(args, data, _planner_human_status)
             return
         if args.action == "start":
-            workflow_id, started = await ensure_planner(ctx.client, queue)
+            workflow_id, started = await ensure_planner(ctx.client, queue, pool=ctx.pool)
             data = {"workflow_id": workflow_id, "started": started}
         else:
-            await signal_planner(ctx.client, queue, args.action, args.reason)
+            await signal_planner(
+                ctx.client, queue, args.action, args.reason, pool=ctx.pool, hold_scheduled=args.hold_scheduled
+            )
             data = {"workflow_id": planner_workflow_id(queue), "signalled": args.action}
         _add_ui(data, ctx.settings, data["workflow_id"])
     emit(args, data)
@@ -373,3 +377,8 @@ def register(commands: Commands) -> None:
     p = command("planner", cmd_planner, help)
     p.add_argument("action", choices=["status", "pause", "resume", "start"])
     p.add_argument("--reason", default="", help="pause: why (shown by status and in the Temporal UI)")
+    p.add_argument(
+        "--hold-scheduled",
+        action="store_true",
+        help="pause: also hold the bucket cleanups already scheduled (they wait at their claim until resume)",
+    )

@@ -99,11 +99,14 @@ def claim_stream_id(cleanup_id: str, stream: int) -> str:
     return cleanup_id if stream == 0 else f"{cleanup_id}#claim-{stream}"
 
 
+BUCKET_ID_PREFIX = "cleanup-bucket-"
+
+
 def bucket_cleanup_id(start: datetime, width_ms: int, task_queue: str) -> str:
     """The planner's cohort of one deadline bucket [start, start + width): started twice, one run.
     Like the planner's own ID, it names the task queue unless it is the default one, so planners of
     other deployments on the same Temporal namespace (the demo's, a test's) never share a bucket."""
-    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms{_queue_suffix(task_queue)}"
+    return f"{BUCKET_ID_PREFIX}{_instant(start)}-{width_ms}ms{_queue_suffix(task_queue)}"
 
 
 def sweep_cleanup_id(cutoff: datetime, task_queue: str) -> str:

@@ -35,6 +35,7 @@ from temporalio.service import RPCError
 
 import cleanup
 from cleanup.models import (
+    BUCKET_ID_PREFIX,
     CLEANUP_WORKFLOW,
     OVERDUE_COUNT_CAP,
     PLANNER_PAUSE_SIGNAL,
@@ -127,6 +128,8 @@ async def plan_buckets(
     calls per bucket, the Temporal server's main load at a steady rate of deadlines). Another
     process, or a restarted one, ensures them once more, which is harmless."""
     s = input.settings
+    if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
+        return PlanTickResult(buckets=0, lateness_watermark=input.lateness_watermark)
     now: datetime = await pool.fetchval(SQL.clock)
     width = timedelta(seconds=s.bucket_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
@@ -259,6 +262,8 @@ async def sweep_overdue(
 ) -> SweepResult:
     """The safety net: recover stranded claims, then hand every overdue active account to a sweep."""
     s = input.settings
+    if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
+        return SweepResult(overdue=0)
     stranded, released, not_found = await recover_stranded(pool, client, heartbeat)
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
@@ -301,15 +306,23 @@ async def sweep_overdue(
 # --- operations (CLI) ---------------------------------------------------------------------------------
 
 
-async def ensure_planner(client: Client, task_queue: str, settings: PlannerSettings | None = None) -> tuple[str, bool]:
-    """Start the planner unless it runs already (the running one is kept): (workflow ID, started)."""
+async def ensure_planner(
+    client: Client, task_queue: str, settings: PlannerSettings | None = None, pool: asyncpg.Pool | None = None
+) -> tuple[str, bool]:
+    """Start the planner unless it runs already (the running one is kept): (workflow ID, started).
+    With the database at hand, a new run starts paused if an operator's pause is recorded there."""
     workflow_id = planner_workflow_id(task_queue)
     existing = await describe_or_none(client, workflow_id)
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
         return workflow_id, False
+    pause = await planner_pause(pool, task_queue) if pool is not None else None
     await client.start_workflow(
         PLANNER_WORKFLOW,
-        PlannerInput(settings=settings or PlannerSettings.from_env()),
+        PlannerInput(
+            settings=settings or PlannerSettings.from_env(),
+            paused=pause is not None,
+            pause_reason=pause["reason"] if pause else "",
+        ),
         id=workflow_id,
         task_queue=task_queue,
         task_timeout=WORKFLOW_TASK_TIMEOUT,
@@ -326,18 +339,21 @@ async def ensure_planner(client: Client, task_queue: str, settings: PlannerSetti
 STUCK_TASK_ATTEMPTS = 3
 
 
-async def watch_planner(client: Client, task_queue: str, stuck_checks: int = 0) -> tuple[str, int]:
+async def watch_planner(
+    client: Client, task_queue: str, stuck_checks: int = 0, pool: asyncpg.Pool | None = None
+) -> tuple[str, int]:
     """One look of a worker's watchdog at the planner: (what it did, stuck checks so far).
 
     A closed planner (failed, terminated, timed out, or gone) is started again; one whose workflow
     task has failed `STUCK_TASK_ATTEMPTS` times in a row at two looks in a row is terminated and
     started again. Both are safe: the planner keeps no state the database does not (bucket IDs,
-    sweeps and recoveries are recorded there); what a restart loses is its counters and a pause."""
+    sweeps and recoveries are recorded there, and so is an operator's pause); what a restart loses
+    is its counters."""
     workflow_id = planner_workflow_id(task_queue)
     desc = await describe_or_none(client, workflow_id)
     if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
         was = desc.status.name if desc is not None and desc.status else "not found"
-        _, started = await ensure_planner(client, task_queue)
+        _, started = await ensure_planner(client, task_queue, pool=pool)
         if started:
             log.warning("deadline planner %s was %s: started again", workflow_id, was)
             metrics.record_planner_restart("closed")
@@ -357,12 +373,50 @@ async def watch_planner(client: Client, task_queue: str, stuck_checks: int = 0) 
     )
     with contextlib.suppress(RPCError):  # closed meanwhile: start it all the same
         await client.get_workflow_handle(workflow_id).terminate(reason="stuck: its workflow task kept failing")
-    await ensure_planner(client, task_queue)
+    await ensure_planner(client, task_queue, pool=pool)
     metrics.record_planner_restart("stuck")
     return "restarted", 0
 
 
-async def signal_planner(client: Client, task_queue: str, action: Literal["pause", "resume"], reason: str = "") -> None:
+PAUSE_STOPS = "planning new bucket cleanups, the overdue sweep and the recovery of stranded claims"
+PAUSE_DOES_NOT_STOP = (
+    "cleanups already running, manual and single-account cleanups, renewals, and (unless paused with "
+    "--hold-scheduled) the bucket cleanups already scheduled within the horizon, whose timers still fire"
+)
+
+
+async def planner_pause(pool: asyncpg.Pool, task_queue: str) -> asyncpg.Record | None:
+    """The operator's pause of this task queue's planner, as recorded in the database (or None)."""
+    row: asyncpg.Record | None = await pool.fetchrow(SQL.planner_pause_get, task_queue)
+    return row
+
+
+async def held_by_pause(pool: asyncpg.Pool, task_queue: str, cleanup_id: str) -> str | None:
+    """Why a planner's bucket cleanup must not claim yet (paused with --hold-scheduled), or None.
+    Other cleanups (manual, single-account, the sweep's) are never held."""
+    if not cleanup_id.startswith(BUCKET_ID_PREFIX):
+        return None
+    pause = await planner_pause(pool, task_queue)
+    if pause is None or not pause["hold_scheduled"]:
+        return None
+    return f"held by the planner's pause since {pause['paused_at'].isoformat()} ({pause['reason'] or 'no reason'})"
+
+
+async def signal_planner(
+    client: Client,
+    task_queue: str,
+    action: Literal["pause", "resume"],
+    reason: str = "",
+    pool: asyncpg.Pool | None = None,
+    hold_scheduled: bool = False,
+) -> None:
+    """Record the pause (or its end) in the database first, where a restarted planner finds it,
+    then tell the running planner."""
+    if pool is not None:
+        if action == "pause":
+            await pool.execute(SQL.planner_pause_set, task_queue, reason, hold_scheduled)
+        else:
+            await pool.execute(SQL.planner_pause_clear, task_queue)
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
     if action == "pause":
         await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
@@ -390,6 +444,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
     missing = "not connected" if pool is None else None
     if pool is not None:
         try:
+            out.update(await _pause_status(pool, task_queue))
             out.update(await _planner_status_from_database(pool, settings))
         except Exception as err:
             if not db.is_database_error(err):
@@ -408,6 +463,25 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
 
 
 PLANNER_DB_PART = "next deadlines, overdue accounts, recoveries and lateness are not shown"
+
+
+async def _pause_status(pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
+    """The recorded pause wins over the live run's flag (a restarted run may not know it yet)."""
+    pause = await planner_pause(pool, task_queue)
+    if pause is None:
+        return {"paused": False, "pause_effect": "not paused"}
+    does_not_stop = PAUSE_DOES_NOT_STOP
+    if pause["hold_scheduled"]:
+        does_not_stop = "cleanups already running, manual and single-account cleanups, renewals"
+    return {
+        "paused": True,
+        "pause_reason": pause["reason"],
+        "paused_at": pause["paused_at"],
+        "hold_scheduled": pause["hold_scheduled"],
+        "pause_effect": f"stops {PAUSE_STOPS}"
+        + (" and holds the scheduled bucket cleanups at their claim" if pause["hold_scheduled"] else "")
+        + f"; does not stop {does_not_stop}",
+    }
 
 
 async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSettings) -> dict[str, Any]:

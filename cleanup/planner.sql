@@ -127,3 +127,15 @@ SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sw
 FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
       FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
 GROUP BY kind;
+
+-- name: planner_pause_set
+-- $1 task queue, $2 reason, $3 hold the scheduled bucket cleanups too. A second pause updates it.
+INSERT INTO planner_pauses (task_queue, reason, hold_scheduled) VALUES ($1, $2, $3)
+ON CONFLICT (task_queue) DO UPDATE
+SET reason = EXCLUDED.reason, hold_scheduled = EXCLUDED.hold_scheduled, paused_at = now();
+
+-- name: planner_pause_clear
+DELETE FROM planner_pauses WHERE task_queue = $1;
+
+-- name: planner_pause_get
+SELECT reason, hold_scheduled, paused_at FROM planner_pauses WHERE task_queue = $1;

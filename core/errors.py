@@ -29,6 +29,8 @@ class ErrorType(StrEnum):
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
     HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
     DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
+    HELD_BY_PAUSE = "HeldByPlannerPause"  # a scheduled bucket cleanup held at its claim: retried
+    DATABASE_CLOCK_BEHIND = "DatabaseClockBehind"  # the timer is far ahead of the database clock: retried
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(
