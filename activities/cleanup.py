@@ -153,9 +153,23 @@ async def claim_in_chunks(
             after_chunk(len(row["partitions"]))
 
 
-def _after_batch(checkpoint: PartitionCheckpoint) -> None:
-    failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
-    activity.heartbeat(checkpoint.model_dump(mode="json"))
+class PartitionProgress:
+    """What a partition's batches report while they run. This one reports nothing (the benchmark's
+    direct baseline); the activity's heartbeats (`HeartbeatingProgress`)."""
+
+    wait_interval = 5.0  # seconds between `still_working` calls while one batch runs
+
+    def batch_committed(self, checkpoint: PartitionCheckpoint) -> None:
+        """After each batch's COMMIT, with the cursor and counts so far."""
+
+    def still_working(self, checkpoint: PartitionCheckpoint) -> None:
+        """Every `wait_interval` while a batch runs (blocked on a row lock, say)."""
+
+    def waiting_for_budget(self, checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
+        """While the load budget has no slot or rows for the next batch."""
+
+    def waiting_for_claim(self, checkpoint: PartitionCheckpoint) -> None:
+        """While a partition following the claim waits for its next chunk."""
 
 
 async def clean_partition_batches(
@@ -163,31 +177,28 @@ async def clean_partition_batches(
     batch_sql: str,
     input: CleanupPartitionInput,
     checkpoint: PartitionCheckpoint,
-    after_batch: Callable[[PartitionCheckpoint], None],
-    while_waiting: Callable[[PartitionCheckpoint], None] | None = None,
-    wait_interval: float = 5.0,
+    progress: PartitionProgress | None = None,
     compiled: CompiledCleanup | None = None,
     budget: LoadBudget | None = None,
-    waiting_for_budget: Callable[[PartitionCheckpoint, dict[str, Any]], None] | None = None,
-    waiting_for_claim: Callable[[PartitionCheckpoint], None] | None = None,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
-    `while_waiting` is called every `wait_interval` seconds while a batch is still running (e.g.
-    blocked on a row lock), so a slow batch keeps heartbeating instead of being retried as dead.
+    `progress` hears of each committed batch and of every wait: a slow batch (blocked on a row
+    lock) keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
     With a `budget` (core.budget), each batch first takes its slot and rows of the database's load
-    budget, waiting (and calling `waiting_for_budget`) while there are none.
+    budget, waiting while there are none.
     With `input.follow_claim` the partition runs while the cohort's claim is still claiming: a
     short batch ends it only if the claim was done before that batch began (a chunk committed
     meanwhile is read by the next batch); until then it runs a batch only once a new chunk has
-    committed, looking every `CLAIM_POLL_SECONDS` and calling `waiting_for_claim`. The claim walks
-    one instant's accounts in account order, the order of the partition's keyset, so no claim lands
-    behind the cursor; with several claim streams the partition follows the one stream that claims
-    for it (`partition_no % claim_streams`).
+    committed, looking every `CLAIM_POLL_SECONDS`. The claim walks one instant's accounts in
+    account order, the order of the partition's keyset, so no claim lands behind the cursor; with
+    several claim streams the partition follows the one stream that claims for it
+    (`partition_no % claim_streams`).
     """
+    progress = progress or PartitionProgress()
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     claim_done = not input.follow_claim
     stream_id = claim_stream_id(input.cleanup_id, input.partition_no % input.claim_streams)
@@ -195,18 +206,15 @@ async def clean_partition_batches(
     while True:
         chunks: int | None = None
         if not claim_done:
-            progress = await pool.fetchrow(SQL.claim_progress_done, stream_id)
-            claim_done = progress is not None and progress["done"]
-            chunks = progress["chunks"] if progress is not None else 0
+            claim = await pool.fetchrow(SQL.claim_progress_done, stream_id)
+            claim_done = claim is not None and claim["done"]
+            chunks = claim["chunks"] if claim is not None else 0
             if not claim_done and chunks == chunks_seen:
                 # Nothing claimed since the last short batch: no batch (and no budget) for nothing.
-                if waiting_for_claim is not None:
-                    waiting_for_claim(checkpoint)
+                progress.waiting_for_claim(checkpoint)
                 await asyncio.sleep(CLAIM_POLL_SECONDS)
                 continue
-        waiting: Waiting | None = (
-            functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget is not None else None
-        )
+        waiting: Waiting = functools.partial(progress.waiting_for_budget, checkpoint)
         async with under_budget(budget, "cleanup", input.batch_size, waiting) as grant:
             result = await run_keyset_batch(
                 pool,
@@ -215,8 +223,8 @@ async def clean_partition_batches(
                 input.partition_no,
                 checkpoint.last_account_id,
                 input.batch_size,
-                while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
-                wait_interval=wait_interval,
+                while_waiting=functools.partial(progress.still_working, checkpoint),
+                wait_interval=progress.wait_interval,
             )
             grant.rows_done = result.batch_rows
         if result.batch_rows > 0:
@@ -225,12 +233,62 @@ async def clean_partition_batches(
                 counts=checkpoint.counts + result.counts,
                 batches=checkpoint.batches + 1,
             )
-            after_batch(checkpoint)
+            progress.batch_committed(checkpoint)
         if result.batch_rows == input.batch_size:
             continue
         if claim_done:
             return checkpoint
         chunks_seen = chunks
+
+
+class HeartbeatingProgress(PartitionProgress):
+    """The activity's progress: the checkpoint heartbeated after each batch and while waiting (a
+    retry resumes from it), batch metrics, and the partition handed back at a batch boundary when
+    the worker shuts down."""
+
+    def __init__(self, input: CleanupPartitionInput, attempt: int, counted: PartitionCounts, interval: float) -> None:
+        self.input = input
+        self.attempt = attempt
+        self.counted = counted
+        self.wait_interval = interval
+
+    def batch_committed(self, checkpoint: PartitionCheckpoint) -> None:
+        failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
+        activity.heartbeat(checkpoint.model_dump(mode="json"))
+        batch = checkpoint.counts - self.counted
+        metrics.record_cleanup_batch(cleaned=batch.cleaned, already_applied=batch.already_applied, failed=batch.failed)
+        self.counted = checkpoint.counts
+        if batch.already_applied:
+            # Another attempt of this partition (a retry while this one was thought dead, or a
+            # zombie after its retry) got there first: this batch changed nothing for those.
+            log.info(
+                "partition %s of %s attempt %s batch %s: %s account(s) already applied, %s cleaned now",
+                self.input.partition_no,
+                self.input.cleanup_id,
+                self.attempt,
+                checkpoint.batches,
+                batch.already_applied,
+                batch.cleaned,
+            )
+        if activity.is_worker_shutdown():
+            # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
+            # boundary, with the cursor heartbeated, so another worker resumes it at once
+            # instead of waiting out the heartbeat timeout.
+            raise handed_back(
+                f"partition {self.input.partition_no} handed back after {checkpoint.last_account_id or 'the start'}"
+            )
+
+    def still_working(self, checkpoint: PartitionCheckpoint) -> None:
+        activity.heartbeat(checkpoint.model_dump(mode="json"))
+
+    def waiting_for_budget(self, checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
+        # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
+        activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
+
+    def waiting_for_claim(self, checkpoint: PartitionCheckpoint) -> None:
+        activity.heartbeat(checkpoint.model_dump(mode="json"), {"waiting_for_claim": True})
+        if activity.is_worker_shutdown():
+            raise handed_back(f"partition {self.input.partition_no} handed back while the claim runs")
 
 
 class CleanupActivities:
@@ -351,48 +409,6 @@ class CleanupActivities:
         info = activity.info()
         details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
-        counted = start.counts
-
-        def after_batch(checkpoint: PartitionCheckpoint) -> None:
-            nonlocal counted
-            _after_batch(checkpoint)
-            batch = checkpoint.counts - counted
-            metrics.record_cleanup_batch(
-                cleaned=batch.cleaned, already_applied=batch.already_applied, failed=batch.failed
-            )
-            counted = checkpoint.counts
-            if batch.already_applied:
-                # Another attempt of this partition (a retry while this one was thought dead, or a
-                # zombie after its retry) got there first: this batch changed nothing for those.
-                log.info(
-                    "partition %s of %s attempt %s batch %s: %s account(s) already applied, %s cleaned now",
-                    input.partition_no,
-                    input.cleanup_id,
-                    info.attempt,
-                    checkpoint.batches,
-                    batch.already_applied,
-                    batch.cleaned,
-                )
-            if activity.is_worker_shutdown():
-                # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
-                # boundary, with the cursor heartbeated, so another worker resumes it at once
-                # instead of waiting out the heartbeat timeout.
-                raise handed_back(
-                    f"partition {input.partition_no} handed back after {checkpoint.last_account_id or 'the start'}"
-                )
-
-        def still_working(checkpoint: PartitionCheckpoint) -> None:
-            activity.heartbeat(checkpoint.model_dump(mode="json"))
-
-        def waiting_for_budget(checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
-            # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
-            activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
-
-        def waiting_for_claim(checkpoint: PartitionCheckpoint) -> None:
-            activity.heartbeat(checkpoint.model_dump(mode="json"), {"waiting_for_claim": True})
-            if activity.is_worker_shutdown():
-                raise handed_back(f"partition {input.partition_no} handed back while the claim runs")
-
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
@@ -400,13 +416,9 @@ class CleanupActivities:
             self.partition_batch_sql,
             input,
             start,
-            after_batch,
-            while_waiting=still_working,
-            wait_interval=interval,
+            HeartbeatingProgress(input, info.attempt, start.counts, interval),
             compiled=self.compiled,
             budget=self.budget,
-            waiting_for_budget=waiting_for_budget,
-            waiting_for_claim=waiting_for_claim,
         )
         c = checkpoint.counts
         await self.pool.execute(

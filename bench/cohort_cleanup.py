@@ -203,7 +203,7 @@ async def direct_cleanup(
                 claim_streams=streams,
             )
             cp = await clean_partition_batches(
-                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop, compiled=acts.compiled
+                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), compiled=acts.compiled
             )
             c = cp.counts
             await acts.pool.execute(
@@ -393,10 +393,6 @@ def activity_timeline(history: Any, deadline: datetime) -> dict[str, list[float 
         elif kind == "timer_fired_event_attributes":
             out["timer fired"] = [None, None, at(e)]
     return out
-
-
-def _noop(_: PartitionCheckpoint) -> None:
-    return None
 
 
 def compared_summary(

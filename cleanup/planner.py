@@ -26,11 +26,7 @@ import asyncpg
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 import cleanup
@@ -63,7 +59,7 @@ from core import db, metrics
 from core import search_attributes as sa
 from core.budget import budget_status
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
+from core.temporal import describe_or_none, start_idempotently
 
 log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
@@ -96,25 +92,22 @@ async def _start_cohort(
         note="started by the deadline planner",
         wake_early_seconds=wake_early_seconds,
     )
-    try:
-        await client.start_workflow(
-            CLEANUP_WORKFLOW,
-            input,
-            result_type=CleanupResult,
-            id=workflow_id,
-            task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(sa.CLEANUP_DEADLINE, start), SearchAttributePair(sa.CLEANUP_PHASE, "sleeping")]
-            ),
-            memo={"partitions_done": 0, "note": input.note},
-            static_summary=summary,
-        )
-    except WorkflowAlreadyStartedError:  # closed with this ID: never a second run of one bucket
-        return False
-    return True
+    # A closed run with this ID is never repeated: one run per bucket.
+    _, started = await start_idempotently(
+        client,
+        CLEANUP_WORKFLOW,
+        input,
+        workflow_id=workflow_id,
+        task_queue=task_queue,
+        result_type=CleanupResult,
+        search_attributes=[
+            SearchAttributePair(sa.CLEANUP_DEADLINE, start),
+            SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
+        ],
+        memo={"partitions_done": 0, "note": input.note},
+        summary=summary,
+    )
+    return started
 
 
 async def plan_buckets(
@@ -316,19 +309,18 @@ async def ensure_planner(
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
         return workflow_id, False
     pause = await planner_pause(pool, task_queue) if pool is not None else None
-    await client.start_workflow(
+    await start_idempotently(
+        client,
         PLANNER_WORKFLOW,
         PlannerInput(
             settings=settings or PlannerSettings.from_env(),
             paused=pause is not None,
             pause_reason=pause["reason"] if pause else "",
         ),
-        id=workflow_id,
+        workflow_id=workflow_id,
         task_queue=task_queue,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        static_summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+        summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+        repeat_closed=True,
     )
     started = True
     return workflow_id, started

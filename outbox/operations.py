@@ -13,14 +13,13 @@ from typing import Any
 import asyncpg
 from pydantic import ValidationError
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 import outbox
 from core import db
 from core.errors import InputError
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT
+from core.temporal import start_idempotently
 from outbox.models import (
     RELAY_NUDGE_SIGNAL,
     RELAY_STOP_SIGNAL,
@@ -201,17 +200,17 @@ async def start_relays(
             )
         except ValidationError as err:
             raise InputError(str(err)) from None
-        handle = await client.start_workflow(
+        run_id, _ = await start_idempotently(
+            client,
             RELAY_WORKFLOW,
             input,
-            result_type=RelayTotals,
-            id=workflow_id,
+            workflow_id=workflow_id,
             task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"outbox relay {n} of {relays}",
+            result_type=RelayTotals,
+            summary=f"outbox relay {n} of {relays}",
+            repeat_closed=True,
         )
-        started.append({"workflow_id": workflow_id, "run_id": handle.result_run_id})
+        started.append({"workflow_id": workflow_id, "run_id": run_id})
     return started
 
 

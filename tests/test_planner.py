@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -471,8 +472,9 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     starts: list[tuple[str, int, float]] = []
 
     class RecordingClient:
-        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
             starts.append((id, input.partitions, input.wake_early_seconds))
+            return SimpleNamespace(result_run_id=f"run-{len(starts)}")
 
     tick = PlanTickInput(settings=small, task_queue="q")
     ensured: dict[str, Any] = {}
