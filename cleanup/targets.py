@@ -13,15 +13,18 @@ from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
 IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
+# A table, optionally schema-qualified (`game.users`); unqualified names resolve in the service's
+# schema, so a game's table is named with its schema.
+TABLE_NAME = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
 
 
 class CleanupTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    table: str = Field(pattern=IDENTIFIER)
+    table: str = Field(pattern=TABLE_NAME)
     match_column: str = Field(default="account_id", pattern=IDENTIFIER)
     action: Literal["delete", "archive"]
-    archive_table: str | None = Field(default=None, pattern=IDENTIFIER)
+    archive_table: str | None = Field(default=None, pattern=TABLE_NAME)
 
     @model_validator(mode="after")
     def _archive_needs_table(self) -> CleanupTarget:
@@ -51,8 +54,9 @@ def load_targets(path: Path | None = None) -> CleanupTargets:
         return CleanupTargets.model_validate(tomllib.load(f))
 
 
-def _q(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+def _q(name: str) -> str:
+    """Quote an identifier, or each part of a schema-qualified table name."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
 
 
 def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str]]) -> str:
@@ -131,11 +135,12 @@ def compile_preview(targets: CleanupTargets, scope: PreviewScope) -> str:
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))
 
 
+# Each declared name (as written: schema-qualified or resolved on the search path) with its columns.
 SCHEMA_CHECK = """
-SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
-FROM information_schema.columns
-WHERE table_schema = current_schema() AND table_name = ANY($1::text[])
-GROUP BY table_name
+SELECT n.name AS table_name, array_agg(a.attname::text ORDER BY a.attnum) AS columns
+FROM unnest($1::text[]) AS n (name)
+JOIN pg_attribute a ON a.attrelid = to_regclass(n.name) AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY n.name
 """
 
 
