@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.grants import check_privileges
 from cleanup.models import PartitionCounts
 from cleanup.targets import (
     SCHEMA_CHECK,
@@ -71,6 +72,7 @@ class CompiledCleanup:
         rows = await pool.fetch(SCHEMA_CHECK, tables)
         columns = {r["table_name"]: list(r["columns"]) for r in rows}
         check_against_schema(targets, columns)
+        await check_privileges(pool, targets)
         batch_sql = compile_partition_batch(targets, columns)
         return cls(
             batch_sql=batch_sql,

@@ -66,7 +66,7 @@ WITH busy AS MATERIALIZED (
 ),
 overdue AS (
     SELECT a.renewal_deadline FROM accounts a
-    WHERE a.status = 'active' AND a.renewal_deadline < $1
+    WHERE a.status = 'active' AND a.renewal_deadline < $1 AND a.held_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM busy b
                       WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
     ORDER BY a.renewal_deadline, a.account_id
@@ -124,3 +124,8 @@ SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sw
 FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
       FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
 GROUP BY kind;
+
+-- name: held_overdue
+-- Accounts under a legal hold whose deadline has passed: cleaned once released.
+SELECT count(*)::int AS held_overdue, min(renewal_deadline) AS oldest_held
+FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_deadline < cleanup_clock();

@@ -71,19 +71,42 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
         table, match = _q(t.table), _q(t.match_column)
         # By the applied accounts' keys (`= ANY`), never a join the planner may hash over the table.
         applied = f"t.{match} = ANY (ARRAY(SELECT account_id FROM applied))"
+        # Each target's CTE t{i} returns one row per row it removed, with its account (for the receipt).
         if t.action == "delete":
-            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING 1)")
+            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING t.{match}::text AS account_id)")
         else:
             assert t.archive_table is not None
             cols = ", ".join(_q(c) for c in columns[t.table])
             ctes.append(f"t{i}_moved AS (DELETE FROM {table} t WHERE {applied} RETURNING t.*)")
             ctes.append(
-                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
+                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved"
+                f" RETURNING {match}::text AS account_id)"
             )
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
+    ctes.append(_receipt_cte(targets))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
+    )
+
+
+def _receipt_cte(targets: CleanupTargets) -> str:
+    """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
+    per declared target (in declared order), counted by account once per target (a grouped count
+    joined by key, never a scan of a target's rows per account). Names and counts only."""
+    grouped = " ".join(
+        f"LEFT JOIN (SELECT account_id, count(*) AS n FROM t{i} GROUP BY account_id) c{i}"
+        f" ON c{i}.account_id = a.account_id"
+        for i in range(len(targets.target))
+    )
+    entries = ", ".join(
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        for i, t in enumerate(targets.target)
+    )
+    return (
+        "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 
