@@ -21,33 +21,59 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
+from cleanup import grants as cleanup_grants
+from cleanup.targets import load_targets
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
+from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values, table
 from core.config import Settings, dev_env_file, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
 from core.temporal import connect
+from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
-    settings = embedded.resolve(settings)
-    assert settings.database_url is not None
-    applied = await db.await_db(settings.database_url, db.migrate_url(settings.database_url))
+    """The only command that changes the schema: each pending file in its own transaction (with a
+    lock timeout), then the worker role's grants on the declared targets, table by table."""
+    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    if args.action == "status":
+        rows = await db.await_db(url, db.migration_status_url(url))
+        emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
+        changed = [r["name"] for r in rows if r["state"] == "changed"]
+        if changed:
+            raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
+        return
+    applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
+    if args.demo_game:
+        from demo.fixture import create_game_schema
+
+        await create_game_schema(url)
+    data |= await cleanup_grants.grant_targets_url(url, load_targets())
     if args.grant_worker_role:
-        data["granted_worker_role_to"] = await db.grant_worker_role(settings.database_url, args.grant_worker_role)
-    emit(args, data, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+        data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
+    emit(args, data, _migrated_text)
+
+
+def _migrated_text(d: dict[str, Any]) -> str:
+    text = f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
+    text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
+    if d["missing"]:
+        text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
+    return text
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     """Runs in a database and on a task queue of its own, so it never mixes with real work."""
+    from demo.fixture import create_game_schema
     from demo.run import run_demo
 
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
     demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
+    await create_game_schema(demo_url)
     # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
     demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
     pool = await db.create_pool(demo_url, max_size=4)
@@ -120,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = Commands(parser.add_subparsers(dest="command", required=True))
     command = commands.add
 
-    p = command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+    p = command("migrate", cmd_migrate, "apply the database schema (idempotent); `migrate status`: applied and pending")
+    p.add_argument("action", nargs="?", choices=["apply", "status"], default="apply")
+    p.add_argument("--demo-game", action="store_true", help="also create the demo game's tables (the default targets)")
     p.add_argument(
         "--grant-worker-role",
         metavar="LOGIN",
@@ -130,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
+    demo_cli.register(commands)
 
     p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id")

@@ -224,7 +224,7 @@ async def _run_worker(
     planner: bool,
 ) -> None:
     assert settings.database_url is not None
-    await db.migrate_url(settings.database_url)
+    await db.check_schema_url(settings.database_url)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )

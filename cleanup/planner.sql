@@ -69,7 +69,7 @@ WITH busy AS MATERIALIZED (
 ),
 overdue AS (
     SELECT a.renewal_deadline FROM accounts a
-    WHERE a.status = 'active' AND a.renewal_deadline < $1
+    WHERE a.status = 'active' AND a.renewal_deadline < $1 AND a.held_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM busy b
                       WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
     ORDER BY a.renewal_deadline, a.account_id
@@ -139,3 +139,8 @@ DELETE FROM planner_pauses WHERE task_queue = $1;
 
 -- name: planner_pause_get
 SELECT reason, hold_scheduled, paused_at FROM planner_pauses WHERE task_queue = $1;
+
+-- name: held_overdue
+-- Accounts under a legal hold whose deadline has passed: cleaned once released.
+SELECT count(*)::int AS held_overdue, min(renewal_deadline) AS oldest_held
+FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_deadline < cleanup_clock();

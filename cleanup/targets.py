@@ -13,15 +13,18 @@ from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
 IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
+# A table, optionally schema-qualified (`game.users`); unqualified names resolve in the service's
+# schema, so a game's table is named with its schema.
+TABLE_NAME = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
 
 
 class CleanupTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    table: str = Field(pattern=IDENTIFIER)
+    table: str = Field(pattern=TABLE_NAME)
     match_column: str = Field(default="account_id", pattern=IDENTIFIER)
     action: Literal["delete", "archive"]
-    archive_table: str | None = Field(default=None, pattern=IDENTIFIER)
+    archive_table: str | None = Field(default=None, pattern=TABLE_NAME)
 
     @model_validator(mode="after")
     def _archive_needs_table(self) -> CleanupTarget:
@@ -51,8 +54,9 @@ def load_targets(path: Path | None = None) -> CleanupTargets:
         return CleanupTargets.model_validate(tomllib.load(f))
 
 
-def _q(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+def _q(name: str) -> str:
+    """Quote an identifier, or each part of a schema-qualified table name."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
 
 
 def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str]]) -> str:
@@ -67,19 +71,42 @@ def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str
         table, match = _q(t.table), _q(t.match_column)
         # By the applied accounts' keys (`= ANY`), never a join the planner may hash over the table.
         applied = f"t.{match} = ANY (ARRAY(SELECT account_id FROM applied))"
+        # Each target's CTE t{i} returns one row per row it removed, with its account (for the receipt).
         if t.action == "delete":
-            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING 1)")
+            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING t.{match}::text AS account_id)")
         else:
             assert t.archive_table is not None
             cols = ", ".join(_q(c) for c in columns[t.table])
             ctes.append(f"t{i}_moved AS (DELETE FROM {table} t WHERE {applied} RETURNING t.*)")
             ctes.append(
-                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
+                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved"
+                f" RETURNING {match}::text AS account_id)"
             )
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
+    ctes.append(_receipt_cte(targets))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
+    )
+
+
+def _receipt_cte(targets: CleanupTargets) -> str:
+    """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
+    per declared target (in declared order), counted by account once per target (a grouped count
+    joined by key, never a scan of a target's rows per account). Names and counts only."""
+    grouped = " ".join(
+        f"LEFT JOIN (SELECT account_id, count(*) AS n FROM t{i} GROUP BY account_id) c{i}"
+        f" ON c{i}.account_id = a.account_id"
+        for i in range(len(targets.target))
+    )
+    entries = ", ".join(
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        for i, t in enumerate(targets.target)
+    )
+    return (
+        "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 
@@ -131,11 +158,12 @@ def compile_preview(targets: CleanupTargets, scope: PreviewScope) -> str:
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))
 
 
+# Each declared name (as written: schema-qualified or resolved on the search path) with its columns.
 SCHEMA_CHECK = """
-SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
-FROM information_schema.columns
-WHERE table_schema = current_schema() AND table_name = ANY($1::text[])
-GROUP BY table_name
+SELECT n.name AS table_name, array_agg(a.attname::text ORDER BY a.attnum) AS columns
+FROM unnest($1::text[]) AS n (name)
+JOIN pg_attribute a ON a.attrelid = to_regclass(n.name) AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY n.name
 """
 
 

@@ -30,6 +30,7 @@ from cleanup.planner_models import PlannerSettings
 from core import db, embedded
 from core.config import Settings
 from core.temporal import connect
+from demo.fixture import create_game_schema
 from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
 
@@ -44,6 +45,7 @@ async def scratch_stack(prefix: str) -> AsyncIterator[tuple[Client, asyncpg.Pool
     server = embedded.DevServer(Path(tempfile.mkdtemp()), port=None)
     await asyncio.to_thread(server.start)
     url = await db.create_database(admin_url, name)
+    await create_game_schema(url)
     try:
         pool = await db.create_pool(url, max_size=8)
         client = await connect(Settings(temporal_address=server.address))

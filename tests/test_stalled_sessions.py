@@ -26,12 +26,14 @@ IDLE_TIMEOUT = 0.5
 
 async def ours(db_url: str) -> asyncpg.Connection:
     """A session as this service's pools open it (their application_name)."""
-    return await asyncpg.connect(db_url, server_settings={"application_name": db.APPLICATION_NAME})
+    return await asyncpg.connect(
+        db_url, server_settings={"application_name": db.APPLICATION_NAME, **db.service_settings()}
+    )
 
 
 async def game(db_url: str) -> asyncpg.Connection:
     """A game server's session under the same login as the service."""
-    return await asyncpg.connect(db_url, server_settings={"application_name": "game-server"})
+    return await asyncpg.connect(db_url, server_settings={"application_name": "game-server", **db.service_settings()})
 
 
 async def end_stalled(db_url: str, after: float) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncpg
 
 from cleanup.operations import cleanup_status, start_cleanup
+from core import db
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events, wait_for
 from harness.stack import HARNESS_APP, Slot
@@ -92,7 +93,9 @@ async def run(ctx: Ctx) -> Row:
                 stop_when_drained=True,
                 id_prefix=relay_prefix,
             )
-            admin = await asyncpg.connect(lane.database_url, server_settings={"application_name": HARNESS_APP})
+            admin = await asyncpg.connect(
+                lane.database_url, server_settings={"application_name": HARNESS_APP, **db.service_settings()}
+            )
             terminated: list[int] = []
             in_flight: list[int] = []
             logs_before = log_sizes(lane.slots)
