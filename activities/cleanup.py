@@ -51,6 +51,10 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 MAX_CLOCK_WAIT_SECONDS = 30.0
 # A partition that follows a running claim and found nothing new looks again after this long.
 CLAIM_POLL_SECONDS = 0.2
+# A schema or privilege error (SQLSTATE class 42) fails this many attempts of a partition (a
+# migration or a GRANT may be on its way, ~15 s of back-off); the next records its accounts as
+# failed with the error, so the cleanup settles showing them instead of retrying forever.
+SCHEMA_ERROR_ATTEMPTS = 5
 
 
 async def wait_for_database_clock(
@@ -141,6 +145,19 @@ async def claim_in_chunks(
             after_chunk(len(row["partitions"]))
 
 
+async def record_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str) -> None:
+    """The cleanup runs with one target set: the first partition records its fingerprint; a worker
+    compiled from another set refuses the partition (retried: a worker with the cleanup's set takes it)."""
+    if compiled.fingerprint is None:
+        return
+    recorded = await pool.fetchval(SQL.record_cleanup_target_set, cleanup_id, compiled.fingerprint)
+    if recorded != compiled.fingerprint:
+        raise failure(
+            ErrorType.TARGETS_MISMATCH,
+            f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
+        )
+
+
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:
     failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
     activity.heartbeat(checkpoint.model_dump(mode="json"))
@@ -158,6 +175,7 @@ async def clean_partition_batches(
     budget: LoadBudget | None = None,
     waiting_for_budget: Callable[[PartitionCheckpoint, dict[str, Any]], None] | None = None,
     waiting_for_claim: Callable[[PartitionCheckpoint], None] | None = None,
+    schema_errors_final: bool = False,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
@@ -175,6 +193,8 @@ async def clean_partition_batches(
     one instant's accounts in account order, the order of the partition's keyset, so no claim lands
     behind the cursor; with several claim streams the partition follows the one stream that claims
     for it (`partition_no % claim_streams`).
+    With `schema_errors_final`, a schema or privilege error records the batch's accounts as failed
+    (cleanup.batches) instead of failing the attempt.
     """
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     claim_done = not input.follow_claim
@@ -205,6 +225,7 @@ async def clean_partition_batches(
                 input.batch_size,
                 while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
                 wait_interval=wait_interval,
+                schema_errors_final=schema_errors_final,
             )
             grant.rows_done = result.batch_rows
         if result.batch_rows > 0:
@@ -247,6 +268,7 @@ class CleanupActivities:
     ) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
+        await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
         return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
 
     @activity.defn(name=CLAIM_CLEANUP)
@@ -325,6 +347,7 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         info = activity.info()
+        await record_target_set(self.pool, self.compiled, input.cleanup_id)
         details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
         counted = start.counts
@@ -383,6 +406,7 @@ class CleanupActivities:
             budget=self.budget,
             waiting_for_budget=waiting_for_budget,
             waiting_for_claim=waiting_for_claim,
+            schema_errors_final=info.attempt >= SCHEMA_ERROR_ATTEMPTS,
         )
         c = checkpoint.counts
         await self.pool.execute(
