@@ -388,6 +388,11 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     assert overdue is not None
     out["overdue"] = overdue["overdue"]
     out["oldest_overdue"] = overdue["oldest"]
+    failed = await pool.fetchrow(SQL.failed_accounts)
+    assert failed is not None
+    # Claimed accounts no cleanup can finish until someone acts: never 'cleaning' unseen.
+    out["failed_pending_review"] = failed["pending"]
+    out["failed_by_schema_error"] = failed["schema_errors"]
     totals = {r["kind"]: r for r in await pool.fetch(SQL.sweep_totals)}
     stranded, swept = totals.get("stranded"), totals.get("overdue")
     out["stranded_claims_recovered"] = int(stranded["accounts"]) if stranded else 0

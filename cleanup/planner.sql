@@ -124,3 +124,9 @@ SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sw
 FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
       FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
 GROUP BY kind;
+
+-- name: failed_accounts
+-- Accounts whose cleanup failed and wait for review (`failed`, `retry-failed`), and of those the
+-- ones a schema or privilege error (SQLSTATE class 42) failed: every account of a cleanup alike.
+SELECT count(*)::int AS pending, count(*) FILTER (WHERE sqlstate LIKE '42%')::int AS schema_errors
+FROM cleanup_failed WHERE resolved_at IS NULL;

@@ -258,13 +258,17 @@ PreviewScope = Literal["cohort", "account"]
 def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: PreviewScope) -> str:
     """The dry-run statement: accounts in scope, already renewed, reminders to write and one row
     count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account.
-    A row matched by two targets of one table (a friendship of two accounts in scope) counts once
-    per target here, once in the cleanup."""
-    counts = [
-        f"(SELECT count(*) FROM {qualified(t.table)} t"
-        f" WHERE t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'scope')}))::int AS rows_t{i}"
-        for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True))
-    ]
+    A row that an earlier target of the same table takes (a friendship of two accounts in scope) is
+    counted by that target only, as in the cleanup."""
+    counts = []
+    for i, t in enumerate(targets.target):
+        matched = [
+            f"t.{q(e.match_column)} = ANY ({_keys(p.key_type, 'scope')})"
+            for e, p in zip(targets.target[: i + 1], plans, strict=False)
+            if e.schema_table == t.schema_table
+        ]
+        earlier = "".join(f" AND ({m}) IS NOT TRUE" for m in matched[:-1])
+        counts.append(f"(SELECT count(*) FROM {qualified(t.table)} t WHERE {matched[-1]}{earlier})::int AS rows_t{i}")
     where = "a.renewal_deadline = $1" if scope == "cohort" else "a.account_id = $1"
     template = load(__file__).preview_cleanup
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))

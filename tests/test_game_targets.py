@@ -3,6 +3,8 @@ role, and each target comparing with its column's own type, so its index is used
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import asyncpg
 import pytest
 
@@ -17,7 +19,7 @@ def anonymize_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ANONYMIZE_KEY_ENV, ANONYMIZE_KEY)
 
 
-def with_targets(*entries: dict[str, object]) -> CleanupTargets:
+def with_targets(*entries: Mapping[str, object]) -> CleanupTargets:
     return CleanupTargets.model_validate({"target": list(entries)})
 
 
