@@ -26,6 +26,7 @@ from core.config import Settings, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
 from core.temporal import connect
+from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
 
@@ -42,11 +43,13 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     """Runs in a database and on a task queue of its own, so it never mixes with real work."""
+    from demo.fixture import create_game_schema
     from demo.run import run_demo
 
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
     demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
+    await create_game_schema(demo_url)
     # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
     demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
     pool = await db.create_pool(demo_url, max_size=4)
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
+    demo_cli.register(commands)
 
     p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id")

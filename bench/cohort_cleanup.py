@@ -75,10 +75,11 @@ from cleanup.models import (
     SettleCleanupInput,
     following_partitions,
 )
-from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.operations import start_cleanup
 from cleanup.planner_models import PlannerSettings
 from cleanup.targets import load_targets
 from core.queries import load
+from demo.fixture import seed_accounts
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 SQL = load(cleanup.__file__)

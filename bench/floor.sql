@@ -43,16 +43,16 @@ applied AS (
     RETURNING account_id, cleanup_version
 ),
 saves AS (
-    DELETE FROM cloud_saves t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.cloud_saves t USING applied p WHERE t.account_id = p.account_id RETURNING 1
 ),
 items AS (
-    DELETE FROM inventory_items t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.inventory_items t USING applied p WHERE t.account_id = p.account_id RETURNING 1
 ),
 moved AS (
-    DELETE FROM match_history t USING applied p WHERE t.account_id = p.account_id RETURNING t.*
+    DELETE FROM demo_game.match_history t USING applied p WHERE t.account_id = p.account_id RETURNING t.*
 ),
 archived AS (
-    INSERT INTO match_history_archive (match_id, account_id, played_at, mode, result, score)
+    INSERT INTO demo_game.match_history_archive (match_id, account_id, played_at, mode, result, score)
     SELECT match_id, account_id, played_at, mode, result, score FROM moved
     RETURNING 1
 ),

@@ -86,8 +86,8 @@ class CompiledCleanup:
                 batch_sql=batch_sql,
                 subset_sql=subset_statement(batch_sql),
                 probes=tuple(compile_target_probes(targets, plans)),
-                tables=frozenset(t.schema_table[1] for t in targets.target)
-                | frozenset(t.table for t in targets.target),
+                tables=frozenset(t.table for t in targets.target)
+                | frozenset(t.archive_table for t in targets.target if t.archive_table),
                 key_args=key_args,
                 fingerprint=targets.fingerprint,
             )
@@ -304,12 +304,24 @@ def _target_from_error(error: BaseException, compiled: CompiledCleanup) -> str |
     """The declared table the error names: its table field, else the first declared table quoted in
     its message (a foreign key from another table names the target first)."""
     table = getattr(error, "table_name", None)
-    if table in compiled.tables:
-        return str(table)
+    if table:
+        found = _declared(str(table), getattr(error, "schema_name", None), compiled.tables)
+        if found:
+            return found
     for name in _QUOTED_TABLE.findall(str(getattr(error, "message", None) or error)):
-        if name in compiled.tables:
-            return str(name)
+        found = _declared(name, None, compiled.tables)
+        if found:
+            return found
     return None
+
+
+def _declared(table: str, schema: str | None, tables: frozenset[str]) -> str | None:
+    """The declared name (schema-qualified or not) of a table an error names without its schema."""
+    for candidate in ([f"{schema}.{table}"] if schema else []) + [table]:
+        if candidate in tables:
+            return candidate
+    same_name = [t for t in tables if t.rsplit(".", 1)[-1] == table]
+    return same_name[0] if len(same_name) == 1 else None
 
 
 async def _probe_target(pool: asyncpg.Pool, compiled: CompiledCleanup, account_id: str) -> str | None:

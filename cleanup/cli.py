@@ -1,4 +1,4 @@
-"""The cleanup commands of starter.py: `cleanup`, `seed`, `renew`, `list`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup`, `renew`, `list`, and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -24,12 +23,10 @@ from cleanup.operations import (
     parse_deadline,
     parse_failed_tolerance,
     renew,
-    seed_accounts,
     start_cleanup,
 )
 from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
 from core.config import Settings
-from core.errors import InputError
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -100,26 +97,6 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
         bar.finish("settled")
     result: CleanupResult = result_task.result()
     return result.model_dump(mode="json")
-
-
-async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
-    deadline = parse_deadline(args.deadline)
-    if not 1 <= args.accounts <= 10_000_000:
-        raise InputError(f"--accounts must be between 1 and 10,000,000, got {args.accounts}")
-    prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
-    if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
-        raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
-    async with CliContext(settings) as ctx:
-        bar = Progress("seeding accounts", args.accounts)
-        totals: dict[str, int] = {}
-        chunk = 10_000
-        for start in range(0, args.accounts, chunk):
-            n = min(chunk, args.accounts - start)
-            part = await seed_accounts(ctx.pool, prefix=f"{prefix}{start // chunk:03d}", deadline=deadline, count=n)
-            totals = {k: totals.get(k, 0) + v for k, v in part.items()}
-            bar.update(start + n)
-        bar.finish()
-    emit(args, totals | {"deadline": deadline}, key_values)
 
 
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
@@ -342,11 +319,6 @@ def register(commands: Commands) -> None:
         help="tolerated accounts whose cleanup fails (a count, or a percent of the claimed such as 5%%); "
         "beyond it the run fails after settling (default: no limit)",
     )
-
-    p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
-    p.add_argument("--accounts", type=int, required=True)
-    p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
-    p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
 
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")

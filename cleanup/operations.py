@@ -46,7 +46,6 @@ from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
-SEED = load(__file__, "seed.sql")
 
 
 def parse_deadline(text: str) -> datetime:
@@ -365,22 +364,6 @@ async def nudge_planner(client: Client, task_queue: str) -> None:
         await client.get_workflow_handle(planner_workflow_id(task_queue)).signal(PLANNER_NUDGE_SIGNAL)
     except RPCError:  # no planner (e.g. turned off): the renewal stands, the sweep still catches it
         pass
-
-
-async def seed_accounts(
-    pool: asyncpg.Pool,
-    *,
-    prefix: str,
-    deadline: datetime,
-    count: int,
-    game: str = "arena",
-    saves: int = 2,
-    items: int = 5,
-    matches: int = 5,
-) -> dict[str, int]:
-    row = await pool.fetchrow(SEED.seed_accounts, prefix, game, deadline, count, saves, items, matches)
-    assert row is not None
-    return dict(row)
 
 
 async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> dict[str, Any]:

@@ -203,7 +203,8 @@ def _check_target(
         if declared is None:
             continue
         schema, name = split_name(declared)
-        if schema == catalog.service_schema and name in service:
+        # Anything in the service's schema, and an unqualified name of a service table (a typo away).
+        if schema == catalog.service_schema or ("." not in declared and name in service):
             problems.append(f"target {t.label}: {schema}.{name} is one of the service's own tables, never a target")
             return None
     table = catalog.tables.get(t.schema_table)

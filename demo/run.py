@@ -22,11 +22,12 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from cleanup.models import CLEANUP_WORKFLOW, CleanupResult, planner_workflow_id
-from cleanup.operations import nudge_planner, renew, seed_accounts
+from cleanup.operations import nudge_planner, renew
 from cleanup.planner import planner_status
 from core.config import PROJECT_ROOT, Settings
 from core.queries import load
 from core.temporal import describe_or_none
+from demo.fixture import seed_accounts
 from outbox.mail_provider import MailProvider, ProviderThread
 from outbox.models import RelayBatchSettings
 from outbox.operations import start_relays, stop_and_wait_for_relays

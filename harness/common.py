@@ -15,7 +15,7 @@ import asyncpg
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from cleanup.operations import seed_accounts
+from demo.fixture import seed_accounts
 from harness.redelivery import HarnessRedeliverWorkflow, Redelivery
 from harness.stack import Harness
 from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec

@@ -31,6 +31,7 @@ from temporalio.worker import Worker
 from core import db, embedded
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect, ensure_search_attributes
+from demo.fixture import create_game_schema
 from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
@@ -56,7 +57,7 @@ def admin_db_url() -> str:
 @pytest_asyncio.fixture(scope="session")
 async def template_db(admin_db_url: str) -> AsyncIterator[str]:
     name = f"cleanup_template_{os.getpid()}"
-    await db.create_database(admin_db_url, name, replace=True)
+    await create_game_schema(await db.create_database(admin_db_url, name, replace=True))
     try:
         yield name
     finally:

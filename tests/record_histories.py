@@ -18,6 +18,7 @@ from cleanup.operations import renew, start_cleanup
 from core import db, embedded
 from core.config import Settings
 from core.temporal import connect
+from demo.fixture import create_game_schema
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -42,7 +43,7 @@ async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue
         """
     )
     await pool.execute(
-        "CREATE TRIGGER record_poison BEFORE DELETE ON inventory_items FOR EACH ROW"
+        "CREATE TRIGGER record_poison BEFORE DELETE ON demo_game.inventory_items FOR EACH ROW"
         f" WHEN (OLD.account_id = '{accounts[7]}') EXECUTE FUNCTION record_poison()"
     )
     try:
@@ -56,7 +57,7 @@ async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue
         (HISTORIES / "cohort_failed_tolerance.json").write_text(history.to_json())
         print(f"recorded cohort_failed_tolerance: {len(history.events)} events")
     finally:
-        await pool.execute("DROP TRIGGER record_poison ON inventory_items; DROP FUNCTION record_poison()")
+        await pool.execute("DROP TRIGGER record_poison ON demo_game.inventory_items; DROP FUNCTION record_poison()")
 
 
 async def record_renewed_phase_kept(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
@@ -108,6 +109,7 @@ async def main(only: list[str] | None = None) -> None:
     settings = embedded.resolve(Settings.from_env())
     assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
+    await create_game_schema(settings.database_url)
     pool = await db.create_pool(settings.database_url)
     client = await connect(settings)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
@@ -169,6 +171,7 @@ async def record_planner() -> None:
     settings = embedded.resolve(Settings.from_env())
     assert settings.database_url is not None
     await db.migrate_url(settings.database_url)
+    await create_game_schema(settings.database_url)
     pool = await db.create_pool(settings.database_url)
     client = await connect(settings)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"

@@ -17,6 +17,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
+from core import db
 from core.budget import BudgetSettings, LoadBudget, budget_status, judge, set_budget
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
@@ -190,7 +191,10 @@ async def _denied_at_least(pool: asyncpg.Pool, n: int) -> bool:
 async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires(db_url):
     """Two pools (as two processes would have) with many batches each: never more than N at once;
     a holder that never releases (a killed worker) stops renewing and its slot comes back."""
-    pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=6) for _ in range(2)]
+    pools = [
+        await asyncpg.create_pool(db_url, min_size=1, max_size=6, server_settings=db.service_settings())
+        for _ in range(2)
+    ]
     try:
         settings = BudgetSettings(
             max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0, min_scale=1.0
@@ -380,7 +384,9 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
         await tx.start()
         try:
             # the first account in key order goes to partition 0
-            await player.execute("SELECT 1 FROM inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0])
+            await player.execute(
+                "SELECT 1 FROM demo_game.inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0]
+            )
             started = await start_cleanup(
                 client,
                 pool,

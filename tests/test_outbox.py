@@ -43,6 +43,7 @@ from activities.outbox import (
     safe_headers,
 )
 from cleanup.targets import load_targets
+from core.db import service_settings
 from core.errors import HeaderInjectionError, InputError
 from core.failpoints import EXIT_CODE
 from core.queries import load
@@ -389,7 +390,10 @@ async def test_no_reminder_is_sent_for_a_cleanup_that_rolled_back(client, pool, 
     assert [m["account_id"] for m in provider.provider.messages()] == [committed_account]
     state = dict(await pool.fetch("SELECT account_id, status FROM accounts"))
     assert state == {committed_account: "cleaned", rolled_back_account: "cleaning"}
-    assert await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = $1", rolled_back_account) == 2
+    assert (
+        await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", rolled_back_account)
+        == 2
+    )
 
 
 # -- 4. the token is never logged, stored or put into Temporal ---------------------------------------
@@ -714,7 +718,9 @@ async def test_a_batch_whose_database_connection_died_is_recorded_once_the_datab
     client, pool, db_url, task_queue, provider, token
 ):
     app = f"relay-under-test-{uuid.uuid4().hex[:6]}"
-    relay_pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4, server_settings={"application_name": app})
+    relay_pool = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=4, server_settings={"application_name": app, **service_settings()}
+    )
     relay = OutboxRelayActivities(relay_pool, provider.url, token)
     p = provider.provider
     await seed_events(pool, 20)

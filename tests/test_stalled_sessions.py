@@ -58,7 +58,7 @@ async def test_the_idle_timeout_does_not_end_a_client_stalled_inside_a_statement
 async def test_a_stalled_holder_of_the_budget_lock_is_ended_and_the_budget_moves_on(db_url: str, pool: asyncpg.Pool):
     """The harness's zombie, reduced: a worker frozen between the budget's lock and its acquire
     statement. Every other acquire waits; one check ends the stalled session; the acquire goes on."""
-    zombie = await asyncpg.connect(db_url)
+    zombie = await asyncpg.connect(db_url, server_settings=db.service_settings())
     try:
         pid = await stall_holding(zombie, BUDGET_SQL.lock_budget)
         budget = LoadBudget(pool, BudgetSettings(quiet_seconds=0))
@@ -101,7 +101,7 @@ async def _gone(pool: asyncpg.Pool, pid: int) -> bool:
 async def test_sessions_that_are_not_stalled_lock_holders_are_left_alone(db_url: str, pool: asyncpg.Pool):
     """Not ended: a stalled session nobody waits on; a stalled one younger than the timeout; a
     session idle in its transaction (the server's own timeout decides that one); a waiter."""
-    conns = [await asyncpg.connect(db_url) for _ in range(4)]
+    conns = [await asyncpg.connect(db_url, server_settings=db.service_settings()) for _ in range(4)]
     try:
         alone, young, idle, waiter = conns
         alone_pid = await stall_holding(alone, "SELECT pg_advisory_xact_lock(1)")

@@ -8,6 +8,7 @@ from datetime import date
 import asyncpg
 
 from cleanup.operations import cleanup_status, start_cleanup
+from core import db
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events, wait_for
 from harness.stack import HARNESS_APP
@@ -53,7 +54,9 @@ async def run(ctx: Ctx) -> Row:
                 stop_when_drained=True,
                 id_prefix=relay_prefix,
             )
-            admin = await asyncpg.connect(lane.database_url, server_settings={"application_name": HARNESS_APP})
+            admin = await asyncpg.connect(
+                lane.database_url, server_settings={"application_name": HARNESS_APP, **db.service_settings()}
+            )
             terminated = []
             try:
                 # Mid-run: once the cleanup and the ledger are both writing, then every few hundred ms.

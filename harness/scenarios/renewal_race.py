@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from cleanup.operations import cleanup_status, renew, start_cleanup
+from core import db
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, account_ids, seed_cohort, wait_for
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -47,11 +48,11 @@ async def run(ctx: Ctx) -> Row:
                 await asyncio.sleep(max(0.0, t0 + delay - asyncio.get_running_loop().time()))
                 in_time.append((await renew(client, pool, tq, account)).in_time)
             # Hold one claimed account so its partition, and the settlement, wait.
-            blocker = await asyncpg.connect(lane.database_url)
+            blocker = await asyncpg.connect(lane.database_url, server_settings=db.service_settings())
             tx = blocker.transaction()
             await tx.start()
             # Its cloud save, not its account row: the claim (an UPDATE of every account) must not wait.
-            await blocker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", blocked)
+            await blocker.execute("SELECT 1 FROM demo_game.cloud_saves WHERE account_id = $1 FOR UPDATE", blocked)
 
             async def claimed(cleanup_id: str = started.workflow_id, expected: int = n - k) -> bool:
                 # Every account not renewed in time is claimed (by every claim stream of the cohort).

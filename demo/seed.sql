@@ -1,4 +1,5 @@
--- Realistic game data for demos, tests and benchmarks, generated server-side in one statement.
+-- Realistic game data for demos, tests and benchmarks, generated server-side in one statement:
+-- the demo game's rows (demo_game) and their accounts' deadlines (the service's accounts).
 
 -- name: seed_accounts
 -- $1 id prefix, $2 game, $3 renewal deadline, $4 number of accounts, $5 saves, $6 items, $7 matches
@@ -10,19 +11,19 @@ WITH acc AS (
     RETURNING account_id
 ),
 saves AS (
-    INSERT INTO cloud_saves (account_id, slot, size_bytes, checksum)
+    INSERT INTO demo_game.cloud_saves (account_id, slot, size_bytes, checksum)
     SELECT account_id, s, 4096 + (abs(hashtext(account_id || s)) % 60000), md5(account_id || s)
     FROM acc CROSS JOIN generate_series(1, $5::int) s
     RETURNING 1
 ),
 items AS (
-    INSERT INTO inventory_items (account_id, item_id, quantity)
+    INSERT INTO demo_game.inventory_items (account_id, item_id, quantity)
     SELECT account_id, 'item_' || i, 1 + abs(hashtext(account_id || i)) % 99
     FROM acc CROSS JOIN generate_series(1, $6::int) i
     RETURNING 1
 ),
 matches AS (
-    INSERT INTO match_history (account_id, played_at, mode, result, score)
+    INSERT INTO demo_game.match_history (account_id, played_at, mode, result, score)
     SELECT account_id, $3 - make_interval(hours => m * 7),
            (ARRAY['ranked', 'casual', 'arena'])[1 + m % 3],
            (ARRAY['win', 'loss', 'draw'])[1 + abs(hashtext(account_id || m)) % 3],
