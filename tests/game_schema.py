@@ -11,6 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from cleanup.targets import CleanupTargets, load_targets
+from core import db
 
 GAME_DIR = Path(__file__).resolve().parent / "game_server"
 GAME_TARGETS_FILE = GAME_DIR / "targets.toml"
@@ -70,7 +71,9 @@ async def worker_role_pool(db_url: str, *, without: tuple[str, str] | None = Non
         )
         if without is not None:
             await admin.execute(f"REVOKE {without[0]} ON game_server.{without[1]} FROM {role}")
-        pool = await asyncpg.create_pool(db_url, user=role, min_size=1, max_size=4)
+        pool = await asyncpg.create_pool(
+            db_url, user=role, min_size=1, max_size=4, server_settings=db.service_settings()
+        )
         assert pool is not None
         try:
             yield pool
