@@ -6,11 +6,14 @@ COMMIT while players renew, and a schema error that is surfaced instead of retri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -25,6 +28,7 @@ from cleanup.planner import planner_status
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, hmac_hex
 from core.errors import InputError
+from core.failpoints import ONCE_DIR_ENV
 from tests.conftest import WorkerProcesses
 from tests.game_schema import (
     ANONYMIZE_KEY,
@@ -332,3 +336,47 @@ async def test_a_worker_killed_after_its_commit_while_players_renew_cleans_each_
         0,
     )
     assert await game_pool.fetchval("SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder'") == 270
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal ('T' in /proc/PID/stat): frozen at its failpoint."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def test_a_zombie_attempt_frozen_in_its_batch_changes_nothing_when_it_wakes(
+    client, game_pool, task_queue, worker_processes: WorkerProcesses, tmp_path
+):
+    """A worker freezes inside a batch's open transaction; the retry on another worker cleans the
+    cohort; the zombie, woken, finds its transaction ended: no row of the game changes after."""
+    deadline = deadline_in(-60)
+    users = await seed_game_users(game_pool, 120)
+    await register(game_pool, users, deadline)
+    game_env = {
+        "CLEANUP_TARGETS_FILE": str(GAME_TARGETS_FILE),
+        "CLEANUP_ANONYMIZE_KEY": ANONYMIZE_KEY,
+        "CLEANUP_FAILPOINTS": "cleanup_partition.in_batch=stop@2",
+        ONCE_DIR_ENV: str(tmp_path),  # only the first process to get there freezes
+        "DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": "2",
+    }
+    zombie = worker_processes.start(**game_env)
+    started = await start_cleanup(
+        client, game_pool, task_queue, deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2
+    )
+
+    async def frozen() -> bool:
+        return _stopped(zombie.pid)
+
+    await wait_until(frozen, within=120)
+    worker_processes.start(**game_env)
+    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+    result: CleanupResult = await handle.result()
+    assert result.settlement is not None and result.settlement.cleaned == 120
+    done = await game_rows(game_pool, users)
+    assert done == cleaned_rows(120)
+
+    os.kill(zombie.pid, signal.SIGCONT)
+    zombie.terminate()  # a graceful stop: whatever it does late (its statement, its COMMIT) is done by then
+    await asyncio.to_thread(zombie.wait, 60)
+    assert await game_rows(game_pool, users) == done
+    assert await game_pool.fetchval("SELECT count(*) FROM cleanup_applied") == 120
+    assert await game_pool.fetchval("SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder'") == 120
