@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from cleanup.targets import CleanupTarget, CleanupTargets, TargetPlan, split_name
+from core.errors import InputError
 from core.queries import MIGRATIONS_DIR, load
 
 SQL = load(__file__, "targets.sql")
@@ -33,8 +34,9 @@ _VARCHAR = re.compile(r"^character varying(?:\((\d+)\))?$")
 _CREATE_TABLE = re.compile(r"CREATE TABLE (?:IF NOT EXISTS )?(?:\w+\.)?(\w+)", re.IGNORECASE)
 
 
-class TargetsRefused(ValueError):
-    """The declared targets cannot work on this database; the message lists every problem with its fix."""
+class TargetsRefused(InputError):
+    """The declared targets cannot work on this database; the message lists every problem with its fix
+    (the worker exits 2 at start-up with it, the CLI too)."""
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("cleanup targets refused: " + "; ".join(problems))

@@ -272,8 +272,10 @@ async def test_a_privilege_lost_after_start_up_is_retried_a_few_times_then_surfa
         role = await role_pool.fetchval("SELECT current_user")
         async with build_worker(client, task_queue, await build_activities(role_pool)):
             await game_pool.execute(f"REVOKE DELETE ON game_server.characters FROM {role}")
-            with pytest.raises(WorkflowFailureError) as failed:
-                await run_cohort(client, game_pool, task_queue, deadline, partitions=1, max_failed=0)
+            with pytest.raises(WorkflowFailureError) as failed:  # bounded: never retried forever
+                await asyncio.wait_for(
+                    run_cohort(client, game_pool, task_queue, deadline, partitions=1, max_failed=0), 300
+                )
     assert "permission denied for table characters" in str(failed.value.cause)
     statuses = await game_pool.fetch("SELECT status, count(*) AS n FROM accounts GROUP BY status")
     assert {r["status"]: r["n"] for r in statuses} == {"cleanup_failed": 12}
@@ -380,3 +382,25 @@ async def test_a_zombie_attempt_frozen_in_its_batch_changes_nothing_when_it_wake
     assert await game_rows(game_pool, users) == done
     assert await game_pool.fetchval("SELECT count(*) FROM cleanup_applied") == 120
     assert await game_pool.fetchval("SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder'") == 120
+
+
+async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
+    """A game whose players are numbered: the target compares `player_no = ANY(keys::bigint[])`."""
+    await game_pool.execute(
+        "CREATE TABLE game_server.scores (player_no bigint NOT NULL, points integer NOT NULL);"
+        "CREATE INDEX scores_player_idx ON game_server.scores (player_no);"
+        "INSERT INTO game_server.scores SELECT g, g FROM generate_series(1000, 1019) g"
+    )
+    deadline = deadline_in(-60)
+    await register(game_pool, [str(n) for n in range(1000, 1010)], deadline)
+    await claim_one_partition(game_pool, "numbered", deadline)
+    targets = CleanupTargets.model_validate(
+        {"target": [{"table": "game_server.scores", "match_column": "player_no", "action": "delete"}]}
+    )
+    compiled = await CompiledCleanup.compile(game_pool, targets)
+    async with game_pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("numbered", 0, "", 1000))
+    assert row is not None and (row["cleaned"], row["rows_t0"]) == (10, 10)
+    assert await game_pool.fetchval("SELECT array_agg(player_no ORDER BY 1) FROM game_server.scores") == list(
+        range(1010, 1020)
+    )
