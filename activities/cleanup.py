@@ -37,7 +37,7 @@ from cleanup.models import (
     SettleCleanupInput,
     claim_stream_id,
 )
-from cleanup.targets import CleanupTargets
+from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
@@ -145,17 +145,29 @@ async def claim_in_chunks(
             after_chunk(len(row["partitions"]))
 
 
-async def record_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str) -> None:
-    """The cleanup runs with one target set: the first partition records its fingerprint; a worker
-    compiled from another set refuses the partition (retried: a worker with the cleanup's set takes it)."""
+async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str) -> CompiledCleanup:
+    """A cleanup runs with one target set: the first partition records its fingerprint; a worker
+    compiled from another set (a deploy that changed the targets) runs that cleanup with the set it
+    recorded, compiled and checked like its own, or refuses the partition (retried) if it cannot."""
     if compiled.fingerprint is None:
-        return
+        return compiled
     recorded = await pool.fetchval(SQL.record_cleanup_target_set, cleanup_id, compiled.fingerprint)
-    if recorded != compiled.fingerprint:
+    if recorded == compiled.fingerprint:
+        return compiled
+    if recorded in _OTHER_SETS:
+        return _OTHER_SETS[recorded]
+    targets = await pool.fetchval(SQL.target_set_of, recorded)
+    if targets is None:
         raise failure(
             ErrorType.TARGETS_MISMATCH,
             f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
         )
+    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
+    return _OTHER_SETS[recorded]
+
+
+# Target sets of cleanups that started before this worker's set was deployed, compiled once.
+_OTHER_SETS: dict[str, CompiledCleanup] = {}
 
 
 def _after_batch(checkpoint: PartitionCheckpoint) -> None:
@@ -347,7 +359,7 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         info = activity.info()
-        await record_target_set(self.pool, self.compiled, input.cleanup_id)
+        compiled = await cleanup_target_set(self.pool, self.compiled, input.cleanup_id)
         details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
         counted = start.counts
@@ -402,7 +414,7 @@ class CleanupActivities:
             after_batch,
             while_waiting=still_working,
             wait_interval=interval,
-            compiled=self.compiled,
+            compiled=compiled,
             budget=self.budget,
             waiting_for_budget=waiting_for_budget,
             waiting_for_claim=waiting_for_claim,

@@ -441,3 +441,7 @@ SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1;
 
 -- name: latest_worker_target_set
 SELECT fingerprint FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 1;
+
+-- name: target_set_of
+-- The targets (JSON) of a recorded target set. $1 fingerprint.
+SELECT targets::text FROM cleanup_target_sets WHERE fingerprint = $1;

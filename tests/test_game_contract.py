@@ -21,6 +21,7 @@ import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
+from activities.cleanup import CleanupActivities, cleanup_target_set
 from cleanup.batches import CompiledCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
@@ -404,3 +405,16 @@ async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
     assert await game_pool.fetchval("SELECT array_agg(player_no ORDER BY 1) FROM game_server.scores") == list(
         range(1010, 1020)
     )
+
+
+async def test_a_worker_with_another_target_set_runs_a_cleanup_with_the_set_it_started_with(game_pool):
+    """A deploy changed the targets mid-cleanup: the new worker runs that cleanup's partitions with
+    the set the cleanup recorded (compiled and checked like its own), never with a smaller one."""
+    started = await CleanupActivities.create(game_pool, game_targets())
+    assert await cleanup_target_set(game_pool, started.compiled, "mid-deploy") is started.compiled
+    smaller = CleanupTargets(target=game_targets().target[:-1])
+    deployed = await CleanupActivities.create(game_pool, smaller)
+    used = await cleanup_target_set(game_pool, deployed.compiled, "mid-deploy")
+    assert used.fingerprint == game_targets().fingerprint != smaller.fingerprint
+    assert used.batch_sql == started.compiled.batch_sql
+    assert (await cleanup_target_set(game_pool, deployed.compiled, "after-deploy")).fingerprint == smaller.fingerprint
