@@ -38,7 +38,7 @@ from cleanup.models import (
     claim_stream_id,
 )
 from cleanup.planner import held_by_pause
-from cleanup.targets import CleanupTargets
+from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
@@ -54,6 +54,10 @@ MAX_CLOCK_WAIT_SECONDS = 30.0
 HOLD_RETRY_DELAY = timedelta(seconds=5)
 # A partition that follows a running claim and found nothing new looks again after this long.
 CLAIM_POLL_SECONDS = 0.2
+# A schema or privilege error (SQLSTATE class 42) fails this many attempts of a partition (a
+# migration or a GRANT may be on its way, ~15 s of back-off); the next records its accounts as
+# failed with the error, so the cleanup settles showing them instead of retrying forever.
+SCHEMA_ERROR_ATTEMPTS = 5
 
 
 def claiming_namespace() -> str:
@@ -172,6 +176,31 @@ class PartitionProgress:
         """While a partition following the claim waits for its next chunk."""
 
 
+async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str) -> CompiledCleanup:
+    """A cleanup runs with one target set: the first partition records its fingerprint; a worker
+    compiled from another set (a deploy that changed the targets) runs that cleanup with the set it
+    recorded, compiled and checked like its own, or refuses the partition (retried) if it cannot."""
+    if compiled.fingerprint is None:
+        return compiled
+    recorded = await pool.fetchval(SQL.record_cleanup_target_set, cleanup_id, compiled.fingerprint)
+    if recorded == compiled.fingerprint:
+        return compiled
+    if recorded in _OTHER_SETS:
+        return _OTHER_SETS[recorded]
+    targets = await pool.fetchval(SQL.target_set_of, recorded)
+    if targets is None:
+        raise failure(
+            ErrorType.TARGETS_MISMATCH,
+            f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
+        )
+    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
+    return _OTHER_SETS[recorded]
+
+
+# Target sets of cleanups that started before this worker's set was deployed, compiled once.
+_OTHER_SETS: dict[str, CompiledCleanup] = {}
+
+
 async def clean_partition_batches(
     pool: asyncpg.Pool,
     batch_sql: str,
@@ -180,6 +209,7 @@ async def clean_partition_batches(
     progress: PartitionProgress | None = None,
     compiled: CompiledCleanup | None = None,
     budget: LoadBudget | None = None,
+    schema_errors_final: bool = False,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
@@ -197,6 +227,8 @@ async def clean_partition_batches(
     account order, the order of the partition's keyset, so no claim lands behind the cursor; with
     several claim streams the partition follows the one stream that claims for it
     (`partition_no % claim_streams`).
+    With `schema_errors_final`, a schema or privilege error records the batch's accounts as failed
+    (cleanup.batches) instead of failing the attempt.
     """
     progress = progress or PartitionProgress()
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
@@ -225,6 +257,7 @@ async def clean_partition_batches(
                 input.batch_size,
                 while_waiting=functools.partial(progress.still_working, checkpoint),
                 wait_interval=progress.wait_interval,
+                schema_errors_final=schema_errors_final,
             )
             grant.rows_done = result.batch_rows
         if result.batch_rows > 0:
@@ -317,6 +350,7 @@ class CleanupActivities:
     ) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
+        await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
         return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
 
     async def _hold_if_paused(self, cleanup_id: str) -> None:
@@ -407,6 +441,7 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         info = activity.info()
+        compiled = await cleanup_target_set(self.pool, self.compiled, input.cleanup_id)
         details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
         timeout = info.heartbeat_timeout
@@ -417,8 +452,9 @@ class CleanupActivities:
             input,
             start,
             HeartbeatingProgress(input, info.attempt, start.counts, interval),
-            compiled=self.compiled,
+            compiled=compiled,
             budget=self.budget,
+            schema_errors_final=info.attempt >= SCHEMA_ERROR_ATTEMPTS,
         )
         c = checkpoint.counts
         await self.pool.execute(

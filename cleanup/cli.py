@@ -288,6 +288,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "due in the next hour": d["due_next_hour"],
         "overdue now": d["overdue"],
         "held past their deadline": f"{d['held_overdue']} (legal hold; cleaned once released)",
+        "failed, pending review": f"{d['failed_pending_review']} ({d['failed_by_schema_error']} by a schema or "
+        "privilege error: fix it, then `retry-failed`)",
         "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
         "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from cleanup.targets import CleanupTargets, _q
+from cleanup.targets import CleanupTargets, q, qualified, split_name
 from core.db import WORKER_ROLE, connect_timeout, service_settings
 from core.queries import load
 
@@ -21,10 +21,12 @@ def needed_privileges(targets: CleanupTargets) -> list[tuple[str, str]]:
     """(table, privilege) pairs in declared order, each once: SELECT to find rows (and to return
     the match column), DELETE to remove them, INSERT into an archive."""
     needed: list[tuple[str, str]] = []
-    for t in targets.target:
-        needed += [(t.table, "SELECT"), (t.table, "DELETE")]
+    for t in targets.target:  # names qualified as the targets compile them (unqualified: public)
+        needed += [(qualified(t.table), "SELECT"), (qualified(t.table), "DELETE")]
+        if t.action == "anonymize":
+            needed += [(qualified(t.table), "UPDATE")]
         if t.archive_table:
-            needed += [(t.archive_table, "SELECT"), (t.archive_table, "INSERT")]
+            needed += [(qualified(t.archive_table), "SELECT"), (qualified(t.archive_table), "INSERT")]
     return list(dict.fromkeys(needed))
 
 
@@ -47,13 +49,15 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
     tables = list(dict.fromkeys(t for t, _ in needed))
     existing = {r["name"] for r in await conn.fetch(SQL.existing_tables, tables)}
     granted: list[str] = []
+    names = [name for t in targets.target for name in (t.table, t.archive_table) if name]
+    schemas = {split_name(name)[0] for name in names if qualified(name) in existing}
+    for schema in sorted(schemas):
+        await conn.execute(f"GRANT USAGE ON SCHEMA {q(schema)} TO {WORKER_ROLE}")
     for table in tables:
         if table not in existing:
             continue
-        if "." in table:
-            await conn.execute(f"GRANT USAGE ON SCHEMA {_q(table.split('.')[0])} TO {WORKER_ROLE}")
         privileges = ", ".join(p for t, p in needed if t == table)
-        await conn.execute(f"GRANT {privileges} ON TABLE {_q(table)} TO {WORKER_ROLE}")
+        await conn.execute(f"GRANT {privileges} ON TABLE {table} TO {WORKER_ROLE}")
         granted.append(f"{privileges} on {table}")
     return {"granted": granted, "missing": [t for t in tables if t not in existing]}
 

@@ -144,3 +144,9 @@ SELECT reason, hold_scheduled, paused_at FROM planner_pauses WHERE task_queue = 
 -- Accounts under a legal hold whose deadline has passed: cleaned once released.
 SELECT count(*)::int AS held_overdue, min(renewal_deadline) AS oldest_held
 FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_deadline < cleanup_clock();
+
+-- name: failed_accounts
+-- Accounts whose cleanup failed and wait for review (`failed`, `retry-failed`), and of those the
+-- ones a schema or privilege error (SQLSTATE class 42) failed: every account of a cleanup alike.
+SELECT count(*)::int AS pending, count(*) FILTER (WHERE sqlstate LIKE '42%')::int AS schema_errors
+FROM cleanup_failed WHERE resolved_at IS NULL;

@@ -149,13 +149,14 @@ ORDER BY account_id
 LIMIT $4;
 
 -- name: record_failed
--- One isolated account: record why, and mark it 'cleanup_failed' (still claimed by this cleanup,
--- renewable). Nothing of its cleanup was applied: its statement rolled back. A repeated failure
--- (retry-failed, a redelivered batch) updates the row and counts the attempt.
+-- Isolated accounts ($3, one or a batch that a schema error failed as a whole): record why, and
+-- mark them 'cleanup_failed' (still claimed by this cleanup, renewable). Nothing of their cleanup
+-- was applied: their statement rolled back. A repeated failure (retry-failed, a redelivered batch)
+-- updates the row and counts the attempt. Returns the accounts recorded.
 WITH acct AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c JOIN accounts a USING (account_id)
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = $3
+    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = ANY ($3::text[])
       AND a.status IN ('cleaning', 'cleanup_failed') AND a.claimed_by = $1
       AND a.cleanup_version = c.claimed_version
       AND NOT EXISTS (SELECT 1 FROM cleanup_applied d
@@ -175,9 +176,9 @@ failed AS (
 marked AS (
     UPDATE accounts a SET status = 'cleanup_failed'
     FROM failed f WHERE a.account_id = f.account_id
-    RETURNING 1
+    RETURNING a.account_id
 )
-SELECT (SELECT count(*) FROM failed)::int AS failed, (SELECT count(*) FROM marked)::int AS marked;
+SELECT account_id FROM marked ORDER BY account_id;
 
 -- name: failed_reasons
 SELECT account_id || ': [' || sqlstate || '] ' || left(message, 200) AS reason
@@ -394,3 +395,32 @@ FROM cleanup_failed WHERE cleanup_id = $1;
 -- settlement counts the same tables). $1 cleanup ID, $2 partition.
 SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_no = $2) AS claimed,
        (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1 AND partition_no = $2) AS applied;
+
+-- name: record_cleanup_target_set
+-- A cleanup runs with one target set: the first partition to run records its fingerprint, every
+-- later one reads it back. $1 cleanup ID, $2 this worker's fingerprint. Returns the recorded one.
+WITH recorded AS (
+    INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)
+    ON CONFLICT (cleanup_id) DO NOTHING
+    RETURNING fingerprint
+)
+SELECT fingerprint FROM recorded
+UNION ALL
+SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1
+LIMIT 1;
+
+-- name: record_worker_target_set
+-- The target set a worker started with (what `--dry-run` compares with before any cleanup ran).
+INSERT INTO cleanup_target_sets (fingerprint, targets) VALUES ($1, $2::jsonb)
+ON CONFLICT (fingerprint) DO UPDATE SET last_started_at = now();
+
+-- name: cleanup_target_set
+-- The fingerprint a cleanup ran with (no row: none of its partitions ran yet). $1 cleanup ID.
+SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1;
+
+-- name: latest_worker_target_set
+SELECT fingerprint FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 1;
+
+-- name: target_set_of
+-- The targets (JSON) of a recorded target set. $1 fingerprint.
+SELECT targets::text FROM cleanup_target_sets WHERE fingerprint = $1;
