@@ -1,0 +1,92 @@
+"""Every doc page states only what is there: the files it cites exist, the commands it shows are
+commands of the CLI, and the environment variables it names are read by the product."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from starter import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted([ROOT / "README.md", ROOT / "DEVELOPERS.md", *(ROOT / "docs").rglob("*.md")])
+PRODUCT = ["core", "cleanup", "ledger", "outbox", "workflows", "activities", "demo", "worker.py", "starter.py"]
+# Names a page may mention that are not ours to read: the SDK's, Postgres', the tools'.
+FOREIGN_VARIABLES = {"PATH", "HOME", "CI", "PGPASSWORD", "PYTHONPATH", "TEMPORAL_CODEC_ENDPOINT"}
+# Besides the product's code, what reads variables: the deployment files and the test tooling.
+READERS = ["docker-compose.yml", "Dockerfile", "dev", ".ci/run", "tests/conftest.py", "tests/leftovers.py", "deploy"]
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+CITED_PATH = re.compile(
+    r"`((?:core|cleanup|ledger|outbox|workflows|activities|demo|tests|harness|bench|deploy|docs)/[\w./-]+)`"
+)
+# A command as a page shows it: in backticks, or on a line of a fenced code block.
+INLINE_COMMAND = re.compile(r"`(?:python3? )?(?:deadline-cleanup|starter\.py)[ \t]+([a-z][a-z-]*)")
+BLOCK_COMMAND = re.compile(r"^[ \t]*(?:\.venv/bin/)?(?:python3? )?(?:deadline-cleanup|starter\.py)[ \t]+([a-z][a-z-]*)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def shown_commands(text: str) -> set[str]:
+    shown = set(INLINE_COMMAND.findall(text))
+    for block in FENCE.findall(text):
+        shown |= {m for line in block.splitlines() for m in BLOCK_COMMAND.findall(line)}
+    return shown
+
+
+VARIABLE = re.compile(
+    r"\b((?:CLEANUP|LEDGER|OUTBOX|PLANNER|DB|TEMPORAL|WORKER|LOAD_BUDGET|METRICS|CODEC|HEALTH|OTEL)_[A-Z0-9_]+|DATABASE_URL)\b"
+)
+
+
+def _page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def _product_text() -> str:
+    """The product's code, plus the variables its settings models read by prefix and field name."""
+    from cleanup.planner_models import PlannerSettings
+    from core.budget import BudgetSettings
+
+    derived = [f"PLANNER_{f.upper()}" for f in PlannerSettings.model_fields]
+    derived += [f"LOAD_BUDGET_{f.upper()}" for f in BudgetSettings.model_fields]
+    files = [ROOT / p for p in PRODUCT + READERS if (ROOT / p).is_file()]
+    for p in PRODUCT + READERS:
+        if (ROOT / p).is_dir():
+            files += [f for f in sorted((ROOT / p).rglob("*")) if f.suffix in (".py", ".sql", ".yaml", ".yml", ".env")]
+    return "\n".join([*derived, *(f.read_text() for f in files)])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_the_files_a_page_cites_exist(page: Path) -> None:
+    text = page.read_text()
+    missing = []
+    for target in LINK.findall(text):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        if not (page.parent / target).exists():
+            missing.append(target)
+    for cited in CITED_PATH.findall(text):
+        path = cited.rstrip(".")
+        if "*" not in path and "<" not in path and not (ROOT / path).exists():
+            missing.append(path)
+    assert not missing, f"{_page_id(page)} cites files that do not exist: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_the_commands_a_page_shows_exist(page: Path) -> None:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    commands = set(sub.choices)  # type: ignore[arg-type]
+    shown = shown_commands(page.read_text())
+    unknown = sorted(shown - commands)
+    assert not unknown, f"{_page_id(page)} shows commands the CLI does not have: {unknown}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_the_variables_a_page_names_are_read_by_the_product(page: Path) -> None:
+    product = _product_text()
+    named = set(VARIABLE.findall(page.read_text())) - FOREIGN_VARIABLES
+    unknown = sorted(v for v in named if v not in product)
+    assert not unknown, f"{_page_id(page)} names settings the product does not read: {unknown}"
