@@ -1,7 +1,7 @@
 """Batch sizes side by side, in one run: `python -m bench.batch_sizes --accounts 1000000`.
 
 The batch-size sweep of `bench.cohort_cleanup` cleans one cohort per size, one after the other, and
-on a shared 2-core machine one size's runs spread 6-40% (BENCHMARKS.md), more than the few percent
+on a shared 2-core machine one size's runs spread more than the few percent
 the sizes differ by. Here the sizes share the same seconds instead: one cohort, claimed into
 `--parallel` partitions (the planner's 4 partitions at a time by default), all of them running at
 once, each on its own backend; every partition walks its accounts in cycles that give each size

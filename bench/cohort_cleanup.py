@@ -96,7 +96,7 @@ SEED_CHUNK = 100_000
 SWEEP_SAMPLE_SECONDS = 0.02
 # Partitions at a time: the planner's default, the cohort cleanups that run with nobody starting
 # them (8, `starter.py cleanup`'s default, is 10 backends with the claim streams on a 2-core server:
-# `--compare-parallel 8` measures what that costs beside it; BENCHMARKS.md, "Partitions at a time").
+# `--compare-parallel 8` measures what that costs beside it).
 DEFAULT_PARALLEL = PlannerSettings().max_parallel_partitions
 
 
@@ -296,7 +296,7 @@ async def pipeline_cleanup(
     sleep is part of the run. Returns the run and a lead that suffices for another cohort this size
     (three times what moving this one took, at least 5 s). The runs before it are settled first
     (untimed), so the lead covers this cohort's move and nothing that the runs before left behind
-    (run AR failed here: the floor's dead tuples vacuumed inside the second pipeline's lead)."""
+    (the floor's dead tuples, vacuumed inside a pipeline's lead, would make it late)."""
     lead = 2.0
     await settle(s.pool)
     moved_at = datetime.now(UTC)

@@ -195,8 +195,8 @@ def snapshot_code(target: Path) -> Path:
     The workflow sandbox imports a workflow's module from disk again for each run it starts or
     replays, so a worker running from the working tree picks up any file edited while a benchmark
     runs: a workflow module that no longer matches the modules the process already holds fails every
-    activation from then on (the deadline planner stuck on a failing task: lateness run D, and a run
-    next to this change). With a copy, what a benchmark measures is the code it started with."""
+    activation from then on (a planner stuck on a failing task). With a copy, what a benchmark
+    measures is the code it started with."""
     code = target / "code"
     shutil.copytree(
         PROJECT_ROOT,

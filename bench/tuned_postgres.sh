@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# A PostgreSQL server sized for this machine (24 GiB, 2 cores), for the floor benchmarks
-# (BENCHMARKS.md, "A server sized for its machine"): the machine's own PostgreSQL runs with the
+# A PostgreSQL server sized for this machine (24 GiB, 2 cores), for the floor benchmarks: the machine's own PostgreSQL runs with the
 # packaged defaults (128 MB shared buffers, 1 GB max_wal_size), on which the floor's statements of
 # 50,000 accounts thrash the buffer cache and every run meets a checkpoint.
 #   bash bench/tuned_postgres.sh [DIR] [PORT]     (as root or as the postgres user)
@@ -8,8 +7,7 @@
 # Settings as pgtune gives for an OLTP server of this size; fsync and synchronous_commit stay on.
 # wal_writer_delay 10ms (default 200ms): the WAL writer writes and flushes the WAL as it comes, so a
 # commit does not find ~200 ms of everyone's WAL still to flush while every other backend waits for
-# buffer space (LWLock:WALWrite); it made the floor's two large commits ~20% faster and removed the
-# stalls that cost batches of 5,000 their last few percent (BENCHMARKS.md, "Where bigger batches").
+# buffer space (LWLock:WALWrite), so large commits do not stall the other backends.
 set -euo pipefail
 dir="${1:-/work/pg-tuned}"
 port="${2:-5433}"

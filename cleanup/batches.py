@@ -44,10 +44,9 @@ from core.queries import load
 SQL = load(__file__)
 IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's transaction
 # The most accounts one batch statement takes. The statement materializes every data-modifying CTE
-# (the archived rows, the deleted rows' counts, the keys' arrays), so its working set grows with
-# its accounts; at 5,000 the same buffers and WAL per account cost ~5-10% more time per account
-# once every partition ran such statements at once (BENCHMARKS.md, run BI). A larger batch is a
-# larger transaction (fewer COMMITs and budget grants), made of statements of this size.
+# (the archived rows, the deleted rows' counts, the keys' arrays), so its working set grows with its
+# accounts: a batch larger than this is one transaction of statements of this size, so the batch size
+# changes the number of COMMITs only (docs/decisions/statement-size.md).
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 # Values of the row that was to be deleted, as PostgreSQL quotes them in a message.

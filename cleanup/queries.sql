@@ -57,12 +57,10 @@ WITH batch AS (
 -- whose sizes the planner cannot know: it would compare every row with every row), and the
 -- idempotency record is probed per account by its unique key (LATERAL ... LIMIT 1: a probe of
 -- cleanup_applied_once, never a join filter over the whole, ever-growing table). Cost per account
--- stays flat whatever the batch size and however stale the statistics of the claims just written
--- (EXPLAIN before/after: BENCHMARKS.md, "The Postgres floor").
+-- stays flat whatever the batch size and however stale the statistics of the claims just written.
 -- The batch's accounts are fetched by primary key, one probe per account, never by a join the
--- planner may turn into a hash of the whole accounts table: with batches of 5,000 and a table of
--- 240,000 accounts it did, and each batch read every account (BENCHMARKS.md, "Batches pinned to
--- their keys"). The batch enters as two arrays unnested (estimated at a few rows whatever its
+-- planner may turn into a hash of the whole accounts table (every batch would read every account;
+-- bench.batch_plan guards it). The batch enters as two arrays unnested (estimated at a few rows whatever its
 -- size), so the plan is a nested loop over it with an index probe per account at every size; the
 -- targets and `marked` reach their tables by `= ANY` of the applied accounts for the same reason.
 locked AS (

@@ -114,9 +114,8 @@ async def create_pool(
     asyncpg prepares each statement once per connection, and after five executions Postgres may
     keep one generic plan for the connection's life, planned on the statistics of that moment. A
     batch statement's generic plan made while `cleanup_applied` was small probes it with a
-    sequential scan per account, and keeps doing so as the table grows: a cohort's cleanup turned
-    quadratic (BENCHMARKS.md, "A generic plan frozen on an empty table"). Planning the batch
-    statement costs ~1 ms against 40-450 ms to run it."""
+    sequential scan per account, and keeps doing so as the table grows: the cleanup turns quadratic
+    (docs/decisions/custom-plans.md). Planning per execution is small next to running a batch."""
     server_settings = {
         "plan_cache_mode": "force_custom_plan",
         "application_name": application_name,

@@ -17,9 +17,8 @@ from core.model import Model
 MAX_SHARDS = 256
 DEFAULT_SHARDS = 16
 DEFAULT_ID_PREFIX = "ledger-reconciliation"
-# Keys per batch statement. Each batch has a fixed cost (its transaction, the shard lock, planning
-# the statement) of a few milliseconds: at 1,000 keys that was a fifth of the work (BENCHMARKS.md,
-# "The Postgres floor"); 5,000 costs the same per key as 20,000 and still commits every ~0.1-1 s.
+# Keys per batch statement: large enough that a batch's fixed cost (its transaction, the shard lock,
+# planning) is small next to its keys, small enough that it still commits within about a second.
 DEFAULT_BATCH_SIZE = 5000
 SCHEDULE_ID = "ledger-reconciliation-nightly"
 # A shard (or the settlement) whose worker died is retried elsewhere once no heartbeat came for this

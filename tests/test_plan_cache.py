@@ -2,9 +2,8 @@
 
 asyncpg prepares each statement once per connection; after five executions Postgres may switch to
 one generic plan for the rest of the connection's life, planned on the statistics of that moment.
-Measured (BENCHMARKS.md, "A generic plan frozen on an empty table"): the batch statement's generic
-plan, made while `cleanup_applied` was small, probed it with a sequential scan per account, and a
-cohort of 240,000 accounts took 390 s instead of 23 s. Proved here on real Postgres with the
+A generic plan made while `cleanup_applied` is small probes it with a sequential scan per account,
+and keeps doing so as the table grows (docs/decisions/custom-plans.md). Proved here on real Postgres with the
 project's own pool, counted by Postgres itself (`pg_prepared_statements`).
 """
 

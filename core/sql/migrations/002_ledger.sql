@@ -1,4 +1,4 @@
--- Nightly payment-ledger reconciliation (issue 3): the ledger, the provider's settlement report for
+-- Nightly payment-ledger reconciliation: the ledger, the provider's settlement report for
 -- a business date, and the bookkeeping that makes reconciliation exactly once in effect:
 -- corrections under an idempotency key, a dead-letter review table for operators, the per-shard
 -- reports (the join, visible in the database) and one settlement row per business date.

@@ -1,4 +1,4 @@
--- One bad account never blocks a cohort (issue 14).
+-- One bad account never blocks a cohort.
 --
 -- An account whose cleanup fails deterministically (a constraint, a trigger that raises, a value
 -- the archive table refuses) is isolated from its batch and recorded here, with no partial effect

@@ -1,4 +1,4 @@
--- Issue 12: late data is a normal night. A date's settlement is revised, never overwritten in
+-- Late data is a normal night. A date's settlement is revised, never overwritten in
 -- place without a trace: each settlement of a date is a revision (1, 2, ...) with its totals,
 -- what changed since the previous revision and why. `ledger_settlements` keeps one row per date
 -- and shows the latest revision (so existing readers keep working); shard reports are replaced

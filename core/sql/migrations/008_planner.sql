@@ -1,4 +1,4 @@
--- The deadline planner (issue 11): every account whose deadline passes is cleaned (or renewed)
+-- The deadline planner: every account whose deadline passes is cleaned (or renewed)
 -- with nobody running a command. Indexes for the planner's bounded scans, the chunked claim's
 -- progress (so a retried claim resumes where its last COMMIT left it), and the planner's record
 -- of what the safety net did (overdue accounts swept, stranded claims recovered).

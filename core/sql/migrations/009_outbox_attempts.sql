@@ -1,4 +1,4 @@
--- Outbox delivery (issue 13): only real failures count toward dead-lettering. Additive only.
+-- Outbox delivery: only real failures count toward dead-lettering. Additive only.
 --
 -- `attempts` keeps counting claims (every send that was started or planned, including 429 answers
 -- and rows released unsent because the lease ran short). `failures` counts only the answers that
@@ -7,7 +7,7 @@
 -- {"503": 20, "timeout": 5}, so a dead letter says which failures it counted.
 --
 -- `recorded_by` is the lease owner whose outcome was recorded last. A relay that lost its database
--- connection right after COMMIT runs record_outcomes again (issue 17); rows it finds recorded by its
+-- connection right after COMMIT runs record_outcomes again; rows it finds recorded by its
 -- own owner are counted as its outcomes again instead of as "fenced", so the totals stay exact.
 ALTER TABLE outbox
     ADD COLUMN failures       integer NOT NULL DEFAULT 0,
