@@ -22,6 +22,7 @@ from core.sessions import StalledSessions
 from tests.helpers import wait_until
 
 IDLE_TIMEOUT = 0.5
+YOUNG_TIMEOUT = 60.0
 
 
 async def ours(db_url: str) -> asyncpg.Connection:
@@ -60,6 +61,11 @@ async def state_of(pool: asyncpg.Pool, pid: int) -> tuple[str, str] | None:
 
 async def blocked(pool: asyncpg.Pool, pid: int) -> bool:
     return bool(await pool.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
+
+
+async def waited_on(pool: asyncpg.Pool, pid: int) -> bool:
+    waiting = "SELECT count(*) > 0 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))"
+    return bool(await pool.fetchval(waiting, pid))
 
 
 async def test_the_idle_timeout_does_not_end_a_client_stalled_inside_a_statement(db_url: str, pool: asyncpg.Pool):
@@ -134,11 +140,13 @@ async def test_sessions_that_are_not_stalled_lock_holders_are_left_alone(db_url:
         idle_pid = idle.get_server_pid()
         waiting = asyncio.create_task(waiter.execute("SELECT pg_advisory_lock(2)"))
         await asyncio.sleep(IDLE_TIMEOUT * 3)
+        await wait_until(lambda: blocked(pool, waiter.get_server_pid()), within=10, interval=0.05)
+        assert await end_stalled(db_url, IDLE_TIMEOUT * 2) == []
         young_pid = await stall_holding(young, "SELECT pg_advisory_xact_lock(3)")
         waiting_young = asyncio.create_task(pool.execute("SELECT pg_advisory_lock(3), pg_advisory_unlock(3)"))
-        await wait_until(lambda: blocked(pool, waiter.get_server_pid()), within=10, interval=0.05)
-
-        assert await end_stalled(db_url, IDLE_TIMEOUT * 2) == []
+        await wait_until(lambda: waited_on(pool, young_pid), within=10, interval=0.05)
+        # Younger than the timeout: a timeout no loaded machine outlasts between the stall and the check.
+        assert await end_stalled(db_url, YOUNG_TIMEOUT) == []
         for pid, state in ((alone_pid, "active"), (idle_pid, "idle in transaction"), (young_pid, "active")):
             found = await state_of(pool, pid)
             assert found is not None and found[0] == state, (pid, found)

@@ -58,7 +58,6 @@ async def _held(
     seen: dict[str, Any] = {}
     try:
         await blocker.execute(lock_sql, *lock_args)
-        yield_start = asyncio.get_running_loop().time()
         await ctx.start_work()  # type: ignore[attr-defined]
 
         async def others_done() -> bool:
@@ -67,8 +66,11 @@ async def _held(
         # Generous: on a loaded machine the other partitions may take long; the held one waits meanwhile.
         if not await wait_for(others_done, 120, 0.1):
             row.violations.append(f"{wf}: the other partitions did not report while one was held")
+        # Then held for `hold` more, sampling its heartbeats: from the start, a slow machine may spend
+        # the whole hold on the others and leave no sample.
+        others_at = asyncio.get_running_loop().time()
         beats = []
-        while asyncio.get_running_loop().time() - yield_start < hold:
+        while asyncio.get_running_loop().time() - others_at < hold:
             beats += await heartbeats(ctx.client, wf, activity)
             await asyncio.sleep(HEARTBEAT_TIMEOUT / 2)
         seen["heartbeats"] = sorted(set(beats))
