@@ -61,7 +61,10 @@ async def test_one_cleanup_is_one_trace_with_claim_partitions_and_settlement(
     await seed(pool, deadline, 30)
     EXPORTER.clear()
     async with workers[0], workers[1]:
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=3)
+        # Started from a client no worker uses (the CLI's part): the trace crosses into the workers
+        # through the workflow's and the activities' headers only.
+        starter = await connect(settings)
+        started = await start_cleanup(starter, pool, task_queue, deadline=deadline, partitions=3)
         await asyncio.wait_for(client.get_workflow_handle(started.workflow_id).result(), 120)
 
     spans = [s for s in EXPORTER.get_finished_spans() if s.context is not None]
