@@ -21,7 +21,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# Then the project itself (packages core, workflows, activities; modules worker, starter).
+# Then the project itself, without any extra (the embedded binaries are for development only) and
+# without the harness and the benchmarks, which run from a checkout.
 COPY README.md worker.py starter.py ./
 COPY core ./core
 COPY cleanup ./cleanup
@@ -30,8 +31,6 @@ COPY outbox ./outbox
 COPY demo ./demo
 COPY workflows ./workflows
 COPY activities ./activities
-COPY harness ./harness
-COPY bench ./bench
 RUN pip install --no-deps . \
     && rm -rf build ./*.egg-info
 
@@ -43,4 +42,7 @@ ENV HEALTH_PORT=8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/readyz' % os.environ['HEALTH_PORT'], timeout=4)"]
 
-CMD ["python", "worker.py"]
+# Metrics are served on loopback unless told otherwise: in a container, the published port needs 0.0.0.0.
+ENV METRICS_HOST=0.0.0.0
+
+CMD ["deadline-cleanup", "worker"]

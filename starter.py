@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import sys
 import traceback
@@ -20,33 +21,59 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
+from cleanup import grants as cleanup_grants
+from cleanup.targets import load_targets
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
-from core.config import Settings, mask_url
+from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values, table
+from core.config import Settings, dev_env_file, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
 from core.temporal import connect
+from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
-    settings = embedded.resolve(settings)
-    assert settings.database_url is not None
-    applied = await db.await_db(settings.database_url, db.migrate_url(settings.database_url))
+    """The only command that changes the schema: each pending file in its own transaction (with a
+    lock timeout), then the worker role's grants on the declared targets, table by table."""
+    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    if args.action == "status":
+        rows = await db.await_db(url, db.migration_status_url(url))
+        emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
+        changed = [r["name"] for r in rows if r["state"] == "changed"]
+        if changed:
+            raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
+        return
+    applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
+    if args.demo_game:
+        from demo.fixture import create_game_schema
+
+        await create_game_schema(url)
+    data |= await cleanup_grants.grant_targets_url(url, load_targets())
     if args.grant_worker_role:
-        data["granted_worker_role_to"] = await db.grant_worker_role(settings.database_url, args.grant_worker_role)
-    emit(args, data, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+        data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
+    emit(args, data, _migrated_text)
+
+
+def _migrated_text(d: dict[str, Any]) -> str:
+    text = f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
+    text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
+    if d["missing"]:
+        text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
+    return text
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     """Runs in a database and on a task queue of its own, so it never mixes with real work."""
+    from demo.fixture import create_game_schema
     from demo.run import run_demo
 
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
     demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
+    await create_game_schema(demo_url)
     # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
     demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
     pool = await db.create_pool(demo_url, max_size=4)
@@ -68,22 +95,28 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+    """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
+    records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
     server = embedded.DevServer(settings.state_dir)
     if args.action == "down":
-        server.stop()
+        stopped = server.stop()
+        was_running = embedded.stop_embedded_postgres(settings.state_dir)
+        dev_env_file(settings.state_dir).unlink(missing_ok=True)
         emit(
             args,
-            {"temporal": "stopped", "postgres": "running"},
-            lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
+            {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
+            lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
         )
     else:
-        resolved = embedded.resolve(settings)
+        resolved = embedded.resolve(settings, start=True)
+        env_file = embedded.write_dev_env(resolved)
         emit(
             args,
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
                 "database_url": mask_url(resolved.database_url),
+                "env_file": str(env_file),
             },
             key_values,
         )
@@ -91,15 +124,21 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
     """The fault harness loads only when invoked: the operator CLI does not import it otherwise."""
-    from harness.cli import run_harness_cli
+    try:
+        from harness.cli import run_harness_cli
+    except ModuleNotFoundError as err:  # an installed package: the harness stays in the checkout
+        raise InputError("the fault harness runs from a checkout only: `python starter.py harness`") from err
 
     await run_harness_cli(args.harness_args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="starter.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="deadline-cleanup",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or 'deadline-cleanup'")
@@ -107,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = Commands(parser.add_subparsers(dest="command", required=True))
     command = commands.add
 
-    p = command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+    p = command("migrate", cmd_migrate, "apply the database schema (idempotent); `migrate status`: applied and pending")
+    p.add_argument("action", nargs="?", choices=["apply", "status"], default="apply")
+    p.add_argument("--demo-game", action="store_true", help="also create the demo game's tables (the default targets)")
     p.add_argument(
         "--grant-worker-role",
         metavar="LOGIN",
@@ -117,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
+    demo_cli.register(commands)
 
     p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id")
@@ -128,8 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lead-seconds", type=float, default=10.0, help="how far ahead the first deadline is (default 10)")
     p.add_argument("--spread-seconds", type=float, default=15.0, help="deadlines spread over this window (default 15)")
 
-    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
+    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server and Postgres")
     p.add_argument("action", choices=["up", "down"])
+
+    help = "run a worker (`worker --help` for its options; the global options above apply too)"
+    p = commands.sub.add_parser("worker", help=help, description=help, add_help=False)
+    p.set_defaults(handler=None)  # its arguments are parsed by worker.main (see main)
 
     help = "run the fault-injection harness (`harness --help` for its options)"
     p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
@@ -140,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command == "worker":
+        return run_worker_command(args, rest)
     if args.command == "harness":
         args.harness_args = rest
     elif rest:
@@ -168,6 +216,32 @@ def main(argv: list[str] | None = None) -> int:
         print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
         return EXIT_ERROR
     return 0
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("deadline-cleanup")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def run_worker_command(args: argparse.Namespace, rest: list[str]) -> int:
+    """`deadline-cleanup worker ...`: worker.main, with the global options passed on."""
+    from worker import main as worker_main  # lazy: the other commands never load the worker
+
+    passed = {
+        "--temporal-address": args.temporal_address,
+        "--task-queue": args.task_queue,
+        "--database-url": args.database_url,
+        "--namespace": args.namespace,
+    }
+    forwarded = [item for flag, value in passed.items() if value is not None for item in (flag, value)]
+    return worker_main([*forwarded, *rest])
+
+
+def console() -> None:
+    """The `deadline-cleanup` console command (pyproject.toml's [project.scripts])."""
+    exit_now(main())
 
 
 def redact(text: str, settings: Settings) -> str:

@@ -1,4 +1,6 @@
-"""Run a worker: `python worker.py`. Start as many as you like, on as many nodes as you like."""
+"""Run a worker: `deadline-cleanup worker` (or `python worker.py` in a checkout).
+
+Start as many as you like, on as many nodes as you like."""
 
 from __future__ import annotations
 
@@ -63,10 +65,10 @@ def planner_enabled() -> bool:
     return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-async def ensure_planner_running(client: Client, task_queue: str) -> bool:
+async def ensure_planner_running(client: Client, task_queue: str, pool: asyncpg.Pool | None = None) -> bool:
     """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue)
+        workflow_id, started = await ensure_planner(client, task_queue, pool=pool)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return False
@@ -80,7 +82,11 @@ def watchdog_seconds() -> float:
 
 
 async def keep_planner_running(
-    client: Client, task_queue: str, every: float, seen: Callable[[], None] | None = None
+    client: Client,
+    task_queue: str,
+    every: float,
+    seen: Callable[[], None] | None = None,
+    pool: asyncpg.Pool | None = None,
 ) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
@@ -89,7 +95,7 @@ async def keep_planner_running(
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            outcome, stuck = await watch_planner(client, task_queue, stuck)
+            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool)
             if seen is not None and outcome != "stuck":  # running, or started again just now
                 seen()
         except RPCError as err:  # the server is away: look again next time
@@ -218,7 +224,7 @@ async def _run_worker(
     planner: bool,
 ) -> None:
     assert settings.database_url is not None
-    await db.migrate_url(settings.database_url)
+    await db.check_schema_url(settings.database_url)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )
@@ -257,7 +263,9 @@ async def _run_worker(
             watchdog: asyncio.Task[None] | None = None
             # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
             stalled = (
-                asyncio.create_task(StalledSessions(pool, settings.db_idle_in_transaction_timeout_seconds).watch())
+                asyncio.create_task(
+                    StalledSessions(settings.database_url, settings.db_idle_in_transaction_timeout_seconds).watch()
+                )
                 if settings.db_idle_in_transaction_timeout_seconds
                 else None
             )
@@ -266,10 +274,10 @@ async def _run_worker(
             gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
             if planner and planner_enabled():
                 readiness.planner_expected = True
-                if await ensure_planner_running(client, settings.task_queue):
+                if await ensure_planner_running(client, settings.task_queue, pool):
                     readiness.planner_seen()
                 watchdog = asyncio.create_task(
-                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen)
+                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen, pool)
                 )
             if on_ready is not None:
                 on_ready()
@@ -299,7 +307,8 @@ def main(
     on_ready: Callable[[], None] | None = None,
     planner: bool = True,
 ) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__)
+    parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
@@ -309,6 +318,7 @@ def main(
     try:
         settings = Settings.from_env(
             task_queue=args.task_queue,
+            temporal_namespace=args.namespace,
             temporal_address=args.temporal_address,
             database_url=args.database_url,
             metrics_port=args.metrics_port,

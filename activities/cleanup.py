@@ -37,7 +37,8 @@ from cleanup.models import (
     SettleCleanupInput,
     claim_stream_id,
 )
-from cleanup.targets import CleanupTargets
+from cleanup.planner import held_by_pause
+from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
@@ -49,8 +50,20 @@ FAILED_REASONS_SHOWN = 3  # in the settlement payload: the first reasons, for th
 # The claim never runs ahead of the database clock (the renewal rule's clock): a timer that fires
 # a little early by another clock waits here, up to this long, instead of claiming too little.
 MAX_CLOCK_WAIT_SECONDS = 30.0
+# A bucket cleanup held by the planner's pause looks again this often.
+HOLD_RETRY_DELAY = timedelta(seconds=5)
 # A partition that follows a running claim and found nothing new looks again after this long.
 CLAIM_POLL_SECONDS = 0.2
+# A schema or privilege error (SQLSTATE class 42) fails this many attempts of a partition (a
+# migration or a GRANT may be on its way, ~15 s of back-off); the next records its accounts as
+# failed with the error, so the cleanup settles showing them instead of retrying forever.
+SCHEMA_ERROR_ATTEMPTS = 5
+
+
+def claiming_namespace() -> str:
+    """The namespace of the workflow whose activity claims (recorded with each claim, so that
+    stranded-claim recovery judges it in that namespace only); '' outside an activity."""
+    return (activity.info().workflow_namespace or "") if activity.in_activity() else ""
 
 
 async def wait_for_database_clock(
@@ -84,18 +97,20 @@ async def claim_in_chunks(
     and reports the same result, read back from the database.
 
     With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
-    slot and its rows first, and is at most the budget's `max_claim_rows` accounts (with the budget
-    switched off, `chunk_size`, as without one)."""
-    budgeted_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
+    slot and its rows first, and is at most the budget's `max_claim_rows` accounts while the budget
+    throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
     while True:
+        budgeted_size = input.chunk_size if budget is None else budget.claim_rows(input.chunk_size)
         async with under_budget(budget, "claim", budgeted_size, waiting_for_budget) as grant:
             grant.rows_done = 0
-            chunk_size = budgeted_size if grant.slot is not None else input.chunk_size
+            # The grant read the limits in force now: a rate limit makes the chunk small (the
+            # unused part of what was charged is refunded at release).
+            chunk_size = budget.claim_rows(input.chunk_size) if budget and grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):
                 progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
                 assert progress is not None
@@ -120,6 +135,7 @@ async def claim_in_chunks(
                     input.streams,
                     input.stream,
                     CLAIM_RUN_ACCOUNTS,
+                    claiming_namespace(),
                 )
                 assert row is not None
                 for p in row["partitions"]:
@@ -141,9 +157,48 @@ async def claim_in_chunks(
             after_chunk(len(row["partitions"]))
 
 
-def _after_batch(checkpoint: PartitionCheckpoint) -> None:
-    failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
-    activity.heartbeat(checkpoint.model_dump(mode="json"))
+class PartitionProgress:
+    """What a partition's batches report while they run. This one reports nothing (the benchmark's
+    direct baseline); the activity's heartbeats (`HeartbeatingProgress`)."""
+
+    wait_interval = 5.0  # seconds between `still_working` calls while one batch runs
+
+    def batch_committed(self, checkpoint: PartitionCheckpoint) -> None:
+        """After each batch's COMMIT, with the cursor and counts so far."""
+
+    def still_working(self, checkpoint: PartitionCheckpoint) -> None:
+        """Every `wait_interval` while a batch runs (blocked on a row lock, say)."""
+
+    def waiting_for_budget(self, checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
+        """While the load budget has no slot or rows for the next batch."""
+
+    def waiting_for_claim(self, checkpoint: PartitionCheckpoint) -> None:
+        """While a partition following the claim waits for its next chunk."""
+
+
+async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str) -> CompiledCleanup:
+    """A cleanup runs with one target set: the first partition records its fingerprint; a worker
+    compiled from another set (a deploy that changed the targets) runs that cleanup with the set it
+    recorded, compiled and checked like its own, or refuses the partition (retried) if it cannot."""
+    if compiled.fingerprint is None:
+        return compiled
+    recorded = await pool.fetchval(SQL.record_cleanup_target_set, cleanup_id, compiled.fingerprint)
+    if recorded == compiled.fingerprint:
+        return compiled
+    if recorded in _OTHER_SETS:
+        return _OTHER_SETS[recorded]
+    targets = await pool.fetchval(SQL.target_set_of, recorded)
+    if targets is None:
+        raise failure(
+            ErrorType.TARGETS_MISMATCH,
+            f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
+        )
+    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
+    return _OTHER_SETS[recorded]
+
+
+# Target sets of cleanups that started before this worker's set was deployed, compiled once.
+_OTHER_SETS: dict[str, CompiledCleanup] = {}
 
 
 async def clean_partition_batches(
@@ -151,31 +206,31 @@ async def clean_partition_batches(
     batch_sql: str,
     input: CleanupPartitionInput,
     checkpoint: PartitionCheckpoint,
-    after_batch: Callable[[PartitionCheckpoint], None],
-    while_waiting: Callable[[PartitionCheckpoint], None] | None = None,
-    wait_interval: float = 5.0,
+    progress: PartitionProgress | None = None,
     compiled: CompiledCleanup | None = None,
     budget: LoadBudget | None = None,
-    waiting_for_budget: Callable[[PartitionCheckpoint, dict[str, Any]], None] | None = None,
-    waiting_for_claim: Callable[[PartitionCheckpoint], None] | None = None,
+    schema_errors_final: bool = False,
 ) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
-    `while_waiting` is called every `wait_interval` seconds while a batch is still running (e.g.
-    blocked on a row lock), so a slow batch keeps heartbeating instead of being retried as dead.
+    `progress` hears of each committed batch and of every wait: a slow batch (blocked on a row
+    lock) keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
     With a `budget` (core.budget), each batch first takes its slot and rows of the database's load
-    budget, waiting (and calling `waiting_for_budget`) while there are none.
+    budget, waiting while there are none.
     With `input.follow_claim` the partition runs while the cohort's claim is still claiming: a
     short batch ends it only if the claim was done before that batch began (a chunk committed
     meanwhile is read by the next batch); until then it runs a batch only once a new chunk has
-    committed, looking every `CLAIM_POLL_SECONDS` and calling `waiting_for_claim`. The claim walks
-    one instant's accounts in account order, the order of the partition's keyset, so no claim lands
-    behind the cursor; with several claim streams the partition follows the one stream that claims
-    for it (`partition_no % claim_streams`).
+    committed, looking every `CLAIM_POLL_SECONDS`. The claim walks one instant's accounts in
+    account order, the order of the partition's keyset, so no claim lands behind the cursor; with
+    several claim streams the partition follows the one stream that claims for it
+    (`partition_no % claim_streams`).
+    With `schema_errors_final`, a schema or privilege error records the batch's accounts as failed
+    (cleanup.batches) instead of failing the attempt.
     """
+    progress = progress or PartitionProgress()
     compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
     claim_done = not input.follow_claim
     stream_id = claim_stream_id(input.cleanup_id, input.partition_no % input.claim_streams)
@@ -183,18 +238,15 @@ async def clean_partition_batches(
     while True:
         chunks: int | None = None
         if not claim_done:
-            progress = await pool.fetchrow(SQL.claim_progress_done, stream_id)
-            claim_done = progress is not None and progress["done"]
-            chunks = progress["chunks"] if progress is not None else 0
+            claim = await pool.fetchrow(SQL.claim_progress_done, stream_id)
+            claim_done = claim is not None and claim["done"]
+            chunks = claim["chunks"] if claim is not None else 0
             if not claim_done and chunks == chunks_seen:
                 # Nothing claimed since the last short batch: no batch (and no budget) for nothing.
-                if waiting_for_claim is not None:
-                    waiting_for_claim(checkpoint)
+                progress.waiting_for_claim(checkpoint)
                 await asyncio.sleep(CLAIM_POLL_SECONDS)
                 continue
-        waiting: Waiting | None = (
-            functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget is not None else None
-        )
+        waiting: Waiting = functools.partial(progress.waiting_for_budget, checkpoint)
         async with under_budget(budget, "cleanup", input.batch_size, waiting) as grant:
             result = await run_keyset_batch(
                 pool,
@@ -203,8 +255,9 @@ async def clean_partition_batches(
                 input.partition_no,
                 checkpoint.last_account_id,
                 input.batch_size,
-                while_waiting=functools.partial(while_waiting, checkpoint) if while_waiting is not None else None,
-                wait_interval=wait_interval,
+                while_waiting=functools.partial(progress.still_working, checkpoint),
+                wait_interval=progress.wait_interval,
+                schema_errors_final=schema_errors_final,
             )
             grant.rows_done = result.batch_rows
         if result.batch_rows > 0:
@@ -213,12 +266,62 @@ async def clean_partition_batches(
                 counts=checkpoint.counts + result.counts,
                 batches=checkpoint.batches + 1,
             )
-            after_batch(checkpoint)
+            progress.batch_committed(checkpoint)
         if result.batch_rows == input.batch_size:
             continue
         if claim_done:
             return checkpoint
         chunks_seen = chunks
+
+
+class HeartbeatingProgress(PartitionProgress):
+    """The activity's progress: the checkpoint heartbeated after each batch and while waiting (a
+    retry resumes from it), batch metrics, and the partition handed back at a batch boundary when
+    the worker shuts down."""
+
+    def __init__(self, input: CleanupPartitionInput, attempt: int, counted: PartitionCounts, interval: float) -> None:
+        self.input = input
+        self.attempt = attempt
+        self.counted = counted
+        self.wait_interval = interval
+
+    def batch_committed(self, checkpoint: PartitionCheckpoint) -> None:
+        failpoints.hit(f"{CLEANUP_PARTITION}.after_commit")
+        activity.heartbeat(checkpoint.model_dump(mode="json"))
+        batch = checkpoint.counts - self.counted
+        metrics.record_cleanup_batch(cleaned=batch.cleaned, already_applied=batch.already_applied, failed=batch.failed)
+        self.counted = checkpoint.counts
+        if batch.already_applied:
+            # Another attempt of this partition (a retry while this one was thought dead, or a
+            # zombie after its retry) got there first: this batch changed nothing for those.
+            log.info(
+                "partition %s of %s attempt %s batch %s: %s account(s) already applied, %s cleaned now",
+                self.input.partition_no,
+                self.input.cleanup_id,
+                self.attempt,
+                checkpoint.batches,
+                batch.already_applied,
+                batch.cleaned,
+            )
+        if activity.is_worker_shutdown():
+            # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
+            # boundary, with the cursor heartbeated, so another worker resumes it at once
+            # instead of waiting out the heartbeat timeout.
+            raise handed_back(
+                f"partition {self.input.partition_no} handed back after {checkpoint.last_account_id or 'the start'}"
+            )
+
+    def still_working(self, checkpoint: PartitionCheckpoint) -> None:
+        activity.heartbeat(checkpoint.model_dump(mode="json"))
+
+    def waiting_for_budget(self, checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
+        # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
+        activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
+
+    def waiting_for_claim(self, checkpoint: PartitionCheckpoint) -> None:
+        activity.heartbeat(checkpoint.model_dump(mode="json"), {"waiting_for_claim": True})
+        if activity.is_worker_shutdown():
+            raise handed_back(f"partition {self.input.partition_no} handed back while the claim runs")
 
 
 class CleanupActivities:
@@ -247,7 +350,15 @@ class CleanupActivities:
     ) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
+        await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
         return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
+
+    async def _hold_if_paused(self, cleanup_id: str) -> None:
+        """A planner paused with --hold-scheduled holds its bucket cleanups here, before any claim:
+        the attempt fails (retryable, visible in the run) and the next one looks again."""
+        held = await held_by_pause(self.pool, activity.info().task_queue, cleanup_id)
+        if held is not None:
+            raise failure(ErrorType.HELD_BY_PAUSE, held, next_retry_delay=HOLD_RETRY_DELAY)
 
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
@@ -255,11 +366,14 @@ class CleanupActivities:
 
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
+        await self._hold_if_paused(input.cleanup_id)
         await wait_for_database_clock(self.pool, input.deadline)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
-                await conn.execute(SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions)
+                await conn.execute(
+                    SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions, claiming_namespace()
+                )
                 skipped_renewed = await conn.fetchval(SQL.cohort_renewed_count, input.deadline)
             else:
                 await conn.execute(
@@ -268,6 +382,7 @@ class CleanupActivities:
                     input.account_id,
                     input.deadline,
                     input.expected_version,
+                    claiming_namespace(),
                 )
                 state = await conn.fetchrow(SQL.account_state, input.account_id)
                 if state is None:
@@ -292,6 +407,7 @@ class CleanupActivities:
         """The cohort claim in bounded chunks (10,000 accounts per statement by default), as a
         regular activity that heartbeats after each chunk: no statement grows with the cohort."""
         activity.heartbeat()
+        await self._hold_if_paused(input.cleanup_id)
 
         def after_chunk(claimed: int) -> None:
             activity.heartbeat(claimed)
@@ -325,50 +441,9 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         info = activity.info()
+        compiled = await cleanup_target_set(self.pool, self.compiled, input.cleanup_id)
         details = info.heartbeat_details
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
-        counted = start.counts
-
-        def after_batch(checkpoint: PartitionCheckpoint) -> None:
-            nonlocal counted
-            _after_batch(checkpoint)
-            batch = checkpoint.counts - counted
-            metrics.record_cleanup_batch(
-                cleaned=batch.cleaned, already_applied=batch.already_applied, failed=batch.failed
-            )
-            counted = checkpoint.counts
-            if batch.already_applied:
-                # Another attempt of this partition (a retry while this one was thought dead, or a
-                # zombie after its retry) got there first: this batch changed nothing for those.
-                log.info(
-                    "partition %s of %s attempt %s batch %s: %s account(s) already applied, %s cleaned now",
-                    input.partition_no,
-                    input.cleanup_id,
-                    info.attempt,
-                    checkpoint.batches,
-                    batch.already_applied,
-                    batch.cleaned,
-                )
-            if activity.is_worker_shutdown():
-                # A graceful shutdown (SIGTERM, a deploy): hand the partition back now, at a batch
-                # boundary, with the cursor heartbeated, so another worker resumes it at once
-                # instead of waiting out the heartbeat timeout.
-                raise handed_back(
-                    f"partition {input.partition_no} handed back after {checkpoint.last_account_id or 'the start'}"
-                )
-
-        def still_working(checkpoint: PartitionCheckpoint) -> None:
-            activity.heartbeat(checkpoint.model_dump(mode="json"))
-
-        def waiting_for_budget(checkpoint: PartitionCheckpoint, budget: dict[str, Any]) -> None:
-            # The checkpoint stays first (a retry resumes from it); the UI shows why it waits.
-            activity.heartbeat(checkpoint.model_dump(mode="json"), {"load_budget": budget})
-
-        def waiting_for_claim(checkpoint: PartitionCheckpoint) -> None:
-            activity.heartbeat(checkpoint.model_dump(mode="json"), {"waiting_for_claim": True})
-            if activity.is_worker_shutdown():
-                raise handed_back(f"partition {input.partition_no} handed back while the claim runs")
-
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
@@ -376,13 +451,10 @@ class CleanupActivities:
             self.partition_batch_sql,
             input,
             start,
-            after_batch,
-            while_waiting=still_working,
-            wait_interval=interval,
-            compiled=self.compiled,
+            HeartbeatingProgress(input, info.attempt, start.counts, interval),
+            compiled=compiled,
             budget=self.budget,
-            waiting_for_budget=waiting_for_budget,
-            waiting_for_claim=waiting_for_claim,
+            schema_errors_final=info.attempt >= SCHEMA_ERROR_ATTEMPTS,
         )
         c = checkpoint.counts
         await self.pool.execute(

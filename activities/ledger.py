@@ -266,10 +266,7 @@ class LedgerActivities:
                 "shard %s of %s: inputs unchanged since its report; nothing to judge", input.shard, input.business_date
             )
             return unchanged.model_copy(update={"attempt": info.attempt})
-        # A checkpoint heartbeated by code older than the judged counts cannot be resumed exactly:
-        # start the shard over (batches already applied write nothing).
-        resumable = bool(details) and isinstance(details[0], dict) and "corrections_judged" in details[0]
-        checkpoint = ShardCheckpoint.model_validate(details[0]) if resumable else ShardCheckpoint()
+        checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
         resumed_from = checkpoint.batches
         if resumed_from:
             log.info(

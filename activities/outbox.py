@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 
 SEND_PATH = "/v1/messages"
 ERROR_TEXT_LIMIT = 1000
+# What of a dead letter's reason (the provider's reply included) a log line shows.
+LOG_REPLY_LIMIT = 200
 # Read at most this much of an answer: only its first ERROR_TEXT_LIMIT characters are ever kept.
 MAX_RESPONSE_BYTES = 64 * 1024
 # Stop starting requests this long before the lease ends, to leave time to record the outcomes.
@@ -67,6 +70,7 @@ DB_RETRY_MAX_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
 _JITTER = random.Random()
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")  # an Idempotency-Key: printable ASCII, no space
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")  # RFC 9110 token
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e\t]{0,4000}$")  # visible ASCII, space, tab: never CR, LF, NUL
@@ -102,13 +106,48 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def parse_base_url(url: str) -> SplitResult:
+def dead_letter_log_args(row: Mapping[str, object], outcomes: Mapping[int, Outcome]) -> tuple[str, str]:
+    """A dead letter as a log line may show it: the event by its number and kind, the account by the
+    name workflow IDs give it (a keyed pseudonym under payload encryption), and at most
+    LOG_REPLY_LIMIT characters of the reason, with the account ID and control characters removed."""
+    from core.codec import pseudonymize  # lazy: cryptography is slow to import
+
+    try:
+        codec = activity.client().data_converter.payload_codec
+    except RuntimeError:  # no client (a test's ActivityEnvironment): nothing to pseudonymize with
+        codec = None
+    account = str(row["account_id"])
+    shown = pseudonymize(codec, account)
+    reason = str(outcomes[int(str(row["event_id"]))].error or "")
+    reason = _CONTROL.sub(" ", reason.replace(account, shown))
+    if len(reason) > LOG_REPLY_LIMIT:
+        reason = reason[:LOG_REPLY_LIMIT] + "..."
+    return f"#{row['event_id']} ({row['kind']}, account {shown})", reason
+
+
+def parse_base_url(url: str, allow_http: bool = False) -> SplitResult:
+    """The provider's URL. Plain http sends the bearer token in clear: only to a loopback address,
+    or where the operator says so (MAIL_PROVIDER_ALLOW_HTTP=1, e.g. a TLS-terminating sidecar)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
     if parts.username or parts.password:
         raise ValueError("put credentials in the token setting, not in the provider URL")
+    if parts.scheme == "http" and not allow_http and not is_loopback(parts.hostname):
+        raise ValueError(
+            f"refusing http:// to {parts.hostname}: the token would travel in clear; use https, "
+            "or set MAIL_PROVIDER_ALLOW_HTTP=1 if the network path is protected otherwise"
+        )
     return parts
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def safe_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -173,7 +212,8 @@ def classify(
     rate limits are the provider's state, not the event's fault. 5xx, 408, 401/403 (credentials are
     configuration, not the event), timeouts and broken connections are failures: they retry with
     backoff (a 503's Retry-After wins) until `max_attempts` failures, then dead-letter with the
-    failures counted by kind. Any other 4xx means the provider rejects this event: dead letter with
+    failures counted by kind. A 409 after one of our timeouts is the provider still processing
+    that request: asked again like a 429. Any other 4xx means the provider rejects this event: dead letter with
     its answer, no retry.
     """
     now = now or datetime.now(UTC)
@@ -189,6 +229,12 @@ def classify(
         return Outcome("delivered", status)
     if status == 429:
         delay = retry_after_seconds(answer.headers.get("retry-after") if answer else None, settings, now)
+        return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
+    if status == 409 and (failures or {}).get(FAILURE_TIMEOUT):
+        # After our own timeout, a 409 is the provider still working on our earlier request with
+        # this key (which it may well deliver): ask again later, as for a 429; never a dead letter.
+        delay = retry_after_seconds(answer.headers.get("retry-after") if answer else None, settings, now)
+        error = f"in progress at the provider (HTTP 409 after our timeout), asking again: {error}"
         return Outcome("retry", status, backoff_seconds(attempts, settings) if delay is None else delay, error)
     if status is not None and 400 <= status < 500 and status not in (401, 403, 408):
         return Outcome("dead", status, 0.0, error)
@@ -230,9 +276,11 @@ async def with_database(what: str, until: float, statement: Callable[[], Awaitab
 class OutboxRelayActivities:
     """Holds the pool, the provider's address and token, and one pooled httpx client; one per worker."""
 
-    def __init__(self, pool: asyncpg.Pool, provider_url: str | None, token: str | None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, provider_url: str | None, token: str | None, allow_http: bool = False
+    ) -> None:
         self.pool = pool
-        self._base = parse_base_url(provider_url) if provider_url else None
+        self._base = parse_base_url(provider_url, allow_http) if provider_url else None
         self._token = token or None
         if self._token is not None:
             safe_headers({"Authorization": f"Bearer {self._token}"})  # a token with CR/LF is refused here
@@ -240,8 +288,11 @@ class OutboxRelayActivities:
 
     @classmethod
     def from_env(cls, pool: asyncpg.Pool) -> OutboxRelayActivities:
-        """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN; if either is unset the activity fails clearly."""
-        return cls(pool, os.environ.get("MAIL_PROVIDER_URL") or None, os.environ.get("MAIL_PROVIDER_TOKEN"))
+        """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN (if either is unset the activity fails clearly);
+        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback."""
+        allow_http = os.environ.get("MAIL_PROVIDER_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes")
+        url = os.environ.get("MAIL_PROVIDER_URL") or None
+        return cls(pool, url, os.environ.get("MAIL_PROVIDER_TOKEN"), allow_http)
 
     def __repr__(self) -> str:  # never the token
         where = self._base.geturl() if self._base else "unconfigured"
@@ -326,9 +377,7 @@ class OutboxRelayActivities:
             metrics.record_outbox(result.delivered, result.dead)
             for r in rows:
                 if outcomes[r["event_id"]].kind == "dead":
-                    activity.logger.warning(
-                        "outbox event %s dead-lettered: %s", r["event_key"], outcomes[r["event_id"]].error
-                    )
+                    activity.logger.warning("outbox event %s dead-lettered: %s", *dead_letter_log_args(r, outcomes))
         if len(rows) < s.batch_size:
             summary = await with_database("pending_summary", lease_end, lambda: self.pool.fetchrow(SQL.pending_summary))
             assert summary is not None

@@ -45,11 +45,11 @@ import ledger
 from activities.cleanup import claim_in_chunks
 from cleanup.batches import CompiledCleanup
 from cleanup.models import ClaimChunkedInput
-from cleanup.operations import seed_accounts
 from cleanup.targets import load_targets
 from core import db, embedded
 from core.config import Settings
 from core.queries import load
+from demo.fixture import create_game_schema, seed_accounts
 from ledger.seed import seed_ledger_day, seed_spec
 
 LEDGER_SQL = load(ledger.__file__)
@@ -68,6 +68,7 @@ async def fresh_database_url() -> AsyncIterator[str]:
     admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
     name = f"bench_{uuid.uuid4().hex[:10]}"
     url = await db.create_database(admin_url, name, migrate=True)
+    await create_game_schema(url)
     try:
         yield url
     finally:

@@ -57,7 +57,7 @@ async def _wal(conn: asyncpg.Connection) -> int:
 async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions: int) -> dict[str, Any]:
     """One chunk of the claim (the first) under EXPLAIN (ANALYZE, WAL), rolled back: the WAL this
     statement itself writes, whatever else the server does meanwhile (commit record not included)."""
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, server_settings=db.service_settings())
     try:
         tr = conn.transaction()
         await tr.start()
@@ -75,6 +75,7 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
             1,  # one claim stream: the whole range
             0,
             CLAIM_RUN_ACCOUNTS,
+            "bench",  # the claiming namespace
         )
         await tr.rollback()
     finally:
@@ -121,12 +122,17 @@ async def run(
             conn.add_query_logger(logged)
 
         wal_sample = await chunk_wal_sample(url, deadline, chunk, partitions)
-        probe = await asyncpg.connect(url)
+        probe = await asyncpg.connect(url, server_settings=db.service_settings())
         idle_from = await _wal(probe)
         await asyncio.sleep(idle_seconds)
         idle_wal = await _wal(probe) - idle_from
         pool = await asyncpg.create_pool(
-            url, min_size=max(2, streams), max_size=max(2, streams), init=init, command_timeout=300
+            url,
+            min_size=max(2, streams),
+            max_size=max(2, streams),
+            init=init,
+            command_timeout=300,
+            server_settings=db.service_settings(),
         )
         chunks: list[float] = []
         last: dict[int, float] = {}

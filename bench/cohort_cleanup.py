@@ -30,7 +30,8 @@ be read, summed over every backend of the database (the floor's: all its slices'
 `direct_over_floor_by_cpu`: floor CPU / direct CPU for the same accounts; it moves far less
 with the machine's load than wall-clock time), the claim's share of the direct run (wall clock and
 CPU), the CPU of the worker process and the Temporal server during the pipeline, and the load
-average around every run. The pipeline runs with the load budget off (`Stack.budget_off`).
+average around every run. The pipeline runs with the load budget off (`Stack.budget_off`), or
+with `--budget default` under the budget as shipped.
 """
 
 from __future__ import annotations
@@ -75,10 +76,12 @@ from cleanup.models import (
     SettleCleanupInput,
     following_partitions,
 )
-from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.operations import start_cleanup
 from cleanup.planner_models import PlannerSettings
 from cleanup.targets import load_targets
+from core.budget import budget_status
 from core.queries import load
+from demo.fixture import seed_accounts
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 SQL = load(cleanup.__file__)
@@ -201,7 +204,7 @@ async def direct_cleanup(
                 claim_streams=streams,
             )
             cp = await clean_partition_batches(
-                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), _noop, compiled=acts.compiled
+                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), compiled=acts.compiled
             )
             c = cp.counts
             await acts.pool.execute(
@@ -393,10 +396,6 @@ def activity_timeline(history: Any, deadline: datetime) -> dict[str, list[float 
     return out
 
 
-def _noop(_: PartitionCheckpoint) -> None:
-    return None
-
-
 def compared_summary(
     compare_parallel: int | None, compared: list[dict[str, Any]], direct_rate: float, direct_cpu: float | None
 ) -> dict[str, Any]:
@@ -518,8 +517,12 @@ async def run(
     sweep_rounds: int = 2,
     timeline_file: str | None = None,
     compare_parallel: int | None = None,
+    budget: str = "off",
 ) -> dict[str, Any]:
-    """`compare_parallel`: two more direct runs with that many partitions at a time (one before the
+    """`budget`: "off" (the pipeline measures orchestration, as the direct runs take no budget) or
+    "default" (the load budget as shipped: the pipeline runs under it; its state after each
+    pipeline run is in the result).
+    `compare_parallel`: two more direct runs with that many partitions at a time (one before the
     first direct run, one after the second, two more cohorts), so the cost of a parallelism against
     `parallel` is a ratio of this run (`direct_over_compare_parallel`).
     `sweep`: batch sizes of extra direct runs after the others, `sweep_rounds` rounds, in the
@@ -555,7 +558,8 @@ async def run(
 
         worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
-        await s.budget_off()
+        if budget == "off":
+            await s.budget_off()
 
         acts = await CleanupActivities.create(s.pool, load_targets())
         await settle(s.pool)
@@ -577,6 +581,7 @@ async def run(
         pipeline, lead = await pipeline_cleanup(
             s, pipeline_deadline_seed, 10 + accounts / 2000, partitions, parallel, batch_size
         )
+        budget_after = [await budget_status(s.pool)]
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         await settle(s.pool)
         direct_2 = await direct_cleanup(acts, s.claim_backends, direct_after, partitions, parallel, batch_size)
@@ -586,6 +591,7 @@ async def run(
         floor_2 = await floor_cleanup(acts, floor_after)
         # The pipeline again, last: like the floor and the direct path, it counts by its faster run.
         pipeline_2, _ = await pipeline_cleanup(s, pipeline_again_seed, lead, partitions, parallel, batch_size)
+        budget_after.append(await budget_status(s.pool))
         swept = []
         assert s.settings.database_url is not None
         observer = Observer(
@@ -659,6 +665,12 @@ async def run(
             pipeline_2["load"],
         ],
         "load_average_1m_before_and_after": [load_before, load_average()],
+        "load_budget": budget,
+        "load_budget_after_each_pipeline": [
+            {k: b[k] for k in ("enabled", "doing", "limited_by", "stress", "stressed_at", "observed", "peak_in_flight")}
+            | {"commit_probe_baseline_ms": b["commit_probe_baseline_ms"]}
+            for b in budget_after
+        ],
         "pipeline_cleaned": [p["cleaned"] for p in pipelines],
         "direct_cleaned": [direct["cleaned"], direct_2["cleaned"]],
         "floor_cleaned": [floor["cleaned"], floor_2["cleaned"]],
@@ -691,6 +703,12 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
+        "--budget",
+        choices=["off", "default"],
+        default="off",
+        help="the pipeline's load budget: off (default), or as shipped (docs/budget.md)",
+    )
+    parser.add_argument(
         "--sweep",
         type=int,
         nargs="*",
@@ -712,9 +730,10 @@ def main() -> None:
             args.sweep_rounds,
             args.timeline,
             args.compare_parallel,
+            args.budget,
         )
     )
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

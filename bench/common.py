@@ -24,6 +24,7 @@ from core import db, embedded
 from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
+from demo.fixture import create_game_schema
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -222,6 +223,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             }
         )
         await db.migrate_url(url)
+        await create_game_schema(url)
         pool = await db.create_pool(url, max_size=pool_size)
         client = await connect(settings)
         claim_backends = await db.create_pool(url, min_size=DEFAULT_CLAIM_STREAMS, max_size=DEFAULT_CLAIM_STREAMS)

@@ -43,16 +43,16 @@ applied AS (
     RETURNING account_id, cleanup_version
 ),
 saves AS (
-    DELETE FROM cloud_saves t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.cloud_saves t USING applied p WHERE t.account_id = p.account_id RETURNING 1
 ),
 items AS (
-    DELETE FROM inventory_items t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.inventory_items t USING applied p WHERE t.account_id = p.account_id RETURNING 1
 ),
 moved AS (
-    DELETE FROM match_history t USING applied p WHERE t.account_id = p.account_id RETURNING t.*
+    DELETE FROM demo_game.match_history t USING applied p WHERE t.account_id = p.account_id RETURNING t.*
 ),
 archived AS (
-    INSERT INTO match_history_archive (match_id, account_id, played_at, mode, result, score)
+    INSERT INTO demo_game.match_history_archive (match_id, account_id, played_at, mode, result, score)
     SELECT match_id, account_id, played_at, mode, result, score FROM moved
     RETURNING 1
 ),
@@ -199,3 +199,72 @@ SELECT (SELECT count(*) FROM judged)::int AS keys_examined,
        (SELECT count(*) FROM corrected)::int AS corrected,
        (SELECT count(*) FROM updated)::int AS updated,
        (SELECT count(*) FROM reviewed)::int AS sent_to_review;
+
+-- name: game_cleanup_floor
+-- The floor on the game server's own schema (tests/game_server): one slice of a cohort ($2 = its
+-- deadline; account_id >= $3 and < $4, NULL = unbounded) cleaned by one statement under cleanup ID
+-- $1, with the effects of its declared targets (tests/game_server/targets.toml): the items and
+-- characters deleted, every friendship of the user (either side) deleted, the matches archived
+-- (the archive's identity copied as is), the users row kept with its username replaced by its
+-- HMAC-SHA256 ($5, $6: the key's inner and outer pads) and its email and profile nulled; plus the
+-- account marked cleaned, its idempotency record and its reminder in the outbox.
+WITH cleaned AS (
+    UPDATE accounts
+    SET status = 'cleaned', claimed_by = $1, claimed_at = now(), cleaned_at = now()
+    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND ($3::text IS NULL OR account_id >= $3::text)
+      AND ($4::text IS NULL OR account_id < $4::text)
+    RETURNING account_id, cleanup_version
+),
+applied AS (
+    INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
+    SELECT account_id, cleanup_version, $1, 0 FROM cleaned
+    ON CONFLICT ON CONSTRAINT cleanup_applied_once DO NOTHING
+    RETURNING account_id, cleanup_version
+),
+keys AS (
+    SELECT account_id::uuid AS id FROM applied
+),
+items AS (
+    DELETE FROM game_server.inventory t USING keys k WHERE t.user_id = k.id RETURNING 1
+),
+characters AS (
+    DELETE FROM game_server.characters t USING keys k WHERE t.user_id = k.id RETURNING 1
+),
+friends AS (
+    DELETE FROM game_server.friends t
+    WHERE t.user_a IN (SELECT id FROM keys) OR t.user_b IN (SELECT id FROM keys)
+    RETURNING 1
+),
+moved AS (
+    DELETE FROM game_server.matches t USING keys k WHERE t.user_id = k.id RETURNING t.*
+),
+archived AS (
+    INSERT INTO game_server.matches_archive (id, user_id, played_at, kills, deaths) OVERRIDING SYSTEM VALUE
+    SELECT id, user_id, played_at, kills, deaths FROM moved
+    RETURNING 1
+),
+users AS (
+    UPDATE game_server.users t
+    SET username = encode(sha256($6::bytea || sha256($5::bytea || convert_to(t.username, 'UTF8'))), 'hex'),
+        email = NULL, profile = NULL
+    FROM keys k WHERE t.id = k.id
+    RETURNING 1
+),
+reminders AS (
+    INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
+    SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
+           account_id, $1,
+           jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
+                              'cleanup_id', $1::text)
+    FROM applied
+    ON CONFLICT (event_key) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM applied)::int AS cleaned,
+       (SELECT count(*) FROM items)::int AS inventory,
+       (SELECT count(*) FROM characters)::int AS characters,
+       (SELECT count(*) FROM friends)::int AS friends,
+       (SELECT count(*) FROM archived)::int AS matches,
+       (SELECT count(*) FROM users)::int AS users,
+       (SELECT count(*) FROM reminders)::int AS reminders;

@@ -49,6 +49,7 @@ import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from bench.floor import FLOOR_BACKENDS, STACK_POOL_SIZE, run_slice_sequences
+from core.budget import LoadBudget
 from core.queries import load
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
@@ -119,9 +120,16 @@ def _noop(_: ShardCheckpoint, __: asyncpg.Record) -> None:
 
 
 async def direct_reconciliation(
-    pool: asyncpg.Pool, business_date: date, shards: int, parallel: int, batch_size: int, workflow_id: str
+    pool: asyncpg.Pool,
+    business_date: date,
+    shards: int,
+    parallel: int,
+    batch_size: int,
+    workflow_id: str,
+    budget: LoadBudget | None = None,
 ) -> dict[str, Any]:
-    """The date's reconciliation without orchestration: the activities' code paths called in-process."""
+    """The date's reconciliation without orchestration: the activities' code paths called in-process
+    (each batch under `budget` when one is given, as the activity's are)."""
     load_before, cpu_before = load_average(), await database_cpu_seconds(pool)
     t0 = time.perf_counter()
     await check_day(pool, business_date, shards)
@@ -139,7 +147,7 @@ async def direct_reconciliation(
                 tolerance_cents=TOLERANCE_CENTS,
                 workflow_id=workflow_id,
             )
-            checkpoint = await reconcile_shard_batches(pool, inp, ShardCheckpoint(), _noop)
+            checkpoint = await reconcile_shard_batches(pool, inp, ShardCheckpoint(), _noop, budget=budget)
             report = await report_shard(pool, inp, checkpoint)
             shard_seconds.append(time.perf_counter() - t)
             return report
@@ -258,8 +266,9 @@ def expected(seeded: LedgerSeedResult) -> dict[str, int]:
 
 
 async def run(
-    payments: int, shards: int = 16, parallel: int = 8, batch_size: int = DEFAULT_BATCH_SIZE
+    payments: int, shards: int = 16, parallel: int = 8, batch_size: int = DEFAULT_BATCH_SIZE, budget: str = "off"
 ) -> dict[str, Any]:
+    """`budget`: "off", or "default": the load budget as shipped for the pipeline and the direct runs."""
     load_before = load_average()
     async with stack(pool_size=STACK_POOL_SIZE) as s:
         direct_date, pipeline_date, direct_after_date, floor_date, floor_after_date = business_dates(5)
@@ -273,16 +282,24 @@ async def run(
 
         worker = s.start_worker()
         await wait_for_worker(s.client, s.settings.task_queue)
-        await s.budget_off()
+        budgeted = None
+        if budget == "off":
+            await s.budget_off()
+        else:
+            budgeted = LoadBudget(s.pool)
 
         floor = await floor_reconciliation(s.pool, floor_date, "floor-before")
         await clear_effects(s.pool, floor_date)
-        direct = await direct_reconciliation(s.pool, direct_date, shards, parallel, batch_size, "direct-before")
+        direct = await direct_reconciliation(
+            s.pool, direct_date, shards, parallel, batch_size, "direct-before", budgeted
+        )
         await clear_effects(s.pool, direct_date)
         pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
         await clear_effects(s.pool, pipeline_date)
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
-        direct_2 = await direct_reconciliation(s.pool, direct_after_date, shards, parallel, batch_size, "direct-after")
+        direct_2 = await direct_reconciliation(
+            s.pool, direct_after_date, shards, parallel, batch_size, "direct-after", budgeted
+        )
         await clear_effects(s.pool, direct_after_date)
         floor_2 = await floor_reconciliation(s.pool, floor_after_date, "floor-after")
         memory = s.memory()
@@ -299,6 +316,7 @@ async def run(
     least = {k: min(v) for k, v in cpu.items() if all(x is not None for x in v)}
     return {
         "scenario": "ledger_reconciliation",
+        "load_budget": budget,
         "payments": payments,
         "shards": shards,
         "parallel_shards": parallel,
@@ -351,8 +369,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument(
+        "--budget", choices=["off", "default"], default="off", help="the load budget: off, or as shipped"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size)), indent=2))
+    print(
+        json.dumps(asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, args.budget)), indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from typing import Any
 
 import asyncpg
 
+from core import db
+
 ACTIVITY = """
 SELECT pid, coalesce(nullif(application_name, ''), backend_type) AS who, backend_type, state,
        wait_event_type, wait_event
@@ -87,7 +89,9 @@ class Observer:
         self.timeline = timeline
 
     async def observe(self, during: Any) -> tuple[dict[str, Any], Any]:
-        conn = await asyncpg.connect(self.url, server_settings={"application_name": "observer"})
+        conn = await asyncpg.connect(
+            self.url, server_settings={"application_name": "observer", **db.service_settings()}
+        )
         try:
             waits: dict[str, Counter[str]] = {}
             pids: dict[int, str] = {}

@@ -33,9 +33,9 @@ from temporalio.client import Client
 import bench
 from bench.common import LoadSampler, Stack, machine, stack, wait_for_worker
 from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION, STATUS_QUERY, planner_workflow_id
-from cleanup.operations import seed_accounts
 from core.budget import budget_status
 from core.queries import load
+from demo.fixture import seed_accounts
 
 SQL = load(bench.__file__, "scale.sql")
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
@@ -164,7 +164,16 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
         },
         "overdue_sweeps": {"sweeps": sweeps["sweeps"], "accounts": sweeps["accounts"]},
         "load_budget": {
-            k: budget[k] for k in ("effective_in_flight", "scale", "granted", "denied", "wait_seconds", "stress")
+            k: budget[k]
+            for k in (
+                "effective_in_flight",
+                "throttled",
+                "limited_by",
+                "granted",
+                "denied",
+                "wait_seconds",
+                "stress",
+            )
         },
         "latest_accounts": [
             {

@@ -42,25 +42,28 @@ import bench
 from bench.common import machine, stack, wait_for_worker
 from bench.observe import Observer
 from cleanup.models import CleanupResult
-from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.operations import start_cleanup
+from core import db
 from core.budget import BudgetSettings, budget_status, set_budget
 from core.queries import load
+from demo.fixture import seed_accounts
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 PROFILE = """
 SELECT a.account_id, a.status, a.renewal_deadline,
        (SELECT json_agg(json_build_object('item', i.item_id, 'qty', i.quantity))
-        FROM inventory_items i WHERE i.account_id = a.account_id) AS inventory
+        FROM demo_game.inventory_items i WHERE i.account_id = a.account_id) AS inventory
 FROM accounts a WHERE a.account_id = $1
 """
 MATCHES = (
-    "SELECT match_id, played_at, mode, result, score FROM match_history"
+    "SELECT match_id, played_at, mode, result, score FROM demo_game.match_history"
     " WHERE account_id = $1 ORDER BY played_at DESC LIMIT 20"
 )
-SPEND = "UPDATE inventory_items SET quantity = quantity + 1 WHERE account_id = $1 AND item_id = $2"
+SPEND = "UPDATE demo_game.inventory_items SET quantity = quantity + 1 WHERE account_id = $1 AND item_id = $2"
 FLOOR = load(bench.__file__, "floor.sql")
 RECORD_MATCH = (
-    "INSERT INTO match_history (account_id, played_at, mode, result, score) VALUES ($1, now(), 'ranked', 'win', $2)"
+    "INSERT INTO demo_game.match_history (account_id, played_at, mode, result, score)"
+    " VALUES ($1, now(), 'ranked', 'win', $2)"
 )
 
 
@@ -268,7 +271,7 @@ async def run(
             url,
             min_size=player_connections,
             max_size=player_connections,
-            server_settings={"application_name": "players"},
+            server_settings={"application_name": "players", **db.service_settings()},
         )
         assert player_pool is not None
         crowd = Players(player_pool, live, rate)
@@ -411,7 +414,16 @@ async def run(
         "budget_of_phase_3": limits or "the defaults",
         "budget_after_default_run": {
             k: on_budget[k]
-            for k in ("scale", "effective_in_flight", "stress", "observed", "peak_in_flight", "granted", "denied")
+            for k in (
+                "doing",
+                "limited_by",
+                "effective_in_flight",
+                "stress",
+                "observed",
+                "peak_in_flight",
+                "granted",
+                "denied",
+            )
         },
         "budget_counters_after_no_budget_run": {k: off_budget[k] for k in ("granted", "rows_done")},
         "load_average_1m_before_and_after": loads,

@@ -20,8 +20,8 @@ from typing import Any
 from activities.cleanup import CleanupActivities
 from bench.cohort_cleanup import direct_cleanup
 from bench.common import machine, stack
-from cleanup.operations import seed_accounts
 from cleanup.targets import load_targets
+from demo.fixture import seed_accounts
 
 HOLD_TRIGGER = """
 CREATE TABLE legal_holds (account_id text PRIMARY KEY);
@@ -32,7 +32,7 @@ BEGIN
     END IF;
     RETURN OLD;
 END $$;
-CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON inventory_items
+CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON demo_game.inventory_items
     FOR EACH ROW EXECUTE FUNCTION refuse_held_inventory();
 """
 

@@ -19,7 +19,8 @@ from temporalio.client import Client
 
 from bench.bare_workflow import BareDeadlineWorkflow
 from bench.common import machine, stack, wait_for_worker
-from cleanup.operations import seed_accounts, start_cleanup
+from cleanup.operations import start_cleanup
+from demo.fixture import seed_accounts
 
 
 async def _bounded(n: int, make: Callable[[int], Awaitable[Any]], parallel: int = 32) -> None:

@@ -25,17 +25,19 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.grants import check_privileges
 from cleanup.models import PartitionCounts
+from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
 from cleanup.targets import (
-    SCHEMA_CHECK,
     CleanupTargets,
-    check_against_schema,
+    anonymize_key_pads,
     compile_partition_batch,
+    compile_preview,
     compile_target_probes,
     subset_statement,
 )
 from core import db, failpoints
-from core.errors import AccountCleanupFailed, is_deterministic, sqlstate_of
+from core.errors import AccountCleanupFailed, is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
 
@@ -48,16 +50,25 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # larger transaction (fewer COMMITs and budget grants), made of statements of this size.
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
+# Values of the row that was to be deleted, as PostgreSQL quotes them in a message.
+_FAILING_ROW = re.compile(r"\s*Failing row contains \(.*", re.DOTALL)
+_KEY_VALUES = re.compile(r"Key \(([^)]*)\)=\(.*?\)")
+_TRAILING_VALUE = re.compile(r':\s*"[^"]*"\s*$')
 
 
 @dataclass(frozen=True)
 class CompiledCleanup:
-    """The declared targets compiled against the live schema, once per process."""
+    """The declared targets compiled against the live schema, once per process.
+
+    `key_args`: the anonymize hash's padded keys, bound after each statement's own parameters
+    (empty when no target hashes); `fingerprint`: the target set's (None: compiled without targets)."""
 
     batch_sql: str
     subset_sql: str
     probes: tuple[tuple[str, str], ...] = ()
     tables: frozenset[str] = field(default_factory=frozenset)
+    key_args: tuple[bytes, ...] = ()
+    fingerprint: str | None = None
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -66,18 +77,67 @@ class CompiledCleanup:
 
     @classmethod
     async def compile(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CompiledCleanup:
-        """Check the declared targets against the live schema, then compile them."""
-        tables = [t.table for t in targets.target] + [t.archive_table for t in targets.target if t.archive_table]
-        rows = await pool.fetch(SCHEMA_CHECK, tables)
-        columns = {r["table_name"]: list(r["columns"]) for r in rows}
-        check_against_schema(targets, columns)
-        batch_sql = compile_partition_batch(targets, columns)
-        return cls(
-            batch_sql=batch_sql,
-            subset_sql=subset_statement(batch_sql),
-            probes=tuple(compile_target_probes(targets, columns)),
-            tables=frozenset(tables),
-        )
+        """Check the declared targets against the live schema, compile them, and run every compiled
+        statement once in a rolled-back transaction under this pool's role: what passes here cannot
+        fail alike for every account at the deadline. Raises TargetsRefused naming target and fix."""
+        try:
+            key_args = anonymize_key_pads() if targets.hashes else ()
+        except ValueError as err:
+            raise TargetsRefused([str(err)]) from None
+        async with pool.acquire() as conn:
+            try:
+                await check_privileges(conn, targets)  # names each table and privilege the role lacks
+            except ValueError as err:
+                raise TargetsRefused([str(err)]) from None
+            plans = plan_targets(targets, await read_catalog(conn, targets))
+            batch_sql = compile_partition_batch(targets, plans)
+            compiled = cls(
+                batch_sql=batch_sql,
+                subset_sql=subset_statement(batch_sql),
+                probes=tuple(compile_target_probes(targets, plans)),
+                tables=frozenset(t.table for t in targets.target)
+                | frozenset(t.archive_table for t in targets.target if t.archive_table),
+                key_args=key_args,
+                fingerprint=targets.fingerprint,
+            )
+            await compiled._trial(conn, targets, compile_preview(targets, plans, "account"))
+        return compiled
+
+    async def _trial(self, conn: asyncpg.Connection, targets: CleanupTargets, preview_sql: str) -> None:
+        """Run each statement on no account (an unknown cleanup), then roll back: its types, columns
+        and this role's privileges are checked as at the deadline."""
+        runs: list[tuple[str, str, tuple[object, ...]]] = [
+            ("the batch statement", self.batch_sql, ("", 0, "", 1, *self.key_args)),
+            ("the subset statement", self.subset_sql, ("", 0, [], 0, *self.key_args)),
+            ("the dry-run statement", preview_sql, ("",)),
+        ]
+        # A probe's key is cast to its column's type, which no placeholder account fits: EXPLAIN
+        # parses, plans and checks privileges without running it.
+        runs += [(f"target {table}", "EXPLAIN " + sql, ("", *self.key_args)) for table, sql in self.probes]
+        for what, sql, args in runs:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                await conn.fetch(sql, *args)
+            except asyncpg.PostgresError as err:
+                raise TargetsRefused([_trial_problem(what, targets, err)]) from None
+            finally:
+                await tx.rollback()
+
+    def args(self, *params: object) -> tuple[object, ...]:
+        return (*params, *self.key_args)
+
+
+def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresError) -> str:
+    """A trial failure as a problem naming the target (by the table the error names) and its fix."""
+    table = getattr(err, "table_name", None)
+    named = [t.label for t in targets.target if t.schema_table[1] == table or t.archive_table == table]
+    where = f"target {named[0]}" if named else what
+    fix = (
+        "GRANT the privilege named to the worker's role" if err.sqlstate == "42501" else "fix the schema or the target"
+    )
+    column = getattr(err, "column_name", None)
+    return f"{where}{f' column {column!r}' if column else ''}: [{err.sqlstate}] {err} ({what}; fix: {fix})"
 
 
 @dataclass
@@ -106,6 +166,7 @@ async def run_keyset_batch(
     batch_size: int,
     while_waiting: Callable[[], None] | None = None,
     wait_interval: float = 5.0,
+    schema_errors_final: bool = False,
 ) -> BatchResult:
     """One keyset batch: statements of at most `STATEMENT_ACCOUNTS` accounts, walking on from the
     last account of the one before, and one COMMIT for all of them; bisected (as a whole: nothing of
@@ -113,6 +174,9 @@ async def run_keyset_batch(
 
     `while_waiting` is called every `wait_interval` seconds while a statement runs (e.g. blocked
     on a row lock) and after each statement of a bisection, so a slow batch keeps heartbeating.
+    With `schema_errors_final` (the attempts allowed for a schema or privilege error, SQLSTATE class
+    42, are spent), such an error records every account of the batch in cleanup_failed with it,
+    instead of being retried again: the cleanup then shows them as failed, never 'cleaning' unseen.
     """
     counts, rows, last = PartitionCounts(), 0, after_account_id
     try:
@@ -121,7 +185,7 @@ async def run_keyset_batch(
             while rows < batch_size:
                 step = min(STATEMENT_ACCOUNTS, batch_size - rows)
                 row = await run_heartbeating(
-                    conn.fetchrow(compiled.batch_sql, cleanup_id, partition_no, last, step),
+                    conn.fetchrow(compiled.batch_sql, *compiled.args(cleanup_id, partition_no, last, step)),
                     while_waiting,
                     wait_interval,
                 )
@@ -131,7 +195,8 @@ async def run_keyset_batch(
                 if row["batch_rows"] < step:
                     break  # the partition's last accounts
     except Exception as err:
-        if not is_deterministic(err):
+        surfaced = schema_errors_final and is_schema_error(err)
+        if not (is_deterministic(err) or surfaced):
             raise  # transient: Temporal retries the activity, committed batches are absorbed
         ids = [
             r["account_id"]
@@ -140,6 +205,11 @@ async def run_keyset_batch(
         if not ids:
             raise
         failures: list[AccountCleanupFailed] = []
+        if surfaced:  # the schema or a privilege, alike for every account: recorded, not bisected
+            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, None)
+            failures += failed
+            counts = PartitionCounts(failed=len(failed))
+            return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
         counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, while_waiting)
         return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
     return BatchResult(counts=counts, batch_rows=rows, last_account_id=last)
@@ -170,7 +240,9 @@ async def _subset(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, partition_no: int, account_ids: Sequence[str]
 ) -> PartitionCounts:
     async with pool.acquire() as conn, db.transaction(conn):
-        row = await conn.fetchrow(compiled.subset_sql, cleanup_id, partition_no, list(account_ids), len(account_ids))
+        row = await conn.fetchrow(
+            compiled.subset_sql, *compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
+        )
     assert row is not None
     return counts_of(row)
 
@@ -215,28 +287,69 @@ async def _record_failure(
     account_id: str,
     error: BaseException,
 ) -> AccountCleanupFailed | None:
-    sqlstate = sqlstate_of(error) or "?????"
-    message = str(getattr(error, "message", None) or error)
-    detail = getattr(error, "detail", None)
     target = _target_from_error(error, compiled) or await _probe_target(pool, compiled, account_id)
-    row = await pool.fetchrow(
-        SQL.record_failed, cleanup_id, partition_no, account_id, target, sqlstate, message, detail
-    )
-    if row is None or row["failed"] == 0:
-        return None
-    return AccountCleanupFailed(account_id, sqlstate, message, target)
+    failed = await _record_failures(pool, cleanup_id, partition_no, [account_id], error, target)
+    return failed[0] if failed else None
+
+
+async def _record_failures(
+    pool: asyncpg.Pool,
+    cleanup_id: str,
+    partition_no: int,
+    account_ids: list[str],
+    error: BaseException,
+    target: str | None,
+) -> list[AccountCleanupFailed]:
+    """Record these claimed accounts as failed with `error` (one statement); those no longer ours
+    to clean (renewed meanwhile, ...) are left out."""
+    sqlstate = sqlstate_of(error) or "?????"
+    message, detail = failure_reason(error)
+    rows = await pool.fetch(SQL.record_failed, cleanup_id, partition_no, account_ids, target, sqlstate, message, detail)
+    return [AccountCleanupFailed(r["account_id"], sqlstate, message, target) for r in rows]
+
+
+def failure_reason(error: BaseException) -> tuple[str, str | None]:
+    """What an isolated account's failure keeps: the database's message with any value of the row
+    withheld, and the constraint, table and column it names. Never the error's DETAIL: "Failing row
+    contains (...)" and "Key (...)=(...)" hold the data the cleanup was to delete."""
+    message = str(getattr(error, "message", None) or error)
+    message = _FAILING_ROW.sub("", message)
+    message = _KEY_VALUES.sub(r"Key (\1)=(withheld)", message)
+    message = _TRAILING_VALUE.sub(": (value withheld)", message)
+    names = [
+        f'{kind} "{value}"'
+        for kind, value in (
+            ("constraint", getattr(error, "constraint_name", None)),
+            ("table", getattr(error, "table_name", None)),
+            ("column", getattr(error, "column_name", None)),
+        )
+        if value
+    ]
+    return message, "; ".join(names) or None
 
 
 def _target_from_error(error: BaseException, compiled: CompiledCleanup) -> str | None:
     """The declared table the error names: its table field, else the first declared table quoted in
     its message (a foreign key from another table names the target first)."""
     table = getattr(error, "table_name", None)
-    if table in compiled.tables:
-        return str(table)
+    if table:
+        found = _declared(str(table), getattr(error, "schema_name", None), compiled.tables)
+        if found:
+            return found
     for name in _QUOTED_TABLE.findall(str(getattr(error, "message", None) or error)):
-        if name in compiled.tables:
-            return str(name)
+        found = _declared(name, None, compiled.tables)
+        if found:
+            return found
     return None
+
+
+def _declared(table: str, schema: str | None, tables: frozenset[str]) -> str | None:
+    """The declared name (schema-qualified or not) of a table an error names without its schema."""
+    for candidate in ([f"{schema}.{table}"] if schema else []) + [table]:
+        if candidate in tables:
+            return candidate
+    same_name = [t for t in tables if t.rsplit(".", 1)[-1] == table]
+    return same_name[0] if len(same_name) == 1 else None
 
 
 async def _probe_target(pool: asyncpg.Pool, compiled: CompiledCleanup, account_id: str) -> str | None:
@@ -251,7 +364,7 @@ async def _probe_target(pool: asyncpg.Pool, compiled: CompiledCleanup, account_i
             for table, statement in compiled.probes:
                 try:
                     async with conn.transaction():  # a savepoint
-                        await conn.execute(statement, account_id)
+                        await conn.execute(statement, *compiled.args(account_id))
                 except Exception as err:
                     if is_deterministic(err):
                         return table

@@ -1,4 +1,4 @@
-"""The cleanup commands of starter.py: `cleanup`, `seed`, `renew`, `list`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup`, `renew`, `list`, and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -20,16 +19,26 @@ from temporalio.service import RPCError
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
+    hold_account,
     list_cleanups,
     parse_deadline,
     parse_failed_tolerance,
+    release_account,
     renew,
-    seed_accounts,
     start_cleanup,
 )
-from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
+from core.cli import (
+    EXIT_TOO_LATE,
+    CliContext,
+    Commands,
+    Progress,
+    count_argument,
+    database_pool,
+    emit,
+    key_values,
+    table,
+)
 from core.config import Settings
-from core.errors import InputError
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -102,34 +111,17 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
-async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
-    deadline = parse_deadline(args.deadline)
-    if not 1 <= args.accounts <= 10_000_000:
-        raise InputError(f"--accounts must be between 1 and 10,000,000, got {args.accounts}")
-    prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
-    if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
-        raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
-    async with CliContext(settings) as ctx:
-        bar = Progress("seeding accounts", args.accounts)
-        totals: dict[str, int] = {}
-        chunk = 10_000
-        for start in range(0, args.accounts, chunk):
-            n = min(chunk, args.accounts - start)
-            part = await seed_accounts(ctx.pool, prefix=f"{prefix}{start // chunk:03d}", deadline=deadline, count=n)
-            totals = {k: totals.get(k, 0) + v for k, v in part.items()}
-            bar.update(start + n)
-        bar.finish()
-    emit(args, totals | {"deadline": deadline}, key_values)
-
-
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
     until = parse_deadline(args.until) if args.until else None
     async with CliContext(settings) as ctx:
-        outcome = await renew(ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until)
+        outcome = await renew(
+            ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until, allow_earlier=args.allow_earlier
+        )
 
     def human(d: dict[str, Any]) -> str:
         if d["in_time"]:
             text = f"renewed in time: {d['account_id']} is now at cleanup version {d['version_after']}"
+            text += f"\ndeadline: {d['old_deadline']} -> {d['new_deadline'] or 'none (renewed for good)'}"
             if d["signalled"]:
                 text += f"\nsignalled: {', '.join(d['signalled'])}"
             if d["restarted_cleanup"]:
@@ -146,6 +138,41 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
     emit(args, outcome.model_dump(mode="json"), human)
     if not outcome.in_time:
         sys.exit(EXIT_TOO_LATE)
+
+
+async def cmd_hold(args: argparse.Namespace, settings: Settings) -> None:
+    async with database_pool(settings, migrate=True) as pool:
+        result = await hold_account(pool, args.account_id, args.reason)
+    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
+    if result == "too_late":
+        sys.exit(EXIT_TOO_LATE)
+
+
+async def cmd_account(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.history import account_history
+
+    async with database_pool(settings, migrate=True) as pool:
+        history = await account_history(pool, args.account_id)
+    emit(args, history.model_dump(mode="json"), _history_text)
+
+
+def _history_text(d: dict[str, Any]) -> str:
+    lines = [f"{d['account_id']}: {d['status']}, deadline {d['renewal_deadline']}, version {d['cleanup_version']}"]
+    lines += [f"  {e['recorded_at']} {e['kind']} (deadline {e['deadline']})" for e in d["events"]]
+    lines += [f"  {r['judged_at']} renewal {r['outcome']} -> {r['new_deadline'] or 'for good'}" for r in d["renewals"]]
+    for c in d["cleaned"]:
+        rows = ", ".join(f"{t['target']} {t['action']} {t['rows']}" for t in c["targets"] or [])
+        reminder = c["reminder"]["status"] if c["reminder"] else "none"
+        lines.append(
+            f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
+        )
+    return "\n".join(lines)
+
+
+async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
+    async with database_pool(settings, migrate=True) as pool:
+        result = await release_account(pool, args.account_id)
+    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
@@ -246,6 +273,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
         "paused": f"{d['paused']}" + (f" ({d['pause_reason']})" if d.get("pause_reason") else ""),
     }
+    if d.get("pause_effect") and d.get("paused"):
+        head["pause effect"] = d["pause_effect"]
     if "database" in d:  # the database is down: what Temporal knows, and what is missing
         return key_values(head | {"database": d["database"]})
     lateness = d["lateness_seconds"]
@@ -258,19 +287,16 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         or "(none)",
         "due in the next hour": d["due_next_hour"],
         "overdue now": d["overdue"],
+        "held past their deadline": f"{d['held_overdue']} (legal hold; cleaned once released)",
+        "failed, pending review": f"{d['failed_pending_review']} ({d['failed_by_schema_error']} by a schema or "
+        "privilege error: fix it, then `retry-failed`)",
         "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
         "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
         f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
     }
     if budget := d.get("budget"):
-        lines["load budget"] = (
-            f"{budget['in_flight']}/{budget['effective_in_flight']} batches in flight, "
-            f"{budget['effective_rows_per_second']} rows/s (scale {budget['scale']}"
-            + (f", {budget['stress']}" if budget["stress"] else "")
-            + ")"
-            + ("" if budget["enabled"] else " [off]")
-        )
+        lines["load budget"] = f"{budget['in_flight']} batches in flight; {budget['doing']} ({budget['limited_by']})"
     return key_values(lines)
 
 
@@ -294,10 +320,12 @@ async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
             emit(args, data, _planner_human_status)
             return
         if args.action == "start":
-            workflow_id, started = await ensure_planner(ctx.client, queue)
+            workflow_id, started = await ensure_planner(ctx.client, queue, pool=ctx.pool)
             data = {"workflow_id": workflow_id, "started": started}
         else:
-            await signal_planner(ctx.client, queue, args.action, args.reason)
+            await signal_planner(
+                ctx.client, queue, args.action, args.reason, pool=ctx.pool, hold_scheduled=args.hold_scheduled
+            )
             data = {"workflow_id": planner_workflow_id(queue), "signalled": args.action}
         _add_ui(data, ctx.settings, data["workflow_id"])
     emit(args, data)
@@ -341,22 +369,29 @@ def register(commands: Commands) -> None:
         "beyond it the run fails after settling (default: no limit)",
     )
 
-    p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
-    p.add_argument("--accounts", type=int, required=True)
-    p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
-    p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
-
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
+    p.add_argument("--allow-earlier", action="store_true", help="accept a new deadline earlier than the current one")
+
+    p = command("hold", cmd_hold, "put an account under a legal hold: never claimed until released (exit 3: too late)")
+    p.add_argument("account_id")
+    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
+
+    p = command("account", cmd_account, "an account's history: its erasure receipt (no personal data)")
+    p.add_argument("action", choices=["history"])
+    p.add_argument("account_id")
+
+    p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
+    p.add_argument("account_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
-    p.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
     p = command(
         "retry-failed",
@@ -369,3 +404,8 @@ def register(commands: Commands) -> None:
     p = command("planner", cmd_planner, help)
     p.add_argument("action", choices=["status", "pause", "resume", "start"])
     p.add_argument("--reason", default="", help="pause: why (shown by status and in the Temporal UI)")
+    p.add_argument(
+        "--hold-scheduled",
+        action="store_true",
+        help="pause: also hold the bucket cleanups already scheduled (they wait at their claim until resume)",
+    )

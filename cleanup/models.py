@@ -14,7 +14,9 @@ from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
-ACCOUNT_ID_PATTERN = r"^acct_[A-Za-z0-9_-]{1,60}$"
+# The game's own account key printed as text (text, UUID or bigint): 1-200 characters, none of them
+# a control character (the same rule as the CHECK on accounts.account_id).
+ACCOUNT_ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,200}$"
 MAX_PARTITIONS = 256
 # Accounts per statement of a cohort's chunked claim (its longest statement grows with this, not
 # with the cohort).
@@ -44,12 +46,14 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-AccountId = Annotated[str, Field(pattern=ACCOUNT_ID_PATTERN, examples=["acct_123"])]
+AccountId = Annotated[
+    str, Field(pattern=ACCOUNT_ID_PATTERN, examples=["acct_123", "6f1c2a9e-3b5d-4e1f-9a7c-2d8e0b4f6a13", "4411290"])
+]
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 
 def is_account_id(value: str) -> bool:
-    return bool(_ACCOUNT_ID.match(value))
+    return bool(_ACCOUNT_ID.fullmatch(value))
 
 
 # Names the Temporal layer registers and the operations call: one definition each, so a misspelt
@@ -99,11 +103,14 @@ def claim_stream_id(cleanup_id: str, stream: int) -> str:
     return cleanup_id if stream == 0 else f"{cleanup_id}#claim-{stream}"
 
 
+BUCKET_ID_PREFIX = "cleanup-bucket-"
+
+
 def bucket_cleanup_id(start: datetime, width_ms: int, task_queue: str) -> str:
     """The planner's cohort of one deadline bucket [start, start + width): started twice, one run.
     Like the planner's own ID, it names the task queue unless it is the default one, so planners of
     other deployments on the same Temporal namespace (the demo's, a test's) never share a bucket."""
-    return f"cleanup-bucket-{_instant(start)}-{width_ms}ms{_queue_suffix(task_queue)}"
+    return f"{BUCKET_ID_PREFIX}{_instant(start)}-{width_ms}ms{_queue_suffix(task_queue)}"
 
 
 def sweep_cleanup_id(cutoff: datetime, task_queue: str) -> str:
@@ -127,7 +134,7 @@ class RenewalCleanupInput(Model):
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
     # Tolerance of accounts whose cleanup failed deterministically (cleanup_failed); beyond it the
-    # workflow fails after settling. Defaults keep older histories' inputs valid.
+    # workflow fails after settling. None: no tolerance.
     max_failed: int | None = Field(default=None, ge=0)
     max_failed_percent: float | None = Field(default=None, ge=0, le=100)
 
@@ -145,23 +152,23 @@ class RenewalCleanupInput(Model):
         return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
     # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
-    # sweeps); the run sleeps until deadline_until. None (and in every older history): one instant.
+    # sweeps); the run sleeps until deadline_until. None: one instant.
     deadline_until: UtcDatetime | None = None
-    # Accounts per claim statement (the chunked claim, runs started after the `chunked-claim` patch).
+    # Accounts per claim statement of a cohort's chunked claim.
     claim_chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
 
-    # How often a partition heartbeats while a batch runs; None (and in older histories): a third
+    # How often a partition heartbeats while a batch runs; None: a third
     # of the heartbeat timeout.
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
 
     # Wake this long before the end of the range (the planner's buckets): the timer, the workflow
     # task and the claim's dispatch then happen before the deadline, and the claim itself waits
     # for the database clock to pass the range (it never takes an account before its deadline).
-    # 0 (and in every older history): wake at the end of the range.
+    # 0: wake at the end of the range.
     wake_early_seconds: float = Field(default=0.0, ge=0, le=10)
 
     # Claim streams of a cohort of one instant whose partitions follow the claim (at most the
-    # partitions). 1 (and in every older history): one claim activity.
+    # partitions). 1: one claim activity.
     claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
     @model_validator(mode="after")
@@ -206,7 +213,7 @@ class ClaimChunkedInput(Model):
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
     chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
     # Stream `stream` of `streams` claims the accounts whose ID hashes to it, for the partitions p
-    # with p % streams == stream. One stream (and in every older history): the whole range.
+    # with p % streams == stream. One stream: the whole range.
     stream: int = Field(default=0, ge=0, lt=MAX_CLAIM_STREAMS)
     streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
@@ -251,9 +258,9 @@ class CleanupPartitionInput(Model):
     partition_no: int = Field(ge=0, lt=MAX_PARTITIONS)
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
-    # Started while the cohort's claim still runs (runs after the `claim-overlap` patch): a short
-    # batch is not the end until the claim's progress row says it is done. False (and in every
-    # older history): the claim had finished before the partition started.
+    # Started while the cohort's claim still runs (a cohort of one instant): a short batch is not
+    # the end until the claim's progress row says it is done. False: the claim had finished before
+    # the partition started.
     follow_claim: bool = False
     # The claim streams of the cohort: a partition that follows the claim follows stream
     # partition_no % claim_streams, the only one that claims for it.

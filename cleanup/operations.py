@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
 
 from cleanup.models import (
@@ -42,11 +38,10 @@ from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
+from core.temporal import describe_or_none, start_idempotently
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
-SEED = load(__file__, "seed.sql")
 
 
 def parse_deadline(text: str) -> datetime:
@@ -72,7 +67,7 @@ def public_account_id(client: Client, account_id: str) -> str:
 
 def check_account_id(value: str) -> str:
     if not is_account_id(value):
-        raise InputError(f"malformed account ID {value!r}: expected acct_ followed by 1-60 of [A-Za-z0-9_-]")
+        raise InputError(f"malformed account ID {value!r}: expected 1-200 characters without control characters")
     return value
 
 
@@ -124,6 +119,31 @@ async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, s
     return desc.run_id, desc.status.name if desc.status else None, outcome
 
 
+class CleanupScope(NamedTuple):
+    """What a cleanup covers: its workflow ID (the business key), deadline and accounts."""
+
+    workflow_id: str
+    deadline: datetime
+    account_id: str | None
+    expected_version: int | None
+    partitions: int
+    accounts_in_scope: int
+
+    def started(
+        self, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
+    ) -> StartedCleanup:
+        return StartedCleanup(
+            workflow_id=self.workflow_id,
+            run_id=run_id,
+            started=started,
+            deadline=self.deadline,
+            account_id=self.account_id,
+            accounts_in_scope=self.accounts_in_scope,
+            temporal_status=status,
+            outcome=outcome,
+        )
+
+
 async def start_cleanup(
     client: Client,
     pool: asyncpg.Pool,
@@ -145,6 +165,9 @@ async def start_cleanup(
 ) -> StartedCleanup:
     """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
 
+    One keyword per CLI flag of `cleanup start` (hence the many parameters); the work is in
+    `resolve_scope`, `cleanup_input` and `start_or_find`.
+
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
     The heartbeat timeout and interval default to CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (7 s) and
@@ -154,132 +177,144 @@ async def start_cleanup(
     its outcome, as a cohort started twice does; an account renewed for good is refused (exit 2),
     as there is nothing to clean.
     """
-    try:
-        env_timeout, env_interval = heartbeat_from_env()
-    except ValueError as err:
-        raise InputError(str(err)) from None
-    if heartbeat_timeout_seconds is None:
-        heartbeat_timeout_seconds = env_timeout
-    if heartbeat_interval_seconds is None:
-        heartbeat_interval_seconds = env_interval
-    max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
     if (deadline is None) == (account_id is None):
         raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InputError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
-    expected_version: int | None = None
     if account_id is not None:
-        check_account_id(account_id)
-        state = await pool.fetchrow(SQL.account_state, account_id)
-        if state is None:
-            raise InputError(f"unknown account {account_id!r}")
-        if state["status"] == "renewed":
-            raise InputError(
-                f"account {account_id} is renewed (it has no renewal deadline any more): nothing to clean, "
-                "nothing was started"
-            )
-        if state["status"] in ("cleaning", "cleaned") and state["claimed_by"]:  # 'cleanup_failed' may start again
-            found = await _existing_run(client, state["claimed_by"])
-            if found is not None:
-                claimed_run, temporal_status, outcome = found
-                return StartedCleanup(
-                    workflow_id=state["claimed_by"],
-                    run_id=claimed_run,
-                    started=False,
-                    deadline=state["renewal_deadline"],
-                    account_id=account_id,
-                    accounts_in_scope=0,
-                    temporal_status=temporal_status,
-                    outcome=outcome,
-                )
-        if state["status"] in ("cleaning", "cleaned"):
-            raise InputError(f"account {account_id} is already {state['status']}")
-        deadline = state["renewal_deadline"]
-        expected_version = state["cleanup_version"]
-        partitions = 1
-        in_scope = 1
-        workflow_id = account_cleanup_id(public_account_id(client, account_id), deadline)
+        scope = await account_scope(client, pool, account_id)
     else:
         assert deadline is not None
-        if deadline.tzinfo is None:
-            raise InputError("deadline has no timezone")
-        in_scope = await pool.fetchval(SQL.active_accounts_at_deadline, deadline)
-        workflow_id = cohort_cleanup_id(deadline)
-        if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
-            raise InputError(
-                f"no active account has renewal deadline {deadline.isoformat()}; "
-                "check the instant (it must match exactly) or pass --allow-empty"
-            )
+        scope = await cohort_scope(client, pool, deadline, partitions, allow_empty)
+    if isinstance(scope, StartedCleanup):
+        return scope
+    input = cleanup_input(
+        scope,
+        max_parallel_partitions=max_parallel_partitions,
+        batch_size=batch_size,
+        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        heartbeat_interval_seconds=heartbeat_interval_seconds,
+        step_timeout_seconds=step_timeout_seconds,
+        note=note,
+        max_failed=max_failed,
+        claim_chunk_size=claim_chunk_size,
+        claim_streams=claim_streams,
+    )
+    ensure_within_envelope(client, input)
+    return await start_or_find(client, task_queue, scope, input)
+
+
+async def account_scope(client: Client, pool: asyncpg.Pool, account_id: str) -> CleanupScope | StartedCleanup:
+    """One account, at its current deadline and version; its run if its cleanup already ran."""
+    check_account_id(account_id)
+    state = await pool.fetchrow(SQL.account_state, account_id)
+    if state is None:
+        raise InputError(f"unknown account {account_id!r}")
+    if state["status"] == "renewed":
+        raise InputError(
+            f"account {account_id} is renewed (it has no renewal deadline any more): nothing to clean, "
+            "nothing was started"
+        )
+    deadline = state["renewal_deadline"]
+    if state["status"] in ("cleaning", "cleaned") and state["claimed_by"]:  # 'cleanup_failed' may start again
+        found = await _existing_run(client, state["claimed_by"])
+        if found is not None:
+            ran = CleanupScope(state["claimed_by"], deadline, account_id, None, 1, 0)
+            return ran.started(found[0], False, found[1], found[2])
+    if state["status"] in ("cleaning", "cleaned"):
+        raise InputError(f"account {account_id} is already {state['status']}")
+    workflow_id = account_cleanup_id(public_account_id(client, account_id), deadline)
+    return CleanupScope(workflow_id, deadline, account_id, state["cleanup_version"], 1, 1)
+
+
+async def cohort_scope(
+    client: Client, pool: asyncpg.Pool, deadline: datetime, partitions: int, allow_empty: bool
+) -> CleanupScope:
+    """The active accounts whose deadline is exactly `deadline`; none is refused unless allowed
+    (or the cohort's run exists)."""
+    if deadline.tzinfo is None:
+        raise InputError("deadline has no timezone")
+    in_scope = await pool.fetchval(SQL.active_accounts_at_deadline, deadline)
+    workflow_id = cohort_cleanup_id(deadline)
+    if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
+        raise InputError(
+            f"no active account has renewal deadline {deadline.isoformat()}; "
+            "check the instant (it must match exactly) or pass --allow-empty"
+        )
+    return CleanupScope(workflow_id, deadline, None, None, partitions, in_scope)
+
+
+def cleanup_input(
+    scope: CleanupScope,
+    *,
+    max_parallel_partitions: int,
+    heartbeat_timeout_seconds: float | None,
+    heartbeat_interval_seconds: float | None,
+    max_failed: str | int | None,
+    claim_chunk_size: int | None,
+    claim_streams: int,
+    **options: Any,
+) -> RenewalCleanupInput:
+    """The workflow's input: defaults from the environment filled in, bad values refused (exit 2).
+    `options`: the input's fields taken as given (batch_size, step_timeout_seconds, note)."""
     try:
-        input = RenewalCleanupInput(
-            cleanup_id=workflow_id,
-            deadline=deadline,
-            account_id=account_id,
-            expected_version=expected_version,
-            partitions=partitions,
-            max_parallel_partitions=min(max_parallel_partitions, partitions),
-            batch_size=batch_size,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            heartbeat_interval_seconds=heartbeat_interval_seconds,
-            step_timeout_seconds=step_timeout_seconds,
-            note=note,
+        env_timeout, env_interval = heartbeat_from_env()
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
+    try:
+        return RenewalCleanupInput(
+            cleanup_id=scope.workflow_id,
+            deadline=scope.deadline,
+            account_id=scope.account_id,
+            expected_version=scope.expected_version,
+            partitions=scope.partitions,
+            max_parallel_partitions=min(max_parallel_partitions, scope.partitions),
+            heartbeat_timeout_seconds=env_timeout if heartbeat_timeout_seconds is None else heartbeat_timeout_seconds,
+            heartbeat_interval_seconds=(
+                env_interval if heartbeat_interval_seconds is None else heartbeat_interval_seconds
+            ),
             max_failed=max_failed_count,
             max_failed_percent=max_failed_percent,
             claim_chunk_size=claim_chunk_size if claim_chunk_size is not None else DEFAULT_CLAIM_CHUNK_SIZE,
             # A cohort of one instant claims in this many streams at once (at most its partitions).
-            claim_streams=min(claim_streams, partitions),
+            claim_streams=min(claim_streams, scope.partitions),
+            **options,
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
-    ensure_within_envelope(client, input)
 
-    def result(
-        run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
-    ) -> StartedCleanup:
-        return StartedCleanup(
-            workflow_id=workflow_id,
-            run_id=run_id,
-            started=started,
-            deadline=input.deadline,
-            account_id=account_id,
-            accounts_in_scope=in_scope,
-            temporal_status=status,
-            outcome=outcome,
-        )
 
-    existing = await _existing_run(client, workflow_id)
+async def start_or_find(
+    client: Client, task_queue: str, scope: CleanupScope, input: RenewalCleanupInput
+) -> StartedCleanup:
+    """Start the cleanup unless a run with its ID exists; that run (status, outcome) otherwise."""
+    existing = await _existing_run(client, scope.workflow_id)
     if existing is not None:
-        return result(existing[0], False, existing[1], existing[2])
+        return scope.started(existing[0], False, existing[1], existing[2])
     attrs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
         SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
     ]
-    public_account = public_account_id(client, account_id) if account_id is not None else None
+    public_account = public_account_id(client, scope.account_id) if scope.account_id is not None else None
     if public_account is not None:
         attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
-    try:
-        handle = await client.start_workflow(
-            CLEANUP_WORKFLOW,
-            input,
-            result_type=CleanupResult,
-            id=workflow_id,
-            task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=TypedSearchAttributes(attrs),
-            memo={"partitions_done": 0, "note": note},
-            static_summary=(
-                f"cleanup of {public_account}" if public_account else f"cleanup of cohort {input.deadline.isoformat()}"
-            ),
-        )
-        run_id = handle.result_run_id
-    except WorkflowAlreadyStartedError as err:  # a closed run with this ID: never make a second one
-        found = await _existing_run(client, workflow_id)
-        if found is None:
-            return result(err.run_id, False)
-        return result(found[0], False, found[1], found[2])
-    return result(run_id, True)
+    run_id, started = await start_idempotently(
+        client,
+        CLEANUP_WORKFLOW,
+        input,
+        workflow_id=scope.workflow_id,
+        task_queue=task_queue,
+        result_type=CleanupResult,
+        search_attributes=attrs,
+        memo={"partitions_done": 0, "note": input.note},
+        summary=f"cleanup of {public_account}" if public_account else f"cleanup of cohort {input.deadline.isoformat()}",
+    )
+    if started:
+        return scope.started(run_id, True)
+    # A closed run with this ID: never a second one.
+    found = await _existing_run(client, scope.workflow_id)
+    return scope.started(run_id, False) if found is None else scope.started(found[0], False, found[1], found[2])
 
 
 class RenewalOutcome(BaseModel):
@@ -304,16 +339,16 @@ async def renew(
     account_id: str,
     until: datetime | None = None,
     *,
-    now: datetime | None = None,
+    allow_earlier: bool = False,
 ) -> RenewalOutcome:
-    """Commit the renewal in the database first (the source of truth), then signal the cleanups."""
+    """Commit the renewal in the database first (the source of truth: the service's renew_account
+    function, judged by the database clock), then signal the cleanups. A new deadline in the past,
+    or earlier than the current one without `allow_earlier`, is refused (InputError)."""
     check_account_id(account_id)
-    if until is not None:
-        if until.tzinfo is None:
-            raise InputError("--until has no timezone")
-        if until <= (now or datetime.now(UTC)):
-            raise InputError(f"--until {until.isoformat()} is in the past; a renewal extends the deadline")
-    row = await pool.fetchrow(SQL.renew_account, account_id, until)
+    if until is not None and until.tzinfo is None:
+        raise InputError("--until has no timezone")
+    async with refused_as_input():
+        row = await pool.fetchrow(SQL.renew_account, account_id, until, allow_earlier)
     if row is None:
         raise InputError(f"unknown account {account_id!r}")
     in_time = row["outcome"] == "in_time"
@@ -354,6 +389,38 @@ async def renew(
     return outcome
 
 
+@asynccontextmanager
+async def refused_as_input() -> AsyncIterator[None]:
+    """The service's SQL functions refuse bad arguments with 22023 (and an unknown account with
+    P0002): the caller's input, reported as such (exit 2), with the database's message."""
+    try:
+        yield
+    except (asyncpg.exceptions.InvalidParameterValueError, asyncpg.exceptions.NoDataFoundError) as err:
+        raise InputError(err.args[0] if err.args else str(err)) from err
+
+
+async def set_deadline(pool: asyncpg.Pool, account_id: str, deadline: datetime) -> str:
+    """Register `account_id` at `deadline` or move its deadline (the game's set_deadline()):
+    'registered', 'moved' or 'too_late' (claimed or cleaned already)."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.set_deadline, account_id, deadline))
+
+
+async def hold_account(pool: asyncpg.Pool, account_id: str, reason: str) -> str:
+    """A legal hold (the game's hold()): 'held', 'already_held' or 'too_late' (claimed or cleaned)."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.hold_account, account_id, reason))
+
+
+async def release_account(pool: asyncpg.Pool, account_id: str) -> str:
+    """End a legal hold (the game's release()): 'released' or 'not_held'."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.release_account, account_id))
+
+
 def _signal_refused(outcome: RenewalOutcome, workflow_id: str, err: RPCError) -> None:
     log.warning("renewal of %s committed, but signalling %s failed: %s", outcome.account_id, workflow_id, err.message)
     outcome.signal_errors.append(f"{workflow_id}: {err.message}")
@@ -365,22 +432,6 @@ async def nudge_planner(client: Client, task_queue: str) -> None:
         await client.get_workflow_handle(planner_workflow_id(task_queue)).signal(PLANNER_NUDGE_SIGNAL)
     except RPCError:  # no planner (e.g. turned off): the renewal stands, the sweep still catches it
         pass
-
-
-async def seed_accounts(
-    pool: asyncpg.Pool,
-    *,
-    prefix: str,
-    deadline: datetime,
-    count: int,
-    game: str = "arena",
-    saves: int = 2,
-    items: int = 5,
-    matches: int = 5,
-) -> dict[str, int]:
-    row = await pool.fetchrow(SEED.seed_accounts, prefix, game, deadline, count, saves, items, matches)
-    assert row is not None
-    return dict(row)
 
 
 async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> dict[str, Any]:

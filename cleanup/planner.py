@@ -6,8 +6,10 @@
   derived from the bucket, so ensuring it again is harmless. The durable timer does the rest.
 - overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
   bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
-- stranded claims: accounts left in 'cleaning' by a closed (terminated, cancelled, failed) cleanup
-  are released to 'active' and then swept; the key (account_id, cleanup_version) keeps one effect.
+- stranded claims: accounts left in 'cleaning' by a cleanup that Temporal reports closed
+  (terminated, cancelled, failed), in the namespace that claimed them, are released to 'active' and
+  then swept; the key (account_id, cleanup_version) keeps one effect. A claiming workflow that
+  Temporal does not know (another namespace or cluster) releases nothing and is reported.
 """
 
 from __future__ import annotations
@@ -18,21 +20,18 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import asyncpg
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 import cleanup
 from cleanup.models import (
+    BUCKET_ID_PREFIX,
     CLEANUP_WORKFLOW,
     OVERDUE_COUNT_CAP,
     PLANNER_PAUSE_SIGNAL,
@@ -60,7 +59,7 @@ from core import db, metrics
 from core import search_attributes as sa
 from core.budget import budget_status
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
+from core.temporal import describe_or_none, start_idempotently
 
 log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
@@ -93,25 +92,22 @@ async def _start_cohort(
         note="started by the deadline planner",
         wake_early_seconds=wake_early_seconds,
     )
-    try:
-        await client.start_workflow(
-            CLEANUP_WORKFLOW,
-            input,
-            result_type=CleanupResult,
-            id=workflow_id,
-            task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(sa.CLEANUP_DEADLINE, start), SearchAttributePair(sa.CLEANUP_PHASE, "sleeping")]
-            ),
-            memo={"partitions_done": 0, "note": input.note},
-            static_summary=summary,
-        )
-    except WorkflowAlreadyStartedError:  # closed with this ID: never a second run of one bucket
-        return False
-    return True
+    # A closed run with this ID is never repeated: one run per bucket.
+    _, started = await start_idempotently(
+        client,
+        CLEANUP_WORKFLOW,
+        input,
+        workflow_id=workflow_id,
+        task_queue=task_queue,
+        result_type=CleanupResult,
+        search_attributes=[
+            SearchAttributePair(sa.CLEANUP_DEADLINE, start),
+            SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
+        ],
+        memo={"partitions_done": 0, "note": input.note},
+        summary=summary,
+    )
+    return started
 
 
 async def plan_buckets(
@@ -125,6 +121,8 @@ async def plan_buckets(
     calls per bucket, the Temporal server's main load at a steady rate of deadlines). Another
     process, or a restarted one, ensures them once more, which is harmless."""
     s = input.settings
+    if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
+        return PlanTickResult(buckets=0, lateness_watermark=input.lateness_watermark)
     now: datetime = await pool.fetchval(SQL.clock)
     width = timedelta(seconds=s.bucket_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
@@ -185,43 +183,71 @@ async def plan_buckets(
 RELEASE_SECONDS_PER_STEP = 60.0
 
 
+class StrandedRecovery(NamedTuple):
+    released_workflows: list[str]  # closed in this namespace: their claims went back to 'active'
+    released: int
+    not_found: list[str]  # unknown to this namespace: their claims are kept, and reported
+
+
 async def recover_stranded(
     pool: asyncpg.Pool,
     client: Client,
     heartbeat: Callable[[], None] = lambda: None,
     time_limit: float = RELEASE_SECONDS_PER_STEP,
-) -> tuple[list[str], int]:
-    """Release the claims of closed cleanups (terminated, cancelled, failed, timed out, or gone),
-    starting no new chunk after `time_limit` seconds (the rest is released by the next step)."""
-    closed: list[str] = []
+) -> StrandedRecovery:
+    """Release the claims of cleanups that Temporal reports closed (completed, terminated, cancelled,
+    failed, timed out) in this client's namespace, starting no new chunk after `time_limit` seconds
+    (the rest is released by the next step). Only claims recorded in this namespace (or before the
+    namespace was recorded, '') are judged. A workflow Temporal does not know releases nothing: a
+    worker pointed at another namespace or cluster must not take every claim in flight for closed."""
+    released_workflows: list[str] = []
+    not_found: list[str] = []
     released = 0
     until = time.monotonic() + time_limit
-    for row in await pool.fetch(SQL.claiming_workflows, 1000):
-        workflow_id: str = row["claimed_by"]
-        desc = await describe_or_none(client, workflow_id)
-        if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
-            continue
-        n = 0
-        while True:
-            done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK)
-            chunk = int(done.split()[-1])
-            n += chunk
-            heartbeat()
-            if chunk == 0 or time.monotonic() > until:
-                break
-        if n:
-            closed.append(workflow_id)
-            released += n
-            await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
-            log.warning(
-                "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
-                n,
-                workflow_id,
-                desc.status.name if desc is not None and desc.status else "not found",
-            )
-        if time.monotonic() > until:  # at least one chunk per step: every step makes progress
-            break
-    return closed, released
+    for claim_namespace in dict.fromkeys((client.namespace, "")):
+        for row in await pool.fetch(SQL.claiming_workflows, claim_namespace, 1000):
+            workflow_id: str = row["claimed_by"]
+            desc = await describe_or_none(client, workflow_id)
+            if desc is None:
+                not_found.append(workflow_id)
+                continue
+            if desc.status in (None, WorkflowExecutionStatus.RUNNING):
+                continue
+            n = await release_claims(pool, workflow_id, claim_namespace, until, heartbeat)
+            if n:
+                released_workflows.append(workflow_id)
+                released += n
+                await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
+                log.warning(
+                    "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
+                    n,
+                    workflow_id,
+                    desc.status.name,
+                )
+            if time.monotonic() > until:  # at least one chunk per step: every step makes progress
+                return StrandedRecovery(released_workflows, released, not_found)
+    if not_found:
+        log.warning(
+            "claims in 'cleaning' by %d workflow(s) unknown to namespace %s kept (not released): %s",
+            len(not_found),
+            client.namespace,
+            ", ".join(not_found[:10]),
+        )
+    return StrandedRecovery(released_workflows, released, not_found)
+
+
+async def release_claims(
+    pool: asyncpg.Pool, workflow_id: str, claim_namespace: str, until: float, heartbeat: Callable[[], None]
+) -> int:
+    """The claims of one closed workflow back to 'active', chunk by chunk until done or `until`."""
+    n = 0
+    while True:
+        done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK, claim_namespace)
+        chunk = int(done.split()[-1])
+        n += chunk
+        heartbeat()
+        if chunk == 0 or time.monotonic() > until:
+            return n
 
 
 async def sweep_overdue(
@@ -229,7 +255,9 @@ async def sweep_overdue(
 ) -> SweepResult:
     """The safety net: recover stranded claims, then hand every overdue active account to a sweep."""
     s = input.settings
-    stranded, released = await recover_stranded(pool, client, heartbeat)
+    if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
+        return SweepResult(overdue=0)
+    stranded, released, not_found = await recover_stranded(pool, client, heartbeat)
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
     cutoff = now - timedelta(seconds=s.sweep_grace_seconds)
@@ -238,7 +266,11 @@ async def sweep_overdue(
     overdue, oldest = row["overdue"], row["oldest"]
     metrics.set_overdue(overdue)
     result = SweepResult(
-        overdue=overdue, oldest_overdue=oldest, stranded_workflows=stranded, stranded_recovered=released
+        overdue=overdue,
+        oldest_overdue=oldest,
+        stranded_workflows=stranded,
+        stranded_recovered=released,
+        stranded_not_found=not_found,
     )
     if overdue == 0:
         return result
@@ -250,7 +282,7 @@ async def sweep_overdue(
         previous = await describe_or_none(client, previous_id)
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
-    workflow_id = sweep_cleanup_id(input.as_of or cutoff, input.task_queue)
+    workflow_id = sweep_cleanup_id(input.as_of, input.task_queue)
     await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)
@@ -267,21 +299,28 @@ async def sweep_overdue(
 # --- operations (CLI) ---------------------------------------------------------------------------------
 
 
-async def ensure_planner(client: Client, task_queue: str, settings: PlannerSettings | None = None) -> tuple[str, bool]:
-    """Start the planner unless it runs already (the running one is kept): (workflow ID, started)."""
+async def ensure_planner(
+    client: Client, task_queue: str, settings: PlannerSettings | None = None, pool: asyncpg.Pool | None = None
+) -> tuple[str, bool]:
+    """Start the planner unless it runs already (the running one is kept): (workflow ID, started).
+    With the database at hand, a new run starts paused if an operator's pause is recorded there."""
     workflow_id = planner_workflow_id(task_queue)
     existing = await describe_or_none(client, workflow_id)
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
         return workflow_id, False
-    await client.start_workflow(
+    pause = await planner_pause(pool, task_queue) if pool is not None else None
+    await start_idempotently(
+        client,
         PLANNER_WORKFLOW,
-        PlannerInput(settings=settings or PlannerSettings.from_env()),
-        id=workflow_id,
+        PlannerInput(
+            settings=settings or PlannerSettings.from_env(),
+            paused=pause is not None,
+            pause_reason=pause["reason"] if pause else "",
+        ),
+        workflow_id=workflow_id,
         task_queue=task_queue,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        static_summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+        summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+        repeat_closed=True,
     )
     started = True
     return workflow_id, started
@@ -292,18 +331,21 @@ async def ensure_planner(client: Client, task_queue: str, settings: PlannerSetti
 STUCK_TASK_ATTEMPTS = 3
 
 
-async def watch_planner(client: Client, task_queue: str, stuck_checks: int = 0) -> tuple[str, int]:
+async def watch_planner(
+    client: Client, task_queue: str, stuck_checks: int = 0, pool: asyncpg.Pool | None = None
+) -> tuple[str, int]:
     """One look of a worker's watchdog at the planner: (what it did, stuck checks so far).
 
     A closed planner (failed, terminated, timed out, or gone) is started again; one whose workflow
     task has failed `STUCK_TASK_ATTEMPTS` times in a row at two looks in a row is terminated and
     started again. Both are safe: the planner keeps no state the database does not (bucket IDs,
-    sweeps and recoveries are recorded there); what a restart loses is its counters and a pause."""
+    sweeps and recoveries are recorded there, and so is an operator's pause); what a restart loses
+    is its counters."""
     workflow_id = planner_workflow_id(task_queue)
     desc = await describe_or_none(client, workflow_id)
     if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
         was = desc.status.name if desc is not None and desc.status else "not found"
-        _, started = await ensure_planner(client, task_queue)
+        _, started = await ensure_planner(client, task_queue, pool=pool)
         if started:
             log.warning("deadline planner %s was %s: started again", workflow_id, was)
             metrics.record_planner_restart("closed")
@@ -323,12 +365,50 @@ async def watch_planner(client: Client, task_queue: str, stuck_checks: int = 0) 
     )
     with contextlib.suppress(RPCError):  # closed meanwhile: start it all the same
         await client.get_workflow_handle(workflow_id).terminate(reason="stuck: its workflow task kept failing")
-    await ensure_planner(client, task_queue)
+    await ensure_planner(client, task_queue, pool=pool)
     metrics.record_planner_restart("stuck")
     return "restarted", 0
 
 
-async def signal_planner(client: Client, task_queue: str, action: Literal["pause", "resume"], reason: str = "") -> None:
+PAUSE_STOPS = "planning new bucket cleanups, the overdue sweep and the recovery of stranded claims"
+PAUSE_DOES_NOT_STOP = (
+    "cleanups already running, manual and single-account cleanups, renewals, and (unless paused with "
+    "--hold-scheduled) the bucket cleanups already scheduled within the horizon, whose timers still fire"
+)
+
+
+async def planner_pause(pool: asyncpg.Pool, task_queue: str) -> asyncpg.Record | None:
+    """The operator's pause of this task queue's planner, as recorded in the database (or None)."""
+    row: asyncpg.Record | None = await pool.fetchrow(SQL.planner_pause_get, task_queue)
+    return row
+
+
+async def held_by_pause(pool: asyncpg.Pool, task_queue: str, cleanup_id: str) -> str | None:
+    """Why a planner's bucket cleanup must not claim yet (paused with --hold-scheduled), or None.
+    Other cleanups (manual, single-account, the sweep's) are never held."""
+    if not cleanup_id.startswith(BUCKET_ID_PREFIX):
+        return None
+    pause = await planner_pause(pool, task_queue)
+    if pause is None or not pause["hold_scheduled"]:
+        return None
+    return f"held by the planner's pause since {pause['paused_at'].isoformat()} ({pause['reason'] or 'no reason'})"
+
+
+async def signal_planner(
+    client: Client,
+    task_queue: str,
+    action: Literal["pause", "resume"],
+    reason: str = "",
+    pool: asyncpg.Pool | None = None,
+    hold_scheduled: bool = False,
+) -> None:
+    """Record the pause (or its end) in the database first, where a restarted planner finds it,
+    then tell the running planner."""
+    if pool is not None:
+        if action == "pause":
+            await pool.execute(SQL.planner_pause_set, task_queue, reason, hold_scheduled)
+        else:
+            await pool.execute(SQL.planner_pause_clear, task_queue)
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
     if action == "pause":
         await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
@@ -356,6 +436,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
     missing = "not connected" if pool is None else None
     if pool is not None:
         try:
+            out.update(await _pause_status(pool, task_queue))
             out.update(await _planner_status_from_database(pool, settings))
         except Exception as err:
             if not db.is_database_error(err):
@@ -376,6 +457,25 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
 PLANNER_DB_PART = "next deadlines, overdue accounts, recoveries and lateness are not shown"
 
 
+async def _pause_status(pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
+    """The recorded pause wins over the live run's flag (a restarted run may not know it yet)."""
+    pause = await planner_pause(pool, task_queue)
+    if pause is None:
+        return {"paused": False, "pause_effect": "not paused"}
+    does_not_stop = PAUSE_DOES_NOT_STOP
+    if pause["hold_scheduled"]:
+        does_not_stop = "cleanups already running, manual and single-account cleanups, renewals"
+    return {
+        "paused": True,
+        "pause_reason": pause["reason"],
+        "paused_at": pause["paused_at"],
+        "hold_scheduled": pause["hold_scheduled"],
+        "pause_effect": f"stops {PAUSE_STOPS}"
+        + (" and holds the scheduled bucket cleanups at their claim" if pause["hold_scheduled"] else "")
+        + f"; does not stop {does_not_stop}",
+    }
+
+
 async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSettings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     now: datetime = await pool.fetchval(SQL.clock)
@@ -388,6 +488,15 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     assert overdue is not None
     out["overdue"] = overdue["overdue"]
     out["oldest_overdue"] = overdue["oldest"]
+    held = await pool.fetchrow(SQL.held_overdue)
+    assert held is not None
+    out["held_overdue"] = held["held_overdue"]  # not overdue: a legal hold keeps them until released
+    out["oldest_held"] = held["oldest_held"]
+    failed = await pool.fetchrow(SQL.failed_accounts)
+    assert failed is not None
+    # Claimed accounts no cleanup can finish until someone acts: never 'cleaning' unseen.
+    out["failed_pending_review"] = failed["pending"]
+    out["failed_by_schema_error"] = failed["schema_errors"]
     totals = {r["kind"]: r for r in await pool.fetch(SQL.sweep_totals)}
     stranded, swept = totals.get("stranded"), totals.get("overdue")
     out["stranded_claims_recovered"] = int(stranded["accounts"]) if stranded else 0

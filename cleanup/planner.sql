@@ -30,32 +30,35 @@ SELECT b.start,
 FROM buckets b ORDER BY b.start;
 
 -- name: claiming_workflows
--- The distinct workflows holding accounts in 'cleaning' (a skip scan over accounts_cleaning_idx).
+-- The distinct workflows of namespace $1 holding accounts in 'cleaning' (a skip scan over
+-- accounts_cleaning_namespace_idx), at most $2.
 WITH RECURSIVE w(claimed_by) AS (
-    (SELECT claimed_by FROM accounts WHERE status = 'cleaning' AND claimed_by IS NOT NULL
+    (SELECT claimed_by FROM accounts
+     WHERE status = 'cleaning' AND claimed_namespace = $1 AND claimed_by IS NOT NULL
      ORDER BY claimed_by LIMIT 1)
   UNION ALL
     SELECT (SELECT a.claimed_by FROM accounts a
-            WHERE a.status = 'cleaning' AND a.claimed_by > w.claimed_by
+            WHERE a.status = 'cleaning' AND a.claimed_namespace = $1 AND a.claimed_by > w.claimed_by
             ORDER BY a.claimed_by LIMIT 1)
     FROM w WHERE w.claimed_by IS NOT NULL
 )
-SELECT claimed_by FROM w WHERE claimed_by IS NOT NULL LIMIT $1;
+SELECT claimed_by FROM w WHERE claimed_by IS NOT NULL LIMIT $2;
 
 -- name: release_stranded_chunk
--- Claims of a closed workflow go back to 'active' (same version) for the sweep to re-claim. Safe
+-- Claims of a closed workflow ($1, of namespace $3) go back to 'active' (same version) for the
+-- sweep to re-claim. Safe
 -- under the renewal rule: their deadline has passed, so a renewal now is too late either way, and
 -- the idempotency key (account_id, cleanup_version) still allows one effect only.
 WITH chunk AS (
     SELECT account_id FROM accounts
-    WHERE status = 'cleaning' AND claimed_by = $1
+    WHERE status = 'cleaning' AND claimed_namespace = $3 AND claimed_by = $1
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE accounts a
-SET status = 'active', claimed_by = NULL, claimed_at = NULL
+SET status = 'active', claimed_by = NULL, claimed_at = NULL, claimed_namespace = ''
 FROM chunk c
-WHERE a.account_id = c.account_id AND a.status = 'cleaning' AND a.claimed_by = $1;
+WHERE a.account_id = c.account_id AND a.status = 'cleaning' AND a.claimed_by = $1 AND a.claimed_namespace = $3;
 
 -- name: overdue_accounts
 -- Active accounts whose deadline is before $1 (the database clock minus the grace), outside the
@@ -66,7 +69,7 @@ WITH busy AS MATERIALIZED (
 ),
 overdue AS (
     SELECT a.renewal_deadline FROM accounts a
-    WHERE a.status = 'active' AND a.renewal_deadline < $1
+    WHERE a.status = 'active' AND a.renewal_deadline < $1 AND a.held_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM busy b
                       WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
     ORDER BY a.renewal_deadline, a.account_id
@@ -124,3 +127,26 @@ SELECT kind, coalesce(sum(accounts), 0)::bigint AS accounts, count(*)::int AS sw
 FROM (SELECT DISTINCT ON (kind, cleanup_id) kind, accounts, swept_at
       FROM planner_sweeps ORDER BY kind, cleanup_id, sweep_id) once
 GROUP BY kind;
+
+-- name: planner_pause_set
+-- $1 task queue, $2 reason, $3 hold the scheduled bucket cleanups too. A second pause updates it.
+INSERT INTO planner_pauses (task_queue, reason, hold_scheduled) VALUES ($1, $2, $3)
+ON CONFLICT (task_queue) DO UPDATE
+SET reason = EXCLUDED.reason, hold_scheduled = EXCLUDED.hold_scheduled, paused_at = now();
+
+-- name: planner_pause_clear
+DELETE FROM planner_pauses WHERE task_queue = $1;
+
+-- name: planner_pause_get
+SELECT reason, hold_scheduled, paused_at FROM planner_pauses WHERE task_queue = $1;
+
+-- name: held_overdue
+-- Accounts under a legal hold whose deadline has passed: cleaned once released.
+SELECT count(*)::int AS held_overdue, min(renewal_deadline) AS oldest_held
+FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_deadline < cleanup_clock();
+
+-- name: failed_accounts
+-- Accounts whose cleanup failed and wait for review (`failed`, `retry-failed`), and of those the
+-- ones a schema or privilege error (SQLSTATE class 42) failed: every account of a cleanup alike.
+SELECT count(*)::int AS pending, count(*) FILTER (WHERE sqlstate LIKE '42%')::int AS schema_errors
+FROM cleanup_failed WHERE resolved_at IS NULL;

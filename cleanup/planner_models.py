@@ -89,8 +89,8 @@ class SweepInput(Model):
     # The sweep cleanup the previous iteration started: while it still runs, no second one starts.
     previous_sweep_id: str | None = None
     # The planner iteration's instant (workflow time): the sweep cleanup's ID comes from it, so every
-    # attempt of one step, even two at once, starts the same one. None: from the cutoff (older runs).
-    as_of: UtcDatetime | None = None
+    # attempt of one step, even two at once, starts the same one.
+    as_of: UtcDatetime
 
 
 class SweepResult(Model):
@@ -99,6 +99,8 @@ class SweepResult(Model):
     sweep_cleanup_id: str | None = None
     stranded_workflows: list[str] = []
     stranded_recovered: int = 0
+    # Claiming workflows unknown to this namespace: their claims are kept in 'cleaning'.
+    stranded_not_found: list[str] = []
 
 
 class PlannerStatus(Model):

@@ -6,8 +6,9 @@
 -- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
 WITH claimed AS (
     UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $4
     WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND held_since IS NULL  -- a legal hold: never claimed
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -17,9 +18,10 @@ FROM claimed;
 -- name: claim_account
 WITH claimed AS (
     UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $5
     WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
       AND status IN ('active', 'cleanup_failed') AND renewal_deadline <= cleanup_clock()
+      AND held_since IS NULL  -- a legal hold: never claimed
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -98,6 +100,7 @@ applied AS (
 resolved AS (
     UPDATE cleanup_failed f
     SET resolved_at = now(),
+        detail = NULL,  -- resolved: nothing of the failure is kept but its reason
         resolution = CASE
             WHEN v.verdict IN ('apply', 'already_applied') THEN 'cleaned'
             WHEN v.verdict = 'renewed' OR v.account_status IN ('renewed', 'active') THEN 'renewed'
@@ -146,13 +149,14 @@ ORDER BY account_id
 LIMIT $4;
 
 -- name: record_failed
--- One isolated account: record why, and mark it 'cleanup_failed' (still claimed by this cleanup,
--- renewable). Nothing of its cleanup was applied: its statement rolled back. A repeated failure
--- (retry-failed, a redelivered batch) updates the row and counts the attempt.
+-- Isolated accounts ($3, one or a batch that a schema error failed as a whole): record why, and
+-- mark them 'cleanup_failed' (still claimed by this cleanup, renewable). Nothing of their cleanup
+-- was applied: their statement rolled back. A repeated failure (retry-failed, a redelivered batch)
+-- updates the row and counts the attempt. Returns the accounts recorded.
 WITH acct AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c JOIN accounts a USING (account_id)
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = $3
+    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = ANY ($3::text[])
       AND a.status IN ('cleaning', 'cleanup_failed') AND a.claimed_by = $1
       AND a.cleanup_version = c.claimed_version
       AND NOT EXISTS (SELECT 1 FROM cleanup_applied d
@@ -172,9 +176,9 @@ failed AS (
 marked AS (
     UPDATE accounts a SET status = 'cleanup_failed'
     FROM failed f WHERE a.account_id = f.account_id
-    RETURNING 1
+    RETURNING a.account_id
 )
-SELECT (SELECT count(*) FROM failed)::int AS failed, (SELECT count(*) FROM marked)::int AS marked;
+SELECT account_id FROM marked ORDER BY account_id;
 
 -- name: failed_reasons
 SELECT account_id || ': [' || sqlstate || '] ' || left(message, 200) AS reason
@@ -204,7 +208,7 @@ ORDER BY cleanup_id, partition_no;
 -- count per declared target.
 WITH scope AS (
     SELECT a.account_id, a.cleanup_version FROM accounts a
-    WHERE a.status = 'active' AND /*scope*/
+    WHERE a.status = 'active' AND a.held_since IS NULL AND /*scope*/
 )
 SELECT
     (SELECT count(*) FROM scope)::int AS accounts_in_scope,
@@ -264,46 +268,21 @@ SELECT cleanup_id, claimed, cleaned, reminders, skipped_renewed, skipped_stale, 
 FROM cleanup_settlements WHERE cleanup_id = $1;
 
 -- name: renew_account
--- The database is the source of truth for a renewal: mark it and bump the version in one
--- transaction. The renewal rule: it is in time iff the database judges it before the account's
--- deadline (cleanup_clock() inside this transaction, after the row lock), whoever cleans the
--- account and however late the workers are. After the deadline it is too late even if no cleanup
--- claimed the account yet; a claimed ('cleaning') or cleaned account is always too late. An
--- account renewed for good ('renewed') has no deadline any more: renewing it again is in time.
--- An account whose cleanup failed ('cleanup_failed', see cleanup_failed) follows the same rule as
--- an active one; a renewal in time makes its pending failure stale (the version bump).
-WITH current AS (
-    SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by
-    FROM accounts WHERE account_id = $1
-    FOR UPDATE
-),
-judged AS (  -- read once the row lock is held
-    SELECT c.*, cleanup_clock() AS judged_at FROM current c
-),
-updated AS (
-    UPDATE accounts a
-    SET status = CASE WHEN $2::timestamptz IS NULL THEN 'renewed' ELSE 'active' END,
-        renewal_deadline = coalesce($2::timestamptz, a.renewal_deadline),
-        cleanup_version = a.cleanup_version + 1,
-        renewed_at = now()
-    FROM judged c
-    WHERE a.account_id = c.account_id
-      AND (c.status = 'renewed'
-           OR (c.status IN ('active', 'cleanup_failed') AND c.judged_at < c.renewal_deadline))
-    RETURNING a.account_id, a.cleanup_version
-),
-logged AS (
-    INSERT INTO renewals (account_id, outcome, new_deadline, version_after, status_seen, judged_at, deadline_seen)
-    SELECT c.account_id,
-           CASE WHEN u.account_id IS NULL THEN 'too_late' ELSE 'in_time' END,
-           $2::timestamptz, coalesce(u.cleanup_version, c.cleanup_version), c.status,
-           c.judged_at, c.renewal_deadline
-    FROM judged c LEFT JOIN updated u USING (account_id)
-    RETURNING outcome, version_after
-)
-SELECT c.status AS status_seen, c.renewal_deadline AS old_deadline, c.cleanup_version AS old_version,
-       c.claimed_by, l.outcome, l.version_after, c.judged_at
-FROM judged c CROSS JOIN logged l;
+-- The database is the source of truth for a renewal: the service's function renew_account (the
+-- one the game's renew() calls too) judges it by the database clock after the row lock, marks it
+-- and bumps the version in one transaction, and records every attempt. $1 account, $2 the new
+-- deadline (NULL: renewed for good), $3 whether an earlier deadline is allowed. No row: unknown.
+SELECT status_seen, old_deadline, old_version, claimed_by, outcome, version_after, judged_at
+FROM renew_account($1, $2, $3);
+
+-- name: set_deadline
+SELECT set_deadline($1, $2);
+
+-- name: hold_account
+SELECT hold($1, $2);
+
+-- name: release_account
+SELECT release($1);
 
 -- name: claim_progress_start
 INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
@@ -346,10 +325,11 @@ claimed AS (
     -- per account, ~10% of a chunk); the UPDATE re-checks each row it locks, and a row changed
     -- since the scan is re-checked on its newest version or left to the overdue sweep.
     UPDATE accounts a
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now()
+    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $12
     WHERE a.ctid = ANY (ARRAY(SELECT ctid FROM scan))
       AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
       AND a.renewal_deadline <= cleanup_clock()
+      AND a.held_since IS NULL  -- a legal hold: never claimed
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (
@@ -415,3 +395,32 @@ FROM cleanup_failed WHERE cleanup_id = $1;
 -- settlement counts the same tables). $1 cleanup ID, $2 partition.
 SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_no = $2) AS claimed,
        (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1 AND partition_no = $2) AS applied;
+
+-- name: record_cleanup_target_set
+-- A cleanup runs with one target set: the first partition to run records its fingerprint, every
+-- later one reads it back. $1 cleanup ID, $2 this worker's fingerprint. Returns the recorded one.
+WITH recorded AS (
+    INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)
+    ON CONFLICT (cleanup_id) DO NOTHING
+    RETURNING fingerprint
+)
+SELECT fingerprint FROM recorded
+UNION ALL
+SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1
+LIMIT 1;
+
+-- name: record_worker_target_set
+-- The target set a worker started with (what `--dry-run` compares with before any cleanup ran).
+INSERT INTO cleanup_target_sets (fingerprint, targets) VALUES ($1, $2::jsonb)
+ON CONFLICT (fingerprint) DO UPDATE SET last_started_at = now();
+
+-- name: cleanup_target_set
+-- The fingerprint a cleanup ran with (no row: none of its partitions ran yet). $1 cleanup ID.
+SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1;
+
+-- name: latest_worker_target_set
+SELECT fingerprint FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 1;
+
+-- name: target_set_of
+-- The targets (JSON) of a recorded target set. $1 fingerprint.
+SELECT targets::text FROM cleanup_target_sets WHERE fingerprint = $1;

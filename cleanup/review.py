@@ -22,7 +22,8 @@ import asyncpg
 from cleanup.batches import CompiledCleanup, run_subset
 from cleanup.models import PartitionCounts, cohort_cleanup_id
 from cleanup.operations import check_account_id
-from cleanup.targets import SCHEMA_CHECK, CleanupTargets, check_against_schema, compile_preview
+from cleanup.target_check import plan_targets, read_catalog
+from cleanup.targets import CleanupTargets, compile_preview
 from core import metrics
 from core.errors import InputError
 from core.queries import load
@@ -43,12 +44,14 @@ async def list_failed(
 
 async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None) -> dict[str, Any]:
     """Retry every pending failed account (of one cleanup, or all), set-based per partition."""
-    compiled = await CompiledCleanup.compile(pool, targets)
     groups = await pool.fetch(SQL.failed_to_retry, cleanup_id)
     if cleanup_id is not None and not groups:
         known = await pool.fetchval(SQL.failed_of_cleanup, cleanup_id)
         if not known:
             raise InputError(f"no failed account recorded for cleanup {cleanup_id!r}")
+    for group in groups:
+        await same_target_set(pool, targets, group["cleanup_id"])
+    compiled = await CompiledCleanup.compile(pool, targets)
     totals = PartitionCounts()
     still_failing: list[dict[str, Any]] = []
     retried = 0
@@ -82,6 +85,24 @@ async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: 
     }
 
 
+async def same_target_set(
+    conn: asyncpg.Pool | asyncpg.Connection, targets: CleanupTargets, cleanup_id: str | None
+) -> None:
+    """Refuse, naming both fingerprints, to act with other targets than the cleanup ran with (or,
+    before it ran, than the workers last started with): an account cleaned with a smaller set would
+    be marked cleaned for good, its idempotency key blocking any later pass."""
+    recorded = await conn.fetchval(SQL.cleanup_target_set, cleanup_id) if cleanup_id else None
+    source = f"cleanup {cleanup_id} ran with"
+    if recorded is None:
+        recorded = await conn.fetchval(SQL.latest_worker_target_set)
+        source = "the workers last started with"
+    if recorded is not None and recorded != targets.fingerprint:
+        raise InputError(
+            f"target set mismatch: {source} target set {recorded}, CLEANUP_TARGETS_FILE gives "
+            f"{targets.fingerprint}; use the workers' targets file"
+        )
+
+
 async def preview_cleanup(
     pool: asyncpg.Pool,
     targets: CleanupTargets,
@@ -95,20 +116,19 @@ async def preview_cleanup(
         raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
     if account_id is not None:
         check_account_id(account_id)
+    elif deadline is None or deadline.tzinfo is None:
+        raise InputError("deadline has no timezone")
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
-        tables = [t.table for t in targets.target] + [t.archive_table for t in targets.target if t.archive_table]
-        columns = {r["table_name"]: list(r["columns"]) for r in await conn.fetch(SCHEMA_CHECK, tables)}
-        check_against_schema(targets, columns)
+        await same_target_set(conn, targets, None if account_id else cohort_cleanup_id(deadline) if deadline else None)
+        plans = plan_targets(targets, await read_catalog(conn, targets))
         if account_id is not None:
             state = await conn.fetchrow(SQL.account_state, account_id)
             if state is None:
                 raise InputError(f"unknown account {account_id!r}")
             deadline = state["renewal_deadline"]
-            row = await conn.fetchrow(compile_preview(targets, "account"), account_id)
+            row = await conn.fetchrow(compile_preview(targets, plans, "account"), account_id)
         else:
-            if deadline is None or deadline.tzinfo is None:
-                raise InputError("deadline has no timezone")
-            row = await conn.fetchrow(compile_preview(targets, "cohort"), deadline)
+            row = await conn.fetchrow(compile_preview(targets, plans, "cohort"), deadline)
     assert row is not None and deadline is not None
     return {
         "dry_run": True,

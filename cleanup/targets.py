@@ -1,8 +1,26 @@
-"""Declarative cleanup targets, and the one set-based statement they compile into."""
+"""Declarative cleanup targets, and the one set-based statement they compile into.
+
+A target names a table (schema-qualified; unqualified means `public`), the column holding the
+account key (`match_column`, of any type: text, uuid, bigint, ...) and an action: `delete`,
+`archive` (move the rows into `archive_table`) or `anonymize` (keep the row: `null_columns` set
+to NULL, `hash_columns` replaced by a keyed hash, so a UNIQUE column stays unique). The same table
+may appear in several targets with different match columns (a friendship matched by either side).
+
+Targets apply in declared order within the batch's one statement (each waits for the one before),
+so children come before their parents. Rows an `ON DELETE CASCADE` would remove are counted, not
+missed: every table a cascade reaches from a deleted target must itself be declared before it,
+matching on a column of that foreign key that references the parent's match column, so its own
+target removes (and counts) exactly the rows the cascade would, and the cascade finds none left.
+The start-up check (cleanup.schema_check) refuses any other cascade.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -13,23 +31,74 @@ from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
 IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
+QUALIFIED = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
+DEFAULT_SCHEMA = "public"
+ANONYMIZE_KEY_ENV = "CLEANUP_ANONYMIZE_KEY"
+MIN_ANONYMIZE_KEY_BYTES = 16
+# The keyed hash of an anonymized column: HMAC-SHA256 in core Postgres (no pgcrypto), its inner
+# and outer padded keys bound as parameters (never in the statement's text), hex-encoded (64 chars).
+HMAC_BLOCK = 64
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """`schema.table` -> (schema, table); an unqualified name is in `public`."""
+    schema, _, table = name.rpartition(".")
+    return schema or DEFAULT_SCHEMA, table
+
+
+def q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def qualified(name: str) -> str:
+    schema, table = split_name(name)
+    return f"{q(schema)}.{q(table)}"
 
 
 class CleanupTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    table: str = Field(pattern=IDENTIFIER)
+    table: str = Field(pattern=QUALIFIED)
     match_column: str = Field(default="account_id", pattern=IDENTIFIER)
-    action: Literal["delete", "archive"]
-    archive_table: str | None = Field(default=None, pattern=IDENTIFIER)
+    action: Literal["delete", "archive", "anonymize"]
+    archive_table: str | None = Field(default=None, pattern=QUALIFIED)
+    null_columns: tuple[str, ...] = ()
+    hash_columns: tuple[str, ...] = ()
 
     @model_validator(mode="after")
-    def _archive_needs_table(self) -> CleanupTarget:
+    def _keys_fit_the_action(self) -> CleanupTarget:
+        name = f"target {self.table!r}"
         if self.action == "archive" and not self.archive_table:
-            raise ValueError(f"target {self.table!r}: action 'archive' needs archive_table")
-        if self.action == "delete" and self.archive_table:
-            raise ValueError(f"target {self.table!r}: archive_table is only for action 'archive'")
+            raise ValueError(f"{name}: action 'archive' needs archive_table")
+        if self.action != "archive" and self.archive_table:
+            raise ValueError(f"{name}: archive_table is only for action 'archive'")
+        if self.action == "anonymize":
+            if not (self.null_columns or self.hash_columns):
+                raise ValueError(f"{name}: action 'anonymize' needs null_columns or hash_columns")
+        elif self.null_columns or self.hash_columns:
+            raise ValueError(f"{name}: null_columns and hash_columns are only for action 'anonymize'")
+        columns = [*self.null_columns, *self.hash_columns]
+        bad = [c for c in columns if not _is_identifier(c)]
+        if bad:
+            raise ValueError(f"{name}: not a column name: {bad}")
+        if len(columns) != len(set(columns)):
+            raise ValueError(f"{name}: a column is listed twice in null_columns/hash_columns")
+        if self.match_column in columns:
+            raise ValueError(f"{name}: the match column {self.match_column!r} cannot be nulled or hashed")
         return self
+
+    @property
+    def label(self) -> str:
+        """How messages name the target: its table, and its match column when that is not the default."""
+        return self.table if self.match_column == "account_id" else f"{self.table} ({self.match_column})"
+
+    @property
+    def schema_table(self) -> tuple[str, str]:
+        return split_name(self.table)
+
+
+def _is_identifier(name: str) -> bool:
+    return re.fullmatch(IDENTIFIER, name) is not None
 
 
 class CleanupTargets(BaseModel):
@@ -38,11 +107,26 @@ class CleanupTargets(BaseModel):
     target: list[CleanupTarget] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_tables(self) -> CleanupTargets:
-        names = [t.table for t in self.target]
-        if len(names) != len(set(names)):
-            raise ValueError("each table may appear in only one target")
+    def _one_target_per_table_and_column(self) -> CleanupTargets:
+        keys = [(t.schema_table, t.match_column) for t in self.target]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a table may appear in several targets only with different match_columns")
+        anonymized = {t.schema_table for t in self.target if t.action == "anonymize"}
+        removed = {t.schema_table for t in self.target if t.action != "anonymize"}
+        both = sorted(".".join(s) for s in anonymized & removed)
+        if both:
+            raise ValueError(f"tables both anonymized and deleted/archived: {both} (one statement changes a row once)")
         return self
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies this target set: the same targets give the same fingerprint on every node."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def hashes(self) -> bool:
+        return any(t.hash_columns for t in self.target)
 
 
 def load_targets(path: Path | None = None) -> CleanupTargets:
@@ -51,35 +135,115 @@ def load_targets(path: Path | None = None) -> CleanupTargets:
         return CleanupTargets.model_validate(tomllib.load(f))
 
 
-def _q(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+def targets_from_json(data: str) -> CleanupTargets:
+    return CleanupTargets.model_validate_json(data)
 
 
-def compile_partition_batch(targets: CleanupTargets, columns: dict[str, list[str]]) -> str:
+def anonymize_key_pads(key: str | None = None) -> tuple[bytes, bytes]:
+    """The HMAC-SHA256 inner and outer padded keys of the anonymize key (CLEANUP_ANONYMIZE_KEY).
+
+    Raises ValueError (naming the setting, never the value) when it is unset or too short."""
+    raw = (key if key is not None else os.environ.get(ANONYMIZE_KEY_ENV, "")).encode()
+    if len(raw) < MIN_ANONYMIZE_KEY_BYTES:
+        raise ValueError(
+            f"targets hash columns: set {ANONYMIZE_KEY_ENV} to a secret of at least "
+            f"{MIN_ANONYMIZE_KEY_BYTES} bytes (the same on every worker: a changed key breaks nothing "
+            "already hashed, but hashes the same value differently)"
+        )
+    if len(raw) > HMAC_BLOCK:
+        raw = hashlib.sha256(raw).digest()
+    raw = raw.ljust(HMAC_BLOCK, b"\0")
+    return bytes(b ^ 0x36 for b in raw), bytes(b ^ 0x5C for b in raw)
+
+
+def hmac_hex(key: str, value: str) -> str:
+    """What an anonymized column holds, computed in Python (for tests and for matching a known value)."""
+    return hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
+
+
+# --- compiling against the live schema --------------------------------------------------------------
+
+
+class TargetPlan(BaseModel):
+    """What the start-up check learned about one target on the live schema: how it compiles."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key_type: str  # the match column's own type, e.g. uuid, bigint, text
+    copy_columns: tuple[str, ...] = ()  # archive: columns copied by name
+    overriding: bool = False  # archive: an identity GENERATED ALWAYS column is copied as is
+
+
+def _keys(key_type: str, source: str) -> str:
+    """The applied accounts' keys as an array of the match column's own type, so `= ANY` uses its index."""
+    return f"(ARRAY(SELECT account_id FROM {source}))::{key_type}[]"
+
+
+def _hash(column: str, inner: str, outer: str) -> str:
+    value = f"convert_to(t.{q(column)}::text, 'UTF8')"
+    return f"encode(sha256({outer} || sha256({inner} || {value})), 'hex')"
+
+
+def _action(i: int, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[str, str]) -> list[str]:
+    """The CTE(s) of one target; `where` selects its rows, already gated on the target before it."""
+    table = qualified(t.table)
+    key = f"t.{q(t.match_column)}::text AS account_id"  # each removed row's account, for the receipt
+    if t.action == "delete":
+        return [f"t{i} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
+    if t.action == "anonymize":
+        sets = [f"{q(c)} = NULL" for c in t.null_columns] + [f"{q(c)} = {_hash(c, *pads)}" for c in t.hash_columns]
+        return [f"t{i} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING {key})"]
+    assert t.archive_table is not None
+    cols = ", ".join(q(c) for c in plan.copy_columns)
+    overriding = " OVERRIDING SYSTEM VALUE" if plan.overriding else ""
+    return [
+        f"t{i}_moved AS (DELETE FROM {table} t WHERE {where} RETURNING t.*)",
+        f"t{i} AS (INSERT INTO {qualified(t.archive_table)} ({cols}){overriding}"
+        f" SELECT {cols} FROM t{i}_moved RETURNING {q(t.match_column)}::text AS account_id)",
+    ]
+
+
+def compile_partition_batch(
+    targets: CleanupTargets, plans: list[TargetPlan], key_params: tuple[int, int] = (5, 6)
+) -> str:
     """Build the partition batch statement: claim check, idempotency record, every target, outbox.
 
-    `columns` maps each table to its column names (from the live schema); archive moves copy the
-    source columns by name.
-    """
+    Each target compares its match column with the applied accounts' keys cast to the column's own
+    type, and waits for the target declared before it (its CTE reads that one's count first).
+    Anonymize hashes use the padded keys as parameters `key_params` (only if a target hashes)."""
     ctes: list[str] = []
     counts: list[str] = []
-    for i, t in enumerate(targets.target):
-        table, match = _q(t.table), _q(t.match_column)
-        # By the applied accounts' keys (`= ANY`), never a join the planner may hash over the table.
-        applied = f"t.{match} = ANY (ARRAY(SELECT account_id FROM applied))"
-        if t.action == "delete":
-            ctes.append(f"t{i} AS (DELETE FROM {table} t WHERE {applied} RETURNING 1)")
-        else:
-            assert t.archive_table is not None
-            cols = ", ".join(_q(c) for c in columns[t.table])
-            ctes.append(f"t{i}_moved AS (DELETE FROM {table} t WHERE {applied} RETURNING t.*)")
-            ctes.append(
-                f"t{i} AS (INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM t{i}_moved RETURNING 1)"
-            )
+    pads = (f"${key_params[0]}::bytea", f"${key_params[1]}::bytea")
+    for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True)):
+        where = f"t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'applied')})"
+        if i > 0:
+            where += f" AND (SELECT count(*) FROM t{i - 1}) >= 0"  # declared order: after target i-1
+        ctes += _action(i, t, plan, where, pads)
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
+    ctes.append(_receipt_cte(targets))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
+    )
+
+
+def _receipt_cte(targets: CleanupTargets) -> str:
+    """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
+    per declared target (in declared order), counted by account once per target (a grouped count
+    joined by key, never a scan of a target's rows per account). Names and counts only."""
+    grouped = " ".join(
+        f"LEFT JOIN (SELECT account_id, count(*) AS n FROM t{i} GROUP BY account_id) c{i}"
+        f" ON c{i}.account_id = a.account_id"
+        for i in range(len(targets.target))
+    )
+    entries = ", ".join(
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        for i, t in enumerate(targets.target)
+    )
+    return (
+        "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 
@@ -94,66 +258,39 @@ def subset_statement(batch_sql: str) -> str:
     return batch_sql.replace(_KEYSET_FILTER, "c.account_id = ANY($3::text[])")
 
 
-def compile_target_probes(targets: CleanupTargets, columns: dict[str, list[str]]) -> list[tuple[str, str]]:
-    """Per target, its action for one account ($1): run (and rolled back) only for an account
-    already isolated as failing, to tell which declared target its error comes from."""
+def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> list[tuple[str, str]]:
+    """Per target, its action for one account ($1; $2, $3 the hash pads when any target hashes): run
+    (and rolled back) only for an account already isolated as failing, to tell which declared target
+    its error comes from."""
     probes: list[tuple[str, str]] = []
-    for t in targets.target:
-        table, match = _q(t.table), _q(t.match_column)
-        if t.action == "delete":
-            probes.append((t.table, f"DELETE FROM {table} t WHERE t.{match} = $1"))
-        else:
-            assert t.archive_table is not None
-            cols = ", ".join(_q(c) for c in columns[t.table])
-            probes.append(
-                (
-                    t.table,
-                    f"WITH moved AS (DELETE FROM {table} t WHERE t.{match} = $1 RETURNING t.*) "
-                    f"INSERT INTO {_q(t.archive_table)} ({cols}) SELECT {cols} FROM moved",
-                )
-            )
+    pads = ("$2::bytea", "$3::bytea")
+    for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True)):
+        where = f"t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'probed')})"
+        ctes = ", ".join(_action(i, t, plan, where, pads))
+        probed = "SELECT $1::text AS account_id" + (
+            ", $2::bytea AS inner_pad, $3::bytea AS outer_pad" if targets.hashes else ""
+        )
+        probes.append((t.table, f"WITH probed AS ({probed}), {ctes} SELECT count(*) FROM t{i}"))
     return probes
 
 
 PreviewScope = Literal["cohort", "account"]
 
 
-def compile_preview(targets: CleanupTargets, scope: PreviewScope) -> str:
+def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: PreviewScope) -> str:
     """The dry-run statement: accounts in scope, already renewed, reminders to write and one row
-    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account."""
-    counts = [
-        f"(SELECT count(*) FROM {_q(t.table)} t JOIN scope s ON t.{_q(t.match_column)} = s.account_id)::int"
-        f" AS rows_t{i}"
-        for i, t in enumerate(targets.target)
-    ]
+    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account.
+    A row that an earlier target of the same table takes (a friendship of two accounts in scope) is
+    counted by that target only, as in the cleanup."""
+    counts = []
+    for i, t in enumerate(targets.target):
+        matched = [
+            f"t.{q(e.match_column)} = ANY ({_keys(p.key_type, 'scope')})"
+            for e, p in zip(targets.target[: i + 1], plans, strict=False)
+            if e.schema_table == t.schema_table
+        ]
+        earlier = "".join(f" AND ({m}) IS NOT TRUE" for m in matched[:-1])
+        counts.append(f"(SELECT count(*) FROM {qualified(t.table)} t WHERE {matched[-1]}{earlier})::int AS rows_t{i}")
     where = "a.renewal_deadline = $1" if scope == "cohort" else "a.account_id = $1"
     template = load(__file__).preview_cleanup
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))
-
-
-SCHEMA_CHECK = """
-SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
-FROM information_schema.columns
-WHERE table_schema = current_schema() AND table_name = ANY($1::text[])
-GROUP BY table_name
-"""
-
-
-def check_against_schema(targets: CleanupTargets, columns: dict[str, list[str]]) -> None:
-    """Fail at worker start-up, with the entry's name, instead of at the deadline."""
-    problems: list[str] = []
-    for t in targets.target:
-        if t.table not in columns:
-            problems.append(f"table {t.table!r} does not exist")
-            continue
-        if t.match_column not in columns[t.table]:
-            problems.append(f"table {t.table!r} has no column {t.match_column!r}")
-        if t.archive_table:
-            if t.archive_table not in columns:
-                problems.append(f"archive table {t.archive_table!r} does not exist")
-            else:
-                missing = set(columns[t.table]) - set(columns[t.archive_table])
-                if missing:
-                    problems.append(f"archive table {t.archive_table!r} lacks columns {sorted(missing)} of {t.table!r}")
-    if problems:
-        raise ValueError("cleanup targets do not match the database: " + "; ".join(problems))

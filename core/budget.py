@@ -4,16 +4,21 @@ One budget for every job together, across all worker processes and nodes, kept i
 (migration 012, statements in core/budget.sql):
 
 - **in flight**: a batch holds a row of `load_budget_slots` while it runs; at most the effective
-  `max_in_flight` such rows exist. Acquires are serialised by a transaction-scoped advisory lock,
-  so two workers can never both take the last slot. A holder renews its lease while the batch
-  runs; one that dies stops renewing and its slot expires after `lease_seconds`.
+  in-flight limit of such rows exist. Acquires are serialised by a transaction-scoped advisory
+  lock, so two workers can never both take the last slot. A slot belongs to the database session
+  its worker process keeps open while it has budgeted work: it is free at once when that session
+  ends (the worker died, the server restarted); a holder whose session lives on but who stopped
+  renewing its lease (a frozen process) loses it after `lease_seconds`.
 - **rows per second**: a token bucket of rows on the same row (refilled by the database clock,
-  charged the batch size up front, the unused part refunded at release).
-- **adaptive back-off**: at most once per `adjust_seconds`, one worker samples the database's
-  stress (the commit probe against its quiet baseline; the mean latency of the batches since the
-  last adjustment, per 1,000 rows; lock waits in this database; replication lag when a standby
-  streams from the server). Stressed: the scale halves (down to `min_scale`); healthy: it grows
-  back by `grow_step`. Both limits are multiplied by it.
+  charged the batch size up front, the unused part refunded at release), when a rate limit applies.
+- **adaptive in both directions**: at most once per `adjust_seconds`, one worker samples the
+  database's stress (the commit probe against its quiet baseline, and against `probe_max_ms` when
+  set: the players' objective; the mean latency of the batches per 1,000 rows; lock waits in this
+  database; replication lag when a standby streams from the server). With no stress and no cap the
+  work runs unthrottled; stressed, it is throttled to half of what it did (or of its limit, never
+  below `min_rows_per_second`); healthy again, the limit grows by `grow_factor` per adjustment and
+  is lifted once the work no longer uses half of it. The operator's caps (`max_in_flight`,
+  `rows_per_second`) are optional and apply on top. A server restart forgets the probe's baseline.
 - **the commit probe**: while a process has budgeted work waiting or in flight, it times a one-row
   write that commits, as a player's commit would, every `probe_interval_seconds`; probes taken
   while no slot is held anywhere make the baseline (and when there were none for
@@ -58,20 +63,26 @@ class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
-    max_in_flight: int = Field(default=1, ge=0, le=256)
-    rows_per_second: float = Field(default=6000.0, gt=0)
+    # Hard caps (None: no cap; the adaptive limits alone apply). `budget set` overrides them.
+    max_in_flight: int | None = Field(default=None, ge=0, le=256)
+    rows_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     latency_ms: float = Field(default=1000.0, gt=0)  # mean batch latency per 1,000 rows that means stress
     max_lock_waits: int = Field(default=4, ge=0)
     max_replication_lag_seconds: float = Field(default=10.0, gt=0)
     lease_seconds: float = Field(default=10.0, gt=0)
     adjust_seconds: float = Field(default=2.0, gt=0)
     burst_seconds: float = Field(default=1.0, gt=0)
-    min_scale: float = Field(default=0.5, gt=0, le=1)
-    grow_step: float = Field(default=0.1, gt=0, le=1)
+    # The adaptive limits: halved on stress (never below `min_rows_per_second`, which keeps the
+    # deadlines), multiplied by `grow_factor` per healthy adjustment, lifted when they no longer bind.
+    min_rows_per_second: float = Field(default=2000.0, gt=0, allow_inf_nan=False)
+    grow_factor: float = Field(default=1.5, gt=1, allow_inf_nan=False)
     max_poll_seconds: float = Field(default=0.5, gt=0)
     # the commit probe: the players' view of the database
     probe_interval_seconds: float = Field(default=0.2, gt=0)  # how often a worker with work probes
-    probe_ratio: float = Field(default=1.5, gt=1)  # busy probe mean / quiet baseline that means stress
+    # The players' objective: busy probe mean / quiet baseline above this means stress, and so does
+    # a busy probe mean above `probe_max_ms` (None: no absolute bound).
+    probe_ratio: float = Field(default=2.0, gt=1, allow_inf_nan=False)
+    probe_max_ms: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     probe_min_ms: float = Field(default=1.0, ge=0)  # ... and by at least this much (sub-ms jitter is not stress)
     baseline_seconds: float = Field(default=30.0, gt=0)  # a baseline older than this is measured again
     quiet_seconds: float = Field(default=1.0, ge=0)  # how long nothing is granted while it is (0: never)
@@ -121,6 +132,14 @@ async def under_budget(
         yield grant
 
 
+def _usable(conn: Any) -> bool:
+    """An open connection (asyncpg gives a pooled connection back to its pool when it closes)."""
+    try:
+        return conn is not None and not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
 def _holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -136,25 +155,111 @@ class LoadBudget:
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
         self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
+        # The session this process's slots are tied to: a pool connection held while it has budgeted
+        # work (the probes run on it), with its backend pid and start time. The database ends it with
+        # the process (or the server), and every slot recorded with it is free at once.
+        self._session: Any = None
+        self._session_id: tuple[int, Any] | None = None
+        self._session_lock = asyncio.Lock()
+        self._grants = 0  # slots granted to this process and not yet released
+        self.throttled = False  # the last acquire found a rate limit (the claim then takes smaller chunks)
         # Until then (time.monotonic()), the operator's row said "off": no statements per batch. Two per
         # batch on one hot row otherwise, serialized by the budget's lock, for a budget that limits nothing.
         self._off_until = 0.0
 
+    def _busy(self) -> bool:
+        return self._active > 0 or self._grants > 0
+
     async def _probe_loop(self) -> None:
         """Time the commit probe every `probe_interval_seconds` while this process has work; each
-        probe statement also records the previous one's latency (quiet or busy) for the adjustment."""
+        probe statement also records the previous one's latency (quiet or busy) for the adjustment.
+        The probes run on the budget session, which also keeps it in use; it is given back when the
+        work is done."""
+        try:
+            await self._probe_while_busy()
+        except asyncio.CancelledError:  # the process is stopping: end the session (its slots go with it)
+            self._prober = None
+            conn, self._session, self._session_id = self._session, None, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.terminate()  # synchronous, and hands the connection back to its pool
+            raise
+        async with self._session_lock:
+            if not self._busy():
+                await self._discard_session(give_back=True)
+
+    async def _probe_while_busy(self) -> None:
         previous: tuple[float, bool] | None = None
-        while self._active > 0:
+        while True:
+            if not self._busy():
+                self._prober = None  # before any await: a batch starting now starts a new loop
+                break
             try:
-                async with self.pool.acquire() as conn:
-                    started = time.perf_counter()
-                    quiet = await conn.fetchval(
-                        SQL.probe, self._probe_key, previous[0] if previous else None, previous[1] if previous else None
-                    )
-                    previous = ((time.perf_counter() - started) * 1000, bool(quiet))
+                async with self._session_lock:
+                    conn = await self._open_session()
+                    try:
+                        started = time.perf_counter()
+                        quiet = await conn.fetchval(
+                            SQL.probe,
+                            self._probe_key,
+                            previous[0] if previous else None,
+                            previous[1] if previous else None,
+                        )
+                    except Exception:
+                        if not _usable(conn):
+                            await self._discard_session()
+                        raise
+                previous = ((time.perf_counter() - started) * 1000, bool(quiet))
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
+
+    async def _open_session(self) -> Any:
+        """The budget session (caller holds `_session_lock`): the one open, or a new one."""
+        if _usable(self._session):
+            return self._session
+        await self._discard_session()
+        conn = await self.pool.acquire()
+        try:
+            row = await conn.fetchrow(SQL.session_identity)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+            raise
+        assert row is not None
+        self._session, self._session_id = conn, (row["pid"], row["backend_start"])
+        return conn
+
+    async def _discard_session(self, give_back: bool = False) -> None:
+        """Forget the budget session (caller holds `_session_lock`). `give_back`: it is healthy and
+        this process holds no slot, so the pool may reuse it; otherwise it is closed, which ends it in
+        the database too."""
+        conn, self._session, self._session_id = self._session, None, None
+        if conn is None:
+            return
+        if not give_back:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+        with contextlib.suppress(Exception):
+            await self.pool.release(conn)
+
+    async def session_identity(self) -> tuple[int, Any]:
+        """(backend pid, backend start) of the session this process's slots are tied to."""
+        if self._session_id is None or not _usable(self._session):
+            async with self._session_lock:
+                await self._open_session()
+        assert self._session_id is not None
+        return self._session_id
+
+    async def close(self) -> None:
+        """End the budget session now (its slots become free); the next batch opens another."""
+        async with self._session_lock:
+            await self._discard_session()
+
+    def claim_rows(self, chunk_size: int) -> int:
+        """Accounts per statement of a cohort's claim: the cohort's own chunk while the work runs
+        unthrottled, at most `max_claim_rows` while a rate limit applies (smaller bursts of WAL)."""
+        return min(chunk_size, self.settings.max_claim_rows) if self.throttled else chunk_size
 
     @contextlib.asynccontextmanager
     async def batch(self, job: str, rows: int, while_waiting: Waiting | None = None) -> AsyncIterator[Grant]:
@@ -170,7 +275,7 @@ class LoadBudget:
     async def _probing(self) -> AsyncIterator[None]:
         """The commit probe runs while this process has budgeted work waiting or in flight."""
         self._active += 1
-        if self._prober is None or self._prober.done():
+        if self._prober is None:
             self._prober = asyncio.ensure_future(self._probe_loop())
         try:
             yield
@@ -196,8 +301,15 @@ class LoadBudget:
             ms_per_1000 = seconds * 1_000_000 / max(rows, 1) if ok else None
             try:
                 await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000)
-            except Exception:  # the lease expires by itself; never mask the batch's own outcome
-                log.warning("could not release load budget slot %s; it expires by itself", grant.slot, exc_info=True)
+            except Exception:  # never mask the batch's own outcome
+                log.warning(
+                    "could not release load budget slot %s; it is free once its session ends (or its lease runs out)",
+                    grant.slot,
+                    exc_info=True,
+                )
+            finally:
+                if grant.slot is not None:
+                    self._grants -= 1
             metrics.record_budget_rows(done)
             # The slot is free now: this process's waiters try at once instead of at their next poll
             # (waiters in other processes still poll, within max_poll_seconds).
@@ -213,6 +325,7 @@ class LoadBudget:
         while True:
             await self.maybe_adjust()
             waited = time.perf_counter() - started
+            session_pid, session_start = await self.session_identity()
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(SQL.lock_budget)
                 row = await conn.fetchrow(
@@ -227,13 +340,23 @@ class LoadBudget:
                     waited,
                     s.burst_seconds,
                     s.blocked_after_seconds,
+                    session_pid,
+                    session_start,
                 )
             assert row is not None
+            if not row["session_alive"]:  # ended (a restart, a broken connection): tie the slot to a new one
+                async with self._session_lock:
+                    if self._session_id == (session_pid, session_start):
+                        await self._discard_session()
+                continue
             if not row["enabled"]:
                 self._off_until = time.monotonic() + s.off_recheck_seconds
-            metrics.set_budget(row["in_flight_limit"], row["rows_per_second"], row["scale"])
+            metrics.set_budget(row["in_flight_limit"], row["rows_per_second"])
+            self.throttled = row["rows_per_second"] is not None
             if row["granted"]:
                 metrics.record_budget_wait(waited)
+                if row["slot"] is not None:
+                    self._grants += 1
                 return Grant(
                     lease=lease,
                     slot=row["slot"],
@@ -248,8 +371,9 @@ class LoadBudget:
                         "waiting_for_load_budget_s": round(waited, 1),
                         "in_flight": row["in_flight"],
                         "in_flight_limit": row["in_flight_limit"],
-                        "rows_per_second_limit": round(row["rows_per_second"], 1),
-                        "scale": round(row["scale"], 3),
+                        "rows_per_second_limit": (
+                            None if row["rows_per_second"] is None else round(row["rows_per_second"], 1)
+                        ),
                         **({"measuring_baseline": True} if row["quiet_seconds"] is not None else {}),
                     }
                 )
@@ -281,11 +405,20 @@ class LoadBudget:
         if claimed is None:
             return None
         stress = await self.pool.fetchrow(SQL.sample_stress)
-        probes = await self.pool.fetchrow(SQL.collect_probes)
-        assert stress is not None and probes is not None
+        collected = await self.pool.fetchrow(SQL.collect_probes)
+        assert stress is not None and collected is not None
+        probes = dict(collected)
         latency_ms = claimed["window_ms_sum"] / claimed["window_batches"] if claimed["window_batches"] else None
         busy_ms = probes["busy_ms_sum"] / probes["busy_n"] if probes["busy_n"] else None
         baseline = claimed["probe_baseline_ms"]
+        # A baseline of an earlier run of the server says nothing of this one (cold caches, a
+        # recovery's checkpoint), and neither do this window's observations, taken across the
+        # restart: forget them all and learn the baseline again. A restart is not load.
+        restarted = bool(claimed["server_restarted"]) and baseline is not None
+        if restarted:
+            log.info("load budget: the database restarted; the commit probe's baseline is measured again")
+            baseline = latency_ms = busy_ms = None
+            probes.update(busy_n=0, quiet_n=0)
         new_baseline = None
         if probes["quiet_n"]:
             quiet_ms = probes["quiet_ms_sum"] / probes["quiet_n"]
@@ -303,24 +436,36 @@ class LoadBudget:
             and all(age is None or age > s.baseline_seconds for age in stale)
             else None
         )
-        verdict = judge(
-            scale=claimed["scale"],
+        window_rows_per_second = (
+            claimed["window_rows"] / claimed["window_seconds"]
+            if claimed["window_seconds"] and claimed["window_seconds"] > 0
+            else None
+        )
+        reasons = stress_reasons(
             latency_ms=latency_ms,
             lock_waits=stress["lock_waits"],
             replication_lag=stress["replication_lag"],
             latency_threshold=claimed["latency_ms"] or s.latency_ms,
             max_lock_waits=claimed["max_lock_waits"] if claimed["max_lock_waits"] is not None else s.max_lock_waits,
             max_lag=claimed["max_replication_lag_seconds"] or s.max_replication_lag_seconds,
-            min_scale=s.min_scale,
-            grow_step=s.grow_step,
             probe_ms=busy_ms,
             probe_baseline_ms=baseline,
             probe_ratio=claimed["probe_ratio"] or s.probe_ratio,
             probe_min_ms=s.probe_min_ms,
+            probe_max_ms=claimed["probe_max_ms"] or s.probe_max_ms,
+        )
+        verdict = judge(
+            reasons,
+            rate_limit=claimed["rate_limit"],
+            in_flight_limit=claimed["in_flight_limit"],
+            observed_rows_per_second=window_rows_per_second,
+            observed_peak_in_flight=claimed["window_peak_in_flight"],
+            min_rows_per_second=s.min_rows_per_second,
+            grow_factor=s.grow_factor,
         )
         await self._bookkeeping(
             SQL.apply_adjustment,
-            verdict["scale"],
+            verdict["rate_limit"],
             verdict["stress"],
             latency_ms,
             stress["lock_waits"],
@@ -329,51 +474,104 @@ class LoadBudget:
             probes["busy_n"],
             new_baseline,
             quiet,
+            restarted,
+            verdict["in_flight_limit"],
+            verdict["limited_by"],
+            window_rows_per_second,
         )
-        if verdict["scale"] < claimed["scale"]:
-            log.info("load budget shrinks to %.2f: %s", verdict["scale"], verdict["stress"])
+        ratio = claimed["probe_ratio"] or s.probe_ratio
+        bounds = [
+            b
+            for b in (baseline * ratio if baseline is not None else None, claimed["probe_max_ms"] or s.probe_max_ms)
+            if b
+        ]
+        metrics.set_budget_verdict(verdict["rate_limit"] is not None, reasons, busy_ms, min(bounds) if bounds else None)
+        if verdict["stress"]:
+            log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
         return verdict
 
 
-def judge(
+def _rate_text(rate: float | None) -> str:
+    return "no rate limit" if rate is None else f"{rate:.0f} rows/s"
+
+
+def stress_reasons(
     *,
-    scale: float,
     latency_ms: float | None,
     lock_waits: int,
     replication_lag: float | None,
     latency_threshold: float,
     max_lock_waits: int,
     max_lag: float,
-    min_scale: float,
-    grow_step: float,
     probe_ms: float | None = None,
     probe_baseline_ms: float | None = None,
-    probe_ratio: float = 1.5,
+    probe_ratio: float = 2.0,
     probe_min_ms: float = 1.0,
-) -> dict[str, Any]:
-    """Multiplicative decrease when any signal shows stress, additive increase otherwise."""
-    reasons = []
+    probe_max_ms: float | None = None,
+) -> dict[str, str]:
+    """The signals that show stress, each as the operator reads it (empty: healthy). The commit
+    probe's objective is the players': its mean over the window at most `probe_ratio` x its quiet
+    baseline (and by more than `probe_min_ms`), and at most `probe_max_ms` when that is set. Keyed
+    by signal (metrics.STRESS_SIGNALS)."""
+    reasons: dict[str, str] = {}
     if (
         probe_ms is not None
         and probe_baseline_ms is not None
         and probe_ms > probe_baseline_ms * probe_ratio
         and probe_ms - probe_baseline_ms > probe_min_ms
     ):
-        reasons.append(f"commit probe {probe_ms:.1f} ms > {probe_ratio:g} x baseline {probe_baseline_ms:.1f} ms")
+        reasons["commit_probe"] = (
+            f"commit probe {probe_ms:.1f} ms > {probe_ratio:g} x baseline {probe_baseline_ms:.1f} ms"
+        )
+    if probe_ms is not None and probe_max_ms is not None and probe_ms > probe_max_ms:
+        reasons["commit_probe_ms"] = f"commit probe {probe_ms:.1f} ms > {probe_max_ms:g} ms"
     if latency_ms is not None and latency_ms > latency_threshold:
-        reasons.append(f"batch latency {latency_ms:.0f} ms per 1000 rows > {latency_threshold:.0f}")
+        reasons["batch_latency"] = f"batch latency {latency_ms:.0f} ms per 1000 rows > {latency_threshold:.0f}"
     if lock_waits > max_lock_waits:
-        reasons.append(f"{lock_waits} lock waits > {max_lock_waits}")
+        reasons["lock_waits"] = f"{lock_waits} lock waits > {max_lock_waits}"
     if replication_lag is not None and replication_lag > max_lag:
-        reasons.append(f"replication lag {replication_lag:.1f} s > {max_lag:.1f}")
+        reasons["replication_lag"] = f"replication lag {replication_lag:.1f} s > {max_lag:.1f}"
+    return reasons
+
+
+def judge(
+    reasons: dict[str, str],
+    *,
+    rate_limit: float | None,
+    in_flight_limit: int | None,
+    observed_rows_per_second: float | None,
+    observed_peak_in_flight: int,
+    min_rows_per_second: float,
+    grow_factor: float,
+) -> dict[str, Any]:
+    """The next adaptive limits (None: unthrottled). Stressed: half of the limit, or of what the work
+    did in the window when it was unthrottled (never below `min_rows_per_second`; one batch at
+    least). Healthy: the rate grows by `grow_factor` and the in-flight limit by one; a rate limit
+    the work did not use half of is lifted, and the in-flight limit with it."""
     if reasons:
-        return {"scale": max(min_scale, scale / 2), "stress": "; ".join(reasons)}
-    return {"scale": min(1.0, scale + grow_step), "stress": None}
+        seen = [x for x in (rate_limit, observed_rows_per_second) if x]
+        rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
+        n_base = min(in_flight_limit or observed_peak_in_flight, observed_peak_in_flight or in_flight_limit or 1)
+        return {
+            "rate_limit": rate,
+            "in_flight_limit": max(1, n_base // 2),
+            "stress": "; ".join(reasons.values()),
+            "limited_by": "; ".join(reasons.values()),
+        }
+    if rate_limit is None or (observed_rows_per_second or 0) < rate_limit / 2:
+        return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
+    return {
+        "rate_limit": rate_limit * grow_factor,
+        "in_flight_limit": None if in_flight_limit is None else in_flight_limit + 1,
+        "stress": None,
+        "limited_by": f"growing back after stress ({_rate_text(rate_limit * grow_factor)})",
+    }
 
 
 async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> dict[str, Any]:
-    """What `budget show` and `planner status` print: limits (and where they come from), the
-    adaptive scale and why, what is in flight now, and the counters."""
+    """What `budget show` and `planner status` print: what the budget does now and why (the rate and
+    in-flight limits in force, what sets them, the objective and the last observation against it),
+    the operator's caps (and where they come from), what is in flight now, and the counters."""
     s = settings or BudgetSettings.from_env()
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
@@ -386,23 +584,32 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
             "source": "set" if value is not None else "default",
         }
 
-    max_n = row["max_in_flight"] if row["max_in_flight"] is not None else s.max_in_flight
-    max_r = row["rows_per_second"] if row["rows_per_second"] is not None else s.rows_per_second
-    effective_n = 0 if max_n == 0 else max(1, int(max_n * row["scale"]))
+    cap_n = row["max_in_flight"] if row["max_in_flight"] is not None else s.max_in_flight
+    cap_r = row["rows_per_second"] if row["rows_per_second"] is not None else s.rows_per_second
+    effective_n = 0 if cap_n == 0 else _least(cap_n, row["in_flight_limit"])
+    effective_r = _least(cap_r, row["rate_limit"])
+    enabled = row["enabled"] and s.enabled
     return {
-        "enabled": row["enabled"] and s.enabled,
+        "enabled": enabled,
+        "doing": _doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r),
+        "limited_by": _limited_by(enabled, row, cap_n, cap_r),
+        "objective": _objective(row, s),
         "max_in_flight": limit("max_in_flight"),
         "rows_per_second": limit("rows_per_second"),
         "latency_ms": limit("latency_ms"),
         "probe_ratio": limit("probe_ratio"),
+        "probe_max_ms": limit("probe_max_ms"),
         "max_lock_waits": limit("max_lock_waits"),
         "max_replication_lag_seconds": limit("max_replication_lag_seconds"),
-        "scale": round(row["scale"], 3),
+        "throttled": row["rate_limit"] is not None or row["in_flight_limit"] is not None,
+        "adaptive_rows_per_second": row["rate_limit"],
+        "adaptive_in_flight": row["in_flight_limit"],
         "effective_in_flight": effective_n,
-        "effective_rows_per_second": round(max_r * row["scale"], 1),
+        "effective_rows_per_second": None if effective_r is None else round(effective_r, 1),
         "stress": row["stress"],
         "stressed_at": row["stressed_at"],
         "observed": {
+            "rows_per_second": row["observed_rows_per_second"],
             "latency_ms_per_1000_rows": row["observed_latency_ms"],
             "lock_waits": row["observed_lock_waits"],
             "replication_lag_seconds": row["observed_replication_lag"],
@@ -424,6 +631,48 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     }
 
 
+def _least(*values: Any) -> Any:
+    """The smallest of the limits given (None: no limit)."""
+    given = [v for v in values if v is not None]
+    return min(given) if given else None
+
+
+def _doing(enabled: bool, n: int | None, r: float | None, rate_limit: float | None, cap_n: Any, cap_r: Any) -> str:
+    if not enabled:
+        return "off: batches run without any limit"
+    if n == 0:
+        return "paused: no batch may start (max_in_flight 0)"
+    rate = "any rate" if r is None else f"at most {r:.0f} rows/s"
+    batches = "any number of batches" if n is None else f"at most {n} batch{'es' if n != 1 else ''} in flight"
+    capped = cap_n is not None or cap_r is not None
+    how = "throttled" if rate_limit is not None else ("capped" if capped else "full speed")
+    return f"{how}: {batches}, {rate}"
+
+
+def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:
+    """The signal (or cap) that sets the limits now."""
+    if not enabled:
+        return "nothing (the budget is off)"
+    if row["rate_limit"] is not None or row["in_flight_limit"] is not None:
+        return row["limited_by"] or row["stress"] or "stress"
+    caps = [f"max_in_flight {cap_n}" if cap_n is not None else "", f"rows_per_second {cap_r:g}" if cap_r else ""]
+    caps = [c for c in caps if c]
+    return "the operator's cap: " + ", ".join(caps) if caps else "nothing: no stress signal, no cap"
+
+
+def _objective(row: Any, s: BudgetSettings) -> str:
+    ratio = row["probe_ratio"] or s.probe_ratio
+    max_ms = row["probe_max_ms"] or s.probe_max_ms
+    text = f"a player's commit (the commit probe, mean per window) at most {ratio:g} x its quiet baseline"
+    if row["probe_baseline_ms"] is not None:
+        text += f" ({row['probe_baseline_ms']:.1f} ms)"
+    if max_ms is not None:
+        text += f" and at most {max_ms:g} ms"
+    lock_waits = row["max_lock_waits"] if row["max_lock_waits"] is not None else s.max_lock_waits
+    lag = row["max_replication_lag_seconds"] or s.max_replication_lag_seconds
+    return f"{text}; at most {lock_waits} lock waits; replication lag at most {lag:g} s"
+
+
 _UNCHANGED = object()
 
 
@@ -437,11 +686,21 @@ async def set_budget(
     max_lock_waits: Any = _UNCHANGED,
     max_replication_lag_seconds: Any = _UNCHANGED,
     probe_ratio: Any = _UNCHANGED,
+    probe_max_ms: Any = _UNCHANGED,
     reset_scale: bool = False,
     changed_by: str | None = None,
 ) -> None:
-    """Change the budget for every worker; a limit given as None goes back to the workers' default."""
+    """Change the budget for every worker; a limit given as None goes back to the workers' default.
+    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress)."""
     pairs: list[object] = []
     for value in (max_in_flight, rows_per_second, latency_ms, max_lock_waits, max_replication_lag_seconds, probe_ratio):
         pairs += [value is not _UNCHANGED, None if value is _UNCHANGED else value]
-    await pool.execute(SQL.set_budget, enabled, *pairs, reset_scale, changed_by or _holder())
+    await pool.execute(
+        SQL.set_budget,
+        enabled,
+        *pairs,
+        reset_scale,
+        changed_by or _holder(),
+        probe_max_ms is not _UNCHANGED,
+        None if probe_max_ms is _UNCHANGED else probe_max_ms,
+    )

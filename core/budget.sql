@@ -14,27 +14,43 @@ SET LOCAL synchronous_commit TO off;
 -- name: lock_budget
 SELECT pg_advisory_xact_lock(7261012), set_config('synchronous_commit', 'off', true);
 
+-- name: session_identity
+-- The session a worker process ties its slots to (a slot is live only while it exists).
+SELECT pid, backend_start FROM pg_stat_get_activity(pg_backend_pid());
+
 -- name: acquire
 -- $1 lease, $2 job, $3 holder, $4 rows, $5 lease seconds, $6 default max_in_flight,
 -- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds, $10 seconds after which a
 -- session of this role blocked on a lock (a batch waiting for a player's row) stops counting:
--- it uses neither CPU nor WAL, and one such batch must not stop every other one.
+-- it uses neither CPU nor WAL, and one such batch must not stop every other one. $11, $12 the
+-- caller's budget session (backend pid and start): the slot is live only while that session is.
+-- A slot is live while its lease runs and its session exists (a session of another role shows
+-- no start time: its pid alone is checked). Nothing is granted to a session that is gone
+-- (session_alive: false): the caller opens a new one and asks again.
+-- The limits now: the operator's caps (NULL: the workers' default, which may be NULL: no cap) and
+-- the adaptive limits (NULL: not throttled), the smaller of the two; n or r NULL: no limit at all.
 WITH b AS (
     SELECT clock_timestamp() AS now_, enabled, scale, tokens, refilled_at, quiet_until,
            coalesce(max_in_flight, $6::int) AS max_n,
-           coalesce(rows_per_second, $7::float8) AS max_r
+           least(coalesce(rows_per_second, $7::float8), rate_limit) AS max_r,
+           in_flight_limit,
+           EXISTS (SELECT 1 FROM pg_stat_get_activity($11::int) a WHERE a.backend_start = $12::timestamptz)
+               AS session_alive
     FROM load_budget WHERE name = 'database'
 ),
 lim AS (
     SELECT b.*,
-           CASE WHEN b.max_n = 0 THEN 0 ELSE greatest(1, floor(b.max_n * b.scale))::int END AS n,
-           b.max_r * b.scale AS r
+           CASE WHEN b.max_n = 0 THEN 0 ELSE least(b.max_n, b.in_flight_limit) END AS n,
+           b.max_r AS r
     FROM b
 ),
 live AS (
     SELECT count(*)::int AS live, coalesce(array_agg(s.slot), '{}'::int[]) AS slots
     FROM load_budget_slots s, b
     WHERE s.expires_at > b.now_
+      AND (s.backend_pid IS NULL
+           OR EXISTS (SELECT 1 FROM pg_stat_get_activity(s.backend_pid) a
+                      WHERE a.backend_start = s.backend_start OR a.backend_start IS NULL))
 ),
 blocked AS (
     SELECT count(*)::int AS blocked
@@ -50,42 +66,48 @@ held AS (
 st AS (
     SELECT lim.*, held.held, held.slots, held.blocked,
            least(lim.r * $9::float8,
-                 lim.tokens + lim.r * extract(epoch FROM lim.now_ - lim.refilled_at)::float8) AS avail
+                 lim.tokens + lim.r * extract(epoch FROM lim.now_ - lim.refilled_at)::float8) AS avail,
+           held.held + held.blocked AS live
     FROM lim, held
 ),
 v AS (
     SELECT st.*, f.slot_free,
-           NOT st.enabled OR (st.held < st.n AND st.avail > 0 AND f.slot_free IS NOT NULL
-                              AND st.now_ >= coalesce(st.quiet_until, '-infinity')) AS granted
+           st.session_alive AND NOT st.enabled
+           OR (st.session_alive AND (st.n IS NULL OR st.held < st.n) AND (st.r IS NULL OR st.avail > 0)
+               AND f.slot_free IS NOT NULL AND st.now_ >= coalesce(st.quiet_until, '-infinity')) AS granted
     FROM st,
-         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, st.n + st.blocked - 1) g
+         LATERAL (SELECT min(g) AS slot_free FROM generate_series(0, coalesce(st.n + st.blocked, st.live + 1) - 1) g
                   WHERE g <> ALL (st.slots)) f
 ),
 taken AS (
-    INSERT INTO load_budget_slots AS s (slot, lease, job, holder, rows, acquired_at, expires_at)
-    SELECT v.slot_free, $1, $2, $3, $4::int, v.now_, v.now_ + make_interval(secs => $5::float8)
+    INSERT INTO load_budget_slots AS s (slot, lease, job, holder, rows, acquired_at, expires_at, backend_pid, backend_start)
+    SELECT v.slot_free, $1, $2, $3, $4::int, v.now_, v.now_ + make_interval(secs => $5::float8), $11::int, $12::timestamptz
     FROM v
     WHERE v.granted AND v.enabled
-    ON CONFLICT (slot) DO UPDATE  -- only an expired lease can be in the way
+    ON CONFLICT (slot) DO UPDATE  -- only a dead slot (lease run out or session gone) can be in the way
         SET lease = excluded.lease, job = excluded.job, holder = excluded.holder, rows = excluded.rows,
-            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+            backend_pid = excluded.backend_pid, backend_start = excluded.backend_start
     RETURNING s.slot
 ),
 counted AS (
     UPDATE load_budget l
-    SET tokens = CASE WHEN v.enabled THEN v.avail - CASE WHEN v.granted THEN $4::int ELSE 0 END ELSE l.tokens END,
+    SET tokens = CASE WHEN v.r IS NULL THEN 0  -- unthrottled: a throttle starts from an empty bucket
+                      WHEN v.enabled THEN v.avail - CASE WHEN v.granted THEN $4::int ELSE 0 END ELSE l.tokens END,
         refilled_at = v.now_,
         granted = l.granted + v.granted::int,
         denied = l.denied + (NOT v.granted)::int,
         wait_seconds = l.wait_seconds + CASE WHEN v.granted THEN $8::float8 ELSE 0 END,
         peak_in_flight = CASE WHEN v.granted AND v.enabled THEN greatest(l.peak_in_flight, v.held + 1)
-                              ELSE l.peak_in_flight END
+                              ELSE l.peak_in_flight END,
+        window_peak_in_flight = CASE WHEN v.granted AND v.enabled THEN greatest(l.window_peak_in_flight, v.held + 1)
+                                     ELSE l.window_peak_in_flight END
     FROM v
     WHERE l.name = 'database'
     RETURNING 1
 )
-SELECT v.granted, (SELECT slot FROM taken) AS slot, v.enabled, v.n AS in_flight_limit,
-       v.r AS rows_per_second, v.held AS in_flight, v.scale,
+SELECT v.granted, (SELECT slot FROM taken) AS slot, v.enabled, v.session_alive, v.n AS in_flight_limit,
+       v.r AS rows_per_second, v.held AS in_flight,
        CASE WHEN v.avail <= 0 THEN (-v.avail) / v.r END AS refill_seconds,
        CASE WHEN v.now_ < v.quiet_until THEN extract(epoch FROM v.quiet_until - v.now_)::float8 END AS quiet_seconds,
        (SELECT count(*) FROM counted) AS counted
@@ -108,16 +130,23 @@ SET tokens = tokens + coalesce((SELECT greatest(0, rows - $3::int) FROM gone), 0
 WHERE name = 'database';
 
 -- name: claim_adjustment
--- $1 seconds between adjustments: at most one worker adjusts per interval, with the window's batches.
+-- $1 seconds between adjustments: at most one worker adjusts per interval, with the window's batches
+-- (their latency, the rows they did per second, the most in flight at once).
 UPDATE load_budget l
-SET adjusted_at = clock_timestamp(), window_ms_sum = 0, window_batches = 0
-FROM (SELECT window_ms_sum, window_batches FROM load_budget WHERE name = 'database') old
+SET adjusted_at = clock_timestamp(), window_ms_sum = 0, window_batches = 0,
+    window_rows_done = l.rows_done, window_peak_in_flight = 0
+FROM (SELECT window_ms_sum, window_batches, rows_done - window_rows_done AS window_rows, window_peak_in_flight,
+             extract(epoch FROM clock_timestamp() - adjusted_at)::float8 AS window_seconds
+      FROM load_budget WHERE name = 'database') old
 WHERE l.name = 'database' AND l.enabled
   AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => $1::float8))
-RETURNING l.scale, old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
+RETURNING l.rate_limit, l.in_flight_limit, l.rows_per_second, l.max_in_flight, l.probe_max_ms,
+          old.window_rows, old.window_seconds, old.window_peak_in_flight,
+          old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
           l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms,
           extract(epoch FROM clock_timestamp() - l.probe_baseline_at)::float8 AS baseline_age_seconds,
-          extract(epoch FROM clock_timestamp() - l.quiet_until)::float8 AS since_quiet_seconds;
+          extract(epoch FROM clock_timestamp() - l.quiet_until)::float8 AS since_quiet_seconds,
+          l.probe_baseline_server_start IS DISTINCT FROM pg_postmaster_start_time() AS server_restarted;
 
 -- name: probe
 -- The commit probe: a one-row write that commits, timed by the caller. $1 holder, $2 the latency in
@@ -133,7 +162,13 @@ ON CONFLICT (holder) DO UPDATE
 SET probed_at = excluded.probed_at,
     busy_ms_sum = p.busy_ms_sum + excluded.busy_ms_sum, busy_n = p.busy_n + excluded.busy_n,
     quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n
-RETURNING NOT EXISTS (SELECT 1 FROM load_budget_slots WHERE expires_at > clock_timestamp()) AS quiet;
+RETURNING NOT EXISTS (
+    SELECT 1 FROM load_budget_slots s
+    WHERE s.expires_at > clock_timestamp()
+      AND (s.backend_pid IS NULL
+           OR EXISTS (SELECT 1 FROM pg_stat_get_activity(s.backend_pid) a
+                      WHERE a.backend_start = s.backend_start OR a.backend_start IS NULL))
+) AS quiet;
 
 -- name: collect_probes
 -- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day).
@@ -163,16 +198,23 @@ SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         FROM pg_stat_replication) AS replication_lag;
 
 -- name: apply_adjustment
--- $1 new scale, $2 why it shrank (NULL: healthy), $3 latency ms per 1000 rows, $4 lock waits, $5 lag,
+-- $1 new rate limit (NULL: unthrottled), $2 why it shrank (NULL: healthy), $3 latency ms per 1000 rows, $4 lock waits, $5 lag,
 -- $6 mean busy probe ms (NULL: none), $7 busy probes, $8 new baseline ms (NULL: unchanged),
--- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none)
+-- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none), $10 forget the
+-- baseline (the server restarted since it was measured; $8 may be the new one already)
+-- $11 new in-flight limit (NULL: unthrottled), $12 what limits the rate now, $13 rows/s done in the window
 UPDATE load_budget
-SET scale = $1::float8, stress = $2::text,
+SET rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
+    observed_rows_per_second = $13::float8, stress = $2::text,
     stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
     observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8,
     observed_probe_ms = $6::float8, observed_probes = $7::int,
-    probe_baseline_ms = coalesce($8::float8, probe_baseline_ms),
-    probe_baseline_at = CASE WHEN $8::float8 IS NOT NULL THEN clock_timestamp() ELSE probe_baseline_at END,
+    probe_baseline_ms = CASE WHEN $8::float8 IS NOT NULL THEN $8::float8
+                             WHEN $10::boolean THEN NULL ELSE probe_baseline_ms END,
+    probe_baseline_at = CASE WHEN $8::float8 IS NOT NULL THEN clock_timestamp()
+                             WHEN $10::boolean THEN NULL ELSE probe_baseline_at END,
+    probe_baseline_server_start = CASE WHEN $8::float8 IS NOT NULL OR $10::boolean THEN pg_postmaster_start_time()
+                                       ELSE probe_baseline_server_start END,
     quiet_until = CASE WHEN $9::float8 IS NOT NULL THEN clock_timestamp() + make_interval(secs => $9::float8)
                        ELSE quiet_until END
 WHERE name = 'database';
@@ -181,8 +223,12 @@ WHERE name = 'database';
 SELECT *, clock_timestamp() AS now_ FROM load_budget WHERE name = 'database';
 
 -- name: budget_slots
-SELECT slot, job, holder, rows, acquired_at, expires_at, expires_at <= clock_timestamp() AS expired
-FROM load_budget_slots ORDER BY slot;
+SELECT slot, job, holder, rows, acquired_at, expires_at, backend_pid,
+       NOT (s.expires_at > clock_timestamp()
+            AND (s.backend_pid IS NULL
+                 OR EXISTS (SELECT 1 FROM pg_stat_get_activity(s.backend_pid) a
+                            WHERE a.backend_start = s.backend_start OR a.backend_start IS NULL))) AS expired
+FROM load_budget_slots s ORDER BY slot;
 
 -- name: set_budget
 -- For each limit: ($n change?, $n+1 value; NULL value = back to the workers' default).
@@ -194,7 +240,10 @@ SET enabled = coalesce($1::boolean, enabled),
     max_lock_waits = CASE WHEN $8::boolean THEN $9::int ELSE max_lock_waits END,
     max_replication_lag_seconds = CASE WHEN $10::boolean THEN $11::float8 ELSE max_replication_lag_seconds END,
     probe_ratio = CASE WHEN $12::boolean THEN $13::float8 ELSE probe_ratio END,
-    scale = CASE WHEN $14::boolean THEN 1 ELSE scale END,
+    probe_max_ms = CASE WHEN $16::boolean THEN $17::float8 ELSE probe_max_ms END,
+    rate_limit = CASE WHEN $14::boolean THEN NULL ELSE rate_limit END,
+    in_flight_limit = CASE WHEN $14::boolean THEN NULL ELSE in_flight_limit END,
+    limited_by = CASE WHEN $14::boolean THEN NULL ELSE limited_by END,
     quiet_until = CASE WHEN $14::boolean THEN NULL ELSE quiet_until END,
     changed_by = $15::text, changed_at = clock_timestamp(), peak_in_flight = 0
 WHERE name = 'database';

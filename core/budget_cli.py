@@ -7,6 +7,7 @@ either. A change is read by every worker at its next acquire (docs/budget.md).
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from core import db, embedded
@@ -14,6 +15,7 @@ from core.cli import Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
 
+INT_MAX = 2**31 - 1  # the integer limits are stored as PostgreSQL integers
 LIMITS: dict[str, type] = {
     "max_in_flight": int,
     "rows_per_second": float,
@@ -21,6 +23,7 @@ LIMITS: dict[str, type] = {
     "max_lock_waits": int,
     "max_replication_lag_seconds": float,
     "probe_ratio": float,
+    "probe_max_ms": float,
 }
 
 
@@ -32,6 +35,8 @@ def parse_limit(name: str, text: str) -> int | float | None:
         value: int | float = LIMITS[name](text)
     except ValueError:
         raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
+    if not math.isfinite(value) or (LIMITS[name] is int and value > INT_MAX):
+        raise InputError(f"--{name.replace('_', '-')} is out of range, got {text!r}")
     low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
     if value < low or (name == "max_in_flight" and value > 256):
         bounds = "0-256" if name == "max_in_flight" else (">= 0" if low == 0 else "> 0")
@@ -40,9 +45,12 @@ def parse_limit(name: str, text: str) -> int | float | None:
 
 
 def _human(d: dict[str, Any]) -> str:
-    shown = {k: v for k, v in d.items() if k != "slots"}
+    # What it does and why first, then the settings and the rest.
+    first = ("enabled", "doing", "limited_by", "objective")
+    shown = {k: d[k] for k in first} | {k: v for k, v in d.items() if k != "slots" and k not in first}
     for name in LIMITS:
-        shown[name] = f"{d[name]['value']} ({d[name]['source']})"
+        value = d[name]["value"]
+        shown[name] = f"{'none' if value is None else value} ({d[name]['source']})"
     slots = table(d["slots"], ["slot", "job", "holder", "rows", "acquired_at"]) if d["slots"] else "(none)"
     return key_values(shown) + "\nin flight now:\n" + slots
 
@@ -51,8 +59,8 @@ async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
     from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
-    await db.migrate_url(url)
+    url = embedded.database_url(settings)
+    await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:
         if args.action == "set":
@@ -84,5 +92,10 @@ def register(commands: Commands) -> None:
     p.add_argument(
         "--probe-ratio", dest="probe_ratio", help="commit probe latency / its quiet baseline that means stress (> 1)"
     )
+    p.add_argument(
+        "--probe-max-ms", dest="probe_max_ms", help="commit probe latency (mean per window) that means stress, in ms"
+    )
     p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
-    p.add_argument("--reset-scale", action="store_true", help="forget the adaptive back-off (scale back to 1)")
+    p.add_argument(
+        "--reset-scale", action="store_true", help="forget the adaptive throttle (unthrottled until the next stress)"
+    )

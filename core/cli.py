@@ -34,6 +34,21 @@ EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
 
 
+def count_argument(low: int, high: int = 1_000_000) -> Callable[[str], int]:
+    """An argparse `type` for a count in [low, high]: anything else exits 2 naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
 def json_default(value: object) -> object:
     if isinstance(value, datetime | date):
         return value.isoformat()
@@ -161,7 +176,7 @@ class CliContext:
         assert url is not None
         if self.database != "unused":
             try:
-                await db.migrate_url(url)
+                await db.check_schema_url(url)  # only `migrate` changes the schema
                 self._pool = await db.create_pool(url, max_size=4, connect_timeout=db.connect_timeout())
             except Exception as err:
                 if not (db.connection_lost(err) or isinstance(err, TimeoutError)):
@@ -187,11 +202,12 @@ class CliContext:
 @asynccontextmanager
 async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
     """For commands that need the database only: no Temporal connection (nor embedded dev server).
-    An unreachable database, or one lost mid-command, raises DatabaseUnavailable."""
-    url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
+    An unreachable database, or one lost mid-command, raises DatabaseUnavailable. `migrate`: check
+    that the schema is current (exit 2, "run migrate", when behind); nothing is ever applied here."""
+    url = embedded.database_url(settings)
     try:
         if migrate:
-            await db.migrate_url(url)
+            await db.check_schema_url(url)
         pool = await db.create_pool(url, max_size=max_size, connect_timeout=db.connect_timeout())
     except Exception as err:
         if db.connection_lost(err) or isinstance(err, TimeoutError):

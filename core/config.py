@@ -1,4 +1,10 @@
-"""Configuration from the environment; anything left unset falls back to embedded services.
+"""Configuration from the environment.
+
+The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
+exits 2 naming it (core.embedded.resolve), never starting anything. The embedded stack starts only
+when asked: `deadline-cleanup dev up` (which writes `<state dir>/dev/env`), `./dev demo` and the tests
+(CLEANUP_EMBEDDED=1). After `dev up`, a variable that is unset is read from that file, if it exists,
+so the commands run in that checkout find the stack; a variable that is set always wins.
 
 Secrets (the Temporal API key, the payload encryption key) are `SecretStr`, and the password in
 `database_url` is masked whenever settings are shown (`repr`, `str`, `safe_dict()`), so printing a
@@ -33,6 +39,28 @@ def mask_url(url: str | None) -> str | None:
     for pattern in (_URL_PASSWORD, _QUERY_PASSWORD):
         url = pattern.sub(r"\g<head>***\g<tail>", url)
     return url
+
+
+# What `dev up` records for later commands, and only these (never a secret of a real deployment).
+DEV_ENV_NAMES = ("TEMPORAL_ADDRESS", "DATABASE_URL", "TEMPORAL_UI_URL")
+
+
+def dev_env_file(state_dir: Path) -> Path:
+    """Where `deadline-cleanup dev up` records the embedded stack's addresses."""
+    return state_dir / "dev" / "env"
+
+
+def read_dev_env(state_dir: Path) -> dict[str, str]:
+    """`NAME=value` lines of the dev env file ({} when there is none)."""
+    path = dev_env_file(state_dir)
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text(encoding="utf-8").splitlines() if "=" in line)
+    return {name.strip(): value.strip() for name, value in pairs if name.strip() in DEV_ENV_NAMES}
+
+
+def _state_dir(env: os._Environ[str] | dict[str, str]) -> Path:
+    return Path(env["CLEANUP_STATE_DIR"]) if env.get("CLEANUP_STATE_DIR") else PROJECT_ROOT / ".state"
 
 
 def _secret(value: str | None) -> SecretStr | None:
@@ -96,7 +124,9 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        env = os.environ
+        env: dict[str, str] = dict(os.environ)
+        dev_env = read_dev_env(_state_dir(env))
+        env.update({name: value for name, value in dev_env.items() if not env.get(name)})
         values: dict[str, object] = {
             "temporal_address": env.get("TEMPORAL_ADDRESS") or None,
             "temporal_namespace": env.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE,

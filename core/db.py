@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,29 @@ from core.queries import MIGRATIONS_DIR
 
 # Any constant works; it only has to be the same for every process that migrates this database.
 _MIGRATION_LOCK = 7_261_002
+
+DEFAULT_SCHEMA = "deadline_cleanup"
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# A migration file whose first line is this runs outside a transaction (CREATE INDEX CONCURRENTLY).
+NO_TRANSACTION = "-- no-transaction"
+# How long a migration statement waits for a lock before it fails (a live game's tables are busy:
+# waiting behind a long transaction would queue every player's statement behind the migration).
+MIGRATION_LOCK_TIMEOUT = "5s"
+
+
+def service_schema() -> str:
+    """The schema that holds every table and function of the service (CLEANUP_SCHEMA, default
+    `deadline_cleanup`): the service creates nothing outside it but what the targets declare."""
+    name = os.environ.get("CLEANUP_SCHEMA") or DEFAULT_SCHEMA
+    if not _IDENTIFIER.fullmatch(name):
+        raise InputError(f"CLEANUP_SCHEMA is not a schema name: {name!r} (lower-case letters, digits and _)")
+    return name
+
+
+def service_settings() -> dict[str, str]:
+    """Session settings of every connection of the service: its schema first on the search path, so
+    its SQL names tables unqualified (pg_catalog is searched implicitly)."""
+    return {"search_path": service_schema()}
 
 
 # The connection went away under a statement, or the server is (re)starting: the statement did not
@@ -65,9 +89,15 @@ def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
 
 
+# Every session this service opens carries this application_name prefix (its pools: create_pool;
+# the stalled-session check: core.sessions), and only those may be ended by core.sessions.
+APPLICATION_NAME = "deadline-cleanup"
+
+
 async def create_pool(
     url: str,
     *,
+    application_name: str = APPLICATION_NAME,
     min_size: int = 1,
     max_size: int = 8,
     on_connect: Callable[[], None] | None = None,
@@ -87,7 +117,11 @@ async def create_pool(
     sequential scan per account, and keeps doing so as the table grows: a cohort's cleanup turned
     quadratic (BENCHMARKS.md, "A generic plan frozen on an empty table"). Planning the batch
     statement costs ~1 ms against 40-450 ms to run it."""
-    server_settings = {"plan_cache_mode": "force_custom_plan"}
+    server_settings = {
+        "plan_cache_mode": "force_custom_plan",
+        "application_name": application_name,
+        **service_settings(),
+    }
     if idle_in_transaction_timeout:
         server_settings["idle_in_transaction_session_timeout"] = str(max(1, int(idle_in_transaction_timeout * 1000)))
 
@@ -174,37 +208,159 @@ def migration_files() -> list[Path]:
     return sorted(MIGRATIONS_DIR.glob("*.sql"))
 
 
+def checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class MigrationChanged(InputError):
+    """An applied migration file differs from the one applied: the schema is not what the code expects."""
+
+
+async def applied_migrations(conn: asyncpg.Connection) -> dict[str, str | None] | None:
+    """Applied file -> its checksum when applied; None if there is no ledger yet (read-only)."""
+    ledger = f"{service_schema()}.schema_migrations"
+    if await conn.fetchval("SELECT to_regclass($1)", ledger) is None:
+        return None
+    return {r["name"]: r["checksum"] for r in await conn.fetch(f"SELECT name, checksum FROM {ledger}")}
+
+
+def changed_files(applied: dict[str, str | None]) -> list[str]:
+    """Applied files whose text changed since (a file applied before checksums were kept is not judged)."""
+    files = {p.name: p for p in migration_files()}
+    return [n for n, c in sorted(applied.items()) if c is not None and n in files and checksum(files[n]) != c]
+
+
 async def pending_migrations(conn: asyncpg.Connection) -> list[str] | None:
     """Names not yet applied, read without taking locks or running DDL; None if there is no ledger yet."""
-    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+    applied = await applied_migrations(conn)
+    if applied is None:
         return None
-    done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
-    return [p.name for p in migration_files() if p.name not in done]
+    return [p.name for p in migration_files() if p.name not in applied]
+
+
+async def migration_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """Every migration file: applied or pending, its checksum, and whether an applied one changed."""
+    applied = await applied_migrations(conn) or {}
+    rows = []
+    for path in migration_files():
+        now = checksum(path)
+        state = "pending"
+        if path.name in applied:
+            state = "changed" if applied[path.name] not in (None, now) else "applied"
+        rows.append({"name": path.name, "state": state, "checksum": now, "applied_checksum": applied.get(path.name)})
+    return rows
+
+
+def refuse_changed(applied: dict[str, str | None]) -> None:
+    changed = changed_files(applied)
+    if changed:
+        raise MigrationChanged(
+            f"applied migration files changed since they were applied: {', '.join(changed)};"
+            " restore them (a change to the schema is a new migration file)"
+        )
+
+
+async def require_schema_current(conn: asyncpg.Connection) -> None:
+    """What every command but `migrate` does: the schema must be at the code's version."""
+    pending = await pending_migrations(conn)
+    if pending is None:
+        raise InputError(f"the database has no {service_schema()} schema yet: run migrate (`starter.py migrate`)")
+    if pending:
+        raise InputError(f"the database schema is behind ({len(pending)} pending: {pending[0]}, ...): run migrate")
 
 
 async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply the migrations not yet applied; safe when several workers start at once.
+    """Apply the migrations not yet applied; safe when several processes migrate at once.
 
-    An up-to-date database is detected read-only first, so a least-privileged worker role
-    (004_worker_role.sql: no DDL) starts fine against a database migrated by its owner.
+    Each file runs in a transaction of its own with a lock_timeout (one marked `-- no-transaction`,
+    e.g. CREATE INDEX CONCURRENTLY, runs as it is), with the service schema as the search path, so
+    unqualified names are created there. An up-to-date database is detected read-only first, so a
+    least-privileged worker role (no DDL) starts fine against a database migrated by its owner.
     """
-    if await pending_migrations(conn) == []:
-        return []
+    applied = await applied_migrations(conn)
+    if applied is not None:
+        refuse_changed(applied)
+        if all(p.name in applied for p in migration_files()):
+            return []
+    schema = service_schema()
     applied_now: list[str] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    try:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        await conn.execute(f"SET search_path TO {schema}")
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now(), checksum text)"
         )
-        done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+        await conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS checksum text")
+        applied = await applied_migrations(conn) or {}
+        refuse_changed(applied)
         for path in migration_files():
-            if path.name in done:
-                continue
-            await conn.execute(path.read_text())
-            await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", path.name)
-            applied_now.append(path.name)
+            if path.name not in applied:
+                await _apply(conn, path)
+                applied_now.append(path.name)
+        await grant_service_tables(conn)
+    finally:
+        await conn.execute("RESET search_path")
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
     return applied_now
+
+
+# Table by table, never ON ALL TABLES / DEFAULT PRIVILEGES: the worker reaches what exists now in
+# the service schema (rows only; the migration ledger read-only), and its sequences and functions.
+_SERVICE_OBJECTS = """
+SELECT c.relname::text AS name, c.relkind::text AS kind FROM pg_class c
+WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'S')
+UNION ALL
+SELECT p.oid::regprocedure::text, 'f' FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+"""
+
+
+async def grant_service_tables(conn: asyncpg.Connection) -> None:
+    """Grant the worker role what it needs on each object of the service schema (if the role exists)."""
+    if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", WORKER_ROLE):
+        return
+    schema = service_schema()
+    for row in await conn.fetch(_SERVICE_OBJECTS, schema):
+        name, kind = row["name"], row["kind"]
+        if kind == "f":  # regprocedure prints the schema-qualified signature as needed
+            await conn.execute(f"GRANT EXECUTE ON FUNCTION {schema}.{name} TO {WORKER_ROLE}")
+        elif kind == "S":
+            await conn.execute(f'GRANT USAGE, SELECT ON SEQUENCE {schema}."{name}" TO {WORKER_ROLE}')
+        elif name == "schema_migrations":
+            await conn.execute(f'GRANT SELECT ON TABLE {schema}."{name}" TO {WORKER_ROLE}')
+        else:
+            await conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {schema}."{name}" TO {WORKER_ROLE}')
+
+
+def _statements(text: str) -> list[str]:
+    """The statements of a no-transaction file: each ends with `;` at the end of a line."""
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in re.split(r";\s*$", body, flags=re.MULTILINE) if s.strip()]
+
+
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+async def _apply(conn: asyncpg.Connection, path: Path) -> None:
+    text = _text(path)
+    record = "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)"
+    if text.startswith(NO_TRANSACTION):
+        await conn.execute(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+        try:
+            # One statement at a time: several in one query string run as one implicit transaction,
+            # which CREATE INDEX CONCURRENTLY refuses. Such files hold no dollar-quoted bodies.
+            for statement in _statements(text):
+                await conn.execute(statement)
+        finally:
+            await conn.execute("RESET lock_timeout")
+        await conn.execute(record, path.name, checksum(path))
+        return
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+        await conn.execute(text)
+        await conn.execute(record, path.name, checksum(path))
 
 
 def connect_timeout() -> float:
@@ -217,6 +373,28 @@ async def migrate_url(url: str) -> list[str]:
     conn = await asyncpg.connect(url, timeout=connect_timeout())
     try:
         return await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def check_schema_url(url: str) -> None:
+    """What every command but `migrate` (and every worker) does at start-up: never apply a
+    migration (DDL on a live game database is the operator's step), only refuse to run on a schema
+    behind the code or changed since applied, with what to do (InputError: exit 2)."""
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    try:
+        applied = await applied_migrations(conn)
+        if applied is not None:
+            refuse_changed(applied)
+        await require_schema_current(conn)
+    finally:
+        await conn.close()
+
+
+async def migration_status_url(url: str) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    try:
+        return await migration_status(conn)
     finally:
         await conn.close()
 

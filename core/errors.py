@@ -29,6 +29,9 @@ class ErrorType(StrEnum):
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
     HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
     DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
+    HELD_BY_PAUSE = "HeldByPlannerPause"  # a scheduled bucket cleanup held at its claim: retried
+    DATABASE_CLOCK_BEHIND = "DatabaseClockBehind"  # the timer is far ahead of the database clock: retried
+    TARGETS_MISMATCH = "TargetsMismatch"  # a worker compiled from another target set than the cleanup's: retried
 
 
 NON_RETRYABLE: frozenset[ErrorType] = frozenset(
@@ -141,6 +144,14 @@ def is_deterministic(exc: BaseException) -> bool:
     """True if the error comes from the data of some account and would recur on every retry."""
     state = sqlstate_of(exc)
     return state is not None and state[:2] in DETERMINISTIC_CLASSES and state not in TRANSIENT_SQLSTATES
+
+
+def is_schema_error(exc: BaseException) -> bool:
+    """SQLSTATE class 42 (an undefined or mistyped column or table, 42501 insufficient privilege):
+    the schema or the role, alike for every account. Retried a bounded number of times (a migration
+    or a GRANT may be on its way), then surfaced: the accounts are recorded as failed."""
+    state = sqlstate_of(exc)
+    return state is not None and state[:2] == "42"
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -24,9 +24,13 @@ Counters (names as scraped; docs/observability.md):
   planner_overdue_swept               overdue accounts handed to a sweep cleanup
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
   planner_restarts{reason}            the planner started again by a worker's watchdog (closed / stuck)
-  load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py, after back-off)
-  load_budget_rows_per_second_limit   gauge: rows per second allowed now (after back-off)
-  load_budget_scale                   gauge: the adaptive factor (1 = healthy, smaller = backing off)
+  load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py; -1: no limit)
+  load_budget_rows_per_second_limit   gauge: rows per second allowed now (-1: no limit)
+  load_budget_throttled               gauge: 1 while stress has the budget throttle the work, else 0
+  load_budget_stress{signal}          gauge, at each adjustment: 1 for each signal showing stress
+                                      (commit_probe, commit_probe_ms, batch_latency, lock_waits, replication_lag)
+  load_budget_commit_probe_ms         gauge, at each adjustment: the busy commit probe's mean (the objective's measure)
+  load_budget_commit_probe_objective_ms  gauge, at each adjustment: the most it may be (ratio x baseline, or the bound)
   load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
   load_budget_wait_seconds            histogram: time a batch waited for the budget
   held_accounts, cleanups_in_flight   gauges (core/fleet.py): accounts in 'cleaning', the claims holding them
@@ -65,9 +69,12 @@ DESCRIPTIONS: dict[str, str] = {
     "planner_overdue_swept": "overdue accounts handed to a sweep cleanup by the planner",
     "planner_stranded_recovered": "claims of closed cleanups released by the planner for re-claiming",
     "planner_restarts": "times a worker's watchdog started the deadline planner again (it was closed or stuck)",
-    "load_budget_in_flight_limit": "batches the load budget allows in flight now (after adaptive back-off)",
-    "load_budget_rows_per_second_limit": "rows per second the load budget allows now (after adaptive back-off)",
-    "load_budget_scale": "the load budget's adaptive factor (1 = healthy, smaller = backing off)",
+    "load_budget_in_flight_limit": "batches the load budget allows in flight now (-1: no limit)",
+    "load_budget_rows_per_second_limit": "rows per second the load budget allows now (-1: no limit)",
+    "load_budget_throttled": "1 while stress has the load budget throttle the work, else 0",
+    "load_budget_stress": "1 for each signal that showed stress at the load budget's last adjustment",
+    "load_budget_commit_probe_ms": "the busy commit probe's mean at the load budget's last adjustment",
+    "load_budget_commit_probe_objective_ms": "the most the commit probe's mean may be (the players' objective)",
     "load_budget_rows": "rows done by batches under the load budget",
     "load_budget_wait_seconds": "seconds a batch waited for the load budget",
     "held_accounts": "accounts in 'cleaning' now: claimed by a cleanup that has not settled them yet",
@@ -232,20 +239,45 @@ def record_planner_restart(reason: str) -> None:
 # --- load budget (core/budget.py) -------------------------------------------------------------------
 
 
-def set_budget(in_flight_limit: int, rows_per_second: float, scale: float) -> None:
-    """The budget as the last acquire saw it (after adaptive back-off)."""
+STRESS_SIGNALS = ("commit_probe", "commit_probe_ms", "batch_latency", "lock_waits", "replication_lag")
+
+
+def set_budget(in_flight_limit: int | None, rows_per_second: float | None) -> None:
+    """The budget as the last acquire saw it (None: no limit, exported as -1)."""
     try:
         meter = _meter()
         if meter is not None:
             meter.create_gauge("load_budget_in_flight_limit", DESCRIPTIONS["load_budget_in_flight_limit"]).set(
-                in_flight_limit
+                -1 if in_flight_limit is None else in_flight_limit
             )
             meter.create_gauge_float(
                 "load_budget_rows_per_second_limit", DESCRIPTIONS["load_budget_rows_per_second_limit"]
-            ).set(rows_per_second)
-            meter.create_gauge_float("load_budget_scale", DESCRIPTIONS["load_budget_scale"]).set(scale)
+            ).set(-1.0 if rows_per_second is None else rows_per_second)
     except Exception:
         log.debug("could not set the load budget gauges", exc_info=True)
+
+
+def set_budget_verdict(
+    throttled: bool, signals: Iterable[str], probe_ms: float | None, objective_ms: float | None
+) -> None:
+    """What the budget's last adjustment decided and why: the signals that showed stress, the commit
+    probe against its objective."""
+    try:
+        meter = _meter()
+        if meter is not None:
+            meter.create_gauge("load_budget_throttled", DESCRIPTIONS["load_budget_throttled"]).set(int(throttled))
+            stressed = set(signals)
+            gauge = meter.create_gauge("load_budget_stress", DESCRIPTIONS["load_budget_stress"])
+            for signal in STRESS_SIGNALS:
+                gauge.set(int(signal in stressed), {"signal": signal})
+            for name, value in (
+                ("load_budget_commit_probe_ms", probe_ms),
+                ("load_budget_commit_probe_objective_ms", objective_ms),
+            ):
+                if value is not None:
+                    meter.create_gauge_float(name, DESCRIPTIONS[name]).set(value)
+    except Exception:
+        log.debug("could not set the load budget verdict gauges", exc_info=True)
 
 
 def record_budget_rows(n: int) -> None:

@@ -8,13 +8,22 @@ when a key is configured.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import Any, NamedTuple
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionDescription
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
@@ -143,3 +152,45 @@ async def describe_or_none(client: Client, workflow_id: str) -> WorkflowExecutio
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+class StartOutcome(NamedTuple):
+    run_id: str | None
+    started: bool  # False: a closed run with this ID exists (never repeated)
+
+
+async def start_idempotently(
+    client: Client,
+    workflow: str,
+    arg: Any,
+    *,
+    workflow_id: str,
+    task_queue: str,
+    summary: str,
+    result_type: type | None = None,
+    search_attributes: Sequence[SearchAttributePair[Any]] = (),
+    memo: Mapping[str, Any] | None = None,
+    repeat_closed: bool = False,
+) -> StartOutcome:
+    """Start `workflow` under the business key `workflow_id`, once: a running run with that ID is
+    joined (USE_EXISTING: a second caller, or a racing one, gets it back), and a closed one is never
+    started again unless `repeat_closed` (long-lived loops such as the planner or a relay)."""
+    try:
+        handle = await client.start_workflow(
+            workflow,
+            arg,
+            result_type=result_type,
+            id=workflow_id,
+            task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=(
+                WorkflowIDReusePolicy.ALLOW_DUPLICATE if repeat_closed else WorkflowIDReusePolicy.REJECT_DUPLICATE
+            ),
+            search_attributes=TypedSearchAttributes(list(search_attributes)) if search_attributes else None,
+            memo=dict(memo) if memo is not None else None,
+            static_summary=summary,
+        )
+    except WorkflowAlreadyStartedError as err:
+        return StartOutcome(err.run_id, False)
+    return StartOutcome(handle.result_run_id, True)

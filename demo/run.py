@@ -22,11 +22,12 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from cleanup.models import CLEANUP_WORKFLOW, CleanupResult, planner_workflow_id
-from cleanup.operations import nudge_planner, renew, seed_accounts
+from cleanup.operations import nudge_planner, renew
 from cleanup.planner import planner_status
 from core.config import PROJECT_ROOT, Settings
 from core.queries import load
 from core.temporal import describe_or_none
+from demo.fixture import seed_accounts
 from outbox.mail_provider import MailProvider, ProviderThread
 from outbox.models import RelayBatchSettings
 from outbox.operations import start_relays, stop_and_wait_for_relays
@@ -225,7 +226,7 @@ async def run_demo(
         [f"\nResult of the deadline planner {planner_id}", "-" * (width + 12)]
         + [f"{k.ljust(width)}  {v}" for k, v in rows]
         + (["\nBrowse it in the Temporal UI (the planner, and its first bucket cleanup):", *links] if links else [])
-        + ["Stop the embedded Temporal server with: python starter.py dev down"]
+        + ["Stop the embedded Temporal server and Postgres with: python starter.py dev down"]
     )
     return {
         "task_queue": settings.task_queue,

@@ -50,7 +50,7 @@ SELECT
       AS dup_applied,
   (SELECT count(*) - count(DISTINCT account_id) FROM outbox
      WHERE kind = 'renewal_reminder' AND account_id LIKE $1)::int AS dup_reminders,
-  (SELECT count(*) FROM (SELECT 1 FROM match_history_archive WHERE account_id LIKE $1
+  (SELECT count(*) FROM (SELECT 1 FROM demo_game.match_history_archive WHERE account_id LIKE $1
      GROUP BY account_id HAVING count(*) > $2) x)::int AS dup_archived,
   (SELECT count(*) FROM a WHERE status = 'renewed' AND (
       EXISTS (SELECT 1 FROM cleanup_applied c WHERE c.account_id = a.account_id)
@@ -62,14 +62,14 @@ SELECT
       SELECT 1 FROM outbox o WHERE o.account_id = a.account_id AND o.kind = 'renewal_reminder'))::int
       AS lost_reminder,
   (SELECT count(*) FROM a WHERE status = 'cleaned' AND (
-      EXISTS (SELECT 1 FROM cloud_saves s WHERE s.account_id = a.account_id)
-      OR EXISTS (SELECT 1 FROM inventory_items i WHERE i.account_id = a.account_id)
-      OR EXISTS (SELECT 1 FROM match_history m WHERE m.account_id = a.account_id)))::int AS lost_data_left,
+      EXISTS (SELECT 1 FROM demo_game.cloud_saves s WHERE s.account_id = a.account_id)
+      OR EXISTS (SELECT 1 FROM demo_game.inventory_items i WHERE i.account_id = a.account_id)
+      OR EXISTS (SELECT 1 FROM demo_game.match_history m WHERE m.account_id = a.account_id)))::int AS lost_data_left,
   (SELECT count(*) FROM a WHERE status = 'cleaned' AND (
-      SELECT count(*) FROM match_history_archive h WHERE h.account_id = a.account_id) < $2)::int
+      SELECT count(*) FROM demo_game.match_history_archive h WHERE h.account_id = a.account_id) < $2)::int
       AS lost_archive,
   (SELECT count(*) FROM a WHERE status = 'renewed' AND NOT EXISTS (
-      SELECT 1 FROM cloud_saves s WHERE s.account_id = a.account_id))::int AS lost_renewed_data
+      SELECT 1 FROM demo_game.cloud_saves s WHERE s.account_id = a.account_id))::int AS lost_renewed_data
 """
 
 
@@ -196,9 +196,9 @@ CLEANUP_TABLES = {
     "cleanup_failed": "account_id, cleanup_version",
     "cleanup_partition_reports": "cleanup_id, partition_no",
     "cleanup_settlements": "cleanup_id",
-    "cloud_saves": "account_id, slot",
-    "inventory_items": "account_id, item_id",
-    "match_history_archive": "match_id",
+    "demo_game.cloud_saves": "account_id, slot",
+    "demo_game.inventory_items": "account_id, item_id",
+    "demo_game.match_history_archive": "match_id",
     "outbox": "event_key",
 }
 # What a relay writes: each event's state, attempts, lease and outcome.

@@ -15,7 +15,7 @@ import asyncpg
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from cleanup.operations import seed_accounts
+from demo.fixture import seed_accounts
 from harness.redelivery import HarnessRedeliverWorkflow, Redelivery
 from harness.stack import Harness
 from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
@@ -185,6 +185,21 @@ async def wait_for(predicate: Any, within: float, interval: float = 0.1) -> bool
     deadline = time.monotonic() + within
     while not await predicate():
         if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(interval)
+    return True
+
+
+async def wait_while_progressing(done: Any, progress: Any, stall: float, interval: float = 0.3) -> bool:
+    """True once `done()`; False once `progress()` (a figure that changes while work gets done) has
+    stayed the same for `stall` seconds. A check of liveness, not of speed: a loaded machine is slow,
+    and a stuck consumer makes no progress however long it is given."""
+    last, since = await progress(), time.monotonic()
+    while not await done():
+        now_at = await progress()
+        if now_at != last:
+            last, since = now_at, time.monotonic()
+        elif time.monotonic() - since > stall:
             return False
         await asyncio.sleep(interval)
     return True

@@ -29,6 +29,7 @@ from core import db, embedded
 from core.config import PROJECT_ROOT
 from core.failpoints import SHARED_FILE_ENV
 from core.temporal import connect
+from demo.fixture import create_game_schema
 from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
 from outbox.mail_provider import MailProvider, ProviderThread
@@ -245,6 +246,7 @@ class Harness:
         `shared_failpoints`: the workers share one failpoint file (armed by the scenario, per run)."""
         database = f"harness_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         url = await db.create_database(admin_url or self.stack.admin_url, database)
+        await create_game_schema(url)
         if admin_url is None:
             self.databases.append(database)
         pool = await harness_pool(url)
@@ -302,7 +304,11 @@ class Harness:
 
 async def harness_pool(url: str, max_size: int = 6) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=max_size, command_timeout=120, server_settings={"application_name": HARNESS_APP}
+        url,
+        min_size=1,
+        max_size=max_size,
+        command_timeout=120,
+        server_settings={"application_name": HARNESS_APP, **db.service_settings()},
     )
     assert pool is not None
     return pool

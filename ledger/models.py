@@ -59,7 +59,7 @@ class RunOptions(Model):
 class LedgerReconciliationInput(RunOptions):
     business_date: date
     # A re-check of a date already reconciled (its own workflow ID): judges what changed since and
-    # records a new settlement revision if anything did. Defaulted: older histories replay.
+    # records a new settlement revision if anything did.
     recheck: bool = False
 
 

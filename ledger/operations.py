@@ -11,17 +11,13 @@ from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from core import db
 from core import search_attributes as sa
 from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT, describe_or_none
+from core.temporal import describe_or_none, start_idempotently
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
@@ -129,23 +125,19 @@ async def start_reconciliation(
     existing = await describe_or_none(client, workflow_id)
     if existing is not None:
         return found.model_copy(update={"run_id": existing.run_id})
-    try:
-        handle = await client.start_workflow(
-            LEDGER_WORKFLOW,
-            input,
-            result_type=LedgerReconciliationResult,
-            id=workflow_id,
-            task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())]),
-            static_summary=f"ledger {'re-check' if recheck else 'reconciliation'} of {business_date} (manual)",
-        )
-    except WorkflowAlreadyStartedError as err:  # a closed run of this date: never make a second one
-        return found.model_copy(update={"run_id": err.run_id})
-    # USE_EXISTING: if a scheduled run won the race since the describe above, this is its run.
-    return found.model_copy(update={"run_id": handle.result_run_id, "started": True})
+    # A closed run of this date is never repeated; if a scheduled run won the race since the
+    # describe above, this is its run.
+    run_id, started = await start_idempotently(
+        client,
+        LEDGER_WORKFLOW,
+        input,
+        workflow_id=workflow_id,
+        task_queue=task_queue,
+        result_type=LedgerReconciliationResult,
+        search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())],
+        summary=f"ledger {'re-check' if recheck else 'reconciliation'} of {business_date} (manual)",
+    )
+    return found.model_copy(update={"run_id": run_id, "started": started})
 
 
 def recheck_workflow_id(business_date: date, id_prefix: str = DEFAULT_ID_PREFIX, now: datetime | None = None) -> str:

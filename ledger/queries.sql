@@ -86,15 +86,16 @@ facts AS (
 -- The effect rows already written for the batch's range: one index range scan per table and batch
 -- (a first run finds none, a rerun its own), never a scan of a table that grows with every
 -- correction of the run and every date kept, and never a probe per key. A key is judged `already_*`
--- by its idempotency key, as before; the range only bounds where it is looked for (a key's
--- corrections and review rows carry its date and shard).
+-- by its (game, payment_id), the tuple the effect tables are unique on (a row's text form quotes
+-- its fields, so two payments never share one); the range only bounds where it is looked for (a
+-- key's corrections and review rows carry its date and shard).
 already AS (
     SELECT
-        ARRAY(SELECT c.idempotency_key FROM ledger_corrections c
+        ARRAY(SELECT (c.game, c.payment_id)::text FROM ledger_corrections c
               WHERE c.business_date = $1 AND c.shard = $2
                 AND (c.game, c.payment_id) > ($3::text, $4::text)
                 AND (c.game, c.payment_id) <= (SELECT game, payment_id FROM last_key)) AS corrected,
-        ARRAY(SELECT v.review_key FROM ledger_review v
+        ARRAY(SELECT (v.game, v.payment_id)::text FROM ledger_review v
               WHERE v.business_date = $1 AND v.shard = $2
                 AND (v.game, v.payment_id) > ($3::text, $4::text)
                 AND (v.game, v.payment_id) <= (SELECT game, payment_id FROM last_key)) AS reviewed
@@ -102,8 +103,8 @@ already AS (
 judged AS (
     SELECT f.*,
         CASE
-            WHEN f.key = ANY (a.corrected) THEN 'already_corrected'
-            WHEN f.key = ANY (a.reviewed) THEN 'already_in_review'
+            WHEN (f.game, f.payment_id)::text = ANY (a.corrected) THEN 'already_corrected'
+            WHEN (f.game, f.payment_id)::text = ANY (a.reviewed) THEN 'already_in_review'
             WHEN NOT f.in_ledger THEN 'unknown_payment'
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
@@ -129,7 +130,7 @@ corrected AS (
     FROM judged j
     -- (a key already corrected is judged 'already_corrected' in this same snapshot: never sent here)
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (business_date, game, payment_id) DO NOTHING
     RETURNING game, payment_id, new_status, new_amount_cents, version_before
 ),
 updated AS (
@@ -171,7 +172,7 @@ reviewed AS (
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
-    ON CONFLICT (review_key) DO NOTHING
+    ON CONFLICT (business_date, game, payment_id) DO NOTHING
     RETURNING 1
 ),
 -- The judged ledger rows as this batch leaves them (a corrected row with its new values and

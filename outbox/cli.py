@@ -2,8 +2,9 @@
 
 outbox status [--dead N] [--json]        counts by state, dead letters with the provider's answer, relays
 outbox redeliver EVENT_KEY [--json]      give a dead letter another chance (or send a pending one now)
+outbox redeliver --dead-since T [--reason TEXT] [--yes]   count the dead letters a filter selects; --yes redelivers them
 outbox relay start [--relays N] [...]    start the long-running relay workflows outbox-relay-1..N
-outbox relay stop [--json]               ask every running relay to stop after its batch
+outbox relay stop [--json]               ask this task queue's running relays to stop after their batch
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.cli import CliContext, Commands, Handler, emit
+from core.cli import CliContext, Commands, Handler, count_argument, emit
 from core.config import Settings
 from core.errors import InputError, validation_message
 from outbox.models import RelayBatchSettings
-from outbox.operations import check_event_key, outbox_status, redeliver_event, start_relays, stop_relays
+from outbox.operations import (
+    check_event_key,
+    outbox_status,
+    parse_dead_since,
+    redeliver_dead,
+    redeliver_event,
+    start_relays,
+    stop_relays,
+)
 
 
 def _human_status(d: dict[str, Any]) -> str:
@@ -42,10 +51,33 @@ async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> Non
     emit(args, data, _human_status)
 
 
+def _human_redelivery(d: dict[str, Any]) -> str:
+    span = f" (dead {d['oldest_dead_at']} .. {d['newest_dead_at']})" if d["matching"] else ""
+    if not d["confirmed"]:
+        return f"{d['matching']} dead letter(s) match{span}; nothing changed: add --yes to redeliver them"
+    nudged = ", ".join(d.get("nudged") or []) or "no relay"
+    return f"{d['redelivered']} dead letter(s) redelivered{span}; nudged {nudged}"
+
+
 async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> None:
+    if args.event_key is None:
+        dead_since = parse_dead_since(args.dead_since) if args.dead_since else None
+        async with CliContext(settings) as ctx:
+            found = await redeliver_dead(
+                ctx.pool,
+                dead_since=dead_since,
+                reason=args.reason,
+                confirmed=args.yes,
+                client=ctx.client,
+                task_queue=ctx.settings.task_queue,
+            )
+        emit(args, found, _human_redelivery)
+        return
+    if args.dead_since or args.reason:
+        raise InputError("give either one EVENT_KEY or a filter (--dead-since, --reason), not both")
     check_event_key(args.event_key)
     async with CliContext(settings) as ctx:
-        data = await redeliver_event(ctx.pool, args.event_key, ctx.client)
+        data = await redeliver_event(ctx.pool, args.event_key, ctx.client, ctx.settings.task_queue)
     emit(
         args,
         data,
@@ -90,7 +122,7 @@ async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -
 
 async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) -> None:
     async with CliContext(settings) as ctx:
-        stopped = await stop_relays(ctx.client)
+        stopped = await stop_relays(ctx.client, ctx.settings.task_queue)
     emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
 
 
@@ -110,10 +142,13 @@ def register(commands: Commands) -> None:
         return p
 
     p = sub_command(nested, "status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
-    p.add_argument("--dead", type=int, default=10, help="dead letters to list (default 10)")
+    p.add_argument("--dead", type=count_argument(0), default=10, help="dead letters to list (default 10)")
 
     p = sub_command(nested, "redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
-    p.add_argument("event_key", help="e.g. renewal-reminder:acct_123:v1")
+    p.add_argument("event_key", nargs="?", help="e.g. renewal-reminder:acct_123:v1")
+    p.add_argument("--dead-since", metavar="TIME", help="instead of one key: every dead letter dead since TIME (ISO)")
+    p.add_argument("--reason", metavar="TEXT", help="instead of one key: every dead letter whose reason contains TEXT")
+    p.add_argument("--yes", action="store_true", help="redeliver what the filter selects (without it: only count)")
 
     relay = nested.add_parser("relay", help="start or stop the relay workflows")
     relay_sub = relay.add_subparsers(dest="relay_command", required=True)
@@ -131,4 +166,5 @@ def register(commands: Commands) -> None:
         help="a batch whose worker died is retried elsewhere after this long without a heartbeat "
         "(default: $OUTBOX_HEARTBEAT_TIMEOUT_SECONDS or 7)",
     )
-    sub_command(relay_sub, "stop", cmd_outbox_relay_stop, "ask every running relay to stop after its batch")
+    help = "ask this task queue's running relays to stop after their batch"
+    sub_command(relay_sub, "stop", cmd_outbox_relay_stop, help)

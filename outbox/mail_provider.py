@@ -52,6 +52,7 @@ REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     413: "Payload Too Large",
+    409: "Conflict",
     422: "Unprocessable Entity",
     429: "Too Many Requests",
     500: "Internal Server Error",
@@ -101,12 +102,15 @@ class MailProvider:
         retry_after: str = "1",
         hang_seconds: float = 30.0,
         seed: int = 0,
+        conflict_while_processing: bool = False,
     ) -> None:
         if not token:
             raise ValueError("the mail provider needs a bearer token")
         self._token = token
         self.shares = FaultShares(share_429, share_5xx, share_4xx, share_timeout, retry_after, hang_seconds)
         self._rng = random.Random(seed)
+        # Like providers that answer 409 to a key whose first request is still being processed.
+        self.conflict_while_processing = conflict_while_processing
         self._lock = threading.Lock()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -129,6 +133,7 @@ class MailProvider:
             self.faults: Counter[str] = Counter()
             self.unauthorized = 0
             self.held: dict[str, threading.Event] = {}
+            self.processing_until: dict[str, float] = {}
 
     def script(self, key: str, fault: ScriptedFault) -> None:
         with self._lock:
@@ -239,6 +244,8 @@ class MailProvider:
                 return _Response(400, {"error": "body is not JSON"})
             if not isinstance(message, dict):
                 return _Response(400, {"error": "body must be a JSON object"})
+            if self.processing_until.get(key, 0.0) > now:
+                return _Response(409, {"error": "a request with this Idempotency-Key is still in progress"})
             fault = self._pick_fault(key)
             if fault is None:
                 return self._deliver(key, message)
@@ -246,6 +253,8 @@ class MailProvider:
                 self.faults["timeout"] += 1
                 response = self._deliver(key, message)
                 response.hang = True
+                if self.conflict_while_processing:
+                    self.processing_until[key] = now + self.shares.hang_seconds
                 return response
             self.faults[str(fault.status)] += 1
             headers_out = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}

@@ -14,9 +14,6 @@ from pydantic import Field, model_validator
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
-# Workflow patch: a nudge that arrives while a batch runs is kept for the idle that follows it.
-RELAY_PATCH_KEEP_NUDGES = "relay-keep-nudges-during-batch"
-
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
 FAILURE_TIMEOUT = "timeout"
 FAILURE_CONNECTION = "connection error"
@@ -70,7 +67,7 @@ class RelayBatchSettings(Model):
 
     @property
     def heartbeat_timeout(self) -> float:
-        """The batch's heartbeat timeout (payloads of older relays carry none: the default)."""
+        """The batch's heartbeat timeout (None when set neither by the caller nor the environment: the default)."""
         return self.heartbeat_timeout_seconds or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 
     @model_validator(mode="after")
@@ -129,8 +126,7 @@ class OutboxRelayInput(Model):
     )
     batches_per_run: int = Field(default=500, ge=1, le=10_000, description="then continue-as-new")
     totals: RelayTotals = RelayTotals()
-    # Signals carried across continue-as-new (received by the previous run, not yet acted on).
-    stop_requested: bool = False
+    # A nudge carried across continue-as-new (received by the previous run, not yet acted on).
     nudged: bool = False
 
 

@@ -13,14 +13,13 @@ from typing import Any
 import asyncpg
 from pydantic import ValidationError
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 import outbox
 from core import db
 from core.errors import InputError
 from core.queries import load
-from core.temporal import WORKFLOW_TASK_TIMEOUT
+from core.temporal import start_idempotently
 from outbox.models import (
     RELAY_NUDGE_SIGNAL,
     RELAY_STOP_SIGNAL,
@@ -50,14 +49,34 @@ def check_event_key(value: str) -> str:
     return value
 
 
+def parse_dead_since(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--dead-since: not an ISO-8601 time: {text!r} (example: 2026-11-01T09:00:00Z)") from None
+    if value.tzinfo is None:
+        raise InputError(f"--dead-since {text!r} has no timezone; add 'Z' or an offset such as +02:00")
+    return value
+
+
 def _plain(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in dict(row).items()}
 
 
-async def running_relays(client: Client) -> list[dict[str, Any]]:
+def _task_queue_filter(task_queue: str | None) -> str:
+    if task_queue is None:
+        return ""
+    if not re.fullmatch(r"[\w.:/-]{1,200}", task_queue):
+        raise InputError(f"malformed task queue name {task_queue!r}")
+    return f" AND TaskQueue = '{task_queue}'"
+
+
+async def running_relays(client: Client, task_queue: str | None = None) -> list[dict[str, Any]]:
+    """The running relay workflows: of one task queue (this deployment's), or of the namespace."""
     rows: list[dict[str, Any]] = []
     async for wf in client.list_workflows(
-        f"WorkflowType = '{RELAY_WORKFLOW}' AND ExecutionStatus = 'Running'", limit=100
+        f"WorkflowType = '{RELAY_WORKFLOW}' AND ExecutionStatus = 'Running'{_task_queue_filter(task_queue)}",
+        limit=100,
     ):
         memo = await wf.memo()
         rows.append(
@@ -88,7 +107,9 @@ async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_l
     return out
 
 
-async def redeliver_event(pool: asyncpg.Pool, event_key: str, client: Client | None = None) -> dict[str, Any]:
+async def redeliver_event(
+    pool: asyncpg.Pool, event_key: str, client: Client | None = None, task_queue: str | None = None
+) -> dict[str, Any]:
     """Make a dead (or waiting) event due now; refuse delivered or currently leased ones."""
     check_event_key(event_key)
     async with pool.acquire() as conn, db.transaction(conn):
@@ -107,15 +128,41 @@ async def redeliver_event(pool: asyncpg.Pool, event_key: str, client: Client | N
                 f"(lease until {current['leased_until'].isoformat()}); nothing to do"
             )
     out = _plain(row) | {"previous_status": current["status"], "previous_error": current["last_error"]}
-    if client is not None:
-        out["nudged"] = await nudge_relays(client)
+    if client is not None and task_queue is not None:
+        out["nudged"] = await nudge_relays(client, task_queue)
     return out
 
 
-async def nudge_relays(client: Client) -> list[str]:
+async def redeliver_dead(
+    pool: asyncpg.Pool,
+    *,
+    dead_since: datetime | None,
+    reason: str | None,
+    confirmed: bool,
+    client: Client | None = None,
+    task_queue: str | None = None,
+) -> dict[str, Any]:
+    """The dead letters selected by a filter (dead since, a piece of the reason): counted, and
+    redelivered in one statement only when `confirmed` (the count is what an operator checks first)."""
+    if dead_since is None and not reason:
+        raise InputError("give a filter: --dead-since TIME and/or --reason TEXT (or one EVENT_KEY)")
+    matching = await pool.fetchrow(SQL.dead_matching, dead_since, reason or None)
+    assert matching is not None
+    out = _plain(matching) | {"dead_since": dead_since.isoformat() if dead_since else None, "reason": reason}
+    if not confirmed:
+        return out | {"redelivered": 0, "confirmed": False}
+    out["redelivered"] = await pool.fetchval(SQL.redeliver_dead_matching, dead_since, reason or None)
+    out["confirmed"] = True
+    if client is not None and task_queue is not None and out["redelivered"]:
+        out["nudged"] = await nudge_relays(client, task_queue)
+    return out
+
+
+async def nudge_relays(client: Client, task_queue: str) -> list[str]:
+    """Wake this task queue's relays (another deployment's relays share the namespace, not the outbox)."""
     nudged: list[str] = []
     with contextlib.suppress(RPCError):
-        for relay in await running_relays(client):
+        for relay in await running_relays(client, task_queue):
             with contextlib.suppress(RPCError):
                 await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_NUDGE_SIGNAL)
                 nudged.append(relay["workflow_id"])
@@ -153,23 +200,24 @@ async def start_relays(
             )
         except ValidationError as err:
             raise InputError(str(err)) from None
-        handle = await client.start_workflow(
+        run_id, _ = await start_idempotently(
+            client,
             RELAY_WORKFLOW,
             input,
-            result_type=RelayTotals,
-            id=workflow_id,
+            workflow_id=workflow_id,
             task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"outbox relay {n} of {relays}",
+            result_type=RelayTotals,
+            summary=f"outbox relay {n} of {relays}",
+            repeat_closed=True,
         )
-        started.append({"workflow_id": workflow_id, "run_id": handle.result_run_id})
+        started.append({"workflow_id": workflow_id, "run_id": run_id})
     return started
 
 
-async def stop_relays(client: Client) -> list[str]:
+async def stop_relays(client: Client, task_queue: str) -> list[str]:
+    """Ask this task queue's running relays to stop after their batch."""
     stopped: list[str] = []
-    for relay in await running_relays(client):
+    for relay in await running_relays(client, task_queue):
         with contextlib.suppress(RPCError):
             await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_STOP_SIGNAL)
             stopped.append(relay["workflow_id"])

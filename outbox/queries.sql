@@ -156,3 +156,24 @@ SET status = 'pending',
 WHERE event_key = $1
   AND (status = 'dead' OR (status = 'pending' AND (leased_until IS NULL OR leased_until < now())))
 RETURNING event_key, status, attempts, next_attempt_at, redeliveries, last_error;
+
+-- name: dead_matching
+-- The dead letters an operator's filter selects ($1 dead since, or NULL; $2 a piece of the reason,
+-- case-insensitive, or NULL): how many, and over which span.
+SELECT count(*)::int AS matching, min(dead_at) AS oldest_dead_at, max(dead_at) AS newest_dead_at
+FROM outbox
+WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
+  AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0);
+
+-- name: redeliver_dead_matching
+-- Every dead letter the filter selects (as dead_matching) is due again now, with its failures
+-- forgotten, in one statement. Pending and delivered events are never touched.
+WITH again AS (
+    UPDATE outbox
+    SET status = 'pending', next_attempt_at = now(), attempts = 0, failures = 0,
+        failure_counts = '{}'::jsonb, dead_at = NULL, dead_reason = NULL, redeliveries = redeliveries + 1
+    WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
+      AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0)
+    RETURNING 1
+)
+SELECT count(*)::int AS redelivered FROM again;

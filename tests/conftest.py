@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -31,13 +32,73 @@ from temporalio.worker import Worker
 from core import db, embedded
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect, ensure_search_attributes
+from demo.fixture import create_game_schema
+from tests import leftovers
 from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
 STATE_DIR = PROJECT_ROOT / ".state" / "tests"
+# The tests may start the embedded stack (core.embedded.resolve); a command anywhere else may not.
+os.environ.setdefault("CLEANUP_EMBEDDED", "1")
+
+
+# A test that uses one of these fixtures (directly or through another) reaches a server, Temporal or
+# Postgres; every other test is in the fast tier (`./dev test --fast`, `-m "not server"`) unless its
+# module says `pytestmark = pytest.mark.server` (it starts servers or subprocesses of its own).
+SERVER_FIXTURES = frozenset({"env", "time_skipping_env", "admin_db_url"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("dev_server"):
+            item.add_marker(pytest.mark.server)
+    if not config.getoption("--slow"):
+        # Long runs that prove nothing the default suite does not (at a smaller size): opt-in.
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+POSTGRES_WAS_RUNNING = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process the session starts carries its token (tests.leftovers finds any it left
+    running), and every embedded default it reaches lives in STATE_DIR (stopped at the end)."""
+    os.environ[leftovers.SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    os.environ["CLEANUP_STATE_DIR"] = str(STATE_DIR)
+    config.stash[POSTGRES_WAS_RUNNING] = embedded.embedded_postgres_pid(STATE_DIR) is not None
+    signal.signal(signal.SIGTERM, _interrupted)  # a killed run stops its servers too, like Ctrl-C
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.hookimpl(trylast=True)  # after the runner's own session finish, which tears the fixtures down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the embedded Postgres if this session started it; fail the run if a process it
+    started is still running (listed, then killed, so nothing outlives the run either way)."""
+    if not session.config.stash.get(POSTGRES_WAS_RUNNING, True):
+        embedded.stop_embedded_postgres(STATE_DIR)
+    left = leftovers.left_running(os.environ[leftovers.SESSION_ENV])
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"processes started by this test session still running (killed now): {len(left)}"]
+    lines += [f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items())]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    leftovers.kill(list(left))
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (long, opt-in)")
     parser.addoption(
         "--workflow-environment",
         default="local",
@@ -56,7 +117,7 @@ def admin_db_url() -> str:
 @pytest_asyncio.fixture(scope="session")
 async def template_db(admin_db_url: str) -> AsyncIterator[str]:
     name = f"cleanup_template_{os.getpid()}"
-    await db.create_database(admin_db_url, name, replace=True)
+    await create_game_schema(await db.create_database(admin_db_url, name, replace=True))
     try:
         yield name
     finally:
@@ -95,12 +156,14 @@ async def env(
         return
     else:
         address = choice
-    client = await connect(Settings(temporal_address=address))
-    environment = WorkflowEnvironment.from_client(client)
-    yield environment
-    await environment.shutdown()
-    if server is not None:
-        await asyncio.to_thread(server.stop)
+    try:
+        client = await connect(Settings(temporal_address=address))
+        environment = WorkflowEnvironment.from_client(client)
+        yield environment
+        await environment.shutdown()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
 
 
 async def start_time_skipping() -> WorkflowEnvironment:

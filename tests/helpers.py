@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowHistory
 
 from activities.cleanup import claim_in_chunks
 from cleanup.models import ClaimChunkedInput
-from cleanup.operations import seed_accounts
+from demo.fixture import seed_accounts
 from tests.redelivery import RedeliverActivityWorkflow, Redelivery
 
 
@@ -44,8 +44,8 @@ async def effect_counts(pool: asyncpg.Pool) -> dict[str, int]:
           (SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder') AS reminders,
           (SELECT count(*) - count(DISTINCT account_id) FROM outbox
              WHERE kind = 'renewal_reminder') AS duplicate_reminders,
-          (SELECT count(*) FROM match_history_archive) AS archived_matches,
-          (SELECT count(*) - count(DISTINCT match_id) FROM match_history_archive) AS duplicate_archives,
+          (SELECT count(*) FROM demo_game.match_history_archive) AS archived_matches,
+          (SELECT count(*) - count(DISTINCT match_id) FROM demo_game.match_history_archive) AS duplicate_archives,
           (SELECT count(*) FROM accounts WHERE status = 'cleaned') AS cleaned_accounts,
           (SELECT count(*) FROM cleanup_settlements) AS settlements
         """

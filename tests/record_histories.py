@@ -1,89 +1,70 @@
-"""Record workflow histories for the replay tests: `python -m tests.record_histories`.
+"""Record the cleanup and planner histories for the replay tests: `python -m tests.record_histories`.
 
-Re-record only when a change is meant to break compatibility with running workflows; the point
-of the recorded files is that today's code must replay yesterday's histories (sleeps last days).
+One history per workflow, recorded by today's code (with DATABASE_URL pointing at a Postgres
+server; a private Temporal dev server and a scratch database are started and removed):
+- `renewal_cleanup.json`: a cohort of 200 accounts whose 4 partitions follow its claim (chunks of
+  30, two claim streams, 2 partitions at a time), 5 accounts renewed before the deadline;
+- `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps.
+Re-record when a change to a workflow's commands is meant to ship without a patch (see
+docs/decisions/0001-workflow-versioning.md); `python -m tests.record_ledger_histories` and
+`python -m tests.record_outbox_histories` record the other two workflows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import os
+import tempfile
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 
+from cleanup.models import planner_workflow_id
 from cleanup.operations import renew, start_cleanup
+from cleanup.planner import ensure_planner
+from cleanup.planner_models import PlannerSettings
 from core import db, embedded
 from core.config import Settings
 from core.temporal import connect
-from tests.helpers import deadline_in, seed
+from demo.fixture import create_game_schema
+from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
-from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
-# Recorded after the `chunked-claim` patch: `python -m tests.record_histories planner`
-# records only these, so the files recorded before it keep proving that older runs replay.
-PLANNER_HISTORIES = ("chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running")
 
 
-async def record_failed_tolerance(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
-    """A cohort with one account poisoned by a trigger and `max_failed=0`: the run settles, then
-    fails behind the `failed-tolerance` patch."""
-    deadline = deadline_in(-60)
-    accounts = await seed(pool, deadline, 20)
-    await pool.execute(
-        """
-        CREATE OR REPLACE FUNCTION record_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            RAISE EXCEPTION 'inventory of % is under legal hold', OLD.account_id;
-        END $$
-        """
-    )
-    await pool.execute(
-        "CREATE TRIGGER record_poison BEFORE DELETE ON inventory_items FOR EACH ROW"
-        f" WHEN (OLD.account_id = '{accounts[7]}') EXECUTE FUNCTION record_poison()"
-    )
+@asynccontextmanager
+async def scratch_stack(prefix: str) -> AsyncIterator[tuple[Client, asyncpg.Pool, str]]:
+    """A private Temporal dev server, a migrated scratch database and a worker on a fresh queue."""
+    admin_url = os.environ["DATABASE_URL"]
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    server = embedded.DevServer(Path(tempfile.mkdtemp()), port=None)
+    await asyncio.to_thread(server.start)
+    url = await db.create_database(admin_url, name)
+    await create_game_schema(url)
     try:
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2, max_failed=0)
-        try:
-            await client.get_workflow_handle(started.workflow_id).result()
-            raise AssertionError("the run should have failed its tolerance")
-        except WorkflowFailureError:
-            pass
-        history = await client.get_workflow_handle(started.workflow_id).fetch_history()
-        (HISTORIES / "cohort_failed_tolerance.json").write_text(history.to_json())
-        print(f"recorded cohort_failed_tolerance: {len(history.events)} events")
+        pool = await db.create_pool(url, max_size=8)
+        client = await connect(Settings(temporal_address=server.address))
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        async with build_worker(client, task_queue, await build_activities(pool)):
+            yield client, pool, task_queue
+        await pool.close()
     finally:
-        await pool.execute("DROP TRIGGER record_poison ON inventory_items; DROP FUNCTION record_poison()")
+        await db.drop_database(admin_url, name)
+        await asyncio.to_thread(server.stop)
 
 
-async def record_renewed_phase_kept(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
-    """A single-account cleanup ended by a renewal, after the `renewed-phase-kept` patch: it settles
-    without upserting `settling`/`settled` over the phase `renewed`."""
-    [account] = await seed(pool, deadline_in(3600), 1)
-    single = await start_cleanup(client, pool, task_queue, account_id=account)
-    await renew(client, pool, task_queue, account)
-    await client.get_workflow_handle(single.workflow_id).result()
-    history = await client.get_workflow_handle(single.workflow_id).fetch_history()
-    (HISTORIES / "single_account_renewed_phase_kept.json").write_text(history.to_json())
-    print(f"recorded single_account_renewed_phase_kept: {len(history.events)} events")
+async def save(client: Client, name: str, workflow_id: str) -> None:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    (HISTORIES / f"{name}.json").write_text(history.to_json())
+    print(f"recorded {name}: {len(history.events)} events")
 
 
-async def record_overlapped_claim(
-    client: Client,
-    pool: asyncpg.Pool,
-    task_queue: str,
-    name: str = "overlapped_cohort_completed",
-    streams: int = 1,
-    parallel: int = 8,
-) -> None:
-    """A cohort after the `claim-overlap` patch: every partition starts with the claim (chunks of
-    30 accounts, in `streams` claim streams) and follows it; some accounts renewed before the
-    deadline. `overlapped_cohort_completed` was recorded before claim streams existed (one claim);
-    `capped_cohort_completed` after the `following-partitions-at-once` patch (4 partitions, 2 at a
-    time: 2 run)."""
+async def record_cleanup(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
     deadline = deadline_in(3)
     accounts = await seed(pool, deadline, 200)
     cohort = await start_cleanup(
@@ -93,108 +74,36 @@ async def record_overlapped_claim(
         deadline=deadline,
         partitions=4,
         claim_chunk_size=30,
-        claim_streams=streams,
-        max_parallel_partitions=parallel,
+        claim_streams=2,
+        max_parallel_partitions=2,
     )
     for account_id in accounts[:5]:
         await renew(client, pool, task_queue, account_id)
     await client.get_workflow_handle(cohort.workflow_id).result()
-    history = await client.get_workflow_handle(cohort.workflow_id).fetch_history()
-    (HISTORIES / f"{name}.json").write_text(history.to_json())
-    print(f"recorded {name}: {len(history.events)} events")
+    await save(client, "renewal_cleanup", cohort.workflow_id)
 
 
-async def main(only: list[str] | None = None) -> None:
-    settings = embedded.resolve(Settings.from_env())
-    assert settings.database_url is not None
-    await db.migrate_url(settings.database_url)
-    pool = await db.create_pool(settings.database_url)
-    client = await connect(settings)
-    task_queue = f"record-{uuid.uuid4().hex[:8]}"
-    if only == ["cohort_failed_tolerance"]:  # record just the newest one, leave the others as they are
-        async with build_worker(client, task_queue, await build_activities(pool)):
-            await record_failed_tolerance(client, pool, task_queue)
-        await pool.close()
-        return
-    if only == ["two_stream_cohort_completed"]:
-        async with build_worker(client, task_queue, await build_activities(pool)):
-            await record_overlapped_claim(client, pool, task_queue, "two_stream_cohort_completed", streams=2)
-        await pool.close()
-        return
-    if only == ["capped_cohort_completed"]:
-        async with build_worker(client, task_queue, await build_activities(pool)):
-            await record_overlapped_claim(client, pool, task_queue, "capped_cohort_completed", streams=2, parallel=2)
-        await pool.close()
-        return
-    if only == ["single_account_renewed_phase_kept"]:
-        async with build_worker(client, task_queue, await build_activities(pool)):
-            await record_renewed_phase_kept(client, pool, task_queue)
-        await pool.close()
-        return
-    async with build_worker(client, task_queue, await build_activities(pool)):
-        sleeping_deadline = deadline_in(2 * 24 * 3600)
-        await seed(pool, sleeping_deadline, 20)
-        sleeping = await start_cleanup(client, pool, task_queue, deadline=sleeping_deadline, partitions=4)
-        handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, sleeping.workflow_id)
-        await handle.query(RenewalCleanupWorkflow.status)  # the first task has run: the timer exists
+async def record_planner(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
+    bucketed = await seed(pool, deadline_in(3), 50)
+    await renew(client, pool, task_queue, bucketed[0])
+    await ensure_planner(client, task_queue, PlannerSettings(tick_seconds=1, iterations_per_run=1000))
 
-        deadline = deadline_in(3)
-        accounts = await seed(pool, deadline, 200)
-        cohort = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
-        single = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
-        for account_id in accounts[:5]:
-            await renew(client, pool, task_queue, account_id)
-        await client.get_workflow_handle(cohort.workflow_id).result()
-        await client.get_workflow_handle(single.workflow_id).result()
+    async def bucket_settled() -> bool:
+        return bool(
+            await pool.fetchval("SELECT count(*) FROM cleanup_settlements WHERE cleanup_id LIKE 'cleanup-bucket-%'")
+        )
 
-        for name, workflow_id in [
-            ("cohort_mid_sleep", sleeping.workflow_id),
-            ("cohort_completed", cohort.workflow_id),
-            ("single_account_renewed", single.workflow_id),
-        ]:
-            history = await client.get_workflow_handle(workflow_id).fetch_history()
-            (HISTORIES / f"{name}.json").write_text(history.to_json())
-            print(f"recorded {name}: {len(history.events)} events")
-        await handle.terminate("recorded")
-        await record_failed_tolerance(client, pool, task_queue)
-        await record_renewed_phase_kept(client, pool, task_queue)
-    await pool.close()
+    await wait_until(bucket_settled, within=120, interval=1)
+    planner = planner_workflow_id(task_queue)
+    await save(client, "deadline_planner", planner)
+    await client.get_workflow_handle(planner).terminate("recorded")
 
 
-async def record_planner() -> None:
-    from cleanup.models import planner_workflow_id
-    from cleanup.planner import ensure_planner
-    from cleanup.planner_models import PlannerSettings
-
-    settings = embedded.resolve(Settings.from_env())
-    assert settings.database_url is not None
-    await db.migrate_url(settings.database_url)
-    pool = await db.create_pool(settings.database_url)
-    client = await connect(settings)
-    task_queue = f"record-{uuid.uuid4().hex[:8]}"
-    async with build_worker(client, task_queue, await build_activities(pool)):
-        deadline = deadline_in(3)
-        await seed(pool, deadline, 200)
-        bucketed = await seed(pool, deadline_in(6), 50)
-        cohort = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
-        await renew(client, pool, task_queue, bucketed[0])
-        await ensure_planner(client, task_queue, PlannerSettings(tick_seconds=1, iterations_per_run=1000))
-        await client.get_workflow_handle(cohort.workflow_id).result()
-        bucket_id = None
-        while bucket_id is None:
-            await asyncio.sleep(1)
-            bucket_id = await pool.fetchval(
-                "SELECT cleanup_id FROM cleanup_settlements WHERE cleanup_id LIKE 'cleanup-bucket-%' LIMIT 1"
-            )
-        planner = planner_workflow_id(task_queue)
-        for name, workflow_id in zip(PLANNER_HISTORIES, [cohort.workflow_id, bucket_id, planner], strict=True):
-            history = await client.get_workflow_handle(workflow_id).fetch_history()
-            (HISTORIES / f"{name}.json").write_text(history.to_json())
-            print(f"recorded {name}: {len(history.events)} events")
-        await client.get_workflow_handle(planner).terminate("recorded")
-    await pool.close()
+async def main() -> None:
+    async with scratch_stack("record_cleanup") as (client, pool, task_queue):
+        await record_cleanup(client, pool, task_queue)
+        await record_planner(client, pool, task_queue)
 
 
 if __name__ == "__main__":
-    # `python -m tests.record_histories` records them all; `... cohort_failed_tolerance` only that one.
-    asyncio.run(main(sys.argv[1:] or None))
+    asyncio.run(main())

@@ -1,11 +1,9 @@
-"""Record an OutboxRelayWorkflow history for the replay tests: `python -m tests.record_outbox_histories [PATH]`.
+"""Record the OutboxRelayWorkflow history for the replay tests: `python -m tests.record_outbox_histories [PATH]`.
 
-The scenario is the one the `relay-keep-nudges-during-batch` patch changes: a `nudge` arrives while
-the first batch is in flight, then the relay idles and is stopped. Recorded by the code before the
-patch, the history has an idle timer right after that batch (`v1_outbox_relay_nudged_mid_batch.json`);
-recorded by today's code, a second batch runs first (`outbox_relay_nudged_mid_batch.json`). Both must
-replay against today's code. The batch activity is a stand-in (no database, no provider): only the
-workflow's commands are recorded. Runs on the time-skipping test server, which needs nothing else.
+A `nudge` arrives while the first batch is in flight (so a second batch runs before the relay
+idles), then the relay idles and is stopped (`outbox_relay.json`). The batch activity is a stand-in
+(no database, no provider): only the workflow's commands are recorded. Runs on the time-skipping
+test server, which needs nothing else.
 """
 
 from __future__ import annotations
@@ -80,5 +78,5 @@ async def record(path: Path) -> int:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else HISTORIES / "outbox_relay_nudged_mid_batch.json"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else HISTORIES / "outbox_relay.json"
     print(f"recorded {target.name}: {asyncio.run(record(target))} events")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import (
     batch_plan,
     batch_sizes,
@@ -15,6 +17,8 @@ from bench import (
     poisoned_cohort,
     single_accounts,
 )
+
+pytestmark = pytest.mark.server  # each benchmark starts its own stack
 
 
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):

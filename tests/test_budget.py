@@ -12,12 +12,14 @@ from datetime import date
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
-from core.budget import BudgetSettings, LoadBudget, budget_status, judge, set_budget
+from core import db
+from core.budget import SQL, BudgetSettings, LoadBudget, budget_status, judge, set_budget, stress_reasons
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
 from tests.helpers import deadline_in, effect_counts, seed, wait_until
@@ -190,10 +192,13 @@ async def _denied_at_least(pool: asyncpg.Pool, n: int) -> bool:
 async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires(db_url):
     """Two pools (as two processes would have) with many batches each: never more than N at once;
     a holder that never releases (a killed worker) stops renewing and its slot comes back."""
-    pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=6) for _ in range(2)]
+    pools = [
+        await asyncpg.create_pool(db_url, min_size=1, max_size=6, server_settings=db.service_settings())
+        for _ in range(2)
+    ]
     try:
         settings = BudgetSettings(
-            max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0, min_scale=1.0
+            max_in_flight=3, rows_per_second=1e6, latency_ms=1e6, lease_seconds=1.0, quiet_seconds=0
         )  # no back-off: this is about the slots
         budgets = [LoadBudget(p, settings) for p in pools]
         running = peak = 0
@@ -220,8 +225,99 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
         grant = await budgets[1].acquire("alive", 1, waits.append)
         assert grant.slot is not None and waits, "it waited for an expired lease, then got a slot"
     finally:
+        for b in budgets:
+            await b.close()
         for p in pools:
             await p.close()
+
+
+# One slot, leased for an hour: only its session's end can free it within a test.
+ONE_SLOT_FOR_AN_HOUR = BudgetSettings(
+    max_in_flight=1, rows_per_second=1e6, latency_ms=1e6, lease_seconds=3600, quiet_seconds=0, adjust_seconds=0.001
+)
+
+
+async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
+    """The database session of the worker holding the only slot ends (the worker died, its
+    connection broke): a batch waiting in another worker gets the slot, though its lease has an
+    hour to run; the holder, asking again, ties its next slot to a new session."""
+    pools = [await asyncpg.create_pool(db_url, min_size=1, max_size=4) for _ in range(2)]
+    holder, other = (LoadBudget(p, ONE_SLOT_FOR_AN_HOUR) for p in pools)
+    try:
+        assert (await holder.acquire("holder", 1)).slot == 0
+        pid, _ = await holder.session_identity()
+        waits: list[dict[str, Any]] = []
+        waiting = asyncio.ensure_future(other.acquire("other", 1, waits.append))
+
+        async def denied_twice() -> bool:
+            return len(waits) >= 2
+
+        await wait_until(denied_twice, within=60)  # denied: the slot is held
+        assert not waiting.done()
+        assert await pools[1].fetchval("SELECT pg_terminate_backend($1, 60000)", pid)
+        grant = await asyncio.wait_for(waiting, 60)
+        assert grant.slot == 0
+        status = await budget_status(pools[1], ONE_SLOT_FOR_AN_HOUR)
+        assert [s["holder"].split()[-1] for s in status["slots"]] == ["other"]
+
+        await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None)
+        again = await asyncio.wait_for(holder.acquire("holder", 1), 60)
+        assert again.slot == 0 and (await holder.session_identity())[0] != pid, "a new session holds it"
+    finally:
+        for b in (holder, other):
+            await b.close()
+        for p in pools:
+            await p.close()
+
+
+async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stress() -> None:
+    """A real crash and restart of the database: the slot held before it is free at once, and the
+    slow commit probes of the restarted server make a new baseline instead of shrinking the budget
+    (against a baseline measured on the same run of the server, the same probes do shrink it)."""
+    from harness.private_pg import PrivatePostgres
+
+    pg = PrivatePostgres()
+    await asyncio.to_thread(pg.init)
+    await db.migrate_url(pg.admin_url)
+    pools = [await db.create_pool(pg.admin_url, max_size=4)]
+    budgets = [LoadBudget(pools[0], ONE_SLOT_FOR_AN_HOUR)]
+    try:
+        assert (await budgets[0].acquire("before the crash", 1)).slot == 0
+        await pools[0].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)
+        await asyncio.to_thread(pg.crash)
+        await asyncio.to_thread(pg.restart)
+        pools.append(await db.create_pool(pg.admin_url, max_size=4))
+        budgets.append(LoadBudget(pools[1], ONE_SLOT_FOR_AN_HOUR))
+        after = budgets[1]
+        grant = await asyncio.wait_for(after.acquire("after the restart", 1), 60)
+        assert grant.slot == 0, "the slot held before the crash is free"
+
+        await pools[1].execute(SLOW_BUSY_PROBES)
+        verdict = await after.maybe_adjust()
+        assert verdict is not None and verdict["stress"] is None and verdict["rate_limit"] is None
+        assert await pools[1].fetchval("SELECT probe_baseline_ms FROM load_budget") is None, "learned again"
+
+        await pools[1].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)  # the same probes, no restart between
+        await pools[1].execute(SLOW_BUSY_PROBES)
+        verdict = await after.maybe_adjust()
+        assert verdict is not None and "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
+    finally:
+        for b in budgets:
+            await b.close()
+        for p in pools:
+            p.terminate()
+        await asyncio.to_thread(pg.close)
+
+
+LEARNED_BASELINE_OF_THIS_SERVER_RUN = """
+UPDATE load_budget SET probe_baseline_ms = 1, probe_baseline_at = clock_timestamp(),
+       probe_baseline_server_start = pg_postmaster_start_time(), scale = 1
+"""
+# Five busy probes of 200 ms each: 200 times the baseline.
+SLOW_BUSY_PROBES = """
+INSERT INTO load_budget_probes (holder, probed_at, busy_ms_sum, busy_n) VALUES ('slow', clock_timestamp(), 1000, 5)
+ON CONFLICT (holder) DO UPDATE SET busy_ms_sum = 1000, busy_n = 5
+"""
 
 
 async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per_batch(pool):
@@ -244,69 +340,96 @@ async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per
         assert grant.slot is not None, "switched on again: the next read of the row takes a slot"
 
 
-def test_back_off_halves_on_stress_and_grows_back_when_healthy() -> None:
-    common: dict[str, Any] = {
-        "latency_threshold": 1000.0,
-        "max_lock_waits": 4,
-        "max_lag": 10.0,
-        "min_scale": 0.1,
-        "grow_step": 0.1,
-    }
-    slow = judge(scale=1.0, latency_ms=2500.0, lock_waits=0, replication_lag=None, **common)
-    assert slow["scale"] == 0.5 and "batch latency" in slow["stress"]
-    locked = judge(scale=0.15, latency_ms=None, lock_waits=9, replication_lag=None, **common)
-    assert locked["scale"] == 0.1 and "lock waits" in locked["stress"]
-    lagging = judge(scale=1.0, latency_ms=10.0, lock_waits=0, replication_lag=30.0, **common)
-    assert lagging["scale"] == 0.5 and "replication lag" in lagging["stress"]
-    healthy = judge(scale=0.5, latency_ms=200.0, lock_waits=1, replication_lag=0.5, **common)
-    assert healthy == {"scale": 0.6, "stress": None}
-    probed = judge(
-        scale=1.0,
-        latency_ms=None,
-        lock_waits=0,
-        replication_lag=None,
-        probe_ms=9.0,
-        **common,
-        probe_baseline_ms=4.0,
-        probe_ratio=1.5,
-        probe_min_ms=1.0,
-    )
-    assert probed["scale"] == 0.5 and "commit probe" in probed["stress"]
+def test_each_signal_shows_stress_against_its_threshold() -> None:
+    common: dict[str, Any] = {"latency_threshold": 1000.0, "max_lock_waits": 4, "max_lag": 10.0}
+    calm: dict[str, Any] = {"latency_ms": None, "lock_waits": 0, "replication_lag": None}
+    assert stress_reasons(**common, **calm) == {}
+    assert list(stress_reasons(**common, **{**calm, "latency_ms": 2500.0})) == ["batch_latency"]
+    assert list(stress_reasons(**common, **{**calm, "lock_waits": 9})) == ["lock_waits"]
+    assert list(stress_reasons(**common, **{**calm, "replication_lag": 30.0})) == ["replication_lag"]
+    probe: dict[str, Any] = {"probe_ratio": 1.5, "probe_min_ms": 1.0}
+    slow = stress_reasons(**common, **calm, probe_ms=9.0, probe_baseline_ms=4.0, **probe)
+    assert list(slow) == ["commit_probe"] and "1.5 x baseline 4.0 ms" in slow["commit_probe"]
     for probe_ms, baseline in ((5.9, 4.0), (1.2, 0.5), (9.0, None)):  # under 1.5 x; under +1 ms; no baseline
-        calm = judge(
-            scale=1.0,
-            latency_ms=None,
-            lock_waits=0,
-            replication_lag=None,
-            probe_ms=probe_ms,
-            **common,
-            probe_baseline_ms=baseline,
-            probe_ratio=1.5,
-            probe_min_ms=1.0,
+        assert stress_reasons(**common, **calm, probe_ms=probe_ms, probe_baseline_ms=baseline, **probe) == {}
+    bounded = stress_reasons(**common, **calm, probe_ms=30.0, probe_baseline_ms=None, probe_max_ms=25.0)
+    assert list(bounded) == ["commit_probe_ms"], "the absolute objective needs no baseline"
+    assert stress_reasons(**common, **calm, probe_ms=20.0, probe_baseline_ms=None, probe_max_ms=25.0) == {}
+
+
+def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> None:
+    def step(reasons: dict[str, str], rate: float | None, n: int | None, did: float | None, peak: int) -> Any:
+        return judge(
+            reasons,
+            rate_limit=rate,
+            in_flight_limit=n,
+            observed_rows_per_second=did,
+            observed_peak_in_flight=peak,
+            min_rows_per_second=2000.0,
+            grow_factor=1.5,
         )
-        assert calm["stress"] is None, (probe_ms, baseline)
-    assert judge(scale=1.0, latency_ms=None, lock_waits=0, replication_lag=None, **common)["scale"] == 1.0
+
+    stress = {"lock_waits": "9 lock waits > 4"}
+    # Unthrottled, the work did 10,000 rows/s with 8 batches at once: stress halves what it did.
+    first = step(stress, None, None, 10_000.0, 8)
+    assert (first["rate_limit"], first["in_flight_limit"]) == (5000.0, 4) and first["stress"] == "9 lock waits > 4"
+    again = step(stress, 5000.0, 4, 4900.0, 4)
+    assert (again["rate_limit"], again["in_flight_limit"]) == (2450.0, 2)
+    floor = step(stress, 2450.0, 2, 2400.0, 2)
+    assert (floor["rate_limit"], floor["in_flight_limit"]) == (2000.0, 1), "never below the deadlines' rate"
+    # Healthy: a limit the work uses grows; one it does not use half of is lifted.
+    grows = step({}, 2000.0, 1, 1990.0, 1)
+    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 2, None)
+    lifted = step({}, 3000.0, 2, 900.0, 2)
+    assert (lifted["rate_limit"], lifted["in_flight_limit"]) == (None, None)
+    idle = step({}, None, None, None, 0)
+    assert (idle["rate_limit"], idle["in_flight_limit"]) == (None, None), "no stress, no limit"
 
 
-async def test_stress_shrinks_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
-    await set_budget(pool, max_in_flight=8)  # for every reader, not only this process's settings
-    budget = LoadBudget(pool, BudgetSettings(latency_ms=1.0, adjust_seconds=0.001))
+async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
+    budget = LoadBudget(pool, BudgetSettings(latency_ms=1.0, adjust_seconds=0.001, quiet_seconds=0))
+    status = await budget_status(pool, budget.settings)
+    assert status["doing"].startswith("full speed") and status["limited_by"].startswith("nothing")
     async with budget.batch("test", 100) as grant:
         await asyncio.sleep(0.01)  # > 1 ms per 1000 rows: stress by the latency threshold
         grant.rows_done = 100
     await asyncio.sleep(0.01)
     verdict = await budget.maybe_adjust()
-    assert verdict is not None and verdict["scale"] == 0.5
+    assert verdict is not None and verdict["rate_limit"] == budget.settings.min_rows_per_second
     status = await budget_status(pool, budget.settings)
-    assert status["effective_in_flight"] == 4 and "batch latency" in status["stress"]
+    assert status["throttled"] and status["effective_in_flight"] == 1 and "batch latency" in status["stress"]
+    assert status["doing"].startswith("throttled") and "batch latency" in status["limited_by"]
+    assert status["effective_rows_per_second"] == budget.settings.min_rows_per_second
 
     planner = await planner_status(client, pool, task_queue)
-    assert planner["budget"]["effective_in_flight"] == 4 and planner["budget"]["stress"] == status["stress"]
+    assert planner["budget"]["effective_in_flight"] == 1 and planner["budget"]["stress"] == status["stress"]
     out = await starter(db_url, "budget", "show")
-    assert "batch latency" in out and "scale" in out
+    assert "batch latency" in out and "throttled" in out and "objective" in out
     await starter(db_url, "budget", "set", "--reset-scale", "--rows-per-second", "250")
     status = await budget_status(pool)
-    assert status["scale"] == 1.0 and status["rows_per_second"] == {"value": 250.0, "source": "set"}
+    assert not status["throttled"] and status["rows_per_second"] == {"value": 250.0, "source": "set"}
+    assert status["doing"].startswith("capped") and "rows_per_second 250" in status["limited_by"]
+
+
+async def test_budget_set_rejects_what_is_not_a_finite_number(pool, db_url):
+    for value in ("nan", "inf", "-inf"):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(PROJECT_ROOT / "starter.py"),
+            "--database-url",
+            db_url,
+            "budget",
+            "set",
+            f"--probe-ratio={value}",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 2 and b"finite" in out and b"Traceback" not in out, out
+    for column in ("rows_per_second", "probe_ratio", "probe_max_ms", "latency_ms"):
+        for value in ("NaN", "Infinity"):
+            with pytest.raises(asyncpg.CheckViolationError):
+                await pool.execute(f"UPDATE load_budget SET {column} = $1::text::float8", value)
 
 
 # While a batch holds a slot, every commit probe is slowed down by half a second: the database as
@@ -362,10 +485,11 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
         await wait_until(lambda: probes("busy_n", 2), within=60)
         grant.rows_done = 10
     verdict = await budget.maybe_adjust()
-    assert verdict is not None and "commit probe" in verdict["stress"] and verdict["scale"] == 0.5
+    assert verdict is not None and "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
     status = await budget_status(pool, settings)
     assert status["observed"]["commit_probe_ms"] >= 500 and status["commit_probe_baseline_ms"] < 500
-    assert "commit probe" in status["stress"] and status["effective_in_flight"] == 2
+    assert "commit probe" in status["stress"] and status["throttled"] and "commit probe" in status["limited_by"]
+    assert status["effective_in_flight"] == 1, "half of the one batch it ran at a time, and at least one"
 
 
 async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
@@ -380,7 +504,9 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
         await tx.start()
         try:
             # the first account in key order goes to partition 0
-            await player.execute("SELECT 1 FROM inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0])
+            await player.execute(
+                "SELECT 1 FROM demo_game.inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0]
+            )
             started = await start_cleanup(
                 client,
                 pool,

@@ -137,7 +137,10 @@ async def test_jobs_after_a_renewal_clean_nothing_and_send_no_reminder(client, p
     assert ClaimResult.model_validate(claims[0]).skipped_renewed == 3
     assert sum(r[0].counts.cleaned for r in reports) == 7
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE account_id = ANY($1::text[])", renewed) == 0
-    assert await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = ANY($1::text[])", renewed) == 6
+    assert (
+        await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = ANY($1::text[])", renewed)
+        == 6
+    )
     assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1::text[])", renewed) == 0
 
 
@@ -180,7 +183,7 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     [account] = await seed(pool, deadline, 1)
     old = await start_cleanup(client, pool, task_queue, account_id=account)
     # Renewal committed in the database only (as if the signal never arrived): version 1 -> 2.
-    await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3))
+    await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3), False)
 
     old_result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, old.workflow_id
@@ -377,7 +380,7 @@ async def test_a_partition_blocked_on_a_lock_keeps_heartbeating_and_is_not_run_t
     async with pool.acquire() as blocker:
         tx = blocker.transaction()
         await tx.start()
-        await blocker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[0])
+        await blocker.execute("SELECT 1 FROM demo_game.cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[0])
         started = await start_cleanup(
             client, pool, task_queue, deadline=deadline, partitions=1, heartbeat_timeout_seconds=2
         )

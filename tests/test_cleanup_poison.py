@@ -28,8 +28,12 @@ from tests.test_cleanup_input import run_cli
 from workflows import ALL_WORKFLOWS
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
-TARGET_TABLES = ("cloud_saves", "inventory_items", "match_history")
-SEEDED = {"cloud_saves": 2, "inventory_items": 5, "match_history": 5}  # rows per account (seed defaults)
+TARGET_TABLES = ("demo_game.cloud_saves", "demo_game.inventory_items", "demo_game.match_history")
+SEEDED = {
+    "demo_game.cloud_saves": 2,
+    "demo_game.inventory_items": 5,
+    "demo_game.match_history": 5,
+}  # rows per account (seed defaults)
 
 
 async def poison_by_trigger(pool: asyncpg.Pool, accounts: list[str]) -> None:
@@ -44,7 +48,7 @@ async def poison_by_trigger(pool: asyncpg.Pool, accounts: list[str]) -> None:
             END IF;
             RETURN OLD;
         END $$;
-        CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON inventory_items
+        CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON demo_game.inventory_items
             FOR EACH ROW EXECUTE FUNCTION refuse_held_inventory();
         """
     )
@@ -58,19 +62,22 @@ async def poison_by_foreign_key(pool: asyncpg.Pool, accounts: list[str]) -> None
         CREATE TABLE team_loadouts (
             account_id text NOT NULL,
             slot smallint NOT NULL,
-            FOREIGN KEY (account_id, slot) REFERENCES cloud_saves (account_id, slot)
+            FOREIGN KEY (account_id, slot) REFERENCES demo_game.cloud_saves (account_id, slot)
         )
         """
     )
     await pool.execute(
-        "INSERT INTO team_loadouts SELECT account_id, slot FROM cloud_saves WHERE account_id = ANY($1)", accounts
+        "INSERT INTO team_loadouts SELECT account_id, slot FROM demo_game.cloud_saves WHERE account_id = ANY($1)",
+        accounts,
     )
 
 
 async def poison_by_archive_check(pool: asyncpg.Pool, account: str) -> None:
     """A CHECK of the archive table that this account's match history violates (23514 on archive)."""
-    await pool.execute("ALTER TABLE match_history_archive ADD CONSTRAINT archive_score_sane CHECK (score >= 0)")
-    await pool.execute("UPDATE match_history SET score = -1 WHERE account_id = $1", account)
+    await pool.execute(
+        "ALTER TABLE demo_game.match_history_archive ADD CONSTRAINT archive_score_sane CHECK (score >= 0)"
+    )
+    await pool.execute("UPDATE demo_game.match_history SET score = -1 WHERE account_id = $1", account)
 
 
 async def transient_fault_on(pool: asyncpg.Pool, account: str) -> None:
@@ -94,7 +101,7 @@ async def transient_fault_on(pool: asyncpg.Pool, account: str) -> None:
             END IF;
             RETURN OLD;
         END $$;
-        CREATE TRIGGER transient_fault BEFORE DELETE ON cloud_saves
+        CREATE TRIGGER transient_fault BEFORE DELETE ON demo_game.cloud_saves
             FOR EACH ROW EXECUTE FUNCTION transient_fault();
         """
     )
@@ -105,7 +112,7 @@ async def rows_left(pool: asyncpg.Pool, accounts: list[str]) -> dict[str, int]:
     for table in TARGET_TABLES:
         out[table] = await pool.fetchval(f"SELECT count(*) FROM {table} WHERE account_id = ANY($1)", accounts)
     out["archived"] = await pool.fetchval(
-        "SELECT count(*) FROM match_history_archive WHERE account_id = ANY($1)", accounts
+        "SELECT count(*) FROM demo_game.match_history_archive WHERE account_id = ANY($1)", accounts
     )
     out["outbox"] = await pool.fetchval("SELECT count(*) FROM outbox WHERE account_id = ANY($1)", accounts)
     out["applied"] = await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE account_id = ANY($1)", accounts)
@@ -149,18 +156,18 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     }
     healthy = sorted(set(accounts) - set(poisoned))
     assert await rows_left(pool, healthy) == {
-        "cloud_saves": 0,
-        "inventory_items": 0,
-        "match_history": 0,
+        "demo_game.cloud_saves": 0,
+        "demo_game.inventory_items": 0,
+        "demo_game.match_history": 0,
         "archived": 196 * 5,
         "outbox": 196,
         "applied": 196,
     }
     # No partial effect on a failed account: all its data is where it was.
     assert await rows_left(pool, poisoned) == {
-        "cloud_saves": 4 * 2,
-        "inventory_items": 4 * 5,
-        "match_history": 4 * 5,
+        "demo_game.cloud_saves": 4 * 2,
+        "demo_game.inventory_items": 4 * 5,
+        "demo_game.match_history": 4 * 5,
         "archived": 0,
         "outbox": 0,
         "applied": 0,
@@ -174,13 +181,13 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     for account in held:
         assert failed[account]["sqlstate"] == "P0001"
         assert failed[account]["message"] == f"inventory of {account} is under legal hold"
-        assert failed[account]["target"] == "inventory_items"
+        assert failed[account]["target"] == "demo_game.inventory_items"
     assert failed[referenced]["sqlstate"] == "23503"
     assert "violates foreign key constraint" in failed[referenced]["message"]
-    assert failed[referenced]["target"] == "cloud_saves"
+    assert failed[referenced]["target"] == "demo_game.cloud_saves"
     assert failed[bad_archive]["sqlstate"] == "23514"
     assert "archive_score_sane" in failed[bad_archive]["message"]
-    assert failed[bad_archive]["target"] == "match_history_archive"
+    assert failed[bad_archive]["target"] == "demo_game.match_history_archive"
 
     # The transient fault fired (twice) and was retried, not sent to review.
     assert await pool.fetchval("SELECT last_value FROM transient_faults") >= 3
@@ -199,9 +206,9 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     again = await retry_failed(pool, load_targets(), workflow_id)
     assert (again["retried"], again["cleaned"], again["still_failed"]) == (4, 0, 4)
     assert await rows_left(pool, poisoned) == {
-        "cloud_saves": 8,
-        "inventory_items": 20,
-        "match_history": 20,
+        "demo_game.cloud_saves": 8,
+        "demo_game.inventory_items": 20,
+        "demo_game.match_history": 20,
         "archived": 0,
         "outbox": 0,
         "applied": 0,
@@ -209,7 +216,7 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
 
     # Remove the causes, then retry: each poisoned account cleaned once.
     await pool.execute("DELETE FROM legal_holds; DELETE FROM team_loadouts")
-    await pool.execute("ALTER TABLE match_history_archive DROP CONSTRAINT archive_score_sane")
+    await pool.execute("ALTER TABLE demo_game.match_history_archive DROP CONSTRAINT archive_score_sane")
     fixed = await retry_failed(pool, load_targets(), workflow_id)
     assert (fixed["retried"], fixed["cleaned"], fixed["still_failed"], fixed["already_applied"]) == (4, 4, 0, 0)
     assert await effect_counts(pool) == {
@@ -250,9 +257,9 @@ async def test_a_failed_account_follows_the_renewal_rule_like_an_active_one(clie
     [row] = await list_failed(pool, include_resolved=True)
     assert row["resolution"] is None, "a renewal after the deadline does not resolve the failure"
     assert await rows_left(pool, [accounts[4]]) == {
-        "cloud_saves": 2,
-        "inventory_items": 5,
-        "match_history": 5,
+        "demo_game.cloud_saves": 2,
+        "demo_game.inventory_items": 5,
+        "demo_game.match_history": 5,
         "archived": 0,
         "outbox": 0,
         "applied": 0,
@@ -315,7 +322,7 @@ async def table_digests(pool: asyncpg.Pool) -> dict[str, tuple[int, str | None]]
     for table in (
         "accounts",
         *TARGET_TABLES,
-        "match_history_archive",
+        "demo_game.match_history_archive",
         "outbox",
         "renewals",
         "cleanup_claims",
@@ -372,4 +379,4 @@ async def test_dry_run_changes_nothing_and_matches_what_the_cleanup_then_does(
     assert result.settlement.skipped_renewed == preview["already_renewed"]
     for table in TARGET_TABLES:
         assert left_before[table] - left_after[table] == rows[table], table
-    assert left_after["archived"] - left_before["archived"] == rows["match_history"]
+    assert left_after["archived"] - left_before["archived"] == rows["demo_game.match_history"]

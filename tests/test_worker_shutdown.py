@@ -35,7 +35,7 @@ async def test_a_worker_sigtermed_mid_partition_hands_it_back_without_a_timeout(
     locker = await pool.acquire()
     tx = locker.transaction()
     await tx.start()
-    await locker.execute("SELECT 1 FROM cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[LOCKED_INDEX])
+    await locker.execute("SELECT 1 FROM demo_game.cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[LOCKED_INDEX])
     try:
         started = await start_cleanup(
             client,

@@ -161,7 +161,7 @@ async def test_a_shard_waiting_for_its_lock_at_the_start_keeps_heartbeating(clie
 
     day = date(2026, 10, 26)
     await seed_day(pool, day, payments=200, shards=2)
-    holder = await asyncpg.connect(db_url)
+    holder = await asyncpg.connect(db_url, server_settings=db.service_settings())
     try:
         await holder.execute("BEGIN")
         await holder.execute("SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), 0)", day)

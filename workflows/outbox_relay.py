@@ -20,7 +20,6 @@ with workflow.unsafe.imports_passed_through():
     from outbox.models import (
         RELAY_NUDGE_SIGNAL,
         RELAY_OUTBOX_BATCH,
-        RELAY_PATCH_KEEP_NUDGES,
         RELAY_STATUS_QUERY,
         RELAY_STOP_SIGNAL,
         RELAY_WORKFLOW,
@@ -45,20 +44,14 @@ class OutboxRelayWorkflow:
         self._totals = input.totals
         self._phase: RelayPhase = "relaying"
         self._last: RelayBatchResult | None = None
-        self._nudged = input.nudged
         # Nudges received so far (a carried one counts as received before this run's first batch).
         self._nudges = 1 if input.nudged else 0
-        self._stop = input.stop_requested  # a stop the previous run received just before continuing as new
-        self._keep_nudges = False
+        self._stop = False
 
     @workflow.run
     async def run(self, input: OutboxRelayInput) -> RelayTotals:
         s = input.settings
         batches = 0
-        # Runs recorded before this patch clear a nudge received during a batch and stay on the old
-        # command sequence; new runs keep it (no idle sleep) and finish instead of continuing as new
-        # when a stop arrived during the last batch.
-        self._keep_nudges = workflow.patched(RELAY_PATCH_KEEP_NUDGES)
         while not self._stop:
             self._set_phase("relaying")
             nudges_before_batch = self._nudges
@@ -85,15 +78,15 @@ class OutboxRelayWorkflow:
                     return self._totals
                 if result.claimed == 0:
                     await self._idle(result, nudges_before_batch)
-            if self._stop and self._keep_nudges:
+            if self._stop:  # arrived during the last batch: finish instead of continuing as new
                 break
             if batches >= input.batches_per_run or workflow.info().is_continue_as_new_suggested():
                 workflow.continue_as_new(
                     input.model_copy(
                         update={
                             "totals": self._totals.model_copy(update={"runs": self._totals.runs + 1}),
-                            # Signals this run received and has not acted on yet go to the next run.
-                            "stop_requested": self._stop,
+                            # A nudge this run received and has not acted on yet goes to the next run
+                            # (a stop never gets here: the relay finishes on it).
                             "nudged": self._nudges != nudges_before_batch,
                         }
                     )
@@ -111,13 +104,9 @@ class OutboxRelayWorkflow:
         wait = timedelta(seconds=self._input.idle_sleep_seconds)
         if result.next_due_in_seconds is not None:
             wait = min(wait, max(_MIN_IDLE, timedelta(seconds=result.next_due_in_seconds)))
-        if self._keep_nudges:
-            if self._nudges != nudges_before_batch or self._stop:
-                return
-            condition = lambda: self._nudges != nudges_before_batch or self._stop  # noqa: E731
-        else:
-            self._nudged = False
-            condition = lambda: self._nudged or self._stop  # noqa: E731
+        if self._nudges != nudges_before_batch or self._stop:
+            return
+        condition = lambda: self._nudges != nudges_before_batch or self._stop  # noqa: E731
         try:
             await workflow.wait_condition(condition, timeout=wait, timeout_summary="outbox idle")
         except TimeoutError:
@@ -134,7 +123,6 @@ class OutboxRelayWorkflow:
     @workflow.signal(name=RELAY_NUDGE_SIGNAL)
     def nudge(self) -> None:
         """New events were written: look now instead of at the end of the idle sleep."""
-        self._nudged = True
         self._nudges += 1
 
     @workflow.signal(name=RELAY_STOP_SIGNAL)

@@ -99,46 +99,43 @@ class RenewalCleanupWorkflow:
         return self._result("nothing_to_clean")
 
     def _overlaps_claim(self, input: RenewalCleanupInput) -> bool:
-        """A cohort of one instant, started after the `claim-overlap` patch, cleans while it claims:
-        its chunks arrive in account order, the order of the partitions' keysets. Ranges (the
-        planner's buckets and sweeps) and single accounts claim first, as before."""
+        """A cohort of one instant cleans while it claims: its chunks arrive in account order, the
+        order of the partitions' keysets, and all its following partitions run at once (none waits
+        for the claim to end). Ranges (the planner's buckets and sweeps) and single accounts claim
+        first."""
         if input.account_id is not None or input.deadline_until is not None:
             return False
-        self._overlapped = workflow.patched("claim-overlap")
-        if self._overlapped:
-            # After the `following-partitions-at-once` patch, all of them run at once (none waits
-            # for the claim to end); older histories ran `partitions`, `max_parallel` at a time.
-            if workflow.patched("following-partitions-at-once"):
-                self._partitions = following_partitions(input.partitions, input.max_parallel_partitions)
-            self._streams = min(input.claim_streams, self._partitions)
-        return self._overlapped
+        self._overlapped = True
+        self._partitions = following_partitions(input.partitions, input.max_parallel_partitions)
+        self._streams = min(input.claim_streams, self._partitions)
+        return True
 
     async def _claim_then_clean(self, input: RenewalCleanupInput) -> None:
         self._claim = await self._claim_accounts(input)
         self._set_phase("cleaning")
 
     async def _claim_accounts(self, input: RenewalCleanupInput) -> ClaimResult:
-        """Cohorts started after the `chunked-claim` patch claim in bounded chunks, as a regular
-        heartbeating activity (a 10M-account cohort never becomes one statement); older histories
-        and single accounts keep the one-statement claim."""
-        if input.account_id is None and workflow.patched("chunked-claim"):
-            # Several streams (partitions following the claim) claim at once, each for its own
-            # partitions; their counts add up to the cohort's.
-            if self._streams == 1:  # awaited directly: its command comes first, as in every older history
-                return await self._claim_stream(input, 0)
-            streams = await asyncio.gather(*(self._claim_stream(input, k) for k in range(self._streams)))
-            return functools.reduce(operator.add, streams)
-        return await self._bookkeeping(
-            CLAIM_CLEANUP,
-            ClaimCleanupInput(
-                cleanup_id=input.cleanup_id,
-                deadline=input.deadline,
-                account_id=input.account_id,
-                expected_version=input.expected_version,
-                partitions=input.partitions,
-            ),
-            ClaimResult,
-        )
+        """Cohorts claim in bounded chunks, as a regular heartbeating activity (a 10M-account cohort
+        never becomes one statement); a single account is one short statement."""
+        if input.account_id is not None:
+            return await self._bookkeeping(
+                CLAIM_CLEANUP,
+                ClaimCleanupInput(
+                    cleanup_id=input.cleanup_id,
+                    deadline=input.deadline,
+                    account_id=input.account_id,
+                    expected_version=input.expected_version,
+                    partitions=input.partitions,
+                ),
+                ClaimResult,
+            )
+        # Several streams (partitions following the claim) claim at once, each for its own
+        # partitions; their counts add up to the cohort's. One stream is awaited directly, so its
+        # command comes before the partitions' (a gather of one would schedule it after them).
+        if self._streams == 1:
+            return await self._claim_stream(input, 0)
+        streams = await asyncio.gather(*(self._claim_stream(input, k) for k in range(self._streams)))
+        return functools.reduce(operator.add, streams)
 
     async def _claim_stream(self, input: RenewalCleanupInput, stream: int) -> ClaimResult:
         return await workflow.execute_activity(  # type: ignore[no-any-return]
@@ -211,15 +208,13 @@ class RenewalCleanupWorkflow:
 
     async def _settle(self, claim: ClaimResult) -> None:
         """A single-account cleanup ended by a renewal keeps the phase `renewed` (so
-        `CleanupPhase = 'renewed'` finds it). Runs started before the `renewed-phase-kept` patch
-        upserted `settling` and then `settled` over it; their histories replay that way."""
-        if self._phase == "renewed" and workflow.patched("renewed-phase-kept"):
+        `CleanupPhase = 'renewed'` finds it)."""
+        if self._phase == "renewed":
             self._settlement = await self._settle_activity(claim)
             return
         self._set_phase("settling")
         self._settlement = await self._settle_activity(claim)
-        if self._phase != "renewed":
-            self._set_phase("settled")
+        self._set_phase("settled")
 
     async def _settle_activity(self, claim: ClaimResult) -> CleanupSettlement:
         return await self._bookkeeping(
@@ -238,30 +233,19 @@ class RenewalCleanupWorkflow:
     def _check_failed_tolerance(self) -> None:
         """Accounts that failed deterministically (cleanup_failed) never block the cohort: it settles
         with them counted. With a tolerance (`--max-failed`) exceeded, the run then fails loudly,
-        naming the count and the first reasons. Runs without a tolerance (and every history recorded
-        before it existed) take no new step; the failure is behind the `failed-tolerance` patch."""
+        naming the count and the first reasons."""
         settlement, tolerance = self._settlement, self._input.failed_tolerance()
         if (
             tolerance is not None
             and settlement is not None
             and self._input.failed_exceeds_tolerance(settlement.failed, settlement.claimed)
-            and workflow.patched("failed-tolerance")
         ):
             raise FailedToleranceExceeded(settlement.failed, tolerance, settlement.failed_reasons)
 
     async def _bookkeeping(self, activity: str, arg: Any, result_type: type[T]) -> T:
-        """Claim and settlement: short, idempotent statements. Runs started after the
-        `local-bookkeeping` patch run them as local activities (no task-queue round trip; retried
-        the same way); histories recorded before it keep replaying with ordinary activities."""
-        if workflow.patched("local-bookkeeping"):
-            return await workflow.execute_local_activity(  # type: ignore[no-any-return]
-                activity,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=self._step_timeout,
-                retry_policy=_RETRY,
-            )
-        return await workflow.execute_activity(  # type: ignore[no-any-return]
+        """Claim of one account and settlement: short, idempotent statements, run as local
+        activities (no task-queue round trip; retried the same way)."""
+        return await workflow.execute_local_activity(  # type: ignore[no-any-return]
             activity,
             arg,
             result_type=result_type,

@@ -7,7 +7,7 @@ import time
 
 from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
-from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, wait_for
+from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, wait_while_progressing
 from ledger.models import ledger_workflow_id
 from ledger.operations import ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
@@ -59,8 +59,11 @@ async def run(ctx: Ctx) -> Row:
             s = await outbox_status(pool)
             return bool(s["pending"] == 0 and s["delivered"] >= n)
 
-        if not await wait_for(drained, 120, 0.3):
-            row.violations.append("the relays did not drain the reminders within 120 s")
+        async def delivered() -> int:
+            return int((await outbox_status(pool))["delivered"])
+
+        if not await wait_while_progressing(drained, delivered, 120):
+            row.violations.append("the relays stopped delivering (nothing delivered for 120 s) before draining")
         for i in (1, 2):
             await client.get_workflow_handle(f"{relay_prefix}{i}").signal(OutboxRelayWorkflow.stop)
             await client.get_workflow_handle_for(OutboxRelayWorkflow.run, f"{relay_prefix}{i}").result()

@@ -25,7 +25,17 @@ from temporalio.client import WorkflowExecutionStatus
 
 from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
-from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events, wait_for
+from harness.common import (
+    MATCHES,
+    RELAY,
+    Ctx,
+    Row,
+    seed_cohort,
+    seed_day,
+    seed_events,
+    wait_for,
+    wait_while_progressing,
+)
 from harness.private_pg import PrivatePostgres
 from harness.visibility import temporal_evidence
 from ledger.models import ledger_workflow_id
@@ -147,11 +157,14 @@ async def run(ctx: Ctx) -> Row:
             300,
         )
 
-        async def drained() -> bool:
-            return not await _retrying(lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'"))
+        async def pending() -> int:
+            return int(await _retrying(lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")))
 
-        if not await wait_for(drained, 180, 0.2):
-            row.violations.append("reminders still pending 180 s after the last restart")
+        async def drained() -> bool:
+            return not await pending()
+
+        if not await wait_while_progressing(drained, pending, 180, 0.2):
+            row.violations.append("reminders still pending after the last restart, none delivered for 180 s")
         row.recovered(time.monotonic() - t_restart)
         for relay_id in relay_ids:
             await client.get_workflow_handle(relay_id).signal(RELAY_STOP_SIGNAL)

@@ -17,6 +17,7 @@ import asyncpg
 from temporalio.client import Client
 
 from cleanup.operations import cleanup_status, start_cleanup
+from core import db
 from harness.checks import cleanup_effects, ledger_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort, seed_day, wait_for
 from harness.visibility import pending_evidence, temporal_evidence
@@ -51,7 +52,7 @@ async def _held(
     """Hold the lock; return what was observed while it was held."""
     assert ctx.h.lanes
     lane = ctx.h.lanes[-1]
-    blocker = await asyncpg.connect(lane.database_url)
+    blocker = await asyncpg.connect(lane.database_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     seen: dict[str, Any] = {}
@@ -63,7 +64,8 @@ async def _held(
         async def others_done() -> bool:
             return bool(await reported() == total - 1)
 
-        if not await wait_for(others_done, 30, 0.1):
+        # Generous: on a loaded machine the other partitions may take long; the held one waits meanwhile.
+        if not await wait_for(others_done, 120, 0.1):
             row.violations.append(f"{wf}: the other partitions did not report while one was held")
         beats = []
         while asyncio.get_running_loop().time() - yield_start < hold:
@@ -179,8 +181,8 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
             ctx,
             row,
             # Its cloud save, not the account row: the claim (which updates every account) must not wait.
-            "SELECT 1 FROM cloud_saves WHERE account_id = (SELECT account_id FROM accounts WHERE account_id LIKE $1 "
-            "ORDER BY account_id OFFSET $2 LIMIT 1) FOR UPDATE",
+            "SELECT 1 FROM demo_game.cloud_saves WHERE account_id = (SELECT account_id FROM accounts"
+            " WHERE account_id LIKE $1 ORDER BY account_id OFFSET $2 LIMIT 1) FOR UPDATE",
             [f"acct_{prefix}_%", rank],
             cwf,
             "cleanup_partition",

@@ -40,6 +40,7 @@ import asyncpg
 from temporalio.client import Client, WorkflowExecutionStatus
 
 import harness
+from core import db
 from core.queries import load
 from harness.checks import ledger_digest, ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
@@ -266,7 +267,7 @@ async def _round(ctx: Ctx, row: Row, lane: Any, rng: random.Random, n_round: int
     # 1. The night, held in shard 0 while the first burst lands, the feed racing it to the end.
     stop = asyncio.Event()
     writer: asyncio.Task[None] | None = None
-    blocker = await asyncpg.connect(lane.database_url)
+    blocker = await asyncpg.connect(lane.database_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     held = True

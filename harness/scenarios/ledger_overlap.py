@@ -25,6 +25,7 @@ import asyncpg
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 
+from core import db
 from harness.checks import ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger.models import LedgerReconciliationResult
@@ -63,7 +64,7 @@ async def run(ctx: Ctx) -> Row:
     client, pool, tq = ctx.client, lane.pool, lane.task_queue
     business_date = ctx.ids.business_date()
     seeded = await seed_day(pool, business_date, 300, 2)
-    blocker = await asyncpg.connect(lane.database_url)
+    blocker = await asyncpg.connect(lane.database_url, server_settings=db.service_settings())
     tx = blocker.transaction()
     await tx.start()
     frozen: int | None = None

@@ -19,6 +19,7 @@ import asyncpg
 from cleanup.operations import cleanup_status, start_cleanup
 from cleanup.review import list_failed, retry_failed
 from cleanup.targets import load_targets
+from core import db
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, account_ids, seed_cohort, wait_for
 from harness.scenarios.db_faults import TERMINATE
@@ -35,22 +36,22 @@ BEGIN
     END IF;
     RETURN OLD;
 END $$;
-DROP TRIGGER IF EXISTS refuse_held_inventory ON inventory_items;
-CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON inventory_items
+DROP TRIGGER IF EXISTS refuse_held_inventory ON demo_game.inventory_items;
+CREATE TRIGGER refuse_held_inventory BEFORE DELETE ON demo_game.inventory_items
     FOR EACH ROW EXECUTE FUNCTION refuse_held_inventory();
 CREATE TABLE IF NOT EXISTS team_loadouts (
     account_id text NOT NULL,
     slot smallint NOT NULL,
-    FOREIGN KEY (account_id, slot) REFERENCES cloud_saves (account_id, slot)
+    FOREIGN KEY (account_id, slot) REFERENCES demo_game.cloud_saves (account_id, slot)
 );
 """
 
 UNTOUCHED = """
 SELECT count(*)::int FROM unnest($1::text[]) AS p(account_id)
-WHERE (SELECT count(*) FROM cloud_saves s WHERE s.account_id = p.account_id) <> 1
-   OR (SELECT count(*) FROM inventory_items i WHERE i.account_id = p.account_id) <> 2
-   OR (SELECT count(*) FROM match_history m WHERE m.account_id = p.account_id) <> $2
-   OR EXISTS (SELECT 1 FROM match_history_archive h WHERE h.account_id = p.account_id)
+WHERE (SELECT count(*) FROM demo_game.cloud_saves s WHERE s.account_id = p.account_id) <> 1
+   OR (SELECT count(*) FROM demo_game.inventory_items i WHERE i.account_id = p.account_id) <> 2
+   OR (SELECT count(*) FROM demo_game.match_history m WHERE m.account_id = p.account_id) <> $2
+   OR EXISTS (SELECT 1 FROM demo_game.match_history_archive h WHERE h.account_id = p.account_id)
    OR EXISTS (SELECT 1 FROM outbox o WHERE o.account_id = p.account_id)
    OR EXISTS (SELECT 1 FROM cleanup_applied c WHERE c.account_id = p.account_id)
 """
@@ -72,7 +73,8 @@ async def run(ctx: Ctx) -> Row:
             held, referenced = poisoned[:-1], poisoned[-1:]
             await pool.execute("INSERT INTO legal_holds SELECT unnest($1::text[])", held)
             await pool.execute(
-                "INSERT INTO team_loadouts SELECT account_id, slot FROM cloud_saves WHERE account_id = ANY($1)",
+                "INSERT INTO team_loadouts SELECT account_id, slot FROM demo_game.cloud_saves"
+                " WHERE account_id = ANY($1)",
                 referenced,
             )
             # The only worker dies right after its 2nd batch COMMIT (the supervisor restarts it), then
@@ -96,7 +98,9 @@ async def run(ctx: Ctx) -> Row:
                 )
 
             await wait_for(busy, 60, 0.05)
-            admin = await asyncpg.connect(lane.database_url, server_settings={"application_name": HARNESS_APP})
+            admin = await asyncpg.connect(
+                lane.database_url, server_settings={"application_name": HARNESS_APP, **db.service_settings()}
+            )
             try:
                 terminated = int(await admin.fetchval(TERMINATE, HARNESS_APP))
             finally:

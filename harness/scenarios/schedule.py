@@ -39,7 +39,7 @@ async def _runs(client: Client, schedule_id: str, count: int) -> list[ScheduledL
         runs[:] = [wf async for wf in client.list_workflows(f"TemporalScheduledById = '{schedule_id}'")]
         return len(runs) >= count
 
-    if not await wait_for(listed, 30, 0.3):
+    if not await wait_for(listed, 120, 0.3):  # visibility lags on a loaded machine
         raise TimeoutError(f"only {len(runs)} of {count} runs of schedule {schedule_id} are visible")
     runs.sort(key=lambda wf: wf.start_time)
     results = []

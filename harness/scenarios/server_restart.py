@@ -21,6 +21,9 @@ from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
+# Seconds from seeding to the first deadline: time to seed, start and stop the server before it.
+LEAD_SECONDS = 8
+
 
 async def run(ctx: Ctx) -> Row:
     row = Row("9 server restart")
@@ -34,23 +37,29 @@ async def run(ctx: Ctx) -> Row:
             cohorts = []
             for i in range(2 * ctx.profile.rounds):
                 n = rng.randint(30, 80) * ctx.profile.scale
-                prefix, deadline = ctx.ids.prefix("sr"), ctx.ids.future_deadline(4 + 2 * i)
+                prefix, deadline = ctx.ids.prefix("sr"), ctx.ids.future_deadline(LEAD_SECONDS + 2 * i)
                 await seed_cohort(lane.pool, prefix, deadline, n)
                 started = await start_cleanup(client, lane.pool, lane.task_queue, deadline=deadline, partitions=2)
                 cohorts.append((prefix, deadline, n, started.workflow_id))
+            first = min(d for _, d, _, _ in cohorts)
             for *_, wf in cohorts:
                 status = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, wf).query(
                     RenewalCleanupWorkflow.status
                 )
-                if status.phase != "sleeping":
+                if status.phase != "sleeping" and datetime.now(UTC) < first:
                     row.violations.append(f"{wf} was not sleeping before the restart")
             await asyncio.to_thread(server.stop)
             down_at = asyncio.get_running_loop().time()
+            # The premise of the next check: the server was down before any deadline (a loaded
+            # machine may take longer than LEAD_SECONDS to seed, start and stop; then it proves nothing).
+            down_before_deadlines = datetime.now(UTC) < first
             last = max(d for _, d, _, _ in cohorts)
             await asyncio.sleep(max(0.0, (last - datetime.now(UTC)).total_seconds()) + 2)
             early = await lane.pool.fetchval("SELECT count(*) FROM cleanup_applied")
-            if early:
+            if early and down_before_deadlines:
                 row.violations.append(f"{early} accounts cleaned while the server was down")
+            if not down_before_deadlines:
+                row.notes.append("the server went down after the first deadline (a slow machine): not checked")
             await asyncio.to_thread(server.start)
             row.notes.append(
                 f"server down for {asyncio.get_running_loop().time() - down_at:.1f} s, past every deadline"

@@ -53,6 +53,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from cleanup.models import cohort_cleanup_id
 from cleanup.operations import cleanup_status, start_cleanup
+from core import db
 from core.failpoints import ONCE_DIR_ENV
 from harness import netns
 from harness.checks import (
@@ -549,8 +550,9 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
         for sql, args in (
             # Its cloud save (not the account row, so the claim does not wait): in the partition's 3rd batch.
             (
-                "SELECT 1 FROM cloud_saves WHERE account_id = (SELECT account_id FROM accounts WHERE account_id "
-                "LIKE $1 ORDER BY account_id OFFSET $2 LIMIT 1) FOR UPDATE",
+                "SELECT 1 FROM demo_game.cloud_saves WHERE account_id ="
+                " (SELECT account_id FROM accounts WHERE account_id LIKE $1"
+                " ORDER BY account_id OFFSET $2 LIMIT 1) FOR UPDATE",
                 [f"acct_{prefix}_%", held_partition + 2 * 25],
             ),
             (
@@ -559,7 +561,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
                 [d, held_shard],
             ),
         ):
-            blocker = await asyncpg.connect(lane.database_url)
+            blocker = await asyncpg.connect(lane.database_url, server_settings=db.service_settings())
             blockers.append(blocker)
             await blocker.execute("BEGIN")
             await blocker.execute(sql, *args)

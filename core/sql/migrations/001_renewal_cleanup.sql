@@ -1,12 +1,16 @@
--- Accounts, the game data that cleanup targets, and the bookkeeping that makes cleanup
--- exactly-once in effect: claims (the linearization point), the idempotency record, the outbox.
+-- Accounts (the game's own account IDs with their renewal deadlines) and the bookkeeping that makes
+-- cleanup exactly-once in effect: claims (the linearization point), the idempotency record, the
+-- outbox. The game's data is not here: cleanup reaches it through the declared targets.
 
 CREATE TABLE accounts (
-    account_id        text PRIMARY KEY CHECK (account_id ~ '^acct_[A-Za-z0-9_-]{1,60}$'),
+    -- The game's own key, printed as text (text, UUID or bigint): any printable string of 1-200
+    -- characters. No control characters, so an ID never breaks a log line or a report.
+    account_id        text PRIMARY KEY
+                      CHECK (length(account_id) BETWEEN 1 AND 200 AND account_id !~ '[[:cntrl:]]'),
     game              text NOT NULL DEFAULT 'arena',
     renewal_deadline  timestamptz NOT NULL,
     status            text NOT NULL DEFAULT 'active'
-                      CHECK (status IN ('active', 'renewed', 'cleaning', 'cleaned')),
+                      CHECK (status IN ('active', 'renewed', 'cleaning', 'cleaned', 'cleanup_failed')),
     cleanup_version   integer NOT NULL DEFAULT 1,
     renewed_at        timestamptz,
     claimed_by        text,
@@ -26,45 +30,6 @@ CREATE TABLE renewals (
     status_seen       text NOT NULL
 );
 CREATE INDEX renewals_account_idx ON renewals (account_id);
-
--- Game data owned by an account: what cleanup removes (see core/cleanup_targets.toml).
-CREATE TABLE cloud_saves (
-    account_id  text NOT NULL REFERENCES accounts,
-    slot        smallint NOT NULL,
-    saved_at    timestamptz NOT NULL DEFAULT now(),
-    size_bytes  integer NOT NULL,
-    checksum    text NOT NULL,
-    PRIMARY KEY (account_id, slot)
-);
-
-CREATE TABLE inventory_items (
-    account_id  text NOT NULL REFERENCES accounts,
-    item_id     text NOT NULL,
-    quantity    integer NOT NULL CHECK (quantity >= 0),
-    acquired_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (account_id, item_id)
-);
-
-CREATE TABLE match_history (
-    match_id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    account_id  text NOT NULL REFERENCES accounts,
-    played_at   timestamptz NOT NULL,
-    mode        text NOT NULL,
-    result      text NOT NULL CHECK (result IN ('win', 'loss', 'draw')),
-    score       integer NOT NULL
-);
-CREATE INDEX match_history_account_idx ON match_history (account_id);
-
--- Match history is kept for anti-cheat audits, so cleanup moves it here instead of deleting it.
-CREATE TABLE match_history_archive (
-    match_id    bigint PRIMARY KEY,
-    account_id  text NOT NULL,
-    played_at   timestamptz NOT NULL,
-    mode        text NOT NULL,
-    result      text NOT NULL,
-    score       integer NOT NULL,
-    archived_at timestamptz NOT NULL DEFAULT now()
-);
 
 -- The claim: which cleanup took responsibility for which account, at which version, in which partition.
 CREATE TABLE cleanup_claims (

@@ -21,11 +21,8 @@ CREATE TABLE cleanup_failed (
 );
 CREATE INDEX cleanup_failed_cleanup_idx ON cleanup_failed (cleanup_id) WHERE resolved_at IS NULL;
 
--- A failed account is 'cleanup_failed': still claimed by its cleanup (retry-failed may clean it),
--- and renewable like an active account (a renewal bumps its version, so the failure goes stale).
-ALTER TABLE accounts DROP CONSTRAINT accounts_status_check;
-ALTER TABLE accounts ADD CONSTRAINT accounts_status_check
-    CHECK (status IN ('active', 'renewed', 'cleaning', 'cleaned', 'cleanup_failed'));
-
+-- A failed account is 'cleanup_failed' (a status of accounts since 001): still claimed by its
+-- cleanup (retry-failed may clean it), and renewable like an active account (a renewal bumps its
+-- version, so the failure goes stale).
 ALTER TABLE cleanup_partition_reports ADD COLUMN failed integer NOT NULL DEFAULT 0;
 ALTER TABLE cleanup_settlements ADD COLUMN failed integer NOT NULL DEFAULT 0;

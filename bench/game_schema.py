@@ -1,0 +1,151 @@
+"""Cohort cleanup on a game server's own schema, pipeline vs. floor: `python -m bench.game_schema --users 100000`.
+
+The schema is the tests' game server (tests/game_server: its own schema name, UUID keys, ON DELETE
+CASCADE, friends keyed by two user columns, users anonymized with a keyed hash, matches archived
+into a LIKE ... INCLUDING ALL table), cleaned by its declared targets (tests/game_server/targets.toml).
+Four cohorts of the same size are seeded into one fresh database (each user: 2 characters, 4 items,
+3 matches, 2 friendships); their accounts are registered directly (set-based INSERT: a benchmark's
+seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline, floor; each path
+counts by its faster run.
+
+- *floor*: `game_cleanup_floor` (bench/floor.sql), the same effects as the targets with the same
+  guarantees (idempotency record in the same transaction), one set-based statement per account_id
+  range on as many backends as there are cores, all at once, no claim, no batches, no Temporal.
+- *pipeline*: the real thing on a separate worker process compiled from the game's targets, with
+  the load budget off: `start_cleanup`, the durable sleep to the deadline, the claim, the partition
+  activities, the settlement (accounts/s from the deadline to the settled result).
+
+Printed: each run, `pipeline_over_floor` (accounts/s over accounts/s, this run), the load average
+around every run (the machine may be shared: read the ratio with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+import bench
+import bench.floor
+from bench.cohort_cleanup import AUTOVACUUM_OFF, LONG_STATEMENT_SECONDS, pipeline_cleanup, settle
+from bench.common import Stack, load_average, machine, stack, wait_for_worker
+from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads
+from core.config import PROJECT_ROOT
+from core.queries import load
+
+FLOOR = load(bench.__file__, "floor.sql")
+GAME_DIR = PROJECT_ROOT / "tests" / "game_server"
+KEY = "benchmark-anonymize-key-of-the-game-server"
+SEED_CHUNK = 50_000
+
+
+async def seed_users(pool: asyncpg.Pool, deadline: datetime, count: int) -> None:
+    """`count` users with their game data (tests/game_server/seed.sql), registered at `deadline`."""
+    seed = (GAME_DIR / "seed.sql").read_text()
+    for start in range(0, count, SEED_CHUNK):
+        ids = [uuid.uuid4() for _ in range(min(SEED_CHUNK, count - start))]
+        await pool.fetchrow(seed, ids, timeout=LONG_STATEMENT_SECONDS)
+        await pool.execute(
+            "INSERT INTO accounts (account_id, renewal_deadline) SELECT id::text, $2 FROM unnest($1::uuid[]) id",
+            ids,
+            deadline,
+            timeout=LONG_STATEMENT_SECONDS,
+        )
+
+
+async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any]:
+    cleanup_id = f"floor-{deadline:%H%M%S}"
+    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
+    edges: list[str | None] = [None, *(bounds or []), None]
+    inner, outer = anonymize_key_pads(KEY)
+    slices = [(cleanup_id, deadline, lo, hi, inner, outer) for lo, hi in itertools.pairwise(edges)]
+    run = await bench.floor.run_slices(pool, FLOOR.game_cleanup_floor, slices, LONG_STATEMENT_SECONDS)
+    return {
+        "seconds": run.seconds,
+        "backends": len(slices),
+        "cleaned": run.total("cleaned"),
+        "rows": {k: run.total(k) for k in ("inventory", "characters", "friends", "matches", "users")},
+        "backend_cpu_s": run.backend_cpu_s,
+        "load": run.load,
+    }
+
+
+async def start_game_worker(s: Stack) -> None:
+    s.start_worker(CLEANUP_TARGETS_FILE=str(GAME_DIR / "targets.toml"), **{ANONYMIZE_KEY_ENV: KEY})
+    await wait_for_worker(s.client, s.settings.task_queue)
+    await s.budget_off()
+
+
+async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: int = 1000) -> dict[str, Any]:
+    load_before = load_average()
+    async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
+        await s.pool.execute((GAME_DIR / "schema.sql").read_text())
+        base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
+        floor_1, pipeline_1, pipeline_2, floor_2 = (base + timedelta(hours=h) for h in range(4))
+        t = time.perf_counter()
+        for deadline in (floor_1, pipeline_1, pipeline_2, floor_2):
+            await seed_users(s.pool, deadline, users)
+        seed_seconds = time.perf_counter() - t
+        await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
+        await s.pool.execute(AUTOVACUUM_OFF)
+        await start_game_worker(s)
+
+        await settle(s.pool)
+        floors = [await floor_cleanup(s.pool, floor_1)]
+        first, lead = await pipeline_cleanup(s, pipeline_1, 10 + users / 2000, partitions, parallel, batch_size)
+        second, _ = await pipeline_cleanup(s, pipeline_2, lead, partitions, parallel, batch_size)
+        await settle(s.pool)
+        floors.append(await floor_cleanup(s.pool, floor_2))
+        left = await s.pool.fetchval(
+            "SELECT (SELECT count(*) FROM game_server.inventory) + (SELECT count(*) FROM game_server.characters)"
+            " + (SELECT count(*) FROM game_server.matches) + (SELECT count(*) FROM game_server.friends)"
+        )
+    floor = min(floors, key=lambda f: f["seconds"])
+    pipeline = min((first, second), key=lambda p: p["seconds_from_deadline"])
+    assert all(f["cleaned"] == users for f in floors), floors
+    assert first["cleaned"] == second["cleaned"] == users, (first["cleaned"], second["cleaned"])
+    assert left == 0, f"{left} game rows of cleaned users left"
+    floor_rate = users / floor["seconds"]
+    pipeline_rate = users / pipeline["seconds_from_deadline"]
+    return {
+        "users_per_cohort": users,
+        "machine": machine(),
+        "seed_seconds": round(seed_seconds, 1),
+        "partitions": partitions,
+        "parallel": parallel,
+        "batch_size": batch_size,
+        "floor_backends": bench.floor.FLOOR_BACKENDS,
+        "floor_runs_seconds": [round(f["seconds"], 2) for f in floors],
+        "floor_rows": floor["rows"],
+        "pipeline_runs_seconds_from_deadline": [round(p["seconds_from_deadline"], 2) for p in (first, second)],
+        "floor_accounts_per_s": round(floor_rate, 1),
+        "pipeline_accounts_per_s": round(pipeline_rate, 1),
+        "pipeline_over_floor": round(pipeline_rate / floor_rate, 3),
+        "load_average": {
+            "before": load_before,
+            "floor": [f["load"] for f in floors],
+            "pipeline": [p["load"] for p in (first, second)],
+            "after": load_average(),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--users", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.users, args.partitions, args.parallel, args.batch_size)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+-- Named queries of the start-up check of the declared cleanup targets (cleanup.target_check).
+
+-- name: target_tables
+-- The declared tables (and archives) as the worker's own role sees them: every column with its
+-- type, NOT NULL, default, identity and generated flags, and this role's table privileges.
+-- $1 schemas, $2 table names (pairs).
+SELECT n.nspname AS schema_name, c.relname AS table_name,
+       has_table_privilege(c.oid, 'SELECT') AS can_select,
+       has_table_privilege(c.oid, 'INSERT') AS can_insert,
+       has_table_privilege(c.oid, 'UPDATE') AS can_update,
+       has_table_privilege(c.oid, 'DELETE') AS can_delete,
+       array_agg(a.attname::text ORDER BY a.attnum) AS columns,
+       array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum) AS types,
+       array_agg(a.attnotnull ORDER BY a.attnum) AS not_null,
+       array_agg(a.atthasdef ORDER BY a.attnum) AS has_default,
+       array_agg(a.attidentity::text ORDER BY a.attnum) AS identity,
+       array_agg(a.attgenerated::text ORDER BY a.attnum) AS generated
+FROM unnest($1::text[], $2::text[]) AS w (schema_name, table_name)
+JOIN pg_namespace n ON n.nspname = w.schema_name
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name AND c.relkind IN ('r', 'p')
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY n.nspname, c.relname, c.oid;
+
+-- name: cascading_foreign_keys
+-- Foreign keys whose ON DELETE CASCADE removes rows of a table when a row of one of these tables
+-- ($1 schemas, $2 names) is deleted: the child, the constraint, and its (child, parent) column pairs.
+SELECT pn.nspname AS parent_schema, p.relname AS parent_table,
+       cn.nspname AS child_schema, ch.relname AS child_table, con.conname::text AS constraint_name,
+       array(SELECT ca.attname::text FROM unnest(con.conkey) WITH ORDINALITY k (attnum, i)
+             JOIN pg_attribute ca ON ca.attrelid = con.conrelid AND ca.attnum = k.attnum ORDER BY k.i) AS child_columns,
+       array(SELECT pa.attname::text FROM unnest(con.confkey) WITH ORDINALITY k (attnum, i)
+             JOIN pg_attribute pa ON pa.attrelid = con.confrelid AND pa.attnum = k.attnum ORDER BY k.i) AS parent_columns
+FROM pg_constraint con
+JOIN pg_class p ON p.oid = con.confrelid JOIN pg_namespace pn ON pn.oid = p.relnamespace
+JOIN pg_class ch ON ch.oid = con.conrelid JOIN pg_namespace cn ON cn.oid = ch.relnamespace
+WHERE con.contype = 'f' AND con.confdeltype = 'c'
+  AND (pn.nspname, p.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+ORDER BY 1, 2, 3, 4, 5;
+
+-- name: service_schema
+-- The schema of the service's own tables (where the idempotency record is, by the search_path).
+SELECT n.nspname AS schema_name, current_user AS role_name
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('cleanup_applied');

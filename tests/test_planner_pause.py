@@ -1,0 +1,101 @@
+"""An operator's pause of the planner is kept in the database: a planner started again by a
+worker's watchdog is still paused, `planner status` says what the pause stops and what it does not,
+and `--hold-scheduled` also holds the bucket cleanups already scheduled, until resumed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client
+
+from cleanup.models import STATUS_QUERY, bucket_cleanup_id, planner_workflow_id
+from cleanup.planner import plan_buckets, planner_status, signal_planner, watch_planner
+from cleanup.planner_models import PlannerStatus, PlanTickInput
+from core.temporal import describe_or_none
+from tests.helpers import deadline_in, seed, wait_until
+from tests.test_planner import FAST, all_settled, planner_worker
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+        self.started.append(id)
+
+
+async def _live(client: Client, task_queue: str) -> PlannerStatus | None:
+    desc = await describe_or_none(client, planner_workflow_id(task_queue))
+    if desc is None or desc.status is None or desc.status.name != "RUNNING":
+        return None
+    handle = client.get_workflow_handle(planner_workflow_id(task_queue))
+    live: PlannerStatus = await handle.query(STATUS_QUERY, result_type=PlannerStatus)
+    return live
+
+
+async def test_a_pause_survives_the_planner_started_again_by_the_watchdog(client, pool, task_queue):
+    async with planner_worker(client, pool, task_queue):
+        await signal_planner(client, task_queue, "pause", "maintenance", pool=pool)
+        handle = client.get_workflow_handle(planner_workflow_id(task_queue))
+        await handle.terminate(reason="test: the planner dies")
+        assert (await watch_planner(client, task_queue, pool=pool))[0] == "restarted"
+
+        async def paused_again() -> bool:
+            live = await _live(client, task_queue)
+            return live is not None and live.phase == "paused" and live.pause_reason == "maintenance"
+
+        await wait_until(paused_again)
+        # Whichever run asks, nothing is planned while the pause is recorded.
+        await seed(pool, deadline_in(30), 3)
+        recording = RecordingClient()
+        tick = PlanTickInput(settings=FAST, task_queue=task_queue)
+        assert (await plan_buckets(pool, recording, tick, {})).buckets == 0  # type: ignore[arg-type]
+        assert recording.started == []
+
+        status = await planner_status(client, pool, task_queue)
+        assert status["paused"] is True and status["pause_reason"] == "maintenance"
+        assert "stops planning new bucket cleanups" in status["pause_effect"]
+        assert "does not stop" in status["pause_effect"] and "scheduled" in status["pause_effect"]
+
+        await signal_planner(client, task_queue, "resume", pool=pool)
+        assert (await plan_buckets(pool, recording, tick, {})).buckets == 1  # type: ignore[arg-type]
+        assert (await planner_status(client, pool, task_queue))["paused"] is False
+
+
+async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resumed(client, pool, task_queue):
+    deadline = deadline_in(8)
+    accounts = await seed(pool, deadline, 4)
+    start = datetime.fromtimestamp(int(deadline.timestamp()), UTC)  # the 1 s bucket holding it
+    bucket_id = bucket_cleanup_id(start, int(FAST.bucket_seconds * 1000), task_queue)
+    async with planner_worker(client, pool, task_queue):
+        await wait_until(lambda: _exists(client, bucket_id))  # scheduled: its timer sleeps
+        await signal_planner(client, task_queue, "pause", "incident", pool=pool, hold_scheduled=True)
+
+        await wait_until(lambda: _claim_held(client, bucket_id), within=90)
+        assert await pool.fetchval(
+            "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'active'"
+            " AND renewal_deadline < cleanup_clock()",
+            accounts,
+        ) == len(accounts), "past their deadline, still not claimed: held"
+        status = await planner_status(client, pool, task_queue)
+        assert status["hold_scheduled"] is True and "holds the scheduled bucket cleanups" in status["pause_effect"]
+
+        await signal_planner(client, task_queue, "resume", pool=pool)
+        await wait_until(lambda: all_settled(pool, accounts), within=90, interval=0.5)
+    cleaned = await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'cleaned'", accounts
+    )
+    assert cleaned == len(accounts)
+
+
+async def _exists(client: Client, workflow_id: str) -> bool:
+    return await describe_or_none(client, workflow_id) is not None
+
+
+async def _claim_held(client: Client, workflow_id: str) -> bool:
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    return any(
+        a.last_failure.application_failure_info.type == "HeldByPlannerPause"
+        for a in desc.raw_description.pending_activities
+    )
