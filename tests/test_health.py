@@ -8,6 +8,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import asyncpg
 import yaml
@@ -17,6 +18,7 @@ from temporalio.worker import Worker
 from core import db, health
 from core.config import PROJECT_ROOT
 from core.embedded import free_port
+from demo.fixture import create_game_schema
 from tests.conftest import WorkerProcesses
 
 
@@ -30,7 +32,9 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, "no answer"
 
 
-async def wait_for_status(port: int, path: str, status: int, within: float = 120) -> str:
+async def wait_for_status(
+    port: int, path: str, status: int, within: float = 120, logs: Callable[[], str] = lambda: ""
+) -> str:
     deadline = time.monotonic() + within
     last = (0, "")
     while time.monotonic() < deadline:
@@ -38,7 +42,7 @@ async def wait_for_status(port: int, path: str, status: int, within: float = 120
         if last[0] == status:
             return last[1]
         await asyncio.sleep(0.5)
-    raise AssertionError(f"{path} never answered {status} within {within}s; last {last}")
+    raise AssertionError(f"{path} never answered {status} within {within}s; last {last}\n{logs()[-3000:]}")
 
 
 async def test_readyz_follows_the_workers_database(worker_processes: WorkerProcesses) -> None:
@@ -46,10 +50,12 @@ async def test_readyz_follows_the_workers_database(worker_processes: WorkerProce
 
     pg = PrivatePostgres()
     await asyncio.to_thread(pg.init)
+    url = await db.create_database(pg.admin_url, "cleanup")  # migrated: workers do not migrate
+    await create_game_schema(url)
     port = free_port()
     try:
-        proc = worker_processes.start(DATABASE_URL=pg.admin_url, HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
-        assert await wait_for_status(port, "/readyz", 200) == "ready\n", worker_processes.logs()
+        proc = worker_processes.start(DATABASE_URL=url, HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
+        assert await wait_for_status(port, "/readyz", 200, logs=worker_processes.logs) == "ready\n"
         assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
         assert (await asyncio.to_thread(get, port, "/nothing"))[0] == 404
 
@@ -101,7 +107,7 @@ async def test_readyz_names_the_task_queue_and_a_planner_not_seen(
 async def test_worker_that_ensures_the_planner_gets_ready(worker_processes: WorkerProcesses) -> None:
     port = free_port()
     worker_processes.start(CLEANUP_PLANNER="on", HEALTH_PORT=str(port), HEALTH_HOST="127.0.0.1")
-    assert await wait_for_status(port, "/readyz", 200) == "ready\n", worker_processes.logs()
+    assert await wait_for_status(port, "/readyz", 200, logs=worker_processes.logs) == "ready\n"
 
 
 def test_image_and_compose_services_check_health() -> None:

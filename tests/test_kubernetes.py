@@ -168,4 +168,4 @@ def test_pdb_and_network_policies_select_the_pods(docs: list[dict[str, Any]]) ->
     assert sorted(selected) == ["job", "worker"], "each pod kind has exactly one policy"
     migrate = one(docs, "Job")
     (job_container,) = pod_spec(migrate)["containers"]
-    assert job_container["command"][:3] == ["python", "starter.py", "migrate"]
+    assert job_container["command"][:2] == [container["command"][0], "migrate"], "the same entry point as the worker"

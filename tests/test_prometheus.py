@@ -99,7 +99,7 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "outbox_dead_letters",
         "ledger_corrections",
         "ledger_review_rows",
-        "load_budget_scale",
+        "load_budget_throttled",
         "worker_ready",
     ):
         assert metric in exprs, f"no dashboard panel reads {metric}"

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import uuid
 from collections import Counter
 from datetime import UTC, date, datetime, time
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -170,3 +172,32 @@ def test_cli_refuses_a_bad_zone_and_an_empty_update(settings: Settings) -> None:
         )
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+async def test_cli_create_update_and_list_a_schedule_in_a_time_zone(
+    temporal_address: str, db_url: str, task_queue: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from starter import main
+
+    base = ["--temporal-address", temporal_address, "--database-url", db_url, "--task-queue", task_queue]
+    sid = ["--schedule-id", f"ledger-tz-{uuid.uuid4().hex[:8]}"]
+
+    async def cli(*argv: str) -> Any:
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, [*base, *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    created = await cli("schedule", "create", *sid, "--at", "01:30", "--time-zone", BERLIN, "--paused")
+    try:
+        assert (created["runs_at"], created["time_zone"]) == ("01:30 Europe/Berlin", BERLIN)
+        assert all("T01:30:00+01:00" in t or "T01:30:00+02:00" in t for t in created["next_runs_local"])
+        updated = await cli("schedule", "update", *sid, "--time-zone", "Asia/Tokyo", "--note", "moved")
+        assert (updated["runs_at"], updated["note"], updated["paused"]) == ("01:30 Asia/Tokyo", "moved", True)
+        assert all(t.endswith("T16:30:00+00:00") for t in updated["next_runs"]), "01:30 in Tokyo is 16:30 UTC"
+
+        async def listed() -> bool:
+            return any(s["schedule_id"] == sid[1] for s in await cli("schedule", "list"))
+
+        await wait_until(listed, within=60)
+    finally:
+        assert (await cli("schedule", "delete", *sid))["deleted"] is True

@@ -4,13 +4,18 @@ children of the cleanup's workflow span, across two workers; and the option's co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 from collections import Counter
+from concurrent import futures
+from typing import Any
 
 import asyncpg
+import grpc
 import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,7 +25,8 @@ from cleanup.operations import start_cleanup
 from core import tracing
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
-from tests.helpers import deadline_in, seed
+from tests.conftest import WorkerProcesses
+from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -55,7 +61,10 @@ async def test_one_cleanup_is_one_trace_with_claim_partitions_and_settlement(
     await seed(pool, deadline, 30)
     EXPORTER.clear()
     async with workers[0], workers[1]:
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=3)
+        # Started from a client no worker uses (the CLI's part): the trace crosses into the workers
+        # through the workflow's and the activities' headers only.
+        starter = await connect(settings)
+        started = await start_cleanup(starter, pool, task_queue, deadline=deadline, partitions=3)
         await asyncio.wait_for(client.get_workflow_handle(started.workflow_id).result(), 120)
 
     spans = [s for s in EXPORTER.get_finished_spans() if s.context is not None]
@@ -102,3 +111,36 @@ def test_worker_refuses_prometheus_and_otlp_metrics_at_once(settings: Settings, 
     )
     assert done.returncode == 2, done.stderr
     assert "METRICS_PORT (Prometheus) or METRICS_OTLP_ENDPOINT" in done.stderr and "Traceback" not in done.stderr
+
+
+class MetricsCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """An OTLP/gRPC metrics receiver of the test's own: the metric names it was sent."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def Export(self, request: Any, context: Any) -> Any:
+        for resource in request.resource_metrics:
+            for scope in resource.scope_metrics:
+                self.names.update(m.name for m in scope.metrics)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+async def test_worker_pushes_its_metrics_over_otlp(worker_processes: WorkerProcesses) -> None:
+    collector = MetricsCollector()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        worker_processes.start(METRICS_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
+
+        async def received() -> bool:
+            return {"cleanup_accounts_cleaned", "worker_ready"} <= collector.names
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(received, within=120, interval=1)
+    finally:
+        server.stop(grace=None)
+    assert {"cleanup_accounts_cleaned", "worker_ready"} <= collector.names, (collector.names, worker_processes.logs())
+    assert any(name.startswith("temporal_") for name in collector.names), collector.names
