@@ -3,8 +3,8 @@
 -- slot taken before it (advisory waits are not counted as lock stress).
 --
 -- The budget's own bookkeeping (acquire, release, renew, adjust) commits without waiting for the
--- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a slot's lease
--- expires by itself), and waiting would add a flush per batch (and per denied try) to the very
+-- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a crash ends
+-- every session, and a slot lives no longer than its session), and waiting would add a flush per batch (and per denied try) to the very
 -- WAL queue that the players' commits wait in. The commit probe and the batches themselves
 -- commit as usual.
 
