@@ -667,7 +667,19 @@ async def run(
         "load_average_1m_before_and_after": [load_before, load_average()],
         "load_budget": budget,
         "load_budget_after_each_pipeline": [
-            {k: b[k] for k in ("enabled", "doing", "limited_by", "stress", "stressed_at", "observed", "peak_in_flight")}
+            {
+                k: b[k]
+                for k in (
+                    "enabled",
+                    "doing",
+                    "limited_by",
+                    "stress",
+                    "last_stress",
+                    "stressed_at",
+                    "observed",
+                    "peak_in_flight",
+                )
+            }
             | {"commit_probe_baseline_ms": b["commit_probe_baseline_ms"]}
             for b in budget_after
         ],

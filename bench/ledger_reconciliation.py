@@ -49,7 +49,7 @@ import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
 from bench.floor import FLOOR_BACKENDS, STACK_POOL_SIZE, run_slice_sequences
-from core.budget import LoadBudget
+from core.budget import LoadBudget, budget_status
 from core.queries import load
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
@@ -295,6 +295,7 @@ async def run(
         )
         await clear_effects(s.pool, direct_date)
         pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
+        budget_after_pipeline = await budget_status(s.pool)
         await clear_effects(s.pool, pipeline_date)
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_reconciliation(
@@ -317,6 +318,10 @@ async def run(
     return {
         "scenario": "ledger_reconciliation",
         "load_budget": budget,
+        "load_budget_after_pipeline": {
+            k: budget_after_pipeline[k]
+            for k in ("doing", "limited_by", "last_stress", "stressed_at", "observed", "commit_probe_baseline_ms")
+        },
         "payments": payments,
         "shards": shards,
         "parallel_shards": parallel,
@@ -374,7 +379,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(
-        json.dumps(asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, args.budget)), indent=2)
+        json.dumps(
+            asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, args.budget)),
+            indent=2,
+            default=str,
+        )
     )
 
 

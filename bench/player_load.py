@@ -241,6 +241,7 @@ async def run(
     player_connections: int = 8,
     max_in_flight: int | None = None,
     rows_per_second: float | None = None,
+    objective: dict[str, float] | None = None,
     paced_floor_slice: int | None = None,
 ) -> dict[str, Any]:
     """`max_in_flight` / `rows_per_second`: set the budget of phase 3 (default: the defaults).
@@ -338,7 +339,7 @@ async def run(
 
             limits: dict[str, Any] = {
                 k: v for k, v in {"max_in_flight": max_in_flight, "rows_per_second": rows_per_second}.items() if v
-            }
+            } | (objective or {})
             await set_budget(s.pool, enabled=True, reset_scale=True, **limits)
             on = await phase("default_budget", lambda: cleanup(seeds["default"]))
             on_budget = await budget_status(s.pool)
@@ -446,6 +447,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--max-in-flight", type=int, help="phase 3's budget instead of the default")
     parser.add_argument("--rows-per-second", type=float, help="phase 3's budget instead of the default")
+    parser.add_argument("--probe-ratio", type=float, help="phase 3's objective: commit probe / baseline")
+    parser.add_argument("--probe-max-ms", type=float, help="phase 3's objective: commit probe at most this")
     parser.add_argument(
         "--paced-floor",
         action="store_true",
@@ -464,6 +467,9 @@ def main() -> None:
             args.batch_size,
             max_in_flight=args.max_in_flight,
             rows_per_second=args.rows_per_second,
+            objective={
+                k: v for k, v in {"probe_ratio": args.probe_ratio, "probe_max_ms": args.probe_max_ms}.items() if v
+            },
             paced_floor_slice=args.floor_slice if args.paced_floor else None,
         )
     )

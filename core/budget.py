@@ -607,6 +607,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         "effective_in_flight": effective_n,
         "effective_rows_per_second": None if effective_r is None else round(effective_r, 1),
         "stress": row["stress"],
+        "last_stress": row["last_stress"],
         "stressed_at": row["stressed_at"],
         "observed": {
             "rows_per_second": row["observed_rows_per_second"],
@@ -654,6 +655,8 @@ def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:
     if not enabled:
         return "nothing (the budget is off)"
     if row["rate_limit"] is not None or row["in_flight_limit"] is not None:
+        if row["stress"] is None and row["last_stress"]:
+            return f"{row['limited_by'] or 'growing back'}, after: {row['last_stress']}"
         return row["limited_by"] or row["stress"] or "stress"
     caps = [f"max_in_flight {cap_n}" if cap_n is not None else "", f"rows_per_second {cap_r:g}" if cap_r else ""]
     caps = [c for c in caps if c]

@@ -3,8 +3,8 @@
 -- slot taken before it (advisory waits are not counted as lock stress).
 --
 -- The budget's own bookkeeping (acquire, release, renew, adjust) commits without waiting for the
--- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a slot's lease
--- expires by itself), and waiting would add a flush per batch (and per denied try) to the very
+-- WAL flush: its writes are leases and counters that a crash may lose harmlessly (a crash ends
+-- every session, and a slot lives no longer than its session), and waiting would add a flush per batch (and per denied try) to the very
 -- WAL queue that the players' commits wait in. The commit probe and the batches themselves
 -- commit as usual.
 
@@ -207,6 +207,7 @@ UPDATE load_budget
 SET rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
     observed_rows_per_second = $13::float8, stress = $2::text,
     stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
+    last_stress = coalesce($2::text, last_stress),
     observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8,
     observed_probe_ms = $6::float8, observed_probes = $7::int,
     probe_baseline_ms = CASE WHEN $8::float8 IS NOT NULL THEN $8::float8

@@ -128,7 +128,9 @@ async def test_player_load_benchmark_measures_players_alone_and_during_cleanups(
     assert result["p99_ratio_no_budget"] > 0 and result["p99_ratio_default_budget"] > 0
     assert result["throughput_ratio_budget_over_none"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
-    assert 1 <= result["budget_after_default_run"]["peak_in_flight"] <= 2
+    # the default budget has no fixed limit: it says what it did and why
+    after = result["budget_after_default_run"]
+    assert after["peak_in_flight"] >= 1 and after["doing"] and after["limited_by"]
 
 
 async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_planner_alone():

@@ -17,6 +17,7 @@ ALTER TABLE load_budget
     ADD COLUMN observed_rows_per_second double precision,
     ADD COLUMN probe_max_ms         double precision CHECK (probe_max_ms > 0 AND probe_max_ms < 'Infinity'),
     ADD COLUMN limited_by           text,
+    ADD COLUMN last_stress          text,  -- why it was last throttled (stress: the last adjustment's verdict)
     ADD CONSTRAINT load_budget_limits_are_finite CHECK (
         rows_per_second < 'Infinity' AND latency_ms < 'Infinity'
         AND max_replication_lag_seconds < 'Infinity' AND probe_ratio < 'Infinity');
