@@ -61,16 +61,37 @@ async def wait_for_database_clock(
     instant: datetime,
     limit: float = MAX_CLOCK_WAIT_SECONDS,
     beat: Callable[[], None] | None = None,
+    cleanup_id: str = "",
 ) -> None:
-    """Return once the database clock has reached `instant` (if it is at most `limit` seconds away),
-    calling `beat` at least every second meanwhile so a waiting claim is not taken for a dead one."""
+    """Return once the database clock has reached `instant`, calling `beat` at least every second
+    meanwhile so a waiting claim is not taken for a dead one. More than `limit` seconds away, the
+    database clock is behind the timer that fired: reported (WARNING, gauge, `planner status`) and
+    raised as a retryable failure, so the claim neither runs early nor gives up as if nothing were due."""
     while True:
         remaining = await pool.fetchval(SQL.seconds_until, instant)
-        if remaining is None or remaining < 0 or remaining > limit:
+        if remaining is None or remaining < 0:
+            metrics.set_database_clock_behind(0.0)
             return
+        if remaining > limit:
+            raise await database_clock_behind(pool, instant, remaining, cleanup_id)
         if beat is not None:
             beat()
         await asyncio.sleep(min(remaining + 0.001, 1.0))
+
+
+async def database_clock_behind(
+    pool: asyncpg.Pool, instant: datetime, remaining: float, cleanup_id: str
+) -> BaseException:
+    task_queue = activity.info().task_queue if activity.in_activity() else ""
+    message = (
+        f"the database clock is {remaining:.1f}s behind the timer: {cleanup_id or 'a claim'} waits for "
+        f"{instant.isoformat()} by the database clock (the renewal rule's); claiming again later"
+    )
+    log.warning("%s", message)
+    metrics.set_database_clock_behind(remaining)
+    await pool.execute(SQL.record_database_clock_behind, task_queue, remaining, instant, cleanup_id)
+    delay = timedelta(seconds=min(max(remaining - MAX_CLOCK_WAIT_SECONDS, 1.0), 30.0))
+    return failure(ErrorType.DATABASE_CLOCK_BEHIND, message, next_retry_delay=delay)
 
 
 async def claim_in_chunks(
@@ -91,7 +112,7 @@ async def claim_in_chunks(
     switched off, `chunk_size`, as without one)."""
     budgeted_size = input.chunk_size if budget is None else min(input.chunk_size, budget.settings.max_claim_rows)
     last_instant = input.deadline_until - timedelta(microseconds=1)
-    await wait_for_database_clock(pool, last_instant, beat=beat)
+    await wait_for_database_clock(pool, last_instant, beat=beat, cleanup_id=input.cleanup_id)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
@@ -266,7 +287,7 @@ class CleanupActivities:
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
         await self._hold_if_paused(input.cleanup_id)
-        await wait_for_database_clock(self.pool, input.deadline)
+        await wait_for_database_clock(self.pool, input.deadline, cleanup_id=input.cleanup_id)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:

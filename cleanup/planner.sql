@@ -136,3 +136,8 @@ DELETE FROM planner_pauses WHERE task_queue = $1;
 
 -- name: planner_pause_get
 SELECT reason, hold_scheduled, paused_at FROM planner_pauses WHERE task_queue = $1;
+
+-- name: database_clock_behind
+-- The last claim that found the database clock far behind its timer, if within $2 seconds. $1 task queue
+SELECT behind_seconds, instant, cleanup_id, observed_at FROM database_clock_behind
+WHERE task_queue = $1 AND observed_at > now() - make_interval(secs => $2);

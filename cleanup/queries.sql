@@ -423,3 +423,10 @@ FROM cleanup_failed WHERE cleanup_id = $1;
 -- settlement counts the same tables). $1 cleanup ID, $2 partition.
 SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_no = $2) AS claimed,
        (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1 AND partition_no = $2) AS applied;
+
+-- name: record_database_clock_behind
+-- $1 task queue, $2 seconds behind, $3 the instant waited for, $4 cleanup ID
+INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_id) VALUES ($1, $2, $3, $4)
+ON CONFLICT (task_queue) DO UPDATE
+SET behind_seconds = EXCLUDED.behind_seconds, instant = EXCLUDED.instant, cleanup_id = EXCLUDED.cleanup_id,
+    observed_at = now();
