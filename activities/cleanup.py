@@ -42,6 +42,7 @@ from cleanup.targets import CleanupTargets
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
+from core.outage import resume_details
 from core.queries import load
 
 SQL = load(cleanup.__file__)
@@ -216,6 +217,7 @@ async def clean_partition_batches(
                     waiting_for_claim(checkpoint)
                 await asyncio.sleep(CLAIM_POLL_SECONDS)
                 continue
+        await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
         waiting: Waiting | None = (
             functools.partial(waiting_for_budget, checkpoint) if waiting_for_budget is not None else None
         )
@@ -358,8 +360,11 @@ class CleanupActivities:
         it knows of; a batch that committed without being heartbeated is judged 'already applied'.
         """
         info = activity.info()
-        details = info.heartbeat_details
+        details = resume_details()  # a re-run of this attempt resumes after its last committed batch
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
+        attempt_start = (
+            PartitionCheckpoint.model_validate(info.heartbeat_details[0]) if info.heartbeat_details else start
+        )
         counted = start.counts
 
         def after_batch(checkpoint: PartitionCheckpoint) -> None:
@@ -437,7 +442,7 @@ class CleanupActivities:
             claimed=in_database["claimed"],
             applied=in_database["applied"],
             attempt=info.attempt,
-            attempt_counts=c - start.counts,
+            attempt_counts=c - attempt_start.counts,
         )
 
     @activity.defn(name=SETTLE_CLEANUP)
