@@ -9,8 +9,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from activities.cleanup import CLEANUP_PARTITION
-from cleanup.models import CleanupResult
+from cleanup.models import CLEANUP_PARTITION, CleanupResult
 from cleanup.operations import start_cleanup
 from core import db, failpoints, outage
 from tests.helpers import deadline_in, seed
