@@ -42,6 +42,7 @@ from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
+from core.outage import resume_details
 from core.queries import load
 
 SQL = load(cleanup.__file__)
@@ -71,16 +72,37 @@ async def wait_for_database_clock(
     instant: datetime,
     limit: float = MAX_CLOCK_WAIT_SECONDS,
     beat: Callable[[], None] | None = None,
+    cleanup_id: str = "",
 ) -> None:
-    """Return once the database clock has reached `instant` (if it is at most `limit` seconds away),
-    calling `beat` at least every second meanwhile so a waiting claim is not taken for a dead one."""
+    """Return once the database clock has reached `instant`, calling `beat` at least every second
+    meanwhile so a waiting claim is not taken for a dead one. More than `limit` seconds away, the
+    database clock is behind the timer that fired: reported (WARNING, gauge, `planner status`) and
+    raised as a retryable failure, so the claim neither runs early nor gives up as if nothing were due."""
     while True:
         remaining = await pool.fetchval(SQL.seconds_until, instant)
-        if remaining is None or remaining < 0 or remaining > limit:
+        if remaining is None or remaining < 0:
+            metrics.set_database_clock_behind(0.0)
             return
+        if remaining > limit:
+            raise await database_clock_behind(pool, instant, remaining, cleanup_id)
         if beat is not None:
             beat()
         await asyncio.sleep(min(remaining + 0.001, 1.0))
+
+
+async def database_clock_behind(
+    pool: asyncpg.Pool, instant: datetime, remaining: float, cleanup_id: str
+) -> BaseException:
+    task_queue = activity.info().task_queue if activity.in_activity() else ""
+    message = (
+        f"the database clock is {remaining:.1f}s behind the timer: {cleanup_id or 'a claim'} waits for "
+        f"{instant.isoformat()} by the database clock (the renewal rule's); claiming again later"
+    )
+    log.warning("%s", message)
+    metrics.set_database_clock_behind(remaining)
+    await pool.execute(SQL.record_database_clock_behind, task_queue, remaining, instant, cleanup_id)
+    delay = timedelta(seconds=min(max(remaining - MAX_CLOCK_WAIT_SECONDS, 1.0), 30.0))
+    return failure(ErrorType.DATABASE_CLOCK_BEHIND, message, next_retry_delay=delay)
 
 
 async def claim_in_chunks(
@@ -100,7 +122,7 @@ async def claim_in_chunks(
     slot and its rows first, and is at most the budget's `max_claim_rows` accounts while the budget
     throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
-    await wait_for_database_clock(pool, last_instant, beat=beat)
+    await wait_for_database_clock(pool, last_instant, beat=beat, cleanup_id=input.cleanup_id)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
@@ -246,6 +268,7 @@ async def clean_partition_batches(
                 progress.waiting_for_claim(checkpoint)
                 await asyncio.sleep(CLAIM_POLL_SECONDS)
                 continue
+        await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
         waiting: Waiting = functools.partial(progress.waiting_for_budget, checkpoint)
         async with under_budget(budget, "cleanup", input.batch_size, waiting) as grant:
             result = await run_keyset_batch(
@@ -367,7 +390,7 @@ class CleanupActivities:
         Re-running it claims nothing new and reports the same claim, read back from the database.
         """
         await self._hold_if_paused(input.cleanup_id)
-        await wait_for_database_clock(self.pool, input.deadline)
+        await wait_for_database_clock(self.pool, input.deadline, cleanup_id=input.cleanup_id)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
             if input.account_id is None:
@@ -442,8 +465,11 @@ class CleanupActivities:
         """
         info = activity.info()
         compiled = await cleanup_target_set(self.pool, self.compiled, input.cleanup_id)
-        details = info.heartbeat_details
+        details = resume_details()  # a re-run of this attempt resumes after its last committed batch
         start = PartitionCheckpoint.model_validate(details[0]) if details else PartitionCheckpoint()
+        attempt_start = (
+            PartitionCheckpoint.model_validate(info.heartbeat_details[0]) if info.heartbeat_details else start
+        )
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
         checkpoint = await clean_partition_batches(
@@ -476,7 +502,7 @@ class CleanupActivities:
             claimed=in_database["claimed"],
             applied=in_database["applied"],
             attempt=info.attempt,
-            attempt_counts=c - start.counts,
+            attempt_counts=c - attempt_start.counts,
         )
 
     @activity.defn(name=SETTLE_CLEANUP)

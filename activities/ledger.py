@@ -22,6 +22,7 @@ from core import db, failpoints, metrics
 from core.budget import LoadBudget, under_budget
 from core.errors import ErrorType, failure, handed_back
 from core.heartbeat import heartbeating, run_heartbeating
+from core.outage import resume_details
 from core.queries import load
 from ledger.models import (
     CHECK_LEDGER_DAY,
@@ -250,7 +251,7 @@ class LedgerActivities:
         day = await check_day(self.pool, input.business_date, input.shards)
         if input.shard >= day.shards:
             raise _bad_input(f"unknown shard {input.shard} for {day.business_date}: shards are 0-{day.shards - 1}")
-        details = info.heartbeat_details
+        details = resume_details()  # a re-run of this attempt resumes after its last committed batch
         interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
         # It waits for the shard lock, which another attempt's batch may hold (a zombie of this shard
         # until Postgres ends its idle transaction, the night run beside a re-check): heartbeat while

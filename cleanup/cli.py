@@ -275,6 +275,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
     }
     if d.get("pause_effect") and d.get("paused"):
         head["pause effect"] = d["pause_effect"]
+    if d.get("database_clock_behind"):
+        head["database clock"] = d["database_clock_behind"]
     if "database" in d:  # the database is down: what Temporal knows, and what is missing
         return key_values(head | {"database": d["database"]})
     lateness = d["lateness_seconds"]

@@ -437,6 +437,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
     if pool is not None:
         try:
             out.update(await _pause_status(pool, task_queue))
+            out.update(await _clock_status(pool, task_queue))
             out.update(await _planner_status_from_database(pool, settings))
         except Exception as err:
             if not db.is_database_error(err):
@@ -455,6 +456,23 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
 
 
 PLANNER_DB_PART = "next deadlines, overdue accounts, recoveries and lateness are not shown"
+
+
+# `planner status` reports a claim that found the database clock behind its timer this recently.
+CLOCK_BEHIND_SHOWN_SECONDS = 3600.0
+
+
+async def _clock_status(pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
+    """How far the database clock is from this host's, and the last claim that found it far behind."""
+    now: datetime = await pool.fetchval(SQL.clock)
+    out: dict[str, Any] = {"database_clock_behind_this_host_seconds": round(time.time() - now.timestamp(), 3)}
+    row = await pool.fetchrow(SQL.database_clock_behind, task_queue, CLOCK_BEHIND_SHOWN_SECONDS)
+    if row is not None:
+        out["database_clock_behind"] = (
+            f"{row['behind_seconds']:.1f}s behind the timer of {row['cleanup_id']} at "
+            f"{row['observed_at'].isoformat()} (its claim waits for the database clock)"
+        )
+    return out
 
 
 async def _pause_status(pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:

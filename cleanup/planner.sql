@@ -150,3 +150,8 @@ FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_dea
 -- ones a schema or privilege error (SQLSTATE class 42) failed: every account of a cleanup alike.
 SELECT count(*)::int AS pending, count(*) FILTER (WHERE sqlstate LIKE '42%')::int AS schema_errors
 FROM cleanup_failed WHERE resolved_at IS NULL;
+
+-- name: database_clock_behind
+-- The last claim that found the database clock far behind its timer, if within $2 seconds. $1 task queue
+SELECT behind_seconds, instant, cleanup_id, observed_at FROM database_clock_behind
+WHERE task_queue = $1 AND observed_at > now() - make_interval(secs => $2);

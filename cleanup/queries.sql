@@ -422,3 +422,10 @@ SELECT fingerprint FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 
 -- name: target_set_of
 -- The targets (JSON) of a recorded target set. $1 fingerprint.
 SELECT targets::text FROM cleanup_target_sets WHERE fingerprint = $1;
+
+-- name: record_database_clock_behind
+-- $1 task queue, $2 seconds behind, $3 the instant waited for, $4 cleanup ID
+INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_id) VALUES ($1, $2, $3, $4)
+ON CONFLICT (task_queue) DO UPDATE
+SET behind_seconds = EXCLUDED.behind_seconds, instant = EXCLUDED.instant, cleanup_id = EXCLUDED.cleanup_id,
+    observed_at = now();

@@ -22,6 +22,7 @@ Counters (names as scraped; docs/observability.md):
   cleanup_lateness_seconds            histogram of cleaned_at - renewal_deadline (the planner reads it)
   planner_overdue_accounts            gauge: active accounts past deadline + grace at the last sweep
   planner_overdue_swept               overdue accounts handed to a sweep cleanup
+  cleanup_database_clock_behind_seconds  gauge: the database clock behind a claim's timer (0: in step)
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
   planner_restarts{reason}            the planner started again by a worker's watchdog (closed / stuck)
   load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py; -1: no limit)
@@ -66,6 +67,8 @@ DESCRIPTIONS: dict[str, str] = {
     "outbox_dead_lettered": "outbox events dead-lettered after their last attempt",
     "cleanup_lateness_seconds": "seconds from an account's renewal deadline to its cleanup commit",
     "planner_overdue_accounts": "active accounts past their deadline (and the sweep grace) at the last sweep",
+    "cleanup_database_clock_behind_seconds": "how far the database clock was behind the timer of the last claim "
+    "that found it more than 30 s behind (0: in step)",
     "planner_overdue_swept": "overdue accounts handed to a sweep cleanup by the planner",
     "planner_stranded_recovered": "claims of closed cleanups released by the planner for re-claiming",
     "planner_restarts": "times a worker's watchdog started the deadline planner again (it was closed or stuck)",
@@ -222,6 +225,16 @@ def set_overdue(n: int) -> None:
             meter.create_gauge("planner_overdue_accounts", DESCRIPTIONS["planner_overdue_accounts"]).set(n)
     except Exception:
         log.debug("could not set the overdue gauge", exc_info=True)
+
+
+def set_database_clock_behind(seconds: float) -> None:
+    try:
+        meter = _meter()
+        if meter is not None:
+            name = "cleanup_database_clock_behind_seconds"
+            meter.create_gauge_float(name, DESCRIPTIONS[name]).set(max(0.0, seconds))
+    except Exception:
+        log.debug("could not set the clock gauge", exc_info=True)
 
 
 def record_overdue_swept(n: int) -> None:

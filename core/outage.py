@@ -147,6 +147,23 @@ class _Outbound(ActivityOutboundInterceptor):
         super().heartbeat(*details)
 
 
+# The heartbeat details an attempt last sent before a lost connection, for the run of the same
+# attempt again: `info.heartbeat_details` are the attempt's starting ones, and resuming from them
+# would re-run (and count again) every batch the first run committed.
+_RERUN_DETAILS: contextvars.ContextVar[tuple[Any, ...] | None] = contextvars.ContextVar(
+    "rerun_heartbeat_details", default=None
+)
+
+
+def resume_details() -> tuple[Any, ...]:
+    """Where an activity resumes from: its last heartbeat details when this is the same attempt run
+    again after a lost connection, else the attempt's starting details (those of the previous
+    attempt). An activity that checkpoints in its heartbeat reads these instead of
+    `activity.info().heartbeat_details`."""
+    rerun = _RERUN_DETAILS.get()
+    return rerun if rerun else tuple(activity.info().heartbeat_details)
+
+
 class _ActivityInbound(ActivityInboundInterceptor):
     def __init__(self, next: ActivityInboundInterceptor, probe: Probe | None, max_wait: float) -> None:
         super().__init__(next)
@@ -171,6 +188,8 @@ class _ActivityInbound(ActivityInboundInterceptor):
                     OUTAGE.lost(lost)
                     if reruns < MAX_RERUNS and await self._database_back():
                         reruns += 1  # the same attempt again: every step is idempotent, and no back-off
+                        if self._outbound is not None and self._outbound.last_details:
+                            _RERUN_DETAILS.set(self._outbound.last_details)  # from its last checkpoint
                         continue
                     # A short typed failure instead of asyncpg's chain of tracebacks: Temporal keeps it
                     # whole (a large one reaches the UI as "Failure exceeds size limit.") and it names the cause.

@@ -64,7 +64,7 @@ async def test_a_pause_survives_the_planner_started_again_by_the_watchdog(client
 
 
 async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resumed(client, pool, task_queue):
-    deadline = deadline_in(8)
+    deadline = deadline_in(20)  # time for the planner to schedule its bucket on a loaded machine
     accounts = await seed(pool, deadline, 4)
     start = datetime.fromtimestamp(int(deadline.timestamp()), UTC)  # the 1 s bucket holding it
     bucket_id = bucket_cleanup_id(start, int(FAST.bucket_seconds * 1000), task_queue)
