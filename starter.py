@@ -20,8 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
+from cleanup import grants as cleanup_grants
+from cleanup.targets import load_targets
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
+from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values, table
 from core.config import Settings, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
@@ -32,13 +34,36 @@ from outbox import cli as outbox_cli
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
+    """The only command that changes the schema: each pending file in its own transaction (with a
+    lock timeout), then the worker role's grants on the declared targets, table by table."""
     settings = embedded.resolve(settings)
-    assert settings.database_url is not None
-    applied = await db.await_db(settings.database_url, db.migrate_url(settings.database_url))
+    url = settings.database_url
+    assert url is not None
+    if args.action == "status":
+        rows = await db.await_db(url, db.migration_status_url(url))
+        emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
+        changed = [r["name"] for r in rows if r["state"] == "changed"]
+        if changed:
+            raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
+        return
+    applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
+    if args.demo_game:
+        from demo.fixture import create_game_schema
+
+        await create_game_schema(url)
+    data |= await cleanup_grants.grant_targets_url(url, load_targets())
     if args.grant_worker_role:
-        data["granted_worker_role_to"] = await db.grant_worker_role(settings.database_url, args.grant_worker_role)
-    emit(args, data, lambda d: f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}")
+        data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
+    emit(args, data, _migrated_text)
+
+
+def _migrated_text(d: dict[str, Any]) -> str:
+    text = f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
+    text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
+    if d["missing"]:
+        text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
+    return text
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
@@ -110,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = Commands(parser.add_subparsers(dest="command", required=True))
     command = commands.add
 
-    p = command("migrate", cmd_migrate, "apply the database schema (idempotent)")
+    p = command("migrate", cmd_migrate, "apply the database schema (idempotent); `migrate status`: applied and pending")
+    p.add_argument("action", nargs="?", choices=["apply", "status"], default="apply")
+    p.add_argument("--demo-game", action="store_true", help="also create the demo game's tables (the default targets)")
     p.add_argument(
         "--grant-worker-role",
         metavar="LOGIN",

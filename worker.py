@@ -180,7 +180,7 @@ async def run_worker(
     runtime = metrics_runtime(settings)
     if runtime is not None:
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
-    await db.migrate_url(settings.database_url)
+    await db.check_schema_url(settings.database_url)  # never DDL at start-up: `starter.py migrate` does it
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )

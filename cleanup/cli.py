@@ -19,9 +19,11 @@ from temporalio.service import RPCError
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
+    hold_account,
     list_cleanups,
     parse_deadline,
     parse_failed_tolerance,
+    release_account,
     renew,
     start_cleanup,
 )
@@ -102,11 +104,14 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
     until = parse_deadline(args.until) if args.until else None
     async with CliContext(settings) as ctx:
-        outcome = await renew(ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until)
+        outcome = await renew(
+            ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until, allow_earlier=args.allow_earlier
+        )
 
     def human(d: dict[str, Any]) -> str:
         if d["in_time"]:
             text = f"renewed in time: {d['account_id']} is now at cleanup version {d['version_after']}"
+            text += f"\ndeadline: {d['old_deadline']} -> {d['new_deadline'] or 'none (renewed for good)'}"
             if d["signalled"]:
                 text += f"\nsignalled: {', '.join(d['signalled'])}"
             if d["restarted_cleanup"]:
@@ -123,6 +128,41 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
     emit(args, outcome.model_dump(mode="json"), human)
     if not outcome.in_time:
         sys.exit(EXIT_TOO_LATE)
+
+
+async def cmd_hold(args: argparse.Namespace, settings: Settings) -> None:
+    async with database_pool(settings, migrate=True) as pool:
+        result = await hold_account(pool, args.account_id, args.reason)
+    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
+    if result == "too_late":
+        sys.exit(EXIT_TOO_LATE)
+
+
+async def cmd_account(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.history import account_history
+
+    async with database_pool(settings, migrate=True) as pool:
+        history = await account_history(pool, args.account_id)
+    emit(args, history.model_dump(mode="json"), _history_text)
+
+
+def _history_text(d: dict[str, Any]) -> str:
+    lines = [f"{d['account_id']}: {d['status']}, deadline {d['renewal_deadline']}, version {d['cleanup_version']}"]
+    lines += [f"  {e['recorded_at']} {e['kind']} (deadline {e['deadline']})" for e in d["events"]]
+    lines += [f"  {r['judged_at']} renewal {r['outcome']} -> {r['new_deadline'] or 'for good'}" for r in d["renewals"]]
+    for c in d["cleaned"]:
+        rows = ", ".join(f"{t['target']} {t['action']} {t['rows']}" for t in c["targets"] or [])
+        reminder = c["reminder"]["status"] if c["reminder"] else "none"
+        lines.append(
+            f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
+        )
+    return "\n".join(lines)
+
+
+async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
+    async with database_pool(settings, migrate=True) as pool:
+        result = await release_account(pool, args.account_id)
+    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
@@ -237,6 +277,7 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "overdue now": d["overdue"],
         "failed, pending review": f"{d['failed_pending_review']} ({d['failed_by_schema_error']} by a schema or "
         "privilege error: fix it, then `retry-failed`)",
+        "held past their deadline": f"{d['held_overdue']} (legal hold; cleaned once released)",
         "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
         "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
@@ -323,6 +364,18 @@ def register(commands: Commands) -> None:
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id")
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
+    p.add_argument("--allow-earlier", action="store_true", help="accept a new deadline earlier than the current one")
+
+    p = command("hold", cmd_hold, "put an account under a legal hold: never claimed until released (exit 3: too late)")
+    p.add_argument("account_id")
+    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
+
+    p = command("account", cmd_account, "an account's history: its erasure receipt (no personal data)")
+    p.add_argument("action", choices=["history"])
+    p.add_argument("account_id")
+
+    p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
+    p.add_argument("account_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=int, default=50)

@@ -14,7 +14,9 @@ from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
 
-ACCOUNT_ID_PATTERN = r"^acct_[A-Za-z0-9_-]{1,60}$"
+# The game's own account key printed as text (text, UUID or bigint): 1-200 characters, none of them
+# a control character (the same rule as the CHECK on accounts.account_id).
+ACCOUNT_ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,200}$"
 MAX_PARTITIONS = 256
 # Accounts per statement of a cohort's chunked claim (its longest statement grows with this, not
 # with the cohort).
@@ -44,12 +46,14 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-AccountId = Annotated[str, Field(pattern=ACCOUNT_ID_PATTERN, examples=["acct_123"])]
+AccountId = Annotated[
+    str, Field(pattern=ACCOUNT_ID_PATTERN, examples=["acct_123", "6f1c2a9e-3b5d-4e1f-9a7c-2d8e0b4f6a13", "4411290"])
+]
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 
 def is_account_id(value: str) -> bool:
-    return bool(_ACCOUNT_ID.match(value))
+    return bool(_ACCOUNT_ID.fullmatch(value))
 
 
 # Names the Temporal layer registers and the operations call: one definition each, so a misspelt

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,7 +73,7 @@ def public_account_id(client: Client, account_id: str) -> str:
 
 def check_account_id(value: str) -> str:
     if not is_account_id(value):
-        raise InputError(f"malformed account ID {value!r}: expected acct_ followed by 1-60 of [A-Za-z0-9_-]")
+        raise InputError(f"malformed account ID {value!r}: expected 1-200 characters without control characters")
     return value
 
 
@@ -303,16 +305,16 @@ async def renew(
     account_id: str,
     until: datetime | None = None,
     *,
-    now: datetime | None = None,
+    allow_earlier: bool = False,
 ) -> RenewalOutcome:
-    """Commit the renewal in the database first (the source of truth), then signal the cleanups."""
+    """Commit the renewal in the database first (the source of truth: the service's renew_account
+    function, judged by the database clock), then signal the cleanups. A new deadline in the past,
+    or earlier than the current one without `allow_earlier`, is refused (InputError)."""
     check_account_id(account_id)
-    if until is not None:
-        if until.tzinfo is None:
-            raise InputError("--until has no timezone")
-        if until <= (now or datetime.now(UTC)):
-            raise InputError(f"--until {until.isoformat()} is in the past; a renewal extends the deadline")
-    row = await pool.fetchrow(SQL.renew_account, account_id, until)
+    if until is not None and until.tzinfo is None:
+        raise InputError("--until has no timezone")
+    async with refused_as_input():
+        row = await pool.fetchrow(SQL.renew_account, account_id, until, allow_earlier)
     if row is None:
         raise InputError(f"unknown account {account_id!r}")
     in_time = row["outcome"] == "in_time"
@@ -351,6 +353,38 @@ async def renew(
     if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
         await nudge_planner(client, task_queue)
     return outcome
+
+
+@asynccontextmanager
+async def refused_as_input() -> AsyncIterator[None]:
+    """The service's SQL functions refuse bad arguments with 22023 (and an unknown account with
+    P0002): the caller's input, reported as such (exit 2), with the database's message."""
+    try:
+        yield
+    except (asyncpg.exceptions.InvalidParameterValueError, asyncpg.exceptions.NoDataFoundError) as err:
+        raise InputError(err.args[0] if err.args else str(err)) from err
+
+
+async def set_deadline(pool: asyncpg.Pool, account_id: str, deadline: datetime) -> str:
+    """Register `account_id` at `deadline` or move its deadline (the game's set_deadline()):
+    'registered', 'moved' or 'too_late' (claimed or cleaned already)."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.set_deadline, account_id, deadline))
+
+
+async def hold_account(pool: asyncpg.Pool, account_id: str, reason: str) -> str:
+    """A legal hold (the game's hold()): 'held', 'already_held' or 'too_late' (claimed or cleaned)."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.hold_account, account_id, reason))
+
+
+async def release_account(pool: asyncpg.Pool, account_id: str) -> str:
+    """End a legal hold (the game's release()): 'released' or 'not_held'."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        return str(await pool.fetchval(SQL.release_account, account_id))
 
 
 def _signal_refused(outcome: RenewalOutcome, workflow_id: str, err: RPCError) -> None:

@@ -393,6 +393,10 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     # Claimed accounts no cleanup can finish until someone acts: never 'cleaning' unseen.
     out["failed_pending_review"] = failed["pending"]
     out["failed_by_schema_error"] = failed["schema_errors"]
+    held = await pool.fetchrow(SQL.held_overdue)
+    assert held is not None
+    out["held_overdue"] = held["held_overdue"]  # not overdue: a legal hold keeps them until released
+    out["oldest_held"] = held["oldest_held"]
     totals = {r["kind"]: r for r in await pool.fetch(SQL.sweep_totals)}
     stranded, swept = totals.get("stranded"), totals.get("overdue")
     out["stranded_claims_recovered"] = int(stranded["accounts"]) if stranded else 0

@@ -66,7 +66,7 @@ WITH busy AS MATERIALIZED (
 ),
 overdue AS (
     SELECT a.renewal_deadline FROM accounts a
-    WHERE a.status = 'active' AND a.renewal_deadline < $1
+    WHERE a.status = 'active' AND a.renewal_deadline < $1 AND a.held_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM busy b
                       WHERE a.renewal_deadline >= b.deadline_from AND a.renewal_deadline < b.deadline_until)
     ORDER BY a.renewal_deadline, a.account_id
@@ -130,3 +130,8 @@ GROUP BY kind;
 -- ones a schema or privilege error (SQLSTATE class 42) failed: every account of a cleanup alike.
 SELECT count(*)::int AS pending, count(*) FILTER (WHERE sqlstate LIKE '42%')::int AS schema_errors
 FROM cleanup_failed WHERE resolved_at IS NULL;
+
+-- name: held_overdue
+-- Accounts under a legal hold whose deadline has passed: cleaned once released.
+SELECT count(*)::int AS held_overdue, min(renewal_deadline) AS oldest_held
+FROM accounts WHERE held_since IS NOT NULL AND status = 'active' AND renewal_deadline < cleanup_clock();

@@ -8,6 +8,7 @@ WITH claimed AS (
     UPDATE accounts
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
     WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND held_since IS NULL  -- a legal hold: never claimed
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -20,6 +21,7 @@ WITH claimed AS (
     SET status = 'cleaning', claimed_by = $1, claimed_at = now()
     WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
       AND status IN ('active', 'cleanup_failed') AND renewal_deadline <= cleanup_clock()
+      AND held_since IS NULL  -- a legal hold: never claimed
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
@@ -205,7 +207,7 @@ ORDER BY cleanup_id, partition_no;
 -- count per declared target.
 WITH scope AS (
     SELECT a.account_id, a.cleanup_version FROM accounts a
-    WHERE a.status = 'active' AND /*scope*/
+    WHERE a.status = 'active' AND a.held_since IS NULL AND /*scope*/
 )
 SELECT
     (SELECT count(*) FROM scope)::int AS accounts_in_scope,
@@ -265,46 +267,21 @@ SELECT cleanup_id, claimed, cleaned, reminders, skipped_renewed, skipped_stale, 
 FROM cleanup_settlements WHERE cleanup_id = $1;
 
 -- name: renew_account
--- The database is the source of truth for a renewal: mark it and bump the version in one
--- transaction. The renewal rule: it is in time iff the database judges it before the account's
--- deadline (cleanup_clock() inside this transaction, after the row lock), whoever cleans the
--- account and however late the workers are. After the deadline it is too late even if no cleanup
--- claimed the account yet; a claimed ('cleaning') or cleaned account is always too late. An
--- account renewed for good ('renewed') has no deadline any more: renewing it again is in time.
--- An account whose cleanup failed ('cleanup_failed', see cleanup_failed) follows the same rule as
--- an active one; a renewal in time makes its pending failure stale (the version bump).
-WITH current AS (
-    SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by
-    FROM accounts WHERE account_id = $1
-    FOR UPDATE
-),
-judged AS (  -- read once the row lock is held
-    SELECT c.*, cleanup_clock() AS judged_at FROM current c
-),
-updated AS (
-    UPDATE accounts a
-    SET status = CASE WHEN $2::timestamptz IS NULL THEN 'renewed' ELSE 'active' END,
-        renewal_deadline = coalesce($2::timestamptz, a.renewal_deadline),
-        cleanup_version = a.cleanup_version + 1,
-        renewed_at = now()
-    FROM judged c
-    WHERE a.account_id = c.account_id
-      AND (c.status = 'renewed'
-           OR (c.status IN ('active', 'cleanup_failed') AND c.judged_at < c.renewal_deadline))
-    RETURNING a.account_id, a.cleanup_version
-),
-logged AS (
-    INSERT INTO renewals (account_id, outcome, new_deadline, version_after, status_seen, judged_at, deadline_seen)
-    SELECT c.account_id,
-           CASE WHEN u.account_id IS NULL THEN 'too_late' ELSE 'in_time' END,
-           $2::timestamptz, coalesce(u.cleanup_version, c.cleanup_version), c.status,
-           c.judged_at, c.renewal_deadline
-    FROM judged c LEFT JOIN updated u USING (account_id)
-    RETURNING outcome, version_after
-)
-SELECT c.status AS status_seen, c.renewal_deadline AS old_deadline, c.cleanup_version AS old_version,
-       c.claimed_by, l.outcome, l.version_after, c.judged_at
-FROM judged c CROSS JOIN logged l;
+-- The database is the source of truth for a renewal: the service's function renew_account (the
+-- one the game's renew() calls too) judges it by the database clock after the row lock, marks it
+-- and bumps the version in one transaction, and records every attempt. $1 account, $2 the new
+-- deadline (NULL: renewed for good), $3 whether an earlier deadline is allowed. No row: unknown.
+SELECT status_seen, old_deadline, old_version, claimed_by, outcome, version_after, judged_at
+FROM renew_account($1, $2, $3);
+
+-- name: set_deadline
+SELECT set_deadline($1, $2);
+
+-- name: hold_account
+SELECT hold($1, $2);
+
+-- name: release_account
+SELECT release($1);
 
 -- name: claim_progress_start
 INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
@@ -351,6 +328,7 @@ claimed AS (
     WHERE a.ctid = ANY (ARRAY(SELECT ctid FROM scan))
       AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
       AND a.renewal_deadline <= cleanup_clock()
+      AND a.held_since IS NULL  -- a legal hold: never claimed
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (

@@ -187,18 +187,19 @@ def _hash(column: str, inner: str, outer: str) -> str:
 def _action(i: int, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[str, str]) -> list[str]:
     """The CTE(s) of one target; `where` selects its rows, already gated on the target before it."""
     table = qualified(t.table)
+    key = f"t.{q(t.match_column)} AS key"  # the account each row was matched by (its receipt)
     if t.action == "delete":
-        return [f"t{i} AS (DELETE FROM {table} t WHERE {where} RETURNING 1)"]
+        return [f"t{i} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
     if t.action == "anonymize":
         sets = [f"{q(c)} = NULL" for c in t.null_columns] + [f"{q(c)} = {_hash(c, *pads)}" for c in t.hash_columns]
-        return [f"t{i} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING 1)"]
+        return [f"t{i} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING {key})"]
     assert t.archive_table is not None
     cols = ", ".join(q(c) for c in plan.copy_columns)
     overriding = " OVERRIDING SYSTEM VALUE" if plan.overriding else ""
     return [
         f"t{i}_moved AS (DELETE FROM {table} t WHERE {where} RETURNING t.*)",
         f"t{i} AS (INSERT INTO {qualified(t.archive_table)} ({cols}){overriding}"
-        f" SELECT {cols} FROM t{i}_moved RETURNING 1)",
+        f" SELECT {cols} FROM t{i}_moved RETURNING {q(t.match_column)} AS key)",
     ]
 
 
@@ -219,9 +220,30 @@ def compile_partition_batch(
             where += f" AND (SELECT count(*) FROM t{i - 1}) >= 0"  # declared order: after target i-1
         ctes += _action(i, t, plan, where, pads)
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
+    ctes.append(_receipt_cte(targets, plans))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
+    )
+
+
+def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan]) -> str:
+    """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
+    per declared target (in declared order), counted by account once per target (a grouped count
+    joined by the key in its column's type, never a scan of a target's rows per account). Names
+    and counts only."""
+    grouped = " ".join(
+        f"LEFT JOIN (SELECT key, count(*) AS n FROM t{i} GROUP BY key) c{i} ON c{i}.key = a.account_id::{plan.key_type}"
+        for i, plan in enumerate(plans)
+    )
+    entries = ", ".join(
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        for i, t in enumerate(targets.target)
+    )
+    return (
+        "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 

@@ -52,7 +52,7 @@ async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
 
     # Only the database: no Temporal server is needed, nor started.
     url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
-    await db.migrate_url(url)
+    await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:
         if args.action == "set":

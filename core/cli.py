@@ -161,7 +161,7 @@ class CliContext:
         assert url is not None
         if self.database != "unused":
             try:
-                await db.migrate_url(url)
+                await db.check_schema_url(url)  # only `migrate` changes the schema
                 self._pool = await db.create_pool(url, max_size=4, connect_timeout=db.connect_timeout())
             except Exception as err:
                 if not (db.connection_lost(err) or isinstance(err, TimeoutError)):
@@ -187,11 +187,12 @@ class CliContext:
 @asynccontextmanager
 async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
     """For commands that need the database only: no Temporal connection (nor embedded dev server).
-    An unreachable database, or one lost mid-command, raises DatabaseUnavailable."""
+    An unreachable database, or one lost mid-command, raises DatabaseUnavailable. `migrate`: check
+    that the schema is current (exit 2, "run migrate", when behind); nothing is ever applied here."""
     url = settings.database_url or embedded.embedded_postgres_url(settings.state_dir)
     try:
         if migrate:
-            await db.migrate_url(url)
+            await db.check_schema_url(url)
         pool = await db.create_pool(url, max_size=max_size, connect_timeout=db.connect_timeout())
     except Exception as err:
         if db.connection_lost(err) or isinstance(err, TimeoutError):

@@ -367,6 +367,28 @@ async def migrate_url(url: str) -> list[str]:
         await conn.close()
 
 
+async def check_schema_url(url: str) -> None:
+    """What every command but `migrate` (and every worker) does at start-up: never apply a
+    migration (DDL on a live game database is the operator's step), only refuse to run on a schema
+    behind the code or changed since applied, with what to do (InputError: exit 2)."""
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    try:
+        applied = await applied_migrations(conn)
+        if applied is not None:
+            refuse_changed(applied)
+        await require_schema_current(conn)
+    finally:
+        await conn.close()
+
+
+async def migration_status_url(url: str) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    try:
+        return await migration_status(conn)
+    finally:
+        await conn.close()
+
+
 def with_database(url: str, name: str) -> str:
     """The same server, another database (works for host:port and for socket-directory URLs)."""
     return urlunsplit(urlsplit(url)._replace(path="/" + name))

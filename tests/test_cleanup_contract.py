@@ -183,7 +183,7 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     [account] = await seed(pool, deadline, 1)
     old = await start_cleanup(client, pool, task_queue, account_id=account)
     # Renewal committed in the database only (as if the signal never arrived): version 1 -> 2.
-    await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3))
+    await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3), False)
 
     old_result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, old.workflow_id

@@ -36,7 +36,7 @@ async def test_cli_rejects_bad_input_clearly_and_starts_nothing(client, pool, se
     accounts = await seed(pool, deadline, 3)
     iso = deadline.isoformat().replace("+00:00", "Z")
     cases = [
-        (["cleanup", "--account", "bad id!"], "malformed account ID"),
+        (["cleanup", "--account", "bad\nid"], "malformed account ID"),
         (["cleanup", "--account", "acct_nobody"], "unknown account 'acct_nobody'"),
         (["cleanup", "--deadline", "2026-11-01T09:00:00"], "has no timezone"),
         (["cleanup", "--deadline", "next tuesday"], "not an ISO-8601 datetime"),
@@ -46,7 +46,8 @@ async def test_cli_rejects_bad_input_clearly_and_starts_nothing(client, pool, se
         (["renew", accounts[0], "--until", "2020-01-01T00:00:00Z"], "is in the past"),
         (["renew", accounts[0], "--until", "2030-01-01T00:00:00"], "has no timezone"),
         (["renew", "acct_nobody"], "unknown account 'acct_nobody'"),
-        (["renew", "DROP TABLE accounts"], "malformed account ID"),
+        (["renew", "x" * 201], "malformed account ID"),
+        (["renew", ""], "malformed account ID"),
     ]
     for args, message in cases:
         done = run_cli(settings, *args)

@@ -1,0 +1,59 @@
+"""The privileges the declared targets need, granted table by table and checked at start-up.
+
+The worker role gets exactly what the compiled statements use on each declared table (never a
+whole schema, never future tables): `migrate` grants them (`grant_targets`), and a worker refuses
+to start when its role lacks one (cleanup.target_check), naming the table and the privilege,
+instead of failing every batch at the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from cleanup.targets import CleanupTargets, q, qualified, split_name
+from core.db import WORKER_ROLE, connect_timeout, service_settings
+from core.queries import load
+
+SQL = load(__file__, "grants.sql")
+
+
+def needed_privileges(targets: CleanupTargets) -> list[tuple[str, str]]:
+    """(schema.table, privilege) pairs in declared order, each once: SELECT to find rows (and to
+    return the match column), DELETE to remove them (UPDATE to anonymize them), INSERT into an archive."""
+    needed: list[tuple[str, str]] = []
+    for t in targets.target:
+        table = ".".join(t.schema_table)
+        needed += [(table, "SELECT"), (table, "UPDATE" if t.action == "anonymize" else "DELETE")]
+        if t.archive_table:
+            archive = ".".join(split_name(t.archive_table))
+            needed += [(archive, "SELECT"), (archive, "INSERT")]
+    return list(dict.fromkeys(needed))
+
+
+async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> dict[str, list[str]]:
+    """Grant the worker role what the targets need, table by table; tables that do not exist yet
+    are left out and returned under "missing" (the worker's start-up check names them too)."""
+    needed = needed_privileges(targets)
+    tables = list(dict.fromkeys(t for t, _ in needed))
+    existing = {r["name"] for r in await conn.fetch(SQL.existing_tables, tables)}
+    granted: list[str] = []
+    for table in tables:
+        if table not in existing:
+            continue
+        if "." in table:
+            await conn.execute(f"GRANT USAGE ON SCHEMA {q(table.split('.')[0])} TO {WORKER_ROLE}")
+        privileges = ", ".join(p for t, p in needed if t == table)
+        await conn.execute(f"GRANT {privileges} ON TABLE {qualified(table)} TO {WORKER_ROLE}")
+        granted.append(f"{privileges} on {table}")
+    return {"granted": granted, "missing": [t for t in tables if t not in existing]}
+
+
+async def grant_targets_url(url: str, targets: CleanupTargets) -> dict[str, list[str]]:
+    """`grant_targets` on a connection of its own (the owner's), if the worker role exists."""
+    conn = await asyncpg.connect(url, timeout=connect_timeout(), server_settings=service_settings())
+    try:
+        if not await conn.fetchval(SQL.role_exists, WORKER_ROLE):
+            return {"granted": [], "missing": []}
+        return await grant_targets(conn, targets)
+    finally:
+        await conn.close()

@@ -1,0 +1,135 @@
+"""An account's history, its erasure receipt: `starter.py account history ACCOUNT_ID --json`.
+
+What the service did with the account's deadline and data: registrations, moves and holds, every
+renewal attempt, the claim, each version cleaned with the rows removed per declared target, and
+the reminder's delivery. It is read from the service's own tables, so it survives the data; it
+holds keys, times, versions, counts and outcomes, never the game's data.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from cleanup.operations import check_account_id
+from core.errors import InputError
+from core.model import Model
+from core.queries import load
+
+SQL = load(__file__, "history.sql")
+
+
+class AccountEvent(Model):
+    kind: Literal["registered", "moved", "refused", "held", "released"]
+    deadline: datetime | None
+    reason: str | None  # a hold's reason, as the game gave it
+    recorded_at: datetime
+
+
+class Renewal(Model):
+    outcome: Literal["in_time", "too_late"]
+    new_deadline: datetime | None
+    deadline_seen: datetime | None
+    status_seen: str
+    version_after: int
+    judged_at: datetime
+
+
+class TargetCount(Model):
+    target: str
+    action: str
+    rows: int
+
+
+class Reminder(Model):
+    status: str
+    queued_at: datetime
+    delivered_at: datetime | None
+    attempts: int
+
+
+class Cleaned(Model):
+    cleanup_version: int
+    cleanup_id: str
+    applied_at: datetime
+    targets: list[TargetCount] | None  # None: cleaned before receipts were kept
+    reminder: Reminder | None
+
+
+class Failure(Model):
+    cleanup_version: int
+    cleanup_id: str
+    target: str | None
+    sqlstate: str
+    failed_at: datetime
+    attempts: int
+    resolved_at: datetime | None
+    resolution: str | None
+
+
+class Claim(Model):
+    cleanup_id: str
+    claimed_at: datetime | None
+
+
+class AccountHistory(Model):
+    account_id: str
+    status: str
+    renewal_deadline: datetime
+    cleanup_version: int
+    held: bool
+    claim: Claim | None
+    cleaned_at: datetime | None
+    events: list[AccountEvent]
+    renewals: list[Renewal]
+    cleaned: list[Cleaned]
+    failures: list[Failure]
+
+
+async def account_history(pool: asyncpg.Pool, account_id: str) -> AccountHistory:
+    check_account_id(account_id)
+    async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
+        now = await conn.fetchrow(SQL.account_now, account_id)
+        if now is None:
+            raise InputError(f"unknown account {account_id!r}")
+        events = await conn.fetch(SQL.account_events, account_id)
+        renewals = await conn.fetch(SQL.account_renewals, account_id)
+        cleanups = await conn.fetch(SQL.account_cleanups, account_id)
+        failures = await conn.fetch(SQL.account_failures, account_id)
+    return AccountHistory(
+        account_id=account_id,
+        status=now["status"],
+        renewal_deadline=now["renewal_deadline"],
+        cleanup_version=now["cleanup_version"],
+        held=now["held_since"] is not None,
+        claim=Claim(cleanup_id=now["claimed_by"], claimed_at=now["claimed_at"]) if now["claimed_by"] else None,
+        cleaned_at=now["cleaned_at"],
+        events=[AccountEvent(**dict(r)) for r in events],
+        renewals=[Renewal(**dict(r)) for r in renewals],
+        cleaned=[_cleaned(r) for r in cleanups],
+        failures=[Failure(**dict(r)) for r in failures],
+    )
+
+
+def _cleaned(row: asyncpg.Record) -> Cleaned:
+    targets: Any = row["targets"]
+    if isinstance(targets, str):  # jsonb arrives as text without a codec
+        targets = json.loads(targets)
+    reminder = None
+    if row["reminder_status"] is not None:
+        reminder = Reminder(
+            status=row["reminder_status"],
+            queued_at=row["reminder_queued_at"],
+            delivered_at=row["reminder_delivered_at"],
+            attempts=row["reminder_attempts"],
+        )
+    return Cleaned(
+        cleanup_version=row["cleanup_version"],
+        cleanup_id=row["cleanup_id"],
+        applied_at=row["applied_at"],
+        targets=[TargetCount(**t) for t in targets] if targets is not None else None,
+        reminder=reminder,
+    )
