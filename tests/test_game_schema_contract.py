@@ -136,6 +136,14 @@ async def test_a_game_cohort_is_cleaned_once_children_first_friends_either_side_
     # The UNIQUE username is the keyed hash of what it was: unique, and no longer the player's name.
     username = await game_pool.fetchval("SELECT username FROM game_server.users WHERE id = $1", users[7])
     assert username == hmac_hex(ANONYMIZE_KEY, f"player_{users[7]}")
+    # Each user's erasure receipt, written with its cleanup: rows per target, summed over the cohort.
+    totals = await game_pool.fetch(
+        "SELECT e.ordinality AS i, sum((e.value ->> 'rows')::int) AS n, count(DISTINCT r.account_id) AS users"
+        " FROM erasure_receipts r, jsonb_array_elements(r.targets) WITH ORDINALITY e GROUP BY 1 ORDER BY 1"
+    )
+    assert [r["users"] for r in totals] == [40] * 6
+    n = [r["n"] for r in totals]
+    assert (n[0], n[1], n[2] + n[3], n[4], n[5]) == (160, 80, 42, 120, 40)  # the ring, and two across
 
 
 async def test_rows_a_cascade_would_remove_are_counted_by_their_own_target(game_pool):
