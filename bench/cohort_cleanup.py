@@ -268,7 +268,7 @@ DO $$
 DECLARE t regclass;
 BEGIN
     FOR t IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = 'public' AND c.relkind = 'r'
+             WHERE n.nspname IN (current_schema(), 'demo_game') AND c.relkind = 'r'
     LOOP
         EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', t);
     END LOOP;

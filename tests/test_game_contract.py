@@ -17,6 +17,7 @@ from cleanup.operations import hold_account, release_account, set_deadline, star
 from cleanup.planner import planner_status, sweep_overdue
 from cleanup.planner_models import PlannerSettings, SweepInput
 from core.db import service_schema
+from tests.helpers import wait_until
 from tests.test_cleanup_input import run_cli
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -267,3 +268,36 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
 
     unknown = run_cli(settings, "account", "history", "nobody")
     assert unknown.returncode == 2 and "unknown account 'nobody'" in unknown.stderr
+
+
+async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game, pool):
+    """The claim re-checks the row it locks: a hold that commits while the claim waits wins; a hold
+    that comes after the claim is too late."""
+    import asyncio
+
+    import cleanup
+    from core.queries import load
+
+    claim_cohort = load(cleanup.__file__).claim_cohort
+    deadline = (await db_now(game) - timedelta(seconds=1)).replace(microsecond=0)
+    held, free = str(uuid.uuid4()), str(uuid.uuid4())
+    for account in (held, free):
+        await call(game, "set_deadline", account, deadline)
+
+    await game.execute("BEGIN")
+    assert await call(game, "hold", held, "court order") == "held"  # row locked, not committed
+    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1))
+
+    async def claim_waits_on_the_row() -> bool:
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%cleanup_claims%'"
+        )
+        return bool(await pool.fetchval(waiting))  # not the game's: its transaction keeps one snapshot
+
+    await wait_until(claim_waits_on_the_row, within=30)
+    assert not claim.done()
+    await game.execute("COMMIT")
+    await claim
+    claimed = {r[0] for r in await pool.fetch("SELECT account_id FROM cleanup_claims WHERE cleanup_id = 'claim-1'")}
+    assert claimed == {free}
+    assert await call(game, "hold", free, "too late now") == "too_late"

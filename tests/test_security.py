@@ -422,3 +422,65 @@ async def test_worker_role_migration_is_idempotent_across_databases(pool: asyncp
         assert await conn.fetchval(
             "SELECT has_table_privilege('cleanup_worker', 'outbox', 'SELECT, INSERT, UPDATE, DELETE')"
         )
+
+
+async def test_grants_are_per_table_and_a_missing_privilege_is_named_at_start_up(pool, db_url, settings) -> None:
+    """No grant on a whole schema nor on future objects: a table the game adds later is out of the
+    worker's reach; the declared targets get exactly what their statements use, and a worker whose
+    role lacks one refuses to start, naming the table and the privilege, until `migrate` grants it."""
+    from cleanup.batches import CompiledCleanup
+    from cleanup.targets import load_targets
+    from tests.test_cleanup_input import run_cli
+
+    assert await pool.fetchval("SELECT count(*) FROM pg_default_acl") == 0, "no default privileges"
+    await pool.execute("CREATE TABLE demo_game.player_emails (account_id text, email text)")
+    await pool.execute("CREATE TABLE new_service_table (x int)")  # created after the grants: not reachable
+    for table in ("demo_game.player_emails", "new_service_table"):
+        assert not await pool.fetchval("SELECT has_table_privilege('cleanup_worker', $1, 'SELECT')", table), table
+    assert not await pool.fetchval("SELECT has_table_privilege('cleanup_worker', 'demo_game.cloud_saves', 'UPDATE')")
+
+    login = f"cleanup_worker_t{uuid.uuid4().hex[:8]}"
+    await pool.execute(f"CREATE ROLE {login} LOGIN IN ROLE cleanup_worker")
+    worker_pool = await db.create_pool(as_user(db_url, login), max_size=2)
+    try:
+        await pool.execute("REVOKE DELETE ON demo_game.inventory_items FROM cleanup_worker")
+        with pytest.raises(ValueError, match=r"lacks DELETE on demo_game\.inventory_items") as refused:
+            await CompiledCleanup.compile(worker_pool, load_targets())
+        assert "starter.py migrate" in str(refused.value)
+
+        migrated = run_cli(settings, "migrate", "--json")
+        assert migrated.returncode == 0, migrated.stderr
+        granted = json.loads(migrated.stdout)["granted"]
+        assert "SELECT, DELETE on demo_game.inventory_items" in granted
+        assert "SELECT, INSERT on demo_game.match_history_archive" in granted
+        await CompiledCleanup.compile(worker_pool, load_targets())  # starts now
+        assert not await pool.fetchval(
+            "SELECT has_table_privilege('cleanup_worker', 'demo_game.player_emails', 'SELECT')"
+        )
+    finally:
+        await worker_pool.close()
+        await pool.execute(f"DROP ROLE IF EXISTS {login}")
+
+
+async def test_the_service_schema_is_a_setting(admin_db_url: str, monkeypatch) -> None:
+    name = f"cleanup_schema_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("CLEANUP_SCHEMA", "game_cleanup")
+    url = await db.create_database(admin_db_url, name)
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            tables = await conn.fetchval(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'game_cleanup' AND tablename = 'accounts'"
+            )
+            assert tables == 1
+            assert await conn.fetchval("SELECT to_regclass('deadline_cleanup.accounts')") is None
+            assert await conn.fetchval("SELECT to_regclass('public.accounts')") is None
+            now = await conn.fetchval("SELECT now()")
+            assert await conn.fetchval("SELECT game_cleanup.set_deadline('p1', $1)", now) == "registered"
+        finally:
+            await conn.close()
+    finally:
+        await db.drop_database(admin_db_url, name)
+    monkeypatch.setenv("CLEANUP_SCHEMA", "Robert'); DROP")
+    with pytest.raises(InputError, match="CLEANUP_SCHEMA is not a schema name"):
+        db.service_schema()

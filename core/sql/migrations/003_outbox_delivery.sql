@@ -15,8 +15,10 @@ ALTER TABLE outbox
     -- How many times an operator asked for a redelivery (`starter.py outbox redeliver KEY`).
     ADD COLUMN redeliveries    integer NOT NULL DEFAULT 0;
 
+-- Added NOT VALID, then validated: the VALIDATE scans the table under a lock that lets writes go on.
 ALTER TABLE outbox ADD CONSTRAINT outbox_dead_has_reason
-    CHECK (status <> 'dead' OR dead_reason IS NOT NULL);
+    CHECK (status <> 'dead' OR dead_reason IS NOT NULL) NOT VALID;
+ALTER TABLE outbox VALIDATE CONSTRAINT outbox_dead_has_reason;
 
 -- Operators list the dead letters; relays look at nothing but the pending index from 001.
 CREATE INDEX outbox_dead_idx ON outbox (dead_at) WHERE status = 'dead';
