@@ -207,7 +207,8 @@ SELECT (SELECT count(*) FROM judged)::int AS keys_examined,
 -- characters deleted, every friendship of the user (either side) deleted, the matches archived
 -- (the archive's identity copied as is), the users row kept with its username replaced by its
 -- HMAC-SHA256 ($5, $6: the key's inner and outer pads) and its email and profile nulled; plus the
--- account marked cleaned, its idempotency record and its reminder in the outbox.
+-- account marked cleaned, its idempotency record, its erasure receipt (rows per target, as the
+-- batch statement writes it) and its reminder in the outbox.
 WITH cleaned AS (
     UPDATE accounts
     SET status = 'cleaned', claimed_by = $1, claimed_at = now(), cleaned_at = now()
@@ -226,15 +227,15 @@ keys AS (
     SELECT account_id::uuid AS id FROM applied
 ),
 items AS (
-    DELETE FROM game_server.inventory t USING keys k WHERE t.user_id = k.id RETURNING 1
+    DELETE FROM game_server.inventory t USING keys k WHERE t.user_id = k.id RETURNING t.user_id AS key
 ),
 characters AS (
-    DELETE FROM game_server.characters t USING keys k WHERE t.user_id = k.id RETURNING 1
+    DELETE FROM game_server.characters t USING keys k WHERE t.user_id = k.id RETURNING t.user_id AS key
 ),
 friends AS (
     DELETE FROM game_server.friends t
     WHERE t.user_a IN (SELECT id FROM keys) OR t.user_b IN (SELECT id FROM keys)
-    RETURNING 1
+    RETURNING t.user_a, t.user_b
 ),
 moved AS (
     DELETE FROM game_server.matches t USING keys k WHERE t.user_id = k.id RETURNING t.*
@@ -242,13 +243,40 @@ moved AS (
 archived AS (
     INSERT INTO game_server.matches_archive (id, user_id, played_at, kills, deaths) OVERRIDING SYSTEM VALUE
     SELECT id, user_id, played_at, kills, deaths FROM moved
-    RETURNING 1
+    RETURNING user_id AS key
 ),
 users AS (
     UPDATE game_server.users t
     SET username = encode(sha256($6::bytea || sha256($5::bytea || convert_to(t.username, 'UTF8'))), 'hex'),
         email = NULL, profile = NULL
     FROM keys k WHERE t.id = k.id
+    RETURNING t.id AS key
+),
+-- a friendship counts for user_a's target when user_a is cleaned, else for user_b's (as the batch)
+friends_keyed AS (
+    SELECT CASE WHEN f.user_a IN (SELECT id FROM keys) THEN 'a' ELSE 'b' END AS side,
+           CASE WHEN f.user_a IN (SELECT id FROM keys) THEN f.user_a ELSE f.user_b END AS key
+    FROM friends f
+),
+receipts AS (
+    INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)
+    SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array(
+        jsonb_build_object('target', 'game_server.inventory', 'action', 'delete', 'rows', coalesce(i.n, 0)),
+        jsonb_build_object('target', 'game_server.characters', 'action', 'delete', 'rows', coalesce(c.n, 0)),
+        jsonb_build_object('target', 'game_server.friends', 'action', 'delete', 'rows', coalesce(fa.n, 0)),
+        jsonb_build_object('target', 'game_server.friends', 'action', 'delete', 'rows', coalesce(fb.n, 0)),
+        jsonb_build_object('target', 'game_server.matches', 'action', 'archive', 'rows', coalesce(m.n, 0)),
+        jsonb_build_object('target', 'game_server.users', 'action', 'anonymize', 'rows', coalesce(u.n, 0)))
+    FROM applied a
+    LEFT JOIN (SELECT key, count(*) AS n FROM items GROUP BY key) i ON i.key = a.account_id::uuid
+    LEFT JOIN (SELECT key, count(*) AS n FROM characters GROUP BY key) c ON c.key = a.account_id::uuid
+    LEFT JOIN (SELECT key, count(*) AS n FROM friends_keyed WHERE side = 'a' GROUP BY key) fa
+        ON fa.key = a.account_id::uuid
+    LEFT JOIN (SELECT key, count(*) AS n FROM friends_keyed WHERE side = 'b' GROUP BY key) fb
+        ON fb.key = a.account_id::uuid
+    LEFT JOIN (SELECT key, count(*) AS n FROM archived GROUP BY key) m ON m.key = a.account_id::uuid
+    LEFT JOIN (SELECT key, count(*) AS n FROM users GROUP BY key) u ON u.key = a.account_id::uuid
+    ON CONFLICT DO NOTHING
     RETURNING 1
 ),
 reminders AS (
@@ -267,4 +295,5 @@ SELECT (SELECT count(*) FROM applied)::int AS cleaned,
        (SELECT count(*) FROM friends)::int AS friends,
        (SELECT count(*) FROM archived)::int AS matches,
        (SELECT count(*) FROM users)::int AS users,
+       (SELECT count(*) FROM receipts)::int AS receipts,
        (SELECT count(*) FROM reminders)::int AS reminders;

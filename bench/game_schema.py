@@ -9,7 +9,7 @@ seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline,
 counts by its faster run.
 
 - *floor*: `game_cleanup_floor` (bench/floor.sql), the same effects as the targets with the same
-  guarantees (idempotency record in the same transaction), one set-based statement per account_id
+  guarantees (idempotency record and erasure receipt in the same transaction), one set-based statement per account_id
   range on as many backends as there are cores, all at once, no claim, no batches, no Temporal.
 - *pipeline*: the real thing on a separate worker process compiled from the game's targets, with
   the load budget off: `start_cleanup`, the durable sleep to the deadline, the claim, the partition
@@ -71,7 +71,7 @@ async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any
         "seconds": run.seconds,
         "backends": len(slices),
         "cleaned": run.total("cleaned"),
-        "rows": {k: run.total(k) for k in ("inventory", "characters", "friends", "matches", "users")},
+        "rows": {k: run.total(k) for k in ("inventory", "characters", "friends", "matches", "users", "receipts")},
         "backend_cpu_s": run.backend_cpu_s,
         "load": run.load,
     }
@@ -112,6 +112,7 @@ async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: i
     assert all(f["cleaned"] == users for f in floors), floors
     assert first["cleaned"] == second["cleaned"] == users, (first["cleaned"], second["cleaned"])
     assert left == 0, f"{left} game rows of cleaned users left"
+    assert all(f["rows"]["receipts"] == users for f in floors), "the floor writes every receipt, as the pipeline"
     floor_rate = users / floor["seconds"]
     pipeline_rate = users / pipeline["seconds_from_deadline"]
     return {

@@ -2,8 +2,8 @@
 
 The worker role gets exactly what the compiled statements use on each declared table (never a
 whole schema, never future tables): `migrate` grants them (`grant_targets`), and a worker refuses
-to start when its role lacks one (`check_privileges`), naming the table and the privilege, instead
-of failing every batch at the deadline.
+to start when its role lacks one (cleanup.target_check), naming the table and the privilege,
+instead of failing every batch at the deadline.
 """
 
 from __future__ import annotations
@@ -18,28 +18,16 @@ SQL = load(__file__, "grants.sql")
 
 
 def needed_privileges(targets: CleanupTargets) -> list[tuple[str, str]]:
-    """(table, privilege) pairs in declared order, each once: SELECT to find rows (and to return
-    the match column), DELETE to remove them, INSERT into an archive."""
+    """(schema.table, privilege) pairs in declared order, each once: SELECT to find rows (and to
+    return the match column), DELETE to remove them (UPDATE to anonymize them), INSERT into an archive."""
     needed: list[tuple[str, str]] = []
-    for t in targets.target:  # names qualified as the targets compile them (unqualified: public)
-        needed += [(qualified(t.table), "SELECT"), (qualified(t.table), "DELETE")]
-        if t.action == "anonymize":
-            needed += [(qualified(t.table), "UPDATE")]
+    for t in targets.target:
+        table = ".".join(t.schema_table)
+        needed += [(table, "SELECT"), (table, "UPDATE" if t.action == "anonymize" else "DELETE")]
         if t.archive_table:
-            needed += [(qualified(t.archive_table), "SELECT"), (qualified(t.archive_table), "INSERT")]
+            archive = ".".join(split_name(t.archive_table))
+            needed += [(archive, "SELECT"), (archive, "INSERT")]
     return list(dict.fromkeys(needed))
-
-
-async def check_privileges(conn: asyncpg.Connection | asyncpg.Pool, targets: CleanupTargets) -> None:
-    """Raise ValueError naming each declared table and privilege the current role lacks."""
-    needed = needed_privileges(targets)
-    rows = await conn.fetch(SQL.missing_privileges, [t for t, _ in needed], [p for _, p in needed])
-    if rows:
-        missing = "; ".join(f"{r['privilege']} on {r['table_name']}" for r in rows)
-        raise ValueError(
-            f"cleanup targets: the worker's role lacks {missing}"
-            " (run `starter.py migrate` as the owner: it grants what the declared targets need)"
-        )
 
 
 async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> dict[str, list[str]]:
@@ -49,15 +37,13 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
     tables = list(dict.fromkeys(t for t, _ in needed))
     existing = {r["name"] for r in await conn.fetch(SQL.existing_tables, tables)}
     granted: list[str] = []
-    names = [name for t in targets.target for name in (t.table, t.archive_table) if name]
-    schemas = {split_name(name)[0] for name in names if qualified(name) in existing}
-    for schema in sorted(schemas):
-        await conn.execute(f"GRANT USAGE ON SCHEMA {q(schema)} TO {WORKER_ROLE}")
     for table in tables:
         if table not in existing:
             continue
+        if "." in table:
+            await conn.execute(f"GRANT USAGE ON SCHEMA {q(table.split('.')[0])} TO {WORKER_ROLE}")
         privileges = ", ".join(p for t, p in needed if t == table)
-        await conn.execute(f"GRANT {privileges} ON TABLE {table} TO {WORKER_ROLE}")
+        await conn.execute(f"GRANT {privileges} ON TABLE {qualified(table)} TO {WORKER_ROLE}")
         granted.append(f"{privileges} on {table}")
     return {"granted": granted, "missing": [t for t in tables if t not in existing]}
 

@@ -140,7 +140,10 @@ def _lossless(source: str, target: str) -> bool:
 
 
 def _grant(table: Table, privilege: str, role: str) -> str:
-    fix = f"GRANT {privilege} ON {table.full} TO {role}"
+    fix = (
+        "run `starter.py migrate` as the owner (it grants what the targets need), "
+        f"or GRANT {privilege} ON {table.full} TO {role}"
+    )
     return f"the worker's role {role!r} lacks {privilege} on {table.full} (fix: {fix})"
 
 

@@ -187,7 +187,7 @@ def _hash(column: str, inner: str, outer: str) -> str:
 def _action(i: int, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[str, str]) -> list[str]:
     """The CTE(s) of one target; `where` selects its rows, already gated on the target before it."""
     table = qualified(t.table)
-    key = f"t.{q(t.match_column)}::text AS account_id"  # each removed row's account, for the receipt
+    key = f"t.{q(t.match_column)} AS key"  # the account each row was matched by (its receipt)
     if t.action == "delete":
         return [f"t{i} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
     if t.action == "anonymize":
@@ -199,7 +199,7 @@ def _action(i: int, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[
     return [
         f"t{i}_moved AS (DELETE FROM {table} t WHERE {where} RETURNING t.*)",
         f"t{i} AS (INSERT INTO {qualified(t.archive_table)} ({cols}){overriding}"
-        f" SELECT {cols} FROM t{i}_moved RETURNING {q(t.match_column)}::text AS account_id)",
+        f" SELECT {cols} FROM t{i}_moved RETURNING {q(t.match_column)} AS key)",
     ]
 
 
@@ -220,21 +220,21 @@ def compile_partition_batch(
             where += f" AND (SELECT count(*) FROM t{i - 1}) >= 0"  # declared order: after target i-1
         ctes += _action(i, t, plan, where, pads)
         counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
-    ctes.append(_receipt_cte(targets))
+    ctes.append(_receipt_cte(targets, plans))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
     )
 
 
-def _receipt_cte(targets: CleanupTargets) -> str:
+def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan]) -> str:
     """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
     per declared target (in declared order), counted by account once per target (a grouped count
-    joined by key, never a scan of a target's rows per account). Names and counts only."""
+    joined by the key in its column's type, never a scan of a target's rows per account). Names
+    and counts only."""
     grouped = " ".join(
-        f"LEFT JOIN (SELECT account_id, count(*) AS n FROM t{i} GROUP BY account_id) c{i}"
-        f" ON c{i}.account_id = a.account_id"
-        for i in range(len(targets.target))
+        f"LEFT JOIN (SELECT key, count(*) AS n FROM t{i} GROUP BY key) c{i} ON c{i}.key = a.account_id::{plan.key_type}"
+        for i, plan in enumerate(plans)
     )
     entries = ", ".join(
         f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"

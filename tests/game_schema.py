@@ -26,21 +26,6 @@ def game_targets() -> CleanupTargets:
 
 async def create_game_schema(pool: asyncpg.Pool) -> None:
     await pool.execute((GAME_DIR / "schema.sql").read_text())
-    if await pool.fetchval("SELECT to_regprocedure('deadline_cleanup.set_deadline(text,timestamptz)')") is None:
-        await pool.execute(_TEMPORARY_STUB)  # TEMPORARY until the registration functions are merged
-
-
-_TEMPORARY_STUB = """
-CREATE FUNCTION deadline_cleanup.set_deadline(account_id text, deadline timestamptz) RETURNS text
-LANGUAGE sql AS $$
-    INSERT INTO deadline_cleanup.accounts (account_id, renewal_deadline) VALUES ($1, $2) RETURNING 'registered'
-$$;
-CREATE FUNCTION deadline_cleanup.renew(account_id text, until timestamptz DEFAULT NULL) RETURNS text
-LANGUAGE sql AS $$
-    UPDATE deadline_cleanup.accounts SET status = 'renewed', cleanup_version = cleanup_version + 1
-    WHERE account_id = $1 AND status = 'active' AND renewal_deadline > now() RETURNING 'in_time'
-$$;
-"""
 
 
 async def seed_game_users(pool: asyncpg.Pool, count: int) -> list[str]:

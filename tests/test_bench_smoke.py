@@ -10,6 +10,7 @@ from bench import (
     batch_plan,
     batch_sizes,
     cohort_cleanup,
+    game_schema,
     ledger_reconciliation,
     ledger_rerun,
     planner_lateness,
@@ -50,6 +51,15 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
     assert result["ratio"] > 0
     assert result["worker_0_peak_rss_mib"] > 0 and result["temporal_server_peak_rss_mib"] > 0
+
+
+async def test_game_schema_benchmark_cleans_every_user_by_both_paths_and_measures_a_ratio():
+    """bench.game_schema at a tiny size: both floor runs and both pipeline runs clean every user (the
+    script asserts it, and that no game row of a cleaned user is left), with their receipts."""
+    result = await game_schema.run(users=200, partitions=4, parallel=2, batch_size=50)
+    assert result["floor_rows"]["users"] == result["floor_rows"]["receipts"] == 200
+    assert result["floor_rows"]["inventory"] == 800 and result["floor_rows"]["friends"] == 200
+    assert result["pipeline_over_floor"] > 0
 
 
 async def test_single_account_benchmark_runs_and_measures_a_ratio():

@@ -1,420 +1,309 @@
-"""The cleanup contract on a game server's own schema (tests/game_server), against real Temporal and
-real Postgres: deadlines registered only through the SQL function the game calls, UUID keys, children
-before parents, cascades counted, the friendship removed from either side, the users row kept but
-anonymized; poison rows, the dry run, retry-failed with one target set, a worker killed after its
-COMMIT while players renew, and a schema error that is surfaced instead of retried forever."""
+"""The game's side of the contract: SQL functions in the service schema, called in the game's own
+transactions on connections that know nothing of the service (search_path `public`), with the
+game's own keys (text, UUID, bigint printed as text)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import subprocess
+import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
-from pathlib import Path
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 import pytest_asyncio
-from temporalio.client import Client, WorkflowFailureError
-from temporalio.worker import Worker
 
-from activities.cleanup import CleanupActivities, cleanup_target_set
-from cleanup.batches import CompiledCleanup
-from cleanup.models import CleanupResult
-from cleanup.operations import start_cleanup
-from cleanup.planner import planner_status
-from cleanup.review import list_failed, preview_cleanup, retry_failed
-from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, hmac_hex
-from core.errors import InputError
-from core.failpoints import ONCE_DIR_ENV
-from tests.conftest import WorkerProcesses
-from tests.game_schema import (
-    ANONYMIZE_KEY,
-    GAME_TARGETS_FILE,
-    PER_USER,
-    create_game_schema,
-    game_rows,
-    game_targets,
-    seed_game_users,
-    worker_role_pool,
-)
-from tests.helpers import claim_one_partition, deadline_in, wait_until
+from cleanup.operations import hold_account, release_account, set_deadline, start_cleanup
+from cleanup.planner import planner_status, sweep_overdue
+from cleanup.planner_models import PlannerSettings, SweepInput
+from core.db import service_schema
+from tests.helpers import wait_until
 from tests.test_cleanup_input import run_cli
-from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
-
-@pytest.fixture(autouse=True)
-def game_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CLEANUP_TARGETS_FILE", str(GAME_TARGETS_FILE))
-    monkeypatch.setenv(ANONYMIZE_KEY_ENV, ANONYMIZE_KEY)
+S = service_schema()
 
 
 @pytest_asyncio.fixture
-async def game_pool(pool: asyncpg.Pool) -> asyncpg.Pool:
-    await create_game_schema(pool)
-    return pool
+async def game(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the game: its own search path, the service reached only by qualified names."""
+    conn = await asyncpg.connect(db_url, server_settings={"search_path": "public"})
+    yield conn
+    await conn.close()
 
 
-@pytest_asyncio.fixture
-async def game_worker(client: Client, game_pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
-    async with build_worker(client, task_queue, await build_activities(game_pool)) as w:
-        yield w
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    value: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    return value
 
 
-def run_cli_with(settings: object, targets_file: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI run by an operator whose CLEANUP_TARGETS_FILE is another file than the workers'."""
-    previous = os.environ["CLEANUP_TARGETS_FILE"]
-    os.environ["CLEANUP_TARGETS_FILE"] = targets_file
-    try:
-        return run_cli(settings, *args)
-    finally:
-        os.environ["CLEANUP_TARGETS_FILE"] = previous
+async def call(conn: asyncpg.Connection, function: str, *args: object) -> str:
+    placeholders = ", ".join(f"${i}" for i in range(1, len(args) + 1))
+    return str(await conn.fetchval(f"SELECT {S}.{function}({placeholders})", *args))
 
 
-async def register(pool: asyncpg.Pool, users: list[str], deadline: datetime) -> None:
-    """What the game does in its own transaction: the service's SQL function, nothing else."""
-    outcomes = await pool.fetch(
-        "SELECT deadline_cleanup.set_deadline(u, $2) AS outcome FROM unnest($1::text[]) u", users, deadline
+async def test_set_deadline_registers_moves_and_is_too_late_once_claimed_with_any_key(game, pool):
+    now = await db_now(game)
+    key_uuid, key_bigint = str(uuid.uuid4()), "4411290"
+
+    # In the game's own transaction: committed with it, rolled back with it.
+    async with game.transaction():
+        assert await call(game, "set_deadline", key_uuid, now + timedelta(hours=1)) == "registered"
+    await game.execute("BEGIN")
+    assert await call(game, "set_deadline", key_bigint, now + timedelta(hours=1)) == "registered"
+    await game.execute("ROLLBACK")
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE account_id = $1", key_bigint) == 0
+    assert await call(game, "set_deadline", key_bigint, now + timedelta(hours=1)) == "registered"
+
+    before = await pool.fetchrow("SELECT cleanup_version FROM accounts WHERE account_id = $1", key_uuid)
+    assert await call(game, "set_deadline", key_uuid, now + timedelta(hours=2)) == "moved"
+    after = await pool.fetchrow(
+        "SELECT renewal_deadline, cleanup_version, status FROM accounts WHERE account_id = $1", key_uuid
     )
-    assert {r["outcome"] for r in outcomes} == {"registered"}
+    assert after["renewal_deadline"] == now + timedelta(hours=2) and after["status"] == "active"
+    assert after["cleanup_version"] == before["cleanup_version"] + 1, "a planned cleanup of the old deadline goes stale"
+
+    # Claimed (or cleaned): too late, nothing changes.
+    await pool.execute("UPDATE accounts SET status = 'cleaning', claimed_by = 'c1' WHERE account_id = $1", key_bigint)
+    assert await call(game, "set_deadline", key_bigint, now + timedelta(days=30)) == "too_late"
+    assert await pool.fetchval(
+        "SELECT renewal_deadline FROM accounts WHERE account_id = $1", key_bigint
+    ) == now + timedelta(hours=1)
+    events = await pool.fetch("SELECT account_id, kind FROM account_events ORDER BY event_id")
+    assert [tuple(e) for e in events] == [
+        (key_uuid, "registered"),
+        (key_bigint, "registered"),
+        (key_uuid, "moved"),
+        (key_bigint, "refused"),
+    ]
+
+    # Only length and control characters are checked.
+    for bad in ("", "x" * 201, "line\nbreak", "tab\there"):
+        with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="not an account ID"):
+            await call(game, "set_deadline", bad, now)
+    assert await call(game, "set_deadline", "x" * 200, now) == "registered"
+    assert await call(game, "set_deadline", "player #42 (eu)", now) == "registered"
+    # The Python API is the same function.
+    assert await set_deadline(pool, "acct_from_python", now + timedelta(hours=1)) == "registered"
 
 
-async def run_cohort(client: Client, pool: asyncpg.Pool, task_queue: str, deadline: datetime, **options: object):
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, **options)  # type: ignore[arg-type]
-    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-    return started.workflow_id, await handle.result()
+async def test_renew_is_judged_by_the_database_clock_and_refuses_an_earlier_deadline(game, pool):
+    now = await db_now(game)
+    account = str(uuid.uuid4())
+    await call(game, "set_deadline", account, now + timedelta(hours=1))
+
+    with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="earlier than the current one"):
+        await game.fetchval(f"SELECT {S}.renew($1, $2)", account, now + timedelta(minutes=30))
+    with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="in the past by the database clock"):
+        await game.fetchval(f"SELECT {S}.renew($1, $2)", account, now - timedelta(seconds=1))
+    assert await pool.fetchval("SELECT count(*) FROM renewals") == 0, "a refused renewal records nothing"
+    assert await pool.fetchval(
+        "SELECT renewal_deadline FROM accounts WHERE account_id = $1", account
+    ) == now + timedelta(hours=1)
+
+    later = now + timedelta(hours=3)
+    assert await game.fetchval(f"SELECT {S}.renew($1, $2)", account, later) == "in_time"
+    earlier = now + timedelta(hours=2)
+    assert await game.fetchval(f"SELECT {S}.renew($1, $2, allow_earlier => true)", account, earlier) == "in_time"
+    assert await pool.fetchval("SELECT renewal_deadline FROM accounts WHERE account_id = $1", account) == earlier
+    assert await game.fetchval(f"SELECT {S}.renew($1)", account) == "in_time"
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", account) == "renewed"
+
+    # Past its deadline by the database clock: too late, and recorded as such.
+    late = str(uuid.uuid4())
+    await call(game, "set_deadline", late, now - timedelta(seconds=5))
+    assert await game.fetchval(f"SELECT {S}.renew($1)", late) == "too_late"
+    rows = await pool.fetch(
+        "SELECT outcome, judged_at >= deadline_seen AS after FROM renewals WHERE account_id = $1", late
+    )
+    assert [tuple(r) for r in rows] == [("too_late", True)]
+
+    with pytest.raises(asyncpg.exceptions.NoDataFoundError, match="unknown account"):
+        await game.fetchval(f"SELECT {S}.renew($1)", "nobody")
 
 
-def cleaned_rows(users: int) -> dict[str, int]:
-    return {
-        "characters": 0,
-        "inventory": 0,
-        "friends": 0,
-        "matches": 0,
-        "archived": users * PER_USER["matches"],
-        "duplicate_archives": 0,
-        "users": users,
-        "anonymized": users,
-    }
+async def test_hold_and_release_through_sql_and_python(game, pool):
+    now = await db_now(game)
+    account = str(uuid.uuid4())
+    await call(game, "set_deadline", account, now + timedelta(hours=1))
+    assert await call(game, "hold", account, "litigation 2026-17") == "held"
+    assert await call(game, "hold", account, "again") == "already_held"
+    assert (
+        await pool.fetchval("SELECT hold_reason FROM accounts WHERE account_id = $1", account) == "litigation 2026-17"
+    )
+    assert await release_account(pool, account) == "released"
+    assert await release_account(pool, account) == "not_held"
+    assert await hold_account(pool, account, "audit") == "held"
+    with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="needs a reason"):
+        await call(game, "hold", account, " ")
+    with pytest.raises(asyncpg.exceptions.NoDataFoundError):
+        await call(game, "hold", "nobody", "x")
+    claimed = str(uuid.uuid4())
+    await call(game, "set_deadline", claimed, now)
+    await pool.execute("UPDATE accounts SET status = 'cleaning', claimed_by = 'c1' WHERE account_id = $1", claimed)
+    assert await call(game, "hold", claimed, "too late for it") == "too_late"
 
 
-def untouched_rows(users: int, friends: int) -> dict[str, int]:
-    return {
-        "characters": users * PER_USER["characters"],
-        "inventory": users * PER_USER["inventory"],
-        "friends": friends,
-        "matches": users * PER_USER["matches"],
-        "archived": 0,
-        "duplicate_archives": 0,
-        "users": users,
-        "anonymized": 0,
-    }
+SWEEP_NOW = PlannerSettings(bucket_seconds=1.0, horizon_seconds=60, tick_seconds=1.0, sweep_grace_seconds=0)
 
 
-async def test_a_game_cohort_is_cleaned_once_children_first_friends_either_side_users_anonymized(
-    client, game_pool, task_queue, game_worker
+async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game, client, pool, task_queue, worker):
+    now = await db_now(game)
+    deadline = (now - timedelta(seconds=30)).replace(microsecond=0)
+    accounts = [str(uuid.uuid4()) for _ in range(4)]
+    async with game.transaction():  # the game registers its players and writes their data together
+        for account in accounts:
+            assert await call(game, "set_deadline", account, deadline) == "registered"
+            await game.execute(
+                "INSERT INTO demo_game.cloud_saves (account_id, slot, size_bytes, checksum) VALUES ($1, 1, 10, 'x')",
+                account,
+            )
+    held = accounts[0]
+    assert await call(game, "hold", held, "legal hold") == "held"
+
+    started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+    result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
+    assert result.settlement is not None and result.settlement.claimed == 3
+    state = {r["account_id"]: r["status"] for r in await pool.fetch("SELECT account_id, status FROM accounts")}
+    assert state == {held: "active"} | {a: "cleaned" for a in accounts[1:]}
+    assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", held) == 1
+
+    # Past its deadline and held: counted apart, never handed to a sweep.
+    status = await planner_status(client, pool, task_queue)
+    assert (status["held_overdue"], status["overdue"]) == (1, 0), status
+    assert (
+        await sweep_overdue(
+            pool, client, SweepInput(settings=SWEEP_NOW, task_queue=task_queue, as_of=datetime.now(UTC))
+        )
+    ).overdue == 0
+    single = await start_cleanup(client, pool, task_queue, account_id=held)
+    await client.get_workflow_handle(single.workflow_id).result()
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", held) == "active"
+
+    # Released after its deadline: the planner's overdue sweep cleans it at once.
+    assert await call(game, "release", held) == "released"
+    sweep = await sweep_overdue(
+        pool, client, SweepInput(settings=SWEEP_NOW, task_queue=task_queue, as_of=datetime.now(UTC))
+    )
+    assert sweep.overdue == 1 and sweep.sweep_cleanup_id is not None
+    await client.get_workflow_handle(sweep.sweep_cleanup_id).result()
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", held) == "cleaned"
+    assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", held) == 0
+    assert (await planner_status(client, pool, task_queue))["held_overdue"] == 0
+
+
+async def test_cli_renew_prints_both_deadlines_refuses_earlier_and_holds(game, pool, settings):
+    now = await db_now(game)
+    account = str(uuid.uuid4())
+    current = (now + timedelta(hours=2)).replace(microsecond=0)
+    await call(game, "set_deadline", account, current)
+    earlier = (current - timedelta(hours=1)).isoformat()
+
+    refused = run_cli(settings, "renew", account, "--until", earlier)
+    assert refused.returncode == 2 and "earlier than the current one" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert await pool.fetchval("SELECT renewal_deadline FROM accounts WHERE account_id = $1", account) == current
+
+    done = run_cli(settings, "renew", account, "--until", earlier, "--allow-earlier")
+    assert done.returncode == 0, done.stderr
+    z = "%Y-%m-%dT%H:%M:%SZ"
+    assert f"deadline: {current:{z}} -> {current - timedelta(hours=1):{z}}" in done.stdout, done.stdout
+    shown = run_cli(settings, "renew", account, "--until", (current + timedelta(hours=5)).isoformat(), "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert datetime.fromisoformat(data["old_deadline"]) == datetime.fromisoformat(earlier)
+    assert datetime.fromisoformat(data["new_deadline"]) == current + timedelta(hours=5)
+
+    held = run_cli(settings, "hold", account, "--reason", "case 9", "--json")
+    assert held.returncode == 0 and json.loads(held.stdout)["result"] == "held", held.stderr
+    released = run_cli(settings, "release", account)
+    assert released.returncode == 0 and "released" in released.stdout, released.stderr
+    unknown = run_cli(settings, "hold", "nobody", "--reason", "x")
+    assert unknown.returncode == 2 and "unknown account" in unknown.stderr, unknown.stderr
+
+
+async def test_account_history_is_an_erasure_receipt_without_personal_data(
+    game, client, pool, task_queue, worker, settings
 ):
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 40)
-    others = await seed_game_users(game_pool, 5)  # another cohort, later: untouched
-    await game_pool.execute(  # friendships across the cohorts, on either side
-        "INSERT INTO game_server.friends (user_a, user_b) VALUES ($1, $2), ($3, $1)", others[0], users[0], users[1]
-    )
-    await register(game_pool, users, deadline)
-    await register(game_pool, others, deadline_in(3600))
+    now = await db_now(game)
+    account, other = str(uuid.uuid4()), str(uuid.uuid4())
+    deadline = (now + timedelta(hours=1)).replace(microsecond=0)
+    async with game.transaction():
+        for who, saves, matches in ((account, 2, 3), (other, 1, 1)):
+            await call(game, "set_deadline", who, deadline)
+            await game.execute(
+                "INSERT INTO demo_game.cloud_saves (account_id, slot, size_bytes, checksum)"
+                " SELECT $1, s, 10, 'private-save-' || s FROM generate_series(1, $2) s",
+                who,
+                saves,
+            )
+            await game.execute(
+                "INSERT INTO demo_game.match_history (account_id, played_at, mode, result, score)"
+                " SELECT $1, now(), 'private-mode', 'win', 1 FROM generate_series(1, $2)",
+                who,
+                matches,
+            )
+    await call(game, "hold", account, "case 7")
+    await call(game, "release", account)
+    renewed_until = await db_now(game) + timedelta(seconds=2)
+    assert await game.fetchval(f"SELECT {S}.renew($1, $2, true)", account, renewed_until) == "in_time"
 
-    _, result = await run_cohort(client, game_pool, task_queue, deadline, partitions=2, batch_size=7)
+    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
+    assert result.outcome == "cleaned"
+    assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", account) == 0
 
-    assert result.outcome == "cleaned" and result.settlement is not None
-    assert (result.settlement.cleaned, result.settlement.failed, result.settlement.reminders) == (40, 0, 40)
-    assert await game_rows(game_pool, users) == cleaned_rows(40)
-    assert await game_rows(game_pool, others) == untouched_rows(5, friends=5)  # their own ring only
-    # The UNIQUE username is the keyed hash of what it was: unique, and no longer the player's name.
-    username = await game_pool.fetchval("SELECT username FROM game_server.users WHERE id = $1", users[7])
-    assert username == hmac_hex(ANONYMIZE_KEY, f"player_{users[7]}")
+    shown = run_cli(settings, "account", "history", account, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert "private-" not in shown.stdout, "the receipt holds no game data"
+    receipt = json.loads(shown.stdout)
+    assert receipt["status"] == "cleaned" and receipt["held"] is False
+    assert [e["kind"] for e in receipt["events"]] == ["registered", "held", "released"]
+    assert [(r["outcome"], r["version_after"]) for r in receipt["renewals"]] == [("in_time", 2)]
+    assert receipt["claim"]["cleanup_id"] == started.workflow_id
+    [cleaned] = receipt["cleaned"]
+    assert (cleaned["cleanup_version"], cleaned["cleanup_id"]) == (2, started.workflow_id)
+    assert cleaned["targets"] == [
+        {"target": "demo_game.cloud_saves", "action": "delete", "rows": 2},
+        {"target": "demo_game.inventory_items", "action": "delete", "rows": 0},
+        {"target": "demo_game.match_history", "action": "archive", "rows": 3},
+    ]
+    assert cleaned["reminder"]["status"] == "pending" and cleaned["reminder"]["delivered_at"] is None
+    # The other account's rows were not counted in this one's receipt, and it was not touched.
+    assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", other) == 1
 
-
-async def test_rows_a_cascade_would_remove_are_counted_by_their_own_target(game_pool):
-    """The batch statement's per-target counts: items (which the characters' ON DELETE CASCADE would
-    remove) counted by their own target, declared first; each friendship once, on the side it met first."""
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 30)
-    await register(game_pool, users, deadline)
-    await claim_one_partition(game_pool, "cascade", deadline)
-    compiled = await CompiledCleanup.compile(game_pool, game_targets())
-    async with game_pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("cascade", 0, "", 1000))
-    assert row is not None
-    counts = [row[f"rows_t{i}"] for i in range(6)]
-    assert counts == [30 * PER_USER["inventory"], 30 * PER_USER["characters"], 30, 0, 30 * PER_USER["matches"], 30]
-    assert await game_rows(game_pool, users) == cleaned_rows(30)
-
-
-async def poison(pool: asyncpg.Pool, held: list[str], bad_archive: str) -> None:
-    """A trigger that refuses (P0001) to delete these users' items; a CHECK of the archive that one
-    user's matches violate (23514)."""
-    await pool.execute(
-        """
-        CREATE TABLE game_server.legal_holds (user_id uuid PRIMARY KEY);
-        CREATE FUNCTION game_server.refuse_held_items() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF EXISTS (SELECT 1 FROM game_server.legal_holds WHERE user_id = OLD.user_id) THEN
-                RAISE EXCEPTION 'items of % are under legal hold', OLD.user_id;
-            END IF;
-            RETURN OLD;
-        END $$;
-        CREATE TRIGGER refuse_held_items BEFORE DELETE ON game_server.inventory
-            FOR EACH ROW EXECUTE FUNCTION game_server.refuse_held_items();
-        ALTER TABLE game_server.matches_archive ADD CONSTRAINT archive_kills_sane CHECK (kills < 1000);
-        """
-    )
-    await pool.execute("INSERT INTO game_server.legal_holds SELECT unnest($1::uuid[])", held)
-    await pool.execute("UPDATE game_server.matches SET kills = 5000 WHERE user_id = $1", bad_archive)
+    unknown = run_cli(settings, "account", "history", "nobody")
+    assert unknown.returncode == 2 and "unknown account 'nobody'" in unknown.stderr
 
 
-async def test_poison_rows_are_isolated_and_retry_failed_cleans_them_once_with_the_same_targets(
-    client, game_pool, task_queue, game_worker, settings, tmp_path
-):
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 60)
-    held, bad_archive = [users[3], users[41]], users[20]
-    poisoned = sorted([*held, bad_archive])
-    await poison(game_pool, held, bad_archive)
-    await register(game_pool, users, deadline)
+async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game, pool):
+    """The claim re-checks the row it locks: a hold that commits while the claim waits wins; a hold
+    that comes after the claim is too late."""
+    import asyncio
 
-    workflow_id, result = await run_cohort(client, game_pool, task_queue, deadline, partitions=2, batch_size=16)
+    import cleanup
+    from core.queries import load
 
-    assert result.settlement is not None and (result.settlement.cleaned, result.settlement.failed) == (57, 3)
-    healthy = sorted(set(users) - set(poisoned))
-    assert await game_rows(game_pool, healthy) == cleaned_rows(57) | {"friends": 0}
-    left = await game_rows(game_pool, poisoned)
-    assert (left["inventory"], left["matches"], left["anonymized"]) == (3 * PER_USER["inventory"], 9, 0)
-    failed = {r["account_id"]: r for r in await list_failed(game_pool, workflow_id)}
-    assert sorted(failed) == poisoned
-    assert {failed[u]["target"] for u in held} == {"game_server.inventory"}
-    assert failed[bad_archive]["sqlstate"] == "23514" and failed[bad_archive]["target"] == "game_server.matches_archive"
+    claim_cohort = load(cleanup.__file__).claim_cohort
+    deadline = (await db_now(game) - timedelta(seconds=1)).replace(microsecond=0)
+    held, free = str(uuid.uuid4()), str(uuid.uuid4())
+    for account in (held, free):
+        await call(game, "set_deadline", account, deadline)
 
-    # Another target set than the cleanup ran with: refused, naming both fingerprints.
-    smaller = CleanupTargets(target=game_targets().target[:-1])  # without the anonymization
-    with pytest.raises(InputError) as refused:
-        await retry_failed(game_pool, smaller, workflow_id)
-    assert game_targets().fingerprint in str(refused.value) and smaller.fingerprint in str(refused.value)
-    other_file = tmp_path / "targets.toml"
-    other_file.write_text(GAME_TARGETS_FILE.read_text().rsplit("[[target]]", 1)[0])
-    cli = run_cli_with(settings, str(other_file), "retry-failed", "--cleanup", workflow_id)
-    assert cli.returncode == 2 and "target set mismatch" in cli.stderr, cli.stderr
-    assert await game_rows(game_pool, poisoned) == left, "nothing changed by a refused retry"
+    await game.execute("BEGIN")
+    assert await call(game, "hold", held, "court order") == "held"  # row locked, not committed
+    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1))
 
-    await game_pool.execute("DELETE FROM game_server.legal_holds")
-    await game_pool.execute("ALTER TABLE game_server.matches_archive DROP CONSTRAINT archive_kills_sane")
-    fixed = await retry_failed(game_pool, game_targets(), workflow_id)
-    assert (fixed["retried"], fixed["cleaned"], fixed["still_failed"]) == (3, 3, 0)
-    assert await game_rows(game_pool, users) == cleaned_rows(60)
-    again = await retry_failed(game_pool, game_targets(), workflow_id)
-    assert again["retried"] == 0 and await game_rows(game_pool, users) == cleaned_rows(60)
+    async def claim_waits_on_the_row() -> bool:
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%cleanup_claims%'"
+        )
+        return bool(await pool.fetchval(waiting))  # not the game's: its transaction keeps one snapshot
 
-
-async def test_the_dry_run_matches_what_the_cleanup_then_does_and_refuses_another_target_set(
-    client, game_pool, task_queue, game_worker, settings, tmp_path
-):
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 25)
-    others = await seed_game_users(game_pool, 4)
-    await game_pool.execute("INSERT INTO game_server.friends (user_a, user_b) VALUES ($1, $2)", others[0], users[0])
-    await register(game_pool, users, deadline)
-    await register(game_pool, others, deadline_in(3600))
-
-    preview = await preview_cleanup(game_pool, game_targets(), deadline=deadline)
-    iso = deadline.isoformat().replace("+00:00", "Z")
-    cli = run_cli(settings, "cleanup", "--deadline", iso, "--dry-run", "--json")
-    assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["targets"] == json.loads(json.dumps(preview["targets"], default=str))
-    other_file = tmp_path / "targets.toml"
-    other_file.write_text(GAME_TARGETS_FILE.read_text().rsplit("[[target]]", 1)[0])
-    refused = run_cli_with(settings, str(other_file), "cleanup", "--deadline", iso, "--dry-run")
-    assert refused.returncode == 2 and game_targets().fingerprint in refused.stderr, refused.stderr
-
-    before = await game_pool.fetchrow(
-        "SELECT (SELECT count(*) FROM game_server.inventory) AS inventory,"
-        " (SELECT count(*) FROM game_server.characters) AS characters,"
-        " (SELECT count(*) FROM game_server.friends) AS friends,"
-        " (SELECT count(*) FROM game_server.matches) AS matches"
-    )
-    _, result = await run_cohort(client, game_pool, task_queue, deadline, partitions=3)
-    assert result.settlement is not None and result.settlement.cleaned == preview["accounts_in_scope"] == 25
-    after = await game_pool.fetchrow(
-        "SELECT (SELECT count(*) FROM game_server.inventory) AS inventory,"
-        " (SELECT count(*) FROM game_server.characters) AS characters,"
-        " (SELECT count(*) FROM game_server.friends) AS friends,"
-        " (SELECT count(*) FROM game_server.matches) AS matches"
-    )
-    assert before is not None and after is not None
-    rows = [t["rows"] for t in preview["targets"]]
-    assert before["inventory"] - after["inventory"] == rows[0]
-    assert before["characters"] - after["characters"] == rows[1]
-    assert before["friends"] - after["friends"] == rows[2] + rows[3] == 26  # the ring, and one across
-    assert before["matches"] - after["matches"] == rows[4]
-    assert rows[5] == 25 and await game_rows(game_pool, users) == cleaned_rows(25)
-
-
-async def test_a_privilege_lost_after_start_up_is_retried_a_few_times_then_surfaced(
-    client, game_pool, db_url, task_queue
-):
-    """42501 at run time: never 'cleaning' forever. After the bounded attempts the accounts are
-    recorded as failed with the error; the cleanup fails loudly naming it; `planner status` counts them."""
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 12)
-    await register(game_pool, users, deadline)
-    async with worker_role_pool(db_url) as role_pool:
-        role = await role_pool.fetchval("SELECT current_user")
-        async with build_worker(client, task_queue, await build_activities(role_pool)):
-            await game_pool.execute(f"REVOKE DELETE ON game_server.characters FROM {role}")
-            with pytest.raises(WorkflowFailureError) as failed:  # bounded: never retried forever
-                await asyncio.wait_for(
-                    run_cohort(client, game_pool, task_queue, deadline, partitions=1, max_failed=0), 300
-                )
-    assert "permission denied for table characters" in str(failed.value.cause)
-    statuses = await game_pool.fetch("SELECT status, count(*) AS n FROM accounts GROUP BY status")
-    assert {r["status"]: r["n"] for r in statuses} == {"cleanup_failed": 12}
-    recorded = await list_failed(game_pool)
-    assert {r["sqlstate"] for r in recorded} == {"42501"} and len(recorded) == 12
-    status = await planner_status(client, game_pool, task_queue)
-    assert (status["failed_pending_review"], status["failed_by_schema_error"]) == (12, 12)
-    assert await game_rows(game_pool, users) == untouched_rows(12, friends=12)
-
-
-async def test_a_worker_killed_after_its_commit_while_players_renew_cleans_each_user_once(
-    client, game_pool, task_queue, worker_processes: WorkerProcesses
-):
-    deadline = deadline_in(6)
-    users = await seed_game_users(game_pool, 300)
-    await register(game_pool, users, deadline)
-    renewing = users[::10]
-    first = worker_processes.start(
-        CLEANUP_FAILPOINTS="cleanup_partition.after_commit=exit@2",
-        CLEANUP_TARGETS_FILE=str(GAME_TARGETS_FILE),
-        CLEANUP_ANONYMIZE_KEY=ANONYMIZE_KEY,
-    )
-    started = await start_cleanup(
-        client,
-        game_pool,
-        task_queue,
-        deadline=deadline,
-        partitions=2,
-        batch_size=50,
-        heartbeat_timeout_seconds=2,
-        step_timeout_seconds=5,
-    )
-    renewed = await game_pool.fetch(  # the game's renewals, in its own transactions, before the deadline
-        "SELECT deadline_cleanup.renew(u) AS outcome FROM unnest($1::text[]) u", renewing
-    )
-    assert {r["outcome"] for r in renewed} == {"in_time"}
-
-    async def exited() -> bool:
-        return first.poll() is not None
-
-    await wait_until(exited, within=120)
-    assert first.returncode == 86, worker_processes.logs()
-    worker_processes.start(CLEANUP_TARGETS_FILE=str(GAME_TARGETS_FILE), CLEANUP_ANONYMIZE_KEY=ANONYMIZE_KEY)
-    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-    result: CleanupResult = await handle.result()
-
-    assert result.settlement is not None and result.settlement.cleaned == 270
-    assert result.settlement.already_applied >= 1, "the killed attempt's batch was absorbed, not re-applied"
-    cleaned = sorted(set(users) - set(renewing))
-    rows = await game_rows(game_pool, cleaned)
-    assert {k: rows[k] for k in ("characters", "inventory", "matches", "duplicate_archives")} == dict.fromkeys(
-        ("characters", "inventory", "matches", "duplicate_archives"), 0
-    )
-    assert (rows["archived"], rows["anonymized"]) == (270 * PER_USER["matches"], 270)
-    kept = await game_rows(game_pool, renewing)
-    assert (kept["characters"], kept["inventory"], kept["matches"], kept["anonymized"]) == (
-        30 * PER_USER["characters"],
-        30 * PER_USER["inventory"],
-        30 * PER_USER["matches"],
-        0,
-    )
-    assert await game_pool.fetchval("SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder'") == 270
-
-
-def _stopped(pid: int) -> bool:
-    """The process is stopped by a signal ('T' in /proc/PID/stat): frozen at its failpoint."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-
-async def test_a_zombie_attempt_frozen_in_its_batch_changes_nothing_when_it_wakes(
-    client, game_pool, task_queue, worker_processes: WorkerProcesses, tmp_path
-):
-    """A worker freezes inside a batch's open transaction; the retry on another worker cleans the
-    cohort; the zombie, woken, finds its transaction ended: no row of the game changes after."""
-    deadline = deadline_in(-60)
-    users = await seed_game_users(game_pool, 120)
-    await register(game_pool, users, deadline)
-    game_env = {
-        "CLEANUP_TARGETS_FILE": str(GAME_TARGETS_FILE),
-        "CLEANUP_ANONYMIZE_KEY": ANONYMIZE_KEY,
-        "CLEANUP_FAILPOINTS": "cleanup_partition.in_batch=stop@2",
-        ONCE_DIR_ENV: str(tmp_path),  # only the first process to get there freezes
-        "DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": "2",
-    }
-    zombie = worker_processes.start(**game_env)
-    started = await start_cleanup(
-        client, game_pool, task_queue, deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2
-    )
-
-    async def frozen() -> bool:
-        return _stopped(zombie.pid)
-
-    await wait_until(frozen, within=120)
-    worker_processes.start(**game_env)
-    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-    result: CleanupResult = await handle.result()
-    assert result.settlement is not None and result.settlement.cleaned == 120
-    done = await game_rows(game_pool, users)
-    assert done == cleaned_rows(120)
-
-    os.kill(zombie.pid, signal.SIGCONT)
-    zombie.terminate()  # a graceful stop: whatever it does late (its statement, its COMMIT) is done by then
-    await asyncio.to_thread(zombie.wait, 60)
-    assert await game_rows(game_pool, users) == done
-    assert await game_pool.fetchval("SELECT count(*) FROM cleanup_applied") == 120
-    assert await game_pool.fetchval("SELECT count(*) FROM outbox WHERE kind = 'renewal_reminder'") == 120
-
-
-async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
-    """A game whose players are numbered: the target compares `player_no = ANY(keys::bigint[])`."""
-    await game_pool.execute(
-        "CREATE TABLE game_server.scores (player_no bigint NOT NULL, points integer NOT NULL);"
-        "CREATE INDEX scores_player_idx ON game_server.scores (player_no);"
-        "INSERT INTO game_server.scores SELECT g, g FROM generate_series(1000, 1019) g"
-    )
-    deadline = deadline_in(-60)
-    await register(game_pool, [str(n) for n in range(1000, 1010)], deadline)
-    await claim_one_partition(game_pool, "numbered", deadline)
-    targets = CleanupTargets.model_validate(
-        {"target": [{"table": "game_server.scores", "match_column": "player_no", "action": "delete"}]}
-    )
-    compiled = await CompiledCleanup.compile(game_pool, targets)
-    async with game_pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("numbered", 0, "", 1000))
-    assert row is not None and (row["cleaned"], row["rows_t0"]) == (10, 10)
-    assert await game_pool.fetchval("SELECT array_agg(player_no ORDER BY 1) FROM game_server.scores") == list(
-        range(1010, 1020)
-    )
-
-
-async def test_a_worker_with_another_target_set_runs_a_cleanup_with_the_set_it_started_with(game_pool):
-    """A deploy changed the targets mid-cleanup: the new worker runs that cleanup's partitions with
-    the set the cleanup recorded (compiled and checked like its own), never with a smaller one."""
-    started = await CleanupActivities.create(game_pool, game_targets())
-    assert await cleanup_target_set(game_pool, started.compiled, "mid-deploy") is started.compiled
-    smaller = CleanupTargets(target=game_targets().target[:-1])
-    deployed = await CleanupActivities.create(game_pool, smaller)
-    used = await cleanup_target_set(game_pool, deployed.compiled, "mid-deploy")
-    assert used.fingerprint == game_targets().fingerprint != smaller.fingerprint
-    assert used.batch_sql == started.compiled.batch_sql
-    assert (await cleanup_target_set(game_pool, deployed.compiled, "after-deploy")).fingerprint == smaller.fingerprint
+    await wait_until(claim_waits_on_the_row, within=30)
+    assert not claim.done()
+    await game.execute("COMMIT")
+    await claim
+    claimed = {r[0] for r in await pool.fetch("SELECT account_id FROM cleanup_claims WHERE cleanup_id = 'claim-1'")}
+    assert claimed == {free}
+    assert await call(game, "hold", free, "too late now") == "too_late"
