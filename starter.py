@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
+from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, bounded_int, emit, finite_float, key_values, reject_non_finite
 from core.config import Settings, dev_env_file, mask_url
 from core.errors import DatabaseUnavailable, InputError
 from core.process import exit_now
@@ -134,11 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow_id")
 
     p = command("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
-    p.add_argument("--accounts", type=int, default=3000)
-    p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
-    p.add_argument("--workers", type=int, default=2, help="worker processes to run")
-    p.add_argument("--lead-seconds", type=float, default=10.0, help="how far ahead the first deadline is (default 10)")
-    p.add_argument("--spread-seconds", type=float, default=15.0, help="deadlines spread over this window (default 15)")
+    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed")
+    p.add_argument(
+        "--renew-share", type=finite_float(0, 1), default=0.1, help="share of accounts renewed before the deadline"
+    )
+    p.add_argument("--workers", type=bounded_int(1, 64), default=2, help="worker processes to run")
+    p.add_argument(
+        "--lead-seconds",
+        type=finite_float(0, 86_400),
+        default=10.0,
+        help="how far ahead the first deadline is (default 10)",
+    )
+    p.add_argument(
+        "--spread-seconds",
+        type=finite_float(0, 86_400),
+        default=15.0,
+        help="deadlines spread over this window (default 15)",
+    )
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server")
     p.add_argument("action", choices=["up", "down"])
@@ -162,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         args.harness_args = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    reject_non_finite(parser, args)
     try:
         settings = Settings.from_env(
             temporal_address=args.temporal_address,

@@ -27,7 +27,18 @@ from cleanup.operations import (
     seed_accounts,
     start_cleanup,
 )
-from core.cli import EXIT_TOO_LATE, CliContext, Commands, Progress, database_pool, emit, key_values, table
+from core.cli import (
+    EXIT_TOO_LATE,
+    CliContext,
+    Commands,
+    Progress,
+    bounded_int,
+    database_pool,
+    emit,
+    finite_float,
+    key_values,
+    table,
+)
 from core.config import Settings
 from core.errors import InputError
 
@@ -311,9 +322,11 @@ def register(commands: Commands) -> None:
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
-    p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
-    p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
-    p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
+    p.add_argument("--partitions", type=bounded_int(1, 256), default=16, help="parallel partitions (1-256, default 16)")
+    p.add_argument("--max-parallel", type=bounded_int(1, 256), default=8, help="partitions running at once (default 8)")
+    p.add_argument(
+        "--batch-size", type=bounded_int(1, 20_000), default=1000, help="accounts per statement (default 1000)"
+    )
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
@@ -322,14 +335,14 @@ def register(commands: Commands) -> None:
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=finite_float(0.001, 3600),
         metavar="SECONDS",
         help="a partition whose worker died resumes elsewhere after this long without a heartbeat "
         "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 7)",
     )
     p.add_argument(
         "--heartbeat-interval",
-        type=float,
+        type=finite_float(0.001, 3600),
         metavar="SECONDS",
         help="heartbeat at least this often while a batch runs "
         "(default: $CLEANUP_HEARTBEAT_INTERVAL_SECONDS or a third of the timeout)",
@@ -342,7 +355,7 @@ def register(commands: Commands) -> None:
     )
 
     p = command("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
-    p.add_argument("--accounts", type=int, required=True)
+    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), required=True, help="how many")
     p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
     p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
 
@@ -351,12 +364,12 @@ def register(commands: Commands) -> None:
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="rows to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
-    p.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=100, help="rows to show (default 100)")
 
     p = command(
         "retry-failed",

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from core import metrics
 from core.queries import load
@@ -56,6 +56,8 @@ Waiting = Callable[[dict[str, Any]], None]
 
 class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # a NaN or infinite limit would be no limit
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
     max_in_flight: int = Field(default=1, ge=0, le=256)

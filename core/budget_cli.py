@@ -7,6 +7,7 @@ either. A change is read by every worker at its next acquire (docs/budget.md).
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from core import db, embedded
@@ -32,6 +33,8 @@ def parse_limit(name: str, text: str) -> int | float | None:
         value: int | float = LIMITS[name](text)
     except ValueError:
         raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
+    if not math.isfinite(value):  # NaN compares false with every bound below, and in Postgres above all
+        raise InputError(f"--{name.replace('_', '-')} must be a finite number, got {text!r}")
     low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
     if value < low or (name == "max_in_flight" and value > 256):
         bounds = "0-256" if name == "max_in_flight" else (">= 0" if low == 0 else "> 0")

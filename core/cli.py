@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -32,6 +33,46 @@ Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 EXIT_ERROR = 1
 EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
+
+
+def finite_float(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse `type`: a finite number within [low, high]. float() alone takes 'nan' and 'inf',
+    and NaN passes every comparison-based bound (in Postgres it sorts above every number)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be within [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
+def bounded_int(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse `type`: a whole number within [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be within [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
+def reject_non_finite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The backstop for every float flag, also those declared with a plain `type=float`."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            parser.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def json_default(value: object) -> object:

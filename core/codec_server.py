@@ -29,6 +29,7 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.converter import PayloadCodec
 
 from core import logs
+from core.cli import bounded_int
 from core.codec import EncryptionCodec, EncryptionKeyError
 
 log = logging.getLogger("codec_server")
@@ -123,7 +124,7 @@ class CodecHandler(BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.codec_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--port", type=bounded_int(1, 65535), default=8081, help="port to listen on (default 8081)")
     parser.add_argument(
         "--allow-origin",
         action="append",

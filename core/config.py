@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,9 @@ def _secret(value: str | None) -> SecretStr | None:
 
 
 class Settings(BaseModel):
-    """Where Temporal and Postgres are; `None` means "start the embedded one"."""
+    """Where Temporal and Postgres are (`None`: unset, see core.embedded.resolve), and the worker's knobs."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # every number finite: NaN passes any ge/le bound
 
     temporal_address: str | None = None
     temporal_namespace: str = DEFAULT_NAMESPACE
@@ -103,7 +105,8 @@ class Settings(BaseModel):
     worker_sticky_queue_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    metrics_host: str = "0.0.0.0"
+    # Loopback unless told otherwise (METRICS_HOST): the image and the compose file set 0.0.0.0.
+    metrics_host: str = "127.0.0.1"
     log_format: LogFormat = "text"
     # Security (docs/security.md)
     temporal_tls: bool | None = None  # None: TLS when a certificate, CA or API key is configured
