@@ -81,15 +81,16 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
             lambda d: "embedded Temporal dev server stopped (the embedded Postgres keeps running; it is cheap)",
         )
     else:
+        started = embedded.missing_addresses(settings)
         resolved = embedded.resolve(settings, start=True)
-        env_file = embedded.write_dev_env(resolved)
+        env_file = embedded.write_dev_env(resolved, started) if started else None
         emit(
             args,
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
                 "database_url": mask_url(resolved.database_url),
-                "env_file": str(env_file),
+                "env_file": str(env_file) if env_file else None,
             },
             key_values,
         )

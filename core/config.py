@@ -117,6 +117,10 @@ class Settings(BaseModel):
     temporal_api_key: SecretStr | None = None
     payload_encryption_key: SecretStr | None = None
     payload_encryption_key_id: str = "default"
+    # Key rotation (core.codec): older keys, decryption only; the key of the pseudonyms in workflow IDs.
+    payload_decryption_keys: SecretStr | None = None
+    payload_pseudonym_key_id: str | None = None
+    payload_require_encryption: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -137,6 +141,9 @@ class Settings(BaseModel):
             "temporal_api_key": _secret(env.get("TEMPORAL_API_KEY")),
             "payload_encryption_key": _secret(env.get("PAYLOAD_ENCRYPTION_KEY")),
             "payload_encryption_key_id": env.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
+            "payload_decryption_keys": _secret(env.get("PAYLOAD_DECRYPTION_KEYS")),
+            "payload_pseudonym_key_id": env.get("PAYLOAD_PSEUDONYM_KEY_ID") or None,
+            "payload_require_encryption": env.get("PAYLOAD_REQUIRE_ENCRYPTION") or False,
             "log_format": (env.get("LOG_FORMAT") or "text").lower(),
         }
         if env.get("CLEANUP_STATE_DIR"):
@@ -177,7 +184,11 @@ class Settings(BaseModel):
 
     def secrets(self) -> list[str]:
         """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
-        found = [s.get_secret_value() for s in (self.temporal_api_key, self.payload_encryption_key) if s]
+        keys = (self.temporal_api_key, self.payload_encryption_key, self.payload_decryption_keys)
+        found = [s.get_secret_value() for s in keys if s]
+        if self.payload_decryption_keys:  # each key alone too, so no single one is ever printed
+            for item in self.payload_decryption_keys.get_secret_value().split(","):
+                found.append(item.partition(":")[2].strip())
         if self.database_url:
             for pattern in (_URL_PASSWORD, _QUERY_PASSWORD):
                 found += [m.group("password") for m in pattern.finditer(self.database_url)]

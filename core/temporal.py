@@ -32,12 +32,20 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 def data_converter(settings: Settings) -> DataConverter:
     """The pydantic converter, plus AES-GCM payload encryption when a key is configured."""
     if settings.payload_encryption_key is None:
+        if settings.payload_decryption_keys is not None or settings.payload_require_encryption:
+            raise InputError("PAYLOAD_DECRYPTION_KEYS / PAYLOAD_REQUIRE_ENCRYPTION need PAYLOAD_ENCRYPTION_KEY")
         return pydantic_data_converter
     from core.codec import EncryptionCodec, EncryptionKeyError, with_encryption  # lazy: cryptography is slow to import
 
     try:
-        codec = EncryptionCodec.from_key(
-            settings.payload_encryption_key.get_secret_value(), settings.payload_encryption_key_id
+        codec = EncryptionCodec.from_config(
+            settings.payload_encryption_key.get_secret_value(),
+            settings.payload_encryption_key_id,
+            decryption_keys=(
+                settings.payload_decryption_keys.get_secret_value() if settings.payload_decryption_keys else None
+            ),
+            pseudonym_key_id=settings.payload_pseudonym_key_id,
+            require_encryption=settings.payload_require_encryption,
         )
     except EncryptionKeyError as err:
         raise InputError(str(err)) from None
