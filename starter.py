@@ -1,9 +1,10 @@
 """The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
-traceback), 2 bad input or configuration, or the database unavailable (nothing was started), 3 a
-renewal that came too late. While the database is down, `status`, `list` and `planner status` answer what
-Temporal knows and say which part is missing.
+traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
+the database or Temporal temporarily unavailable (retry later). Under --json an error is one JSON
+object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `list` and
+`planner status` answer what Temporal knows and say which part is missing.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """
 
@@ -22,9 +23,21 @@ from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, bounded_int, emit, finite_float, key_values, reject_non_finite
+from core.cli import (
+    EXIT_ERROR,
+    EXIT_INPUT,
+    EXIT_UNAVAILABLE,
+    CliParser,
+    Commands,
+    bounded_int,
+    emit,
+    finite_float,
+    key_values,
+    reject_non_finite,
+    report_error,
+)
 from core.config import Settings, dev_env_file, mask_url
-from core.errors import DatabaseUnavailable, InputError
+from core.errors import DatabaseUnavailable, InputError, TemporalUnavailable
 from core.process import exit_now
 from core.temporal import connect
 from ledger import cli as ledger_cli
@@ -107,7 +120,7 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="deadline-cleanup",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -167,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    CliParser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "worker":
@@ -176,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     reject_non_finite(parser, args)
+    as_json = bool(getattr(args, "json", False))
     try:
         settings = Settings.from_env(
             temporal_address=args.temporal_address,
@@ -184,21 +199,20 @@ def main(argv: list[str] | None = None) -> int:
             database_url=args.database_url,
         )
     except (ValidationError, ValueError) as err:
-        print(mask_url(f"error: bad configuration: {err}"), file=sys.stderr)
-        return EXIT_INPUT
+        return report_error(EXIT_INPUT, mask_url(f"bad configuration: {err}") or "", as_json=as_json)
     try:
         asyncio.run(args.handler(args, settings))
-    except (InputError, DatabaseUnavailable) as err:
-        print(redact(f"error: {err}", settings), file=sys.stderr)
-        return EXIT_INPUT
+    except (TemporalUnavailable, DatabaseUnavailable) as err:
+        return report_error(EXIT_UNAVAILABLE, redact(str(err), settings), as_json=as_json)
+    except InputError as err:
+        return report_error(EXIT_INPUT, redact(str(err), settings), as_json=as_json)
     except Exception as err:
         if db.is_database_error(err):  # a command that opened the database without CliContext
-            print(redact(f"error: {db.unavailable(settings.database_url, err)}", settings), file=sys.stderr)
-            return EXIT_INPUT
+            message = str(db.unavailable(settings.database_url, err))
+            return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
         if os.environ.get("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
-        print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(EXIT_ERROR, redact(f"{type(err).__name__}: {err}", settings), as_json=as_json)
     return 0
 
 

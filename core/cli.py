@@ -15,7 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from core import db, embedded
 from core.config import Settings
@@ -28,11 +28,43 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 
-# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration, or the
-# database unavailable (nothing was started), 3 a renewal that came too late.
+# Exit codes of the CLI: 0 ok, 1 an unexpected error, 2 bad input or configuration (nothing was
+# started), 3 a renewal that came too late, 75 (EX_TEMPFAIL) the database or Temporal unavailable:
+# retry later, the input was fine.
 EXIT_ERROR = 1
 EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
+EXIT_UNAVAILABLE = 75
+
+HINTS = {
+    EXIT_ERROR: "unexpected: CLEANUP_DEBUG=1 prints the traceback",
+    EXIT_INPUT: "fix the input or the configuration (--help lists every option)",
+    EXIT_UNAVAILABLE: "temporarily unavailable: retry later",
+}
+ERROR_KINDS = {EXIT_ERROR: "unexpected", EXIT_INPUT: "bad_input", EXIT_UNAVAILABLE: "unavailable"}
+
+
+def report_error(code: int, message: str, *, as_json: bool) -> int:
+    """Print one error: `error: message` or, under --json, one JSON object {error, message, hint}
+    on stderr. Returns `code` (the exit code)."""
+    if as_json:
+        body = {"error": ERROR_KINDS.get(code, "error"), "message": message, "hint": HINTS.get(code, "")}
+        print(json.dumps(body), file=sys.stderr)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+class CliParser(argparse.ArgumentParser):
+    """Usage errors as the other errors: under --json, one JSON object on stderr (exit 2)."""
+
+    json_errors = False  # set by the entry point from its argv, before parsing
+
+    def error(self, message: str) -> NoReturn:
+        if not CliParser.json_errors:
+            super().error(message)
+        report_error(EXIT_INPUT, f"{self.prog}: {message}", as_json=True)
+        sys.exit(EXIT_INPUT)
 
 
 def finite_float(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
@@ -177,7 +209,7 @@ class CliContext:
     """Opens what a command needs (embedded services, migrated pool, client) and closes it after.
 
     `database`: "required" (default): an unreachable database fails the command with
-    DatabaseUnavailable (exit 2, naming the database); "optional" (status commands): the command
+    DatabaseUnavailable (exit 75, naming the database); "optional" (status commands): the command
     still answers what Temporal knows, `pool` is None and `database_missing` says why; "unused": no
     connection is made. A connection lost in the middle of the command is reported the same way.
     """

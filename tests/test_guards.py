@@ -72,7 +72,8 @@ def test_the_parser_backstop_rejects_a_non_finite_float_from_any_flag() -> None:
     "argv",
     [
         ["cleanup", "--deadline", "2026-11-01T09:00:00Z", "--heartbeat-timeout", "nan"],
-        ["cleanup", "--deadline", "2026-11-01T09:00:00Z", "--partitions", "0"],
+        ["cleanup", "--deadline", "2026-11-01T09:00:00Z", "--heartbeat-interval", "inf"],
+        ["ledger", "seed", "--date", "2026-11-01", "--payments", "10", "--refund-rate", "nan"],
         ["demo", "--renew-share", "inf"],
         ["demo", "--renew-share", "1.5"],
         ["list", "--limit", "-1"],
