@@ -13,6 +13,7 @@ Secrets (the Temporal API key, the payload encryption key) are `SecretStr`, and 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -57,6 +58,46 @@ def read_dev_env(state_dir: Path) -> dict[str, str]:
         return {}
     pairs = (line.split("=", 1) for line in path.read_text(encoding="utf-8").splitlines() if "=" in line)
     return {name.strip(): value.strip() for name, value in pairs if name.strip() in DEV_ENV_NAMES}
+
+
+# Before the Temporal SDK's standard names (temporalio.envconfig) were read: still accepted, with a
+# deprecation line, when the standard name is unset.
+DEPRECATED_TEMPORAL_NAMES = {
+    "TEMPORAL_TLS_CERT": "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_KEY": "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_CA": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+}
+
+
+def temporal_profile(env: dict[str, str]) -> dict[str, object]:
+    """The Temporal connection as the SDK and the `temporal` CLI configure it (temporalio.envconfig):
+    a `temporal.toml` profile (TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE) overridden by the standard
+    variables (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_CLIENT_CERT_PATH,
+    TEMPORAL_TLS_CLIENT_KEY_PATH, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_SERVER_NAME, ...), as
+    Settings values; unset ones are left out. Certificates given inline (not as paths) are not taken."""
+    from temporalio.envconfig import ClientConfigProfile  # lazy: only when settings are read
+
+    for old, new in DEPRECATED_TEMPORAL_NAMES.items():
+        if env.get(old):
+            logging.getLogger(__name__).warning("%s is deprecated: set %s (the Temporal SDK's name)", old, new)
+            env.setdefault(new, env[old])
+    profile = ClientConfigProfile.load(override_env_vars=env)
+    tls = profile.tls
+    found: dict[str, object] = {
+        "temporal_address": profile.address,
+        "temporal_namespace": profile.namespace,
+        "temporal_api_key": _secret(profile.api_key),
+    }
+    if tls is not None:
+        found["temporal_tls"] = None if tls.disabled is None else not tls.disabled
+        found["temporal_tls_server_name"] = tls.server_name
+        for key, source in (
+            ("temporal_tls_cert", tls.client_cert),
+            ("temporal_tls_key", tls.client_private_key),
+            ("temporal_tls_ca", tls.server_root_ca_cert),
+        ):
+            found[key] = source if isinstance(source, Path) else None
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def _state_dir(env: os._Environ[str] | dict[str, str]) -> Path:
@@ -146,6 +187,7 @@ class Settings(BaseModel):
             "payload_require_encryption": env.get("PAYLOAD_REQUIRE_ENCRYPTION") or False,
             "log_format": (env.get("LOG_FORMAT") or "text").lower(),
         }
+        values.update(temporal_profile(env))
         if env.get("CLEANUP_STATE_DIR"):
             values["state_dir"] = Path(env["CLEANUP_STATE_DIR"])
         if env.get("DB_POOL_MAX_SIZE"):

@@ -64,7 +64,7 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
     """mTLS when a client certificate is configured; server-only TLS when just a CA or an API key is."""
     cert, key = settings.temporal_tls_cert, settings.temporal_tls_key
     if (cert is None) != (key is None):
-        raise InputError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together")
+        raise InputError("TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH must be set together")
     if settings.temporal_tls is False:
         if cert is not None:
             raise InputError("TEMPORAL_TLS=false contradicts TEMPORAL_TLS_CERT (mTLS needs TLS)")
