@@ -44,5 +44,6 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 
 # Metrics are served on loopback unless told otherwise: in a container, the published port needs 0.0.0.0.
 ENV METRICS_HOST=0.0.0.0
+ENV HEALTH_HOST=0.0.0.0
 
 CMD ["deadline-cleanup", "worker"]

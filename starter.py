@@ -1,9 +1,10 @@
 """The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
-traceback), 2 bad input or configuration, or the database unavailable (nothing was started), 3 a
-renewal that came too late. While the database is down, `status`, `list` and `planner status` answer what
-Temporal knows and say which part is missing.
+traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
+the database or Temporal temporarily unavailable (retry later). Under --json an error is one JSON
+object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `list` and
+`planner status` answer what Temporal knows and say which part is missing.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """
 
@@ -24,9 +25,22 @@ from cleanup import cli as cleanup_cli
 from cleanup import grants as cleanup_grants
 from cleanup.targets import load_targets
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values, table
+from core.cli import (
+    EXIT_ERROR,
+    EXIT_INPUT,
+    EXIT_UNAVAILABLE,
+    CliParser,
+    Commands,
+    bounded_int,
+    emit,
+    finite_float,
+    key_values,
+    reject_non_finite,
+    report_error,
+    table,
+)
 from core.config import Settings, dev_env_file, mask_url
-from core.errors import DatabaseUnavailable, InputError
+from core.errors import DatabaseUnavailable, InputError, TemporalUnavailable
 from core.process import exit_now
 from core.temporal import connect
 from demo import cli as demo_cli
@@ -108,15 +122,16 @@ async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
             lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
         )
     else:
+        started = embedded.missing_addresses(settings)
         resolved = embedded.resolve(settings, start=True)
-        env_file = embedded.write_dev_env(resolved)
+        env_file = embedded.write_dev_env(resolved, started) if started else None
         emit(
             args,
             {
                 "temporal": resolved.temporal_address,
                 "ui": resolved.ui_url(),
                 "database_url": mask_url(resolved.database_url),
-                "env_file": str(env_file),
+                "env_file": str(env_file) if env_file else None,
             },
             key_values,
         )
@@ -133,7 +148,7 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="deadline-cleanup",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -164,11 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow_id")
 
     p = command("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
-    p.add_argument("--accounts", type=int, default=3000)
-    p.add_argument("--renew-share", type=float, default=0.1, help="share of accounts renewed before the deadline")
-    p.add_argument("--workers", type=int, default=2, help="worker processes to run")
-    p.add_argument("--lead-seconds", type=float, default=10.0, help="how far ahead the first deadline is (default 10)")
-    p.add_argument("--spread-seconds", type=float, default=15.0, help="deadlines spread over this window (default 15)")
+    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed")
+    p.add_argument(
+        "--renew-share", type=finite_float(0, 1), default=0.1, help="share of accounts renewed before the deadline"
+    )
+    p.add_argument("--workers", type=bounded_int(1, 64), default=2, help="worker processes to run")
+    p.add_argument(
+        "--lead-seconds",
+        type=finite_float(0, 86_400),
+        default=10.0,
+        help="how far ahead the first deadline is (default 10)",
+    )
+    p.add_argument(
+        "--spread-seconds",
+        type=finite_float(0, 86_400),
+        default=15.0,
+        help="deadlines spread over this window (default 15)",
+    )
 
     p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server and Postgres")
     p.add_argument("action", choices=["up", "down"])
@@ -184,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    CliParser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "worker":
@@ -192,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         args.harness_args = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    reject_non_finite(parser, args)
+    as_json = bool(getattr(args, "json", False))
     try:
         settings = Settings.from_env(
             temporal_address=args.temporal_address,
@@ -200,21 +230,20 @@ def main(argv: list[str] | None = None) -> int:
             database_url=args.database_url,
         )
     except (ValidationError, ValueError) as err:
-        print(mask_url(f"error: bad configuration: {err}"), file=sys.stderr)
-        return EXIT_INPUT
+        return report_error(EXIT_INPUT, mask_url(f"bad configuration: {err}") or "", as_json=as_json)
     try:
         asyncio.run(args.handler(args, settings))
-    except (InputError, DatabaseUnavailable) as err:
-        print(redact(f"error: {err}", settings), file=sys.stderr)
-        return EXIT_INPUT
+    except (TemporalUnavailable, DatabaseUnavailable) as err:
+        return report_error(EXIT_UNAVAILABLE, redact(str(err), settings), as_json=as_json)
+    except InputError as err:
+        return report_error(EXIT_INPUT, redact(str(err), settings), as_json=as_json)
     except Exception as err:
         if db.is_database_error(err):  # a command that opened the database without CliContext
-            print(redact(f"error: {db.unavailable(settings.database_url, err)}", settings), file=sys.stderr)
-            return EXIT_INPUT
+            message = str(db.unavailable(settings.database_url, err))
+            return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
         if os.environ.get("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
-        print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(EXIT_ERROR, redact(f"{type(err).__name__}: {err}", settings), as_json=as_json)
     return 0
 
 

@@ -29,6 +29,7 @@ from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage, shutdown
+from core.cli import bounded_int
 from core.config import Settings
 from core.errors import InputError
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
@@ -312,7 +313,11 @@ def main(
     parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
     parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
     parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (default: $METRICS_PORT; off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=bounded_int(1, 65535),
+        help="serve Prometheus /metrics here (default: $METRICS_PORT; off)",
+    )
     parser.add_argument("--log-format", choices=["text", "json"], help="default: $LOG_FORMAT or text")
     args = parser.parse_args(argv)
     try:

@@ -32,9 +32,10 @@ from core.cli import (
     CliContext,
     Commands,
     Progress,
-    count_argument,
+    bounded_int,
     database_pool,
     emit,
+    finite_float,
     key_values,
     table,
 )
@@ -352,14 +353,14 @@ def register(commands: Commands) -> None:
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=finite_float(),
         metavar="SECONDS",
         help="a partition whose worker died resumes elsewhere after this long without a heartbeat "
         "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 7)",
     )
     p.add_argument(
         "--heartbeat-interval",
-        type=float,
+        type=finite_float(),
         metavar="SECONDS",
         help="heartbeat at least this often while a batch runs "
         "(default: $CLEANUP_HEARTBEAT_INTERVAL_SECONDS or a third of the timeout)",
@@ -388,12 +389,12 @@ def register(commands: Commands) -> None:
     p.add_argument("account_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
-    p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="rows to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
-    p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=100, help="rows to show (default 100)")
 
     p = command(
         "retry-failed",

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from core import metrics
 from core.queries import load
@@ -61,6 +61,8 @@ Waiting = Callable[[dict[str, Any]], None]
 
 class BudgetSettings(BaseModel):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # a NaN or infinite limit would be no limit
 
     enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
     # Hard caps (None: no cap; the adaptive limits alone apply). `budget set` overrides them.

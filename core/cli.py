@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from core import db, embedded
 from core.config import Settings
@@ -27,11 +28,83 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 
-# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration, or the
-# database unavailable (nothing was started), 3 a renewal that came too late.
+# Exit codes of the CLI: 0 ok, 1 an unexpected error, 2 bad input or configuration (nothing was
+# started), 3 a renewal that came too late, 75 (EX_TEMPFAIL) the database or Temporal unavailable:
+# retry later, the input was fine.
 EXIT_ERROR = 1
 EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
+EXIT_UNAVAILABLE = 75
+
+HINTS = {
+    EXIT_ERROR: "unexpected: CLEANUP_DEBUG=1 prints the traceback",
+    EXIT_INPUT: "fix the input or the configuration (--help lists every option)",
+    EXIT_UNAVAILABLE: "temporarily unavailable: retry later",
+}
+ERROR_KINDS = {EXIT_ERROR: "unexpected", EXIT_INPUT: "bad_input", EXIT_UNAVAILABLE: "unavailable"}
+
+
+def report_error(code: int, message: str, *, as_json: bool) -> int:
+    """Print one error: `error: message` or, under --json, one JSON object {error, message, hint}
+    on stderr. Returns `code` (the exit code)."""
+    if as_json:
+        body = {"error": ERROR_KINDS.get(code, "error"), "message": message, "hint": HINTS.get(code, "")}
+        print(json.dumps(body), file=sys.stderr)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+class CliParser(argparse.ArgumentParser):
+    """Usage errors as the other errors: under --json, one JSON object on stderr (exit 2)."""
+
+    json_errors = False  # set by the entry point from its argv, before parsing
+
+    def error(self, message: str) -> NoReturn:
+        if not CliParser.json_errors:
+            super().error(message)
+        report_error(EXIT_INPUT, f"{self.prog}: {message}", as_json=True)
+        sys.exit(EXIT_INPUT)
+
+
+def finite_float(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse `type`: a finite number within [low, high]. float() alone takes 'nan' and 'inf',
+    and NaN passes every comparison-based bound (in Postgres it sorts above every number)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be within [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
+def bounded_int(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse `type`: a whole number within [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be within [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
+def reject_non_finite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The backstop for every float flag, also those declared with a plain `type=float`."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            parser.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def count_argument(low: int, high: int = 1_000_000) -> Callable[[str], int]:
@@ -151,7 +224,7 @@ class CliContext:
     """Opens what a command needs (embedded services, migrated pool, client) and closes it after.
 
     `database`: "required" (default): an unreachable database fails the command with
-    DatabaseUnavailable (exit 2, naming the database); "optional" (status commands): the command
+    DatabaseUnavailable (exit 75, naming the database); "optional" (status commands): the command
     still answers what Temporal knows, `pool` is None and `database_missing` says why; "unused": no
     connection is made. A connection lost in the middle of the command is reported the same way.
     """

@@ -4,8 +4,15 @@ signals, queries, memos, failure messages).
 Each encrypted payload has `encoding: binary/encrypted` and `encryption-key-id: <id>` in its
 metadata; its data is a 12-byte random nonce followed by the ciphertext of the serialized original
 payload (the key ID is the additional authenticated data). Decoding picks the key by that ID, so
-keys can be rotated: encrypt with the new key, keep old ones for decryption. A payload without the
-encrypted encoding passes through unchanged (histories written before encryption was turned on).
+keys can be rotated: encrypt with the newest key (PAYLOAD_ENCRYPTION_KEY / _ID), keep the older ones
+for decryption (PAYLOAD_DECRYPTION_KEYS, `id:base64,id:base64`), so open workflows, the relays and
+the schedules' stored arguments still decode. Workflow IDs and search attributes carry keyed
+pseudonyms (`pseudonymize`): their key is PAYLOAD_PSEUDONYM_KEY_ID's (default: the newest key), so
+a rotation keeps it on the old key's ID and the same account keeps the same workflow ID.
+
+A payload without the encrypted encoding passes through unchanged (histories written before
+encryption was turned on), unless plaintext is refused (PAYLOAD_REQUIRE_ENCRYPTION=1): then it is an
+error, so nothing unencrypted written by another client is ever taken as input.
 
 Search attributes and workflow IDs are never encoded by Temporal: keep identifiers out of them
 (see docs/security.md).
@@ -34,6 +41,10 @@ class EncryptionKeyError(ValueError):
     """A key that is missing or malformed; the message never contains key material."""
 
 
+class PlaintextPayloadError(ValueError):
+    """A payload that is not encrypted, where plaintext is refused."""
+
+
 def parse_key(text: str, *, name: str = "PAYLOAD_ENCRYPTION_KEY") -> bytes:
     """Base64 (standard or URL-safe) of exactly 32 bytes."""
     cleaned = text.strip()
@@ -51,17 +62,56 @@ def new_key() -> str:
     return base64.b64encode(os.urandom(32)).decode()
 
 
+def parse_keyring(text: str, *, name: str = "PAYLOAD_DECRYPTION_KEYS") -> dict[str, bytes]:
+    """`id:base64,id:base64` (base64 holds neither ',' nor ':'), e.g. the keys before a rotation."""
+    keys: dict[str, bytes] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key_id, sep, key_b64 = item.partition(":")
+        if not sep or not key_id.strip():
+            raise EncryptionKeyError(f"{name} must be ID:BASE64 pairs separated by commas")
+        keys[key_id.strip()] = parse_key(key_b64, name=f"{name} key {key_id.strip()!r}")
+    return keys
+
+
 class EncryptionCodec(PayloadCodec):
-    def __init__(self, keys: Mapping[str, bytes], current_key_id: str) -> None:
-        if current_key_id not in keys:
-            raise EncryptionKeyError(f"no key with ID {current_key_id!r}")
+    def __init__(
+        self,
+        keys: Mapping[str, bytes],
+        current_key_id: str,
+        *,
+        pseudonym_key_id: str | None = None,
+        require_encryption: bool = False,
+    ) -> None:
+        for key_id in (current_key_id, pseudonym_key_id or current_key_id):
+            if key_id not in keys:
+                raise EncryptionKeyError(f"no key with ID {key_id!r}")
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.items()}
         self._key_id = current_key_id
-        self.pseudonym_key = pseudonym_key(keys[current_key_id])
+        self.pseudonym_key = pseudonym_key(keys[pseudonym_key_id or current_key_id])
+        self.require_encryption = require_encryption
 
     @classmethod
     def from_key(cls, key_b64: str, key_id: str = "default") -> EncryptionCodec:
         return cls({key_id: parse_key(key_b64)}, key_id)
+
+    @classmethod
+    def from_config(
+        cls,
+        key_b64: str,
+        key_id: str = "default",
+        *,
+        decryption_keys: str | None = None,
+        pseudonym_key_id: str | None = None,
+        require_encryption: bool = False,
+    ) -> EncryptionCodec:
+        """The newest key encrypts; it and the older `decryption_keys` decrypt."""
+        keys = parse_keyring(decryption_keys or "")
+        keys[key_id] = parse_key(key_b64)
+        return cls(keys, key_id, pseudonym_key_id=pseudonym_key_id, require_encryption=require_encryption)
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._ciphers)
 
     @property
     def key_id(self) -> str:
@@ -75,6 +125,8 @@ class EncryptionCodec(PayloadCodec):
 
     def decrypt(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCODING:
+            if self.require_encryption:
+                raise PlaintextPayloadError("an unencrypted payload was refused (PAYLOAD_REQUIRE_ENCRYPTION)")
             return payload
         key_id = payload.metadata.get(KEY_ID_METADATA, b"").decode()
         cipher = self._ciphers.get(key_id)

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,14 +32,30 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.converter import PayloadCodec
 
 from core import logs
+from core.cli import bounded_int, finite_float
 from core.codec import EncryptionCodec, EncryptionKeyError
 
 log = logging.getLogger("codec_server")
 MAX_BODY = 8 * 1024 * 1024
 DEFAULT_ORIGINS = ("http://127.0.0.1:8233", "http://localhost:8233", "http://localhost:8080")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# A client gets this long for each read and write; one that stalls is disconnected, not waited for.
+REQUEST_TIMEOUT_SECONDS = 10.0
+# Requests handled at once; beyond it a connection is answered 503 at once, never queued on a thread.
+MAX_THREADS = 32
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class CodecServer(ThreadingHTTPServer):
+    """Refuses to listen beyond loopback without a bearer token. Only requests whose Host header
+    names an allowed host are served (a DNS-rebinding page cannot reach a loopback endpoint)."""
+
     daemon_threads = True
 
     def __init__(
@@ -46,31 +65,69 @@ class CodecServer(ThreadingHTTPServer):
         *,
         token: str | None = None,
         allowed_origins: Sequence[str] = DEFAULT_ORIGINS,
+        allowed_hosts: Sequence[str] = (),
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        max_threads: int = MAX_THREADS,
     ) -> None:
+        if not token and not is_loopback(address[0]):
+            raise ValueError(f"the codec server listens on {address[0]} only with a bearer token (CODEC_SERVER_TOKEN)")
         super().__init__(address, CodecHandler)
         self.codec = codec
         self.token = token
         self.allowed_origins = set(allowed_origins)
+        bound = [] if address[0] in ("", "0.0.0.0", "::") else [address[0]]
+        self.allowed_hosts = {h.lower().strip("[]") for h in (*LOOPBACK_HOSTS, *bound, *allowed_hosts)}
+        self.request_timeout = request_timeout
+        self._slots = threading.BoundedSemaphore(max_threads)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(BUSY_RESPONSE)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+BUSY_RESPONSE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
 
 class CodecHandler(BaseHTTPRequestHandler):
     server: CodecServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout)  # every read and write
 
     def log_message(self, format: str, *args: Any) -> None:  # no request lines with headers in them
         log.debug("%s %s", self.command, self.path.split("?")[0])
 
     def _cors(self) -> None:
         origin = self.headers.get("Origin")
-        if origin and ("*" in self.server.allowed_origins or origin in self.server.allowed_origins):
+        if not origin:
+            return
+        if origin in self.server.allowed_origins:
             self.send_header("Access-Control-Allow-Origin", origin)
             self.send_header("Access-Control-Allow-Credentials", "true")
             self.send_header("Vary", "Origin")
+        elif "*" in self.server.allowed_origins:  # any origin, but never with credentials
+            self.send_header("Access-Control-Allow-Origin", "*")
 
     def _reply(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -78,10 +135,21 @@ class CodecHandler(BaseHTTPRequestHandler):
         self._cors()
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status >= 400:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
+    def _host_allowed(self) -> bool:
+        host = (self.headers.get("Host") or "").strip().lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return bool(name) and name.strip("[]") in self.server.allowed_hosts
+
     def do_OPTIONS(self) -> None:
+        if not self._host_allowed():
+            self._reply(400, {"error": "Host not allowed"})
+            return
         self.send_response(204)
         self._cors()
         self.send_header("Access-Control-Allow-Methods", "POST, OPTIONS")
@@ -96,7 +164,19 @@ class CodecHandler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {self.server.token}".encode())
 
+    def _body_length(self) -> int | str:
+        """The declared body length, or why the request is refused (no length, a bad one, chunked)."""
+        if self.headers.get("Transfer-Encoding"):
+            return "chunked or encoded bodies are not accepted: send Content-Length"
+        raw = (self.headers.get("Content-Length") or "").strip()
+        if not raw.isdigit():  # missing, negative, or not a number
+            return "Content-Length must be a non-negative whole number"
+        return int(raw)
+
     def do_POST(self) -> None:
+        if not self._host_allowed():
+            self._reply(400, {"error": "Host not allowed"})
+            return
         action = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
         if action not in ("encode", "decode"):
             self._reply(404, {"error": "POST /encode or /decode"})
@@ -104,7 +184,10 @@ class CodecHandler(BaseHTTPRequestHandler):
         if not self._authorised():
             self._reply(401, {"error": "missing or wrong bearer token"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self._body_length()
+        if isinstance(length, str):
+            self._reply(400, {"error": length})
+            return
         if length > MAX_BODY:
             self._reply(413, {"error": "body too large"})
             return
@@ -122,28 +205,59 @@ class CodecHandler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.codec_server", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback: token required)")
+    parser.add_argument("--port", type=bounded_int(1, 65535), default=8081, help="port to listen on (default 8081)")
     parser.add_argument(
         "--allow-origin",
         action="append",
-        help=f"a UI origin allowed by CORS (repeatable; '*' for any; default {', '.join(DEFAULT_ORIGINS)})",
+        help=f"a UI origin allowed by CORS (repeatable; '*' for any, then without credentials; "
+        f"default {', '.join(DEFAULT_ORIGINS)})",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="a host name clients reach this server by (repeatable; loopback names are always allowed)",
+    )
+    parser.add_argument(
+        "--max-threads", type=bounded_int(1, 1024), default=MAX_THREADS, help="requests handled at once"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=finite_float(0.1, 600),
+        default=REQUEST_TIMEOUT_SECONDS,
+        help="seconds a client may take per read or write",
     )
     parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("LOG_FORMAT") or "text")
     args = parser.parse_args(argv)
     key = os.environ.get("PAYLOAD_ENCRYPTION_KEY")
+    older = os.environ.get("PAYLOAD_DECRYPTION_KEYS")
     token = os.environ.get("CODEC_SERVER_TOKEN") or None
-    logs.configure(args.log_format, secrets=[s for s in (key, token) if s])
+    logs.configure(args.log_format, secrets=[s for s in (key, older, token) if s])
     if not key:
         log.error("PAYLOAD_ENCRYPTION_KEY is not set")
         return 2
+    if not token and not is_loopback(args.host):
+        log.error("CODEC_SERVER_TOKEN is not set: without a token the codec server listens on loopback only")
+        return 2
     try:
-        codec = EncryptionCodec.from_key(key, os.environ.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default")
+        codec = EncryptionCodec.from_config(
+            key,
+            os.environ.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
+            decryption_keys=older,
+            require_encryption=os.environ.get("PAYLOAD_REQUIRE_ENCRYPTION", "").strip().lower() in ("1", "true"),
+        )
     except EncryptionKeyError as err:
         log.error("%s", err)
         return 2
     server = CodecServer(
-        (args.host, args.port), codec, token=token, allowed_origins=args.allow_origin or DEFAULT_ORIGINS
+        (args.host, args.port),
+        codec,
+        token=token,
+        allowed_origins=args.allow_origin or DEFAULT_ORIGINS,
+        allowed_hosts=args.allow_host,
+        request_timeout=args.timeout,
+        max_threads=args.max_threads,
     )
     log.info("codec endpoint on %s (bearer token %s)", server.url, "required" if token else "NOT required")
     try:

@@ -13,12 +13,13 @@ Secrets (the Temporal API key, the payload encryption key) are `SecretStr`, and 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +60,46 @@ def read_dev_env(state_dir: Path) -> dict[str, str]:
     return {name.strip(): value.strip() for name, value in pairs if name.strip() in DEV_ENV_NAMES}
 
 
+# Before the Temporal SDK's standard names (temporalio.envconfig) were read: still accepted, with a
+# deprecation line, when the standard name is unset.
+DEPRECATED_TEMPORAL_NAMES = {
+    "TEMPORAL_TLS_CERT": "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_KEY": "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_CA": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+}
+
+
+def temporal_profile(env: dict[str, str]) -> dict[str, object]:
+    """The Temporal connection as the SDK and the `temporal` CLI configure it (temporalio.envconfig):
+    a `temporal.toml` profile (TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE) overridden by the standard
+    variables (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_CLIENT_CERT_PATH,
+    TEMPORAL_TLS_CLIENT_KEY_PATH, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_SERVER_NAME, ...), as
+    Settings values; unset ones are left out. Certificates given inline (not as paths) are not taken."""
+    from temporalio.envconfig import ClientConfigProfile  # lazy: only when settings are read
+
+    for old, new in DEPRECATED_TEMPORAL_NAMES.items():
+        if env.get(old):
+            logging.getLogger(__name__).warning("%s is deprecated: set %s (the Temporal SDK's name)", old, new)
+            env.setdefault(new, env[old])
+    profile = ClientConfigProfile.load(override_env_vars=env)
+    tls = profile.tls
+    found: dict[str, object] = {
+        "temporal_address": profile.address,
+        "temporal_namespace": profile.namespace,
+        "temporal_api_key": _secret(profile.api_key),
+    }
+    if tls is not None:
+        found["temporal_tls"] = None if tls.disabled is None else not tls.disabled
+        found["temporal_tls_server_name"] = tls.server_name
+        for key, source in (
+            ("temporal_tls_cert", tls.client_cert),
+            ("temporal_tls_key", tls.client_private_key),
+            ("temporal_tls_ca", tls.server_root_ca_cert),
+        ):
+            found[key] = source if isinstance(source, Path) else None
+    return {key: value for key, value in found.items() if value is not None}
+
+
 def _state_dir(env: os._Environ[str] | dict[str, str]) -> Path:
     return Path(env["CLEANUP_STATE_DIR"]) if env.get("CLEANUP_STATE_DIR") else PROJECT_ROOT / ".state"
 
@@ -68,7 +109,9 @@ def _secret(value: str | None) -> SecretStr | None:
 
 
 class Settings(BaseModel):
-    """Where Temporal and Postgres are; `None` means "start the embedded one"."""
+    """Where Temporal and Postgres are (`None`: unset, see core.embedded.resolve), and the worker's knobs."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # every number finite: NaN passes any ge/le bound
 
     temporal_address: str | None = None
     temporal_namespace: str = DEFAULT_NAMESPACE
@@ -103,10 +146,11 @@ class Settings(BaseModel):
     worker_sticky_queue_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
     # Observability (docs/observability.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    metrics_host: str = "0.0.0.0"
+    # Loopback unless told otherwise (METRICS_HOST, HEALTH_HOST): the image sets 0.0.0.0.
+    metrics_host: str = "127.0.0.1"
     # /healthz and /readyz (core/health.py) on a port of their own; None: not served.
     health_port: int | None = Field(default=None, ge=1, le=65535)
-    health_host: str = "0.0.0.0"
+    health_host: str = "127.0.0.1"
     # OpenTelemetry (core/tracing.py): traces over OTLP, and Temporal's and the project's metrics
     # pushed over OTLP (gRPC) to this endpoint instead of served for Prometheus on metrics_port.
     otel_tracing: bool = False
@@ -121,6 +165,10 @@ class Settings(BaseModel):
     temporal_api_key: SecretStr | None = None
     payload_encryption_key: SecretStr | None = None
     payload_encryption_key_id: str = "default"
+    # Key rotation (core.codec): older keys, decryption only; the key of the pseudonyms in workflow IDs.
+    payload_decryption_keys: SecretStr | None = None
+    payload_pseudonym_key_id: str | None = None
+    payload_require_encryption: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -141,8 +189,12 @@ class Settings(BaseModel):
             "temporal_api_key": _secret(env.get("TEMPORAL_API_KEY")),
             "payload_encryption_key": _secret(env.get("PAYLOAD_ENCRYPTION_KEY")),
             "payload_encryption_key_id": env.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
+            "payload_decryption_keys": _secret(env.get("PAYLOAD_DECRYPTION_KEYS")),
+            "payload_pseudonym_key_id": env.get("PAYLOAD_PSEUDONYM_KEY_ID") or None,
+            "payload_require_encryption": env.get("PAYLOAD_REQUIRE_ENCRYPTION") or False,
             "log_format": (env.get("LOG_FORMAT") or "text").lower(),
         }
+        values.update(temporal_profile(env))
         if env.get("CLEANUP_STATE_DIR"):
             values["state_dir"] = Path(env["CLEANUP_STATE_DIR"])
         if env.get("DB_POOL_MAX_SIZE"):
@@ -189,7 +241,11 @@ class Settings(BaseModel):
 
     def secrets(self) -> list[str]:
         """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
-        found = [s.get_secret_value() for s in (self.temporal_api_key, self.payload_encryption_key) if s]
+        keys = (self.temporal_api_key, self.payload_encryption_key, self.payload_decryption_keys)
+        found = [s.get_secret_value() for s in keys if s]
+        if self.payload_decryption_keys:  # each key alone too, so no single one is ever printed
+            for item in self.payload_decryption_keys.get_secret_value().split(","):
+                found.append(item.partition(":")[2].strip())
         if self.database_url:
             for pattern in (_URL_PASSWORD, _QUERY_PASSWORD):
                 found += [m.group("password") for m in pattern.finditer(self.database_url)]

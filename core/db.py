@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -365,7 +366,14 @@ async def _apply(conn: asyncpg.Connection, path: Path) -> None:
 def connect_timeout() -> float:
     """Seconds to wait for a database connection (DATABASE_CONNECT_TIMEOUT_SECONDS, default 10): a
     Postgres that accepts and never answers fails a command with a clear message, not a hang."""
-    return float(os.environ.get("DATABASE_CONNECT_TIMEOUT_SECONDS") or 10)
+    raw = os.environ.get("DATABASE_CONNECT_TIMEOUT_SECONDS") or "10"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= 3600):  # also NaN and infinity
+        raise ValueError(f"DATABASE_CONNECT_TIMEOUT_SECONDS must be a number of seconds in (0, 3600], got {raw!r}")
+    return value
 
 
 async def migrate_url(url: str) -> list[str]:

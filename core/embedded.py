@@ -403,12 +403,17 @@ def database_url(settings: Settings) -> str:
     return embedded_postgres_url(settings.state_dir)
 
 
-def write_dev_env(settings: Settings) -> Path:
-    """Record the embedded stack's addresses for the later commands of this checkout (core.config)."""
+def write_dev_env(settings: Settings, started: list[str]) -> Path:
+    """Record the addresses of the embedded services `started` (names as in `missing_addresses`)
+    for the later commands of this checkout (core.config); an address given from outside is not."""
     path = dev_env_file(settings.state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = {"TEMPORAL_ADDRESS": settings.temporal_address, "DATABASE_URL": settings.database_url}
-    values["TEMPORAL_UI_URL"] = settings.temporal_ui_url
+    values: dict[str, str | None] = {}
+    if "DATABASE_URL" in started:
+        values["DATABASE_URL"] = settings.database_url
+    if "TEMPORAL_ADDRESS" in started:
+        values["TEMPORAL_ADDRESS"] = settings.temporal_address
+        values["TEMPORAL_UI_URL"] = settings.temporal_ui_url
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items() if v), encoding="utf-8")
     path.chmod(0o600)
     return path

@@ -1,12 +1,15 @@
 """Failpoints: named places where a test can make a worker die, stop or freeze, for real.
 
-Enabled only through the CLEANUP_FAILPOINTS environment variable, e.g.
+Armed only when CLEANUP_FAILPOINTS_ENABLED=1 (the tests and the harness set it; a production
+worker never should): then CLEANUP_FAILPOINTS arms them, e.g.
 `CLEANUP_FAILPOINTS=cleanup_partition.after_commit=exit` (die at the first hit, like `kill -9`),
 `...=exit@3` (die at the third hit), `...=term@3` (send itself SIGTERM at the third hit, as a
 deploy would, and go on: the worker shuts down gracefully) or `cleanup_partition.in_batch=stop@2`
 (freeze at the second hit: the process sends itself SIGSTOP, as a VM paused by its host or a
 process stuck in a long GC would be, and goes on from there when it gets SIGCONT). When the
-variable is unset, `hit()` is a single dict lookup on an empty dict.
+variable is unset, `hit()` is a single dict lookup on an empty dict. Without the enable setting a
+spec arms nothing (a stray variable must not make a production worker die on purpose), and a
+WARNING says so; each armed failpoint is named in a WARNING when the process starts.
 
 With CLEANUP_FAILPOINTS_ONCE_DIR set, an armed failpoint fires in only one of the processes that
 share that directory: the first to reach its hit creates `<dir>/<name>` and fires; the others (a
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import signal
 import sys
@@ -44,7 +48,9 @@ EXIT_CODE = 86
 VERBS = ("exit", "term", "stop")
 ONCE_DIR_ENV = "CLEANUP_FAILPOINTS_ONCE_DIR"
 SHARED_FILE_ENV = "CLEANUP_FAILPOINTS_FILE"
+ENABLED_ENV = "CLEANUP_FAILPOINTS_ENABLED"
 _SHARED: list[Path] = []
+log = logging.getLogger(__name__)
 
 
 def _parse(spec: str) -> dict[str, tuple[str, int]]:
@@ -58,11 +64,26 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     return actions
 
 
-def configure(spec: str | None, shared_file: str | None = None) -> None:
+def enabled_by_env() -> bool:
+    return os.environ.get(ENABLED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def configure(spec: str | None, shared_file: str | None = None, *, enabled: bool = True) -> None:
+    """Arm the failpoints of `spec` and of `shared_file`, only if `enabled`; WARNING either way."""
     _ACTIONS.clear()
     _HITS.clear()
+    _SHARED.clear()
+    if not (spec or shared_file):
+        return
+    if not enabled:
+        log.warning("failpoints NOT armed: %s is set but %s is not 1", "CLEANUP_FAILPOINTS", ENABLED_ENV)
+        return
     _ACTIONS.update(_parse(spec or ""))
     _SHARED[:] = [Path(shared_file)] if shared_file else []
+    for name, (verb, nth) in _ACTIONS.items():
+        log.warning("failpoint armed: %s=%s@%d (this process will %s there)", name, verb, nth, verb)
+    if shared_file:
+        log.warning("failpoints armed by the shared file %s", shared_file)
 
 
 def arm_shared(path: Path, spec: str) -> None:
@@ -163,4 +184,4 @@ async def reached(name: str, context: Any = None) -> None:
         await hook(context)
 
 
-configure(os.environ.get("CLEANUP_FAILPOINTS"), os.environ.get(SHARED_FILE_ENV))
+configure(os.environ.get("CLEANUP_FAILPOINTS"), os.environ.get(SHARED_FILE_ENV), enabled=enabled_by_env())

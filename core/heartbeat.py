@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -35,7 +36,7 @@ def seconds_from_env(name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be more than 0 seconds, got {raw!r}")
     return value
 

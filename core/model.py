@@ -10,4 +10,5 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are never valid: NaN passes every ge/le bound a field could declare.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

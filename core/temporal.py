@@ -42,12 +42,20 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 def data_converter(settings: Settings) -> DataConverter:
     """The pydantic converter, plus AES-GCM payload encryption when a key is configured."""
     if settings.payload_encryption_key is None:
+        if settings.payload_decryption_keys is not None or settings.payload_require_encryption:
+            raise InputError("PAYLOAD_DECRYPTION_KEYS / PAYLOAD_REQUIRE_ENCRYPTION need PAYLOAD_ENCRYPTION_KEY")
         return pydantic_data_converter
     from core.codec import EncryptionCodec, EncryptionKeyError, with_encryption  # lazy: cryptography is slow to import
 
     try:
-        codec = EncryptionCodec.from_key(
-            settings.payload_encryption_key.get_secret_value(), settings.payload_encryption_key_id
+        codec = EncryptionCodec.from_config(
+            settings.payload_encryption_key.get_secret_value(),
+            settings.payload_encryption_key_id,
+            decryption_keys=(
+                settings.payload_decryption_keys.get_secret_value() if settings.payload_decryption_keys else None
+            ),
+            pseudonym_key_id=settings.payload_pseudonym_key_id,
+            require_encryption=settings.payload_require_encryption,
         )
     except EncryptionKeyError as err:
         raise InputError(str(err)) from None
@@ -66,7 +74,7 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
     """mTLS when a client certificate is configured; server-only TLS when just a CA or an API key is."""
     cert, key = settings.temporal_tls_cert, settings.temporal_tls_key
     if (cert is None) != (key is None):
-        raise InputError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together")
+        raise InputError("TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH must be set together")
     if settings.temporal_tls is False:
         if cert is not None:
             raise InputError("TEMPORAL_TLS=false contradicts TEMPORAL_TLS_CERT (mTLS needs TLS)")

@@ -262,6 +262,7 @@ class Harness:
             MAIL_PROVIDER_TOKEN=self.token,
             PYTHONUNBUFFERED="1",
             CLEANUP_PLANNER="on" if planner else "off",
+            CLEANUP_FAILPOINTS_ENABLED="1",  # the harness's workers are the ones failpoints are for
         )
         worker_env.pop("CLEANUP_FAILPOINTS", None)
         worker_env.pop(SHARED_FILE_ENV, None)

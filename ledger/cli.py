@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core import embedded
-from core.cli import CliContext, Commands, emit, key_values, table
+from core.cli import CliContext, Commands, bounded_int, emit, finite_float, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
@@ -222,11 +222,14 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
         help=f"payments per statement (default {DEFAULT_BATCH_SIZE})",
     )
     p.add_argument(
-        "--tolerance-cents", type=int, default=50, help="amount mismatch corrected by rule up to this (default 50)"
+        "--tolerance-cents",
+        type=int,
+        default=50,
+        help="amount mismatch corrected by rule up to this (default 50)",
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=finite_float(),
         metavar="SECONDS",
         help="a shard whose worker died resumes elsewhere after this long without a heartbeat "
         "(default: $LEDGER_HEARTBEAT_TIMEOUT_SECONDS or 7)",
@@ -265,13 +268,20 @@ def register(commands: Commands) -> None:
     p.add_argument("action", choices=["seed", "status", "review"])
     p.add_argument("target", nargs="?", help="status/review: business date or ledger workflow ID")
     p.add_argument("--date", help="seed: business date")
-    p.add_argument("--payments", type=int, help="seed: number of payments")
+    p.add_argument("--payments", type=bounded_int(1, 100_000_000), help="seed: number of payments")
     p.add_argument("--shards", type=int, default=None, help=f"seed: shards (default {DEFAULT_SHARDS})")
-    p.add_argument("--refund-rate", type=float, default=0.01, help="seed: refunds the ledger missed")
-    p.add_argument("--small-mismatch-rate", type=float, default=0.01, help="seed: amounts off within tolerance")
-    p.add_argument("--large-mismatch-rate", type=float, default=0.002, help="seed: amounts off beyond it")
-    p.add_argument("--unsettled-rate", type=float, default=0.005, help="seed: payments never settled")
-    p.add_argument("--unknown-rate", type=float, default=0.002, help="seed: report rows for unknown payments")
-    p.add_argument("--duplicate-rate", type=float, default=0.005, help="seed: duplicate report rows")
-    p.add_argument("--tolerance-cents", type=int, default=50, help="seed: the tolerance the mismatches respect")
-    p.add_argument("--limit", type=int, default=50, help="review: rows to show")
+    p.add_argument("--refund-rate", type=finite_float(), default=0.01, help="seed: refunds the ledger missed")
+    p.add_argument(
+        "--small-mismatch-rate", type=finite_float(), default=0.01, help="seed: amounts off within tolerance"
+    )
+    p.add_argument("--large-mismatch-rate", type=finite_float(), default=0.002, help="seed: amounts off beyond it")
+    p.add_argument("--unsettled-rate", type=finite_float(), default=0.005, help="seed: payments never settled")
+    p.add_argument("--unknown-rate", type=finite_float(), default=0.002, help="seed: report rows for unknown payments")
+    p.add_argument("--duplicate-rate", type=finite_float(), default=0.005, help="seed: duplicate report rows")
+    p.add_argument(
+        "--tolerance-cents",
+        type=int,
+        default=50,
+        help="seed: the tolerance the mismatches respect",
+    )
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="review: rows to show")

@@ -20,7 +20,7 @@ MAX_PAYMENTS = 50_000_000
 
 
 class LedgerSeedSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     business_date: date
     payments: int = Field(ge=1, le=MAX_PAYMENTS)

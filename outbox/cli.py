@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.cli import CliContext, Commands, Handler, count_argument, emit
+from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float
 from core.config import Settings
 from core.errors import InputError, validation_message
 from outbox.models import RelayBatchSettings
@@ -142,7 +142,7 @@ def register(commands: Commands) -> None:
         return p
 
     p = sub_command(nested, "status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
-    p.add_argument("--dead", type=count_argument(0), default=10, help="dead letters to list (default 10)")
+    p.add_argument("--dead", type=bounded_int(0, 100_000), default=10, help="dead letters to list (default 10)")
 
     p = sub_command(nested, "redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
     p.add_argument("event_key", nargs="?", help="e.g. renewal-reminder:acct_123:v1")
@@ -154,14 +154,14 @@ def register(commands: Commands) -> None:
     relay_sub = relay.add_subparsers(dest="relay_command", required=True)
     p = sub_command(relay_sub, "start", cmd_outbox_relay_start, "start relays outbox-relay-1..N (idempotent)")
     p.add_argument("--relays", type=int, default=2, help="relay workflows to run (default 2)")
-    p.add_argument("--batch-size", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=200, help="events per claimed batch")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight per batch")
-    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per provider request")
-    p.add_argument("--lease", type=float, default=120.0, help="lease seconds per claimed batch")
-    p.add_argument("--idle-sleep", type=float, default=5.0, help="seconds between polls of an empty outbox")
+    p.add_argument("--request-timeout", type=finite_float(), default=10.0, help="seconds per provider request")
+    p.add_argument("--lease", type=finite_float(), default=120.0, help="lease seconds per claimed batch")
+    p.add_argument("--idle-sleep", type=finite_float(), default=5.0, help="seconds between polls of an empty outbox")
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=finite_float(),
         metavar="SECONDS",
         help="a batch whose worker died is retried elsewhere after this long without a heartbeat "
         "(default: $OUTBOX_HEARTBEAT_TIMEOUT_SECONDS or 7)",

@@ -40,6 +40,8 @@ from worker import build_activities, build_worker
 STATE_DIR = PROJECT_ROOT / ".state" / "tests"
 # The tests may start the embedded stack (core.embedded.resolve); a command anywhere else may not.
 os.environ.setdefault("CLEANUP_EMBEDDED", "1")
+# ... and arm failpoints (core.failpoints: never without this setting).
+os.environ.setdefault("CLEANUP_FAILPOINTS_ENABLED", "1")
 
 
 # A test that uses one of these fixtures (directly or through another) reaches a server, Temporal or

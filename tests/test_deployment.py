@@ -51,6 +51,7 @@ IMAGE_RE = re.compile(
 )
 INTERPOLATION_RE = re.compile(r"\$(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 DEFAULTED_RE = re.compile(r"^\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):?-(?P<default>[^}]*)\}$")
+REQUIRED_RE = re.compile(r"^\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):\?(?P<message>[^}]*)\}$")
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -83,9 +84,13 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
 
 
 def with_defaults(value: str) -> str:
-    """Interpolate `${NAME:-default}` as Compose would with nothing set in the environment."""
+    """Interpolate `${NAME:-default}` as Compose would with nothing set in the environment, and a
+    required `${NAME:?message}` (a password) as `required-NAME`, as if the operator had set it."""
 
     def repl(match: re.Match[str]) -> str:
+        required = REQUIRED_RE.match(match.group(1))
+        if required:
+            return f"required-{required.group('name').lower()}"
         defaulted = DEFAULTED_RE.match(match.group(1))
         assert defaulted, f"interpolation without a default: {match.group(0)}"
         return defaulted.group("default")
@@ -326,11 +331,100 @@ def test_search_attributes_match_the_code(services: dict[str, dict[str, Any]]) -
     assert depends_on(services["worker"]).get(name) == "service_completed_successfully"
 
 
-def test_interpolations_all_have_defaults() -> None:
-    """A forgotten `$$` in a shell script would be eaten by Compose; every `${VAR}` needs a default."""
+def test_interpolations_all_have_defaults_or_are_required() -> None:
+    """A forgotten `$$` in a shell script would be eaten by Compose; every `${VAR}` needs a default,
+    or is required (`${VAR:?message}`): every password is, so no deployment runs on a default one."""
     text = COMPOSE_FILE.read_text(encoding="utf-8").replace("$$", "")
     for match in INTERPOLATION_RE.finditer(text):
-        assert DEFAULTED_RE.match(match.group(1)), f"{match.group(0)} has no default (or needs $$)"
+        token = match.group(1)
+        name = token.strip("{}").split(":")[0].split("-")[0]
+        if "PASSWORD" in name:
+            assert REQUIRED_RE.match(token), f"{match.group(0)}: a password must be required, never defaulted"
+        else:
+            assert DEFAULTED_RE.match(token) or REQUIRED_RE.match(token), f"{match.group(0)} has no default"
+
+
+# --- compose: exposure and privileges -------------------------------------------------------------
+
+LOOPBACK = "127.0.0.1"
+
+
+def test_nothing_is_published_beyond_loopback(services: dict[str, dict[str, Any]]) -> None:
+    """Temporal's gRPC and UI have no authentication here, and the databases hold the game's data."""
+    for name, svc in services.items():
+        for port in svc.get("ports") or []:
+            if isinstance(port, dict):
+                assert port.get("host_ip") == LOOPBACK, f"{name}: {port}"
+            else:
+                assert str(port).startswith(f"{LOOPBACK}:"), f"{name} publishes {port} beyond loopback"
+        assert svc.get("network_mode") != "host", name
+
+
+def test_no_password_is_written_in_the_file(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        for key, value in environment(svc).items():
+            if "PASSWORD" in key or key == "POSTGRES_PWD":
+                assert INTERPOLATION_RE.fullmatch(value.strip()), f"{name}: {key} must come from the environment"
+            if key.endswith("DATABASE_URL") or key == "DATABASE_URL":
+                from_env = re.search(r"://[^:/@]+:\$\{[^}]+\}@", value)
+                assert from_env, f"{name}: the password in {key} is written out"
+
+
+def role_script(compose: dict[str, Any]) -> str:
+    app = compose["services"]["app-postgres"]
+    sources = [c["source"] for c in app.get("configs") or [] if "docker-entrypoint-initdb.d" in c["target"]]
+    assert len(sources) == 1, "app-postgres creates its roles in one init script"
+    return str(compose["configs"][sources[0]]["content"])
+
+
+def created_role(script: str, role: str) -> str:
+    match = re.search(rf"CREATE ROLE {role}\b(?P<options>[^;]*);", script)
+    assert match, f"the init script does not create {role}"
+    return match.group("options")
+
+
+def test_the_app_database_user_is_not_a_superuser(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    """The postgres image makes POSTGRES_USER a superuser: it only bootstraps, no service logs in as it."""
+    bootstrap = environment(services["app-postgres"])["POSTGRES_USER"]
+    script = role_script(compose)
+    for name, svc in services.items():
+        url = environment(svc).get("DATABASE_URL")
+        if url is None:
+            continue
+        user = urlsplit(with_defaults(url)).username
+        assert user and user != bootstrap, f"{name} logs in as the superuser {bootstrap}"
+        options = created_role(script, user)
+        assert "NOSUPERUSER" in options and "NOCREATEROLE" in options and "NOCREATEDB" in options, options
+    assert (
+        f"OWNER TO {urlsplit(with_defaults(environment(services['app-migrate'])['DATABASE_URL'])).username}" in script
+    )
+
+
+def test_workers_use_the_least_privileged_role(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    from core.db import WORKER_ROLE
+
+    worker_user = urlsplit(with_defaults(environment(services["worker"])["DATABASE_URL"])).username
+    owner = urlsplit(with_defaults(environment(services["app-migrate"])["DATABASE_URL"])).username
+    assert worker_user and worker_user != owner, "workers must not log in as the schema's owner"
+    script = role_script(compose)
+    assert f"IN ROLE {WORKER_ROLE}" in created_role(script, worker_user)
+    assert "NOLOGIN" in created_role(script, WORKER_ROLE)
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
+    """One-shot jobs are judged by their exit code (service_completed_successfully) instead."""
+    for name, svc in services.items():
+        if str(svc.get("restart", "no")) in LONG_RUNNING_RESTART:
+            check = svc.get("healthcheck") or {}
+            assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
+
+
+def test_the_worker_image_and_compose_expose_metrics_explicitly(services: dict[str, dict[str, Any]]) -> None:
+    """The setting's default is loopback; inside a container the scrapers need 0.0.0.0, said explicitly."""
+    assert environment(services["worker"]).get("METRICS_HOST") == "0.0.0.0"
+    envs = [args for instruction, args in dockerfile_instructions() if instruction == "ENV"]
+    assert any("METRICS_HOST=0.0.0.0" in e for e in envs)
+    assert Settings().metrics_host == LOOPBACK
 
 
 def test_dynamic_config_is_readable_by_the_server(compose: dict[str, Any]) -> None:

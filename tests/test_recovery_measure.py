@@ -130,7 +130,7 @@ def test_a_shared_failpoint_acts_once_at_the_nth_hit_across_processes(tmp_path: 
     hit_twice = "from core import failpoints\nfor _ in range(2):\n    failpoints.hit('x.after_commit')\n"
 
     def process() -> subprocess.CompletedProcess[str]:
-        env = {"CLEANUP_FAILPOINTS_FILE": str(shared), "PATH": ""}
+        env = {"CLEANUP_FAILPOINTS_FILE": str(shared), "CLEANUP_FAILPOINTS_ENABLED": "1", "PATH": ""}
         return subprocess.run(
             [sys.executable, "-c", hit_twice], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60
         )

@@ -30,6 +30,7 @@ from temporalio.service import TLSConfig
 from cleanup.models import CleanupResult, RenewalCleanupInput
 from cleanup.operations import UNREADABLE, list_cleanups, start_cleanup
 from core import db
+from core.cli import EXIT_UNAVAILABLE
 from core.codec import ENCODING, EncryptionCodec, EncryptionKeyError, new_key, parse_key
 from core.codec_server import CodecServer
 from core.config import PROJECT_ROOT, Settings
@@ -340,7 +341,7 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
     unreachable = run_cli(
         "failed", env={**env, "DATABASE_URL": f"postgresql://app:{password}@127.0.0.1:1/x?password={password}"}
     )
-    assert unreachable.returncode == 2 and "unavailable" in unreachable.stderr, unreachable.stderr
+    assert unreachable.returncode == EXIT_UNAVAILABLE and "unavailable" in unreachable.stderr, unreachable.stderr
     outputs["unreachable database"] = unreachable.stdout + unreachable.stderr
     bad_key = run_cli("list", env={**env, "PAYLOAD_ENCRYPTION_KEY": f"{key[:-8]}!{api_key}"})
     assert bad_key.returncode == 2 and "PAYLOAD_ENCRYPTION_KEY" in bad_key.stderr, bad_key.stderr
