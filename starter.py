@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from cleanup import cli as cleanup_cli
 from core import budget_cli, db, embedded
-from core.cli import EXIT_ERROR, EXIT_INPUT, Commands, emit, key_values
+from core.cli import EXIT_ERROR, EXIT_INPUT, EXIT_UNAVAILABLE, Commands, emit, key_values
 from core.config import Settings, mask_url
-from core.errors import DatabaseUnavailable, InputError
+from core.errors import InputError, Unavailable
 from core.process import exit_now
 from core.temporal import connect
 from ledger import cli as ledger_cli
@@ -156,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     try:
         asyncio.run(args.handler(args, settings))
-    except (InputError, DatabaseUnavailable) as err:
+    except InputError as err:
         print(redact(f"error: {err}", settings), file=sys.stderr)
         return EXIT_INPUT
+    except Unavailable as err:
+        print(redact(f"error: {err}", settings), file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except Exception as err:
         if db.is_database_error(err):  # a command that opened the database without CliContext
             print(redact(f"error: {db.unavailable(settings.database_url, err)}", settings), file=sys.stderr)
-            return EXIT_INPUT
+            return EXIT_UNAVAILABLE
         if os.environ.get("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         print(redact(f"error: {type(err).__name__}: {err}", settings), file=sys.stderr)

@@ -28,7 +28,7 @@ from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, logs, metrics, outage, shutdown
 from core.config import Settings
-from core.errors import InputError
+from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
 from core.process import exit_now
 from core.sessions import StalledSessions
@@ -298,6 +298,9 @@ def main(
     except InputError as err:  # bad configuration: say what, never echo a secret
         log.error("%s", err)
         return 2
+    except Unavailable as err:  # Temporal or the database unreachable: try again later (EX_TEMPFAIL)
+        log.error("%s", err)
+        return 75
     except Exception:  # logged through the redacting formatter, traceback included
         log.exception("worker stopped on an error")
         return 1

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.errors import AccountCleanupFailed
 from cleanup.models import PartitionCounts
 from cleanup.targets import (
     SCHEMA_CHECK,
@@ -35,7 +36,7 @@ from cleanup.targets import (
     subset_statement,
 )
 from core import db, failpoints
-from core.errors import AccountCleanupFailed, is_deterministic, sqlstate_of
+from core.errors import is_deterministic, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
 

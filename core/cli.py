@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 
-# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration, or the
-# database unavailable (nothing was started), 3 a renewal that came too late.
+# Exit codes of starter.py: 0 ok, 1 an unexpected error, 2 bad input or configuration (nothing was
+# started), 3 a renewal that came too late, 75 (EX_TEMPFAIL) the database or Temporal unavailable
+# (core.errors.Unavailable: try again later).
 EXIT_ERROR = 1
 EXIT_INPUT = 2
 EXIT_TOO_LATE = 3
+EXIT_UNAVAILABLE = 75
 
 
 def json_default(value: object) -> object:
@@ -136,7 +138,7 @@ class CliContext:
     """Opens what a command needs (embedded services, migrated pool, client) and closes it after.
 
     `database`: "required" (default): an unreachable database fails the command with
-    DatabaseUnavailable (exit 2, naming the database); "optional" (status commands): the command
+    DatabaseUnavailable (exit 75, naming the database); "optional" (status commands): the command
     still answers what Temporal knows, `pool` is None and `database_missing` says why; "unused": no
     connection is made. A connection lost in the middle of the command is reported the same way.
     """

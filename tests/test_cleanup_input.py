@@ -94,10 +94,11 @@ async def test_status_and_list_print_json(client, pool, settings, task_queue, wo
     assert started.workflow_id in [row["workflow_id"] for row in listed]
 
 
-async def test_an_unreachable_temporal_address_exits_2_naming_the_setting(settings):
+async def test_an_unreachable_temporal_address_exits_75_naming_the_setting(settings):
+    """Unavailable, not bad input: EX_TEMPFAIL (75), so a caller knows to try again later."""
     wrong = settings.model_copy(update={"temporal_address": "127.0.0.1:1"})
     out = run_cli(wrong, "renew", "acct_nobody")
-    assert out.returncode == 2, out.stderr
+    assert out.returncode == 75, out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
     assert "TEMPORAL_ADDRESS" in out.stderr and "127.0.0.1:1" in out.stderr, out.stderr
 
@@ -118,6 +119,6 @@ def test_a_database_that_accepts_and_never_answers_fails_fast_naming_it(settings
             text=True,
             timeout=60,
         )
-    assert out.returncode == 2, out.stderr
+    assert out.returncode == 75, out.stderr
     assert "is unavailable (TimeoutError" in out.stderr and "s3cret" not in out.stderr, out.stderr
     assert f"127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}" in out.stderr, out.stderr

@@ -190,7 +190,7 @@ async def test_status_and_list_answer_from_temporal_while_the_database_is_down(
 
     for argv in (("failed",), ("seed", "--accounts", "3", "--deadline", "2027-01-01T09:00:00Z"), ("migrate",)):
         code, out, err = await asyncio.to_thread(run, *argv)
-        assert code == 2, (argv, code, err)
+        assert code == 75, (argv, code, err)
         assert "database postgresql://app:***@127.0.0.1" in err and "is unavailable" in err, err
         assert "pw-not-shown" not in err and "Traceback" not in err
 

@@ -340,7 +340,7 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
     unreachable = run_cli(
         "failed", env={**env, "DATABASE_URL": f"postgresql://app:{password}@127.0.0.1:1/x?password={password}"}
     )
-    assert unreachable.returncode == 2 and "unavailable" in unreachable.stderr, unreachable.stderr
+    assert unreachable.returncode == 75 and "unavailable" in unreachable.stderr, unreachable.stderr
     outputs["unreachable database"] = unreachable.stdout + unreachable.stderr
     bad_key = run_cli("list", env={**env, "PAYLOAD_ENCRYPTION_KEY": f"{key[:-8]}!{api_key}"})
     assert bad_key.returncode == 2 and "PAYLOAD_ENCRYPTION_KEY" in bad_key.stderr, bad_key.stderr
