@@ -40,7 +40,7 @@ from core.cli import (
     table,
 )
 from core.config import Settings, dev_env_file, mask_url
-from core.errors import DatabaseUnavailable, InputError, TemporalUnavailable
+from core.errors import InputError, Unavailable
 from core.process import exit_now
 from core.temporal import connect
 from demo import cli as demo_cli
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(EXIT_INPUT, mask_url(f"bad configuration: {err}") or "", as_json=as_json)
     try:
         asyncio.run(args.handler(args, settings))
-    except (TemporalUnavailable, DatabaseUnavailable) as err:
+    except Unavailable as err:
         return report_error(EXIT_UNAVAILABLE, redact(str(err), settings), as_json=as_json)
     except InputError as err:
         return report_error(EXIT_INPUT, redact(str(err), settings), as_json=as_json)

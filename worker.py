@@ -28,10 +28,10 @@ from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
-from core import db, embedded, fleet, health, logs, metrics, outage, shutdown
+from core import db, embedded, fleet, health, logs, metrics, outage
 from core.cli import bounded_int
 from core.config import Settings
-from core.errors import InputError
+from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
 from core.process import exit_now
 from core.sessions import StalledSessions
@@ -128,8 +128,8 @@ def build_worker(
     timeout (core.heartbeat), whose heartbeats reach the server at least every second here; a
     workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
     for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
-    On SIGTERM it stops polling and hands its sticky queue back to the server at once; an activity
-    that completes meanwhile waits for that (core.shutdown), so the next step starts elsewhere."""
+    On SIGTERM it stops polling and hands its sticky queue back to the server at once, so the next
+    step of an activity that completes meanwhile starts elsewhere (tests/test_worker_shutdown.py)."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
@@ -142,7 +142,7 @@ def build_worker(
         max_heartbeat_throttle_interval=MAX_HEARTBEAT_THROTTLE,
         max_concurrent_workflow_task_polls=workflow_task_polls,
         max_concurrent_activity_task_polls=activity_task_polls,
-        interceptors=[shutdown.HandOffInterceptor(), outage.OutageInterceptor(probe)],
+        interceptors=[outage.OutageInterceptor(probe)],
     )
 
 
@@ -340,7 +340,6 @@ def main(
         loop = asyncio.get_running_loop()
 
         def stop_now() -> None:
-            shutdown.begin()
             stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -359,6 +358,9 @@ def main(
     except InputError as err:  # bad configuration: say what, never echo a secret
         log.error("%s", err)
         return 2
+    except Unavailable as err:  # Temporal or the database unreachable: try again later (EX_TEMPFAIL)
+        log.error("%s", err)
+        return 75
     except Exception:  # logged through the redacting formatter, traceback included
         log.exception("worker stopped on an error")
         return 1

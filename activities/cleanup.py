@@ -18,6 +18,7 @@ from temporalio import activity
 
 import cleanup
 from cleanup.batches import CompiledCleanup, run_keyset_batch
+from cleanup.errors import CleanupFailure, cleanup_failure
 from cleanup.models import (
     CHECK_ACCOUNT_RENEWED,
     CLAIM_CLEANUP,
@@ -409,7 +410,7 @@ class CleanupActivities:
                 )
                 state = await conn.fetchrow(SQL.account_state, input.account_id)
                 if state is None:
-                    raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
+                    raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
                 if state["claimed_by"] != input.cleanup_id:
                     renewed = state["status"] == "renewed" or (
                         state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
@@ -453,7 +454,7 @@ class CleanupActivities:
         """The signal says "renewed"; the database decides whether it is true."""
         state = await self.pool.fetchrow(SQL.account_state, input.account_id)
         if state is None:
-            raise failure(ErrorType.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
+            raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
         return bool(state["cleanup_version"] != input.expected_version and state["status"] != "cleaning")
 
     @activity.defn(name=CLEANUP_PARTITION)

@@ -24,6 +24,7 @@ from core.errors import ErrorType, failure, handed_back
 from core.heartbeat import heartbeating, run_heartbeating
 from core.outage import resume_details
 from core.queries import load
+from ledger.errors import LedgerFailure, ledger_failure
 from ledger.models import (
     CHECK_LEDGER_DAY,
     RECONCILE_SHARD,
@@ -42,7 +43,7 @@ log = logging.getLogger("ledger")
 
 
 def _bad_input(message: str) -> ApplicationError:
-    return failure(ErrorType.INVALID_LEDGER_INPUT, message)
+    return ledger_failure(LedgerFailure.INVALID_LEDGER_INPUT, message)
 
 
 async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date, shards: int) -> LedgerDay:
@@ -82,8 +83,8 @@ async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: 
         assert row is not None
         if row["updated"] != row["corrected"]:
             # Rolls the batch back: a correction must never be recorded without its ledger update.
-            raise failure(
-                ErrorType.LEDGER_CONFLICT,
+            raise ledger_failure(
+                LedgerFailure.LEDGER_CONFLICT,
                 f"shard {input.shard}: {row['corrected']} correction(s) recorded but "
                 f"{row['updated']} ledger row(s) updated; the batch was rolled back",
             )
@@ -157,8 +158,8 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
     read of every row of the shard), so the first report of a shard, inserted as it is, skips it.
     """
     if checkpoint.corrections_judged + checkpoint.reviews_judged != checkpoint.discrepancies:
-        raise failure(  # the batch statement's verdict classes cover every discrepancy
-            ErrorType.LEDGER_UNBALANCED,
+        raise ledger_failure(  # the batch statement's verdict classes cover every discrepancy
+            LedgerFailure.LEDGER_UNBALANCED,
             f"shard {input.shard} of {input.business_date} does not balance: "
             f"{checkpoint.discrepancies} discrepancies found, {checkpoint.corrections_judged} corrected, "
             f"{checkpoint.reviews_judged} sent to review",
@@ -368,8 +369,8 @@ class LedgerActivities:
             assert t is not None
             if t["corrected"] + t["sent_to_review"] != t["discrepancies_found"]:
                 # Unreachable (each shard report balances by CHECK); kept as the last line of defence.
-                raise failure(
-                    ErrorType.LEDGER_UNBALANCED,
+                raise ledger_failure(
+                    LedgerFailure.LEDGER_UNBALANCED,
                     f"{input.business_date} does not balance: {t['discrepancies_found']} discrepancies "
                     f"found, {t['corrected']} corrected, {t['sent_to_review']} sent to review",
                 )

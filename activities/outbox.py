@@ -35,10 +35,10 @@ from temporalio import activity
 
 import outbox
 from core import db, failpoints, metrics
-from core.errors import ErrorType, HeaderInjectionError, failure
 from core.heartbeat import heartbeating
 from core.outage import OUTAGE
 from core.queries import load
+from outbox.errors import HeaderInjectionError, OutboxFailure, outbox_failure
 from outbox.models import (
     FAILURE_CONNECTION,
     FAILURE_TIMEOUT,
@@ -325,8 +325,8 @@ class OutboxRelayActivities:
     async def relay_outbox_batch(self, input: RelayBatchInput) -> RelayBatchResult:
         """Claim up to `batch_size` due events under a lease, send them, record the outcomes."""
         if not self.configured:
-            raise failure(
-                ErrorType.RELAY_NOT_CONFIGURED,
+            raise outbox_failure(
+                OutboxFailure.RELAY_NOT_CONFIGURED,
                 "the outbox relay is not configured on this worker: set MAIL_PROVIDER_URL and "
                 "MAIL_PROVIDER_TOKEN in the worker's environment",
             )

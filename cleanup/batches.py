@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.errors import AccountCleanupFailed
 from cleanup.models import PartitionCounts
 from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
 from cleanup.targets import (
@@ -36,7 +37,7 @@ from cleanup.targets import (
     subset_statement,
 )
 from core import db, failpoints
-from core.errors import AccountCleanupFailed, is_deterministic, is_schema_error, sqlstate_of
+from core.errors import is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
 

@@ -1,11 +1,13 @@
-"""Errors a user can act on, and how a database error is judged (transient or deterministic).
+"""The platform's errors (the base of all, bad input, unavailable services, lost connections), the
+activities' retry policy, and how a database error is judged (transient or deterministic). Each
+job's own failures live in its package (cleanup.errors, ledger.errors, outbox.errors).
 
 No asyncpg import here: workflows import this module (through the sandbox's pass-through).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from datetime import timedelta
 from enum import StrEnum
 
@@ -14,19 +16,16 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 
+class DeadlineCleanupError(Exception):
+    """The base of every error this project raises on purpose (platform and jobs alike)."""
+
+
 class ErrorType(StrEnum):
-    """Every failure type an activity raises, by name. Activities raise them through `failure()`;
-    workflows retry with `STEP_RETRY`, whose non-retryable list is built from this enum, so a typo
-    fails at import time instead of silently retrying a permanent error forever."""
+    """The platform's failure types, by name; each job names its own (cleanup.errors,
+    ledger.errors, outbox.errors). Activities raise them through `failure()`."""
 
     VALIDATION = "ValidationError"  # a payload that does not validate (pydantic)
-    UNKNOWN_ACCOUNT = "UnknownAccount"
     JOIN_INCOMPLETE = "JoinIncomplete"  # settle before every partition or shard reported: retried
-    INVALID_LEDGER_INPUT = "InvalidLedgerInput"
-    LEDGER_CONFLICT = "LedgerConflict"  # a batch raced another writer: rolled back, retried
-    LEDGER_UNBALANCED = "LedgerUnbalanced"
-    RELAY_NOT_CONFIGURED = "RelayNotConfigured"
-    FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
     HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
     DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
     HELD_BY_PAUSE = "HeldByPlannerPause"  # a scheduled bucket cleanup held at its claim: retried
@@ -34,33 +33,23 @@ class ErrorType(StrEnum):
     TARGETS_MISMATCH = "TargetsMismatch"  # a worker compiled from another target set than the cleanup's: retried
 
 
-NON_RETRYABLE: frozenset[ErrorType] = frozenset(
-    {
-        ErrorType.VALIDATION,
-        ErrorType.UNKNOWN_ACCOUNT,
-        ErrorType.INVALID_LEDGER_INPUT,
-        ErrorType.LEDGER_UNBALANCED,
-        ErrorType.RELAY_NOT_CONFIGURED,
-        ErrorType.FAILED_TOLERANCE_EXCEEDED,
-    }
-)
-
-# The retry policy of every activity the workflows run: quick first retries, capped back-off, and
-# no retry of a failure that can only recur.
-STEP_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=sorted(t.value for t in NON_RETRYABLE),
-)
-
-
-def failure(type: ErrorType, message: str, *, next_retry_delay: timedelta | None = None) -> ApplicationError:
-    """The typed failure an activity raises: non-retryable exactly when its type is in NON_RETRYABLE.
-    `next_retry_delay` overrides the retry policy's back-off for this one failure."""
-    return ApplicationError(
-        message, type=type.value, non_retryable=type in NON_RETRYABLE, next_retry_delay=next_retry_delay
+def step_retry(non_retryable: Iterable[str] = ()) -> RetryPolicy:
+    """The retry policy of a job's activities: quick first retries, capped back-off, and no retry
+    of a failure that can only recur (a payload that does not validate, and the job's own)."""
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=30),
+        non_retryable_error_types=sorted({ErrorType.VALIDATION.value, *(str(t) for t in non_retryable)}),
     )
+
+
+def failure(
+    type: str, message: str, *, non_retryable: bool = False, next_retry_delay: timedelta | None = None
+) -> ApplicationError:
+    """The typed failure an activity raises (a job passes its own type and whether a retry can fix
+    it). `next_retry_delay` overrides the retry policy's back-off for this one failure."""
+    return ApplicationError(message, type=str(type), non_retryable=non_retryable, next_retry_delay=next_retry_delay)
 
 
 # Work handed back by a worker shutting down is retried this soon (not the policy's back-off).
@@ -74,23 +63,27 @@ def handed_back(message: str) -> ApplicationError:
     return failure(ErrorType.HANDED_BACK, f"worker shutting down: {message}", next_retry_delay=HAND_BACK_RETRY_DELAY)
 
 
-class InputError(ValueError):
-    """Bad input from a user: reported plainly, nothing is started."""
+class InputError(DeadlineCleanupError, ValueError):
+    """Bad input from a user: reported plainly, nothing is started (the CLI exits 2)."""
 
 
-class TemporalUnavailable(InputError):
-    """The Temporal server cannot be reached or refused the client: the CLI exits 2 with one line
-    that names the setting (TEMPORAL_ADDRESS / --temporal-address), the address and what to check."""
+class Unavailable(DeadlineCleanupError):
+    """A service the command needs cannot be reached: nothing is wrong with the input, trying again
+    later can succeed (the CLI exits 75, EX_TEMPFAIL)."""
 
 
-class DatabaseUnavailable(Exception):
+class TemporalUnavailable(Unavailable):
+    """The Temporal server cannot be reached or refused the client: one line that names the setting
+    (TEMPORAL_ADDRESS / --temporal-address), the address and what to check."""
+
+
+class DatabaseUnavailable(Unavailable):
     """The application's database cannot be reached (down, restarting, refusing connections).
 
-    The message names the database (its URL without the password) and says it is unavailable; the
-    CLI exits 2 with it."""
+    The message names the database (its URL without the password) and says it is unavailable."""
 
 
-class DatabaseConnectionLost(ConnectionError):
+class DatabaseConnectionLost(DeadlineCleanupError, ConnectionError):
     """The database connection of a transaction closed under it (core.db.transaction). A
     ConnectionError, so it is judged a lost connection and retried like one."""
 
@@ -104,12 +97,6 @@ class ConnectionLostInTransaction(DatabaseConnectionLost):
     """A statement of the transaction failed because its connection was closing (asyncpg may then
     report a confused protocol state instead of the lost connection); the error it raised is the
     cause. Nothing of the transaction was committed."""
-
-
-class HeaderInjectionError(ValueError):
-    """A header name or value built from data would break the request (CR/LF, control characters).
-
-    The message names the header, never its value (it may be a credential)."""
 
 
 def validation_message(err: ValidationError) -> str:
@@ -158,30 +145,3 @@ def is_transient(exc: BaseException) -> bool:
     """Connection lost, serialization failure, deadlock, lock or statement timeout, shutdown, ...:
     retrying the same work later can succeed. Everything that is not deterministic."""
     return not is_deterministic(exc)
-
-
-class AccountCleanupFailed(Exception):
-    """One account whose cleanup failed deterministically, isolated from its batch."""
-
-    def __init__(self, account_id: str, sqlstate: str, message: str, target: str | None) -> None:
-        super().__init__(f"{account_id}: [{sqlstate}] {message}")
-        self.account_id = account_id
-        self.sqlstate = sqlstate
-        self.message = message
-        self.target = target
-
-
-class FailedToleranceExceeded(ApplicationError):
-    """More accounts failed than the cleanup's `--max-failed` tolerates: the workflow fails loudly
-    (non-retryable), after the settlement is written."""
-
-    TYPE = ErrorType.FAILED_TOLERANCE_EXCEEDED.value
-
-    def __init__(self, failed: int, tolerance: str, reasons: Sequence[str]) -> None:
-        first = "; ".join(reasons) if reasons else "(no reasons recorded)"
-        super().__init__(
-            f"{failed} account(s) failed cleanup, more than the tolerance {tolerance}; first reasons: {first}",
-            type=self.TYPE,
-            non_retryable=True,
-        )
-        self.failed = failed

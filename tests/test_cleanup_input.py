@@ -104,6 +104,7 @@ async def test_status_and_list_print_json(client, pool, settings, task_queue, wo
 
 
 async def test_an_unreachable_temporal_address_exits_75_naming_the_setting(settings):
+    """Unavailable, not bad input: EX_TEMPFAIL (75), so a caller knows to try again later."""
     wrong = settings.model_copy(update={"temporal_address": "127.0.0.1:1"})
     out = run_cli(wrong, "renew", "acct_nobody")
     assert out.returncode == EXIT_UNAVAILABLE, out.stderr

@@ -18,11 +18,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
+from cleanup.errors import FailedToleranceExceeded
 from cleanup.models import CleanupResult, cohort_cleanup_id
 from cleanup.operations import cleanup_status, parse_failed_tolerance, renew, start_cleanup
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
-from core.errors import FailedToleranceExceeded, is_deterministic, is_transient
+from core.errors import is_deterministic, is_transient
 from tests.helpers import deadline_in, effect_counts, seed
 from tests.test_cleanup_input import run_cli
 from workflows import ALL_WORKFLOWS

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from core import health, shutdown
+from core import health
 from core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_grace_period_covers_prestop_and_the_sigterm_hand_back(docs: list[dict[s
     (container,) = spec["containers"]
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     graceful = float(config["WORKER_GRACEFUL_SHUTDOWN_SECONDS"])
-    needed = pre_stop + graceful + shutdown.HAND_OFF_PAUSE_SECONDS + 5  # 5 s: closing pools and the client
+    needed = pre_stop + graceful + 5  # 5 s: closing pools and the client
     assert spec["terminationGracePeriodSeconds"] >= needed, (spec["terminationGracePeriodSeconds"], needed)
 
 

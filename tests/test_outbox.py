@@ -44,9 +44,10 @@ from activities.outbox import (
 )
 from cleanup.targets import load_targets
 from core.db import service_settings
-from core.errors import HeaderInjectionError, InputError
+from core.errors import InputError
 from core.failpoints import EXIT_CODE
 from core.queries import load
+from outbox.errors import HeaderInjectionError
 from outbox.mail_provider import MailProvider, ProviderThread, ScriptedFault
 from outbox.models import (
     RELAY_OUTBOX_BATCH,

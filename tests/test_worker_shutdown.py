@@ -12,11 +12,17 @@ hand-back, not a timeout), never in wall-clock time.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import Worker
 
 from cleanup.models import CLEANUP_PARTITION, CleanupResult, PartitionReport
 from cleanup.operations import start_cleanup
+from core.config import Settings
+from core.temporal import WORKFLOW_TASK_TIMEOUT, connect
+from tests import handoff_workflow as hw
 from tests.helpers import deadline_in, effect_counts, seed, wait_until
 
 ACCOUNTS = 600
@@ -118,3 +124,47 @@ async def test_a_worker_sigtermed_mid_partition_hands_it_back_without_a_timeout(
     # hand-back, the retry finds that batch already applied).
     assert 0 < report.attempt_counts.cleaned <= ACCOUNTS - LOCKED_INDEX - BATCH
     assert report.attempt_counts.cleaned + report.attempt_counts.already_applied <= ACCOUNTS - LOCKED_INDEX
+
+
+async def test_work_that_finishes_during_a_shutdown_lets_the_next_step_start_on_another_worker(
+    client, temporal_address, task_queue
+):
+    """An activity that completes just as its worker begins a graceful shutdown: the workflow's
+    next task goes to the other worker, none is dropped by the stopping one and timed out (which
+    would cost WORKFLOW_TASK_TIMEOUT, or the sticky queue's timeout). No hold of the completion is
+    needed for that (docs/decisions/0004-shutdown-hold-removed.md)."""
+
+    def worker(identity: str, on: Client) -> Worker:
+        return Worker(
+            on,
+            task_queue=task_queue,
+            workflows=[hw.HandOffWorkflow],
+            activities=[hw.finish_when_released, hw.next_step],
+            identity=identity,
+            graceful_shutdown_timeout=timedelta(seconds=30),
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
+        )
+
+    hw.step_started.clear()
+    hw.release.clear()
+    # Two processes' workers: one client each (one client takes one worker per task queue).
+    other_client = await connect(Settings(temporal_address=temporal_address))
+    stopping, other = worker("stopping", client), worker("other", other_client)
+    await stopping.__aenter__()
+    handle = await client.start_workflow(
+        hw.HandOffWorkflow.run, id=f"handoff-{task_queue}", task_queue=task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+    )
+    await asyncio.wait_for(hw.step_started.wait(), 30)
+    async with other:
+        hw.release.set()  # the step finishes as the worker is told to stop
+        await stopping.shutdown()
+        assert await asyncio.wait_for(handle.result(), 60) == "done"
+    history = await handle.fetch_history()
+    timed_out = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT]
+    assert timed_out == [], "a workflow task was dropped by the stopping worker (or waited on its sticky queue)"
+    started = [
+        e.workflow_task_started_event_attributes.identity
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+    ]
+    assert (started[0], started[-1]) == ("stopping", "other"), started

@@ -20,6 +20,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from cleanup.errors import CLEANUP_RETRY
     from cleanup.models import (
         PLAN_DEADLINE_BUCKETS,
         PLANNER_NUDGE_SIGNAL,
@@ -39,9 +40,8 @@ with workflow.unsafe.imports_passed_through():
         SweepInput,
         SweepResult,
     )
-    from core.errors import STEP_RETRY
 
-_RETRY = STEP_RETRY
+_RETRY = CLEANUP_RETRY
 
 
 @workflow.defn(name=PLANNER_WORKFLOW)

@@ -27,7 +27,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
-    from core.errors import STEP_RETRY
+    from ledger.errors import LEDGER_RETRY
     from ledger.models import (
         CHECK_LEDGER_DAY,
         LEDGER_WORKFLOW,
@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
         ledger_workflow_id,
     )
 
-_RETRY = STEP_RETRY
+_RETRY = LEDGER_RETRY
 
 # Set by the Temporal server on every workflow a schedule starts (backfills included).
 SCHEDULED_START_TIME = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")

@@ -16,7 +16,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from core.errors import STEP_RETRY
+    from outbox.errors import OUTBOX_RETRY
     from outbox.models import (
         RELAY_NUDGE_SIGNAL,
         RELAY_OUTBOX_BATCH,
@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
         RelayTotals,
     )
 
-_RETRY = STEP_RETRY
+_RETRY = OUTBOX_RETRY
 # Shortest pause when the outbox is not empty but nothing is due yet (leases, retries later).
 _MIN_IDLE = timedelta(milliseconds=200)
 

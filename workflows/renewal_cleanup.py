@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from cleanup.errors import CLEANUP_RETRY, FailedToleranceExceeded
     from cleanup.models import (
         CHECK_ACCOUNT_RENEWED,
         CLAIM_CLEANUP,
@@ -42,11 +43,10 @@ with workflow.unsafe.imports_passed_through():
         following_partitions,
     )
     from core import search_attributes as sa
-    from core.errors import STEP_RETRY, FailedToleranceExceeded
 
 T = TypeVar("T")
 
-_RETRY = STEP_RETRY
+_RETRY = CLEANUP_RETRY
 
 
 @workflow.defn(name=CLEANUP_WORKFLOW)
