@@ -38,14 +38,14 @@ def _human_status(d: dict[str, Any]) -> str:
 
 async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> None:
     async with CliContext(settings) as ctx:
-        data = await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)
+        data = (await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)).model_dump(mode="json")
     emit(args, data, _human_status)
 
 
 async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> None:
     check_event_key(args.event_key)
     async with CliContext(settings) as ctx:
-        data = await redeliver_event(ctx.pool, args.event_key, ctx.client)
+        data = (await redeliver_event(ctx.pool, args.event_key, ctx.client)).model_dump(mode="json")
     emit(
         args,
         data,
@@ -72,15 +72,14 @@ def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
 async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
     batch = _batch_settings(args)
     async with CliContext(settings) as ctx:
-        started = await start_relays(
+        relays = await start_relays(
             ctx.client,
             ctx.settings.task_queue,
             relays=args.relays,
             settings=batch,
             idle_sleep_seconds=args.idle_sleep,
         )
-        for s in started:
-            s["ui"] = ctx.settings.workflow_url(s["workflow_id"])
+        started = [r.model_dump() | {"ui": ctx.settings.workflow_url(r.workflow_id)} for r in relays]
     emit(
         args,
         started,

@@ -57,7 +57,7 @@ async def run(ctx: Ctx) -> Row:
 
         async def drained() -> bool:
             s = await outbox_status(pool)
-            return bool(s["pending"] == 0 and s["delivered"] >= n)
+            return s.pending == 0 and s.delivered >= n
 
         if not await wait_for(drained, 120, 0.3):
             row.violations.append("the relays did not drain the reminders within 120 s")

@@ -115,7 +115,7 @@ async def run(ctx: Ctx) -> Row:
             cs = await cleanup_status(client, pool, cleanup.workflow_id)
             ls = await ledger_status(client, pool, d)
             os_ = await outbox_status(pool, client)
-            ok = bool(cs["settled"] and ls["settled"] and os_["pending"] == 0)
+            ok = bool(cs["settled"] and ls["settled"] and os_.pending == 0)
             row.operator_visibility = (
                 bool(evidence) and ok if row.runs == 1 else row.operator_visibility and bool(evidence) and ok
             )
