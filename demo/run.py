@@ -166,7 +166,7 @@ async def run_demo(
 
             say("cleaned; the outbox relay delivers the renewal reminders to the local mail provider ...")
             await wait_until(lambda: _no_pending(pool), 120, "the relay to deliver the reminders", interval=0.5)
-            await stop_and_wait_for_relays(client, [r["workflow_id"] for r in relays])
+            await stop_and_wait_for_relays(client, [r.workflow_id for r in relays])
             status = await planner_status(client, pool, settings.task_queue)
             moved_state = await pool.fetchrow(SQL.account_state, moved)
             cleaned = await pool.fetchval(SQL.cleaned_accounts, pattern)

@@ -47,7 +47,7 @@ def _human_status(d: dict[str, Any]) -> str:
 
 async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> None:
     async with CliContext(settings) as ctx:
-        data = await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)
+        data = (await outbox_status(ctx.pool, ctx.client, dead_limit=args.dead)).model_dump(mode="json")
     emit(args, data, _human_status)
 
 
@@ -77,7 +77,9 @@ async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> 
         raise InputError("give either one EVENT_KEY or a filter (--dead-since, --reason), not both")
     check_event_key(args.event_key)
     async with CliContext(settings) as ctx:
-        data = await redeliver_event(ctx.pool, args.event_key, ctx.client, ctx.settings.task_queue)
+        data = (await redeliver_event(ctx.pool, args.event_key, ctx.client, ctx.settings.task_queue)).model_dump(
+            mode="json"
+        )
     emit(
         args,
         data,
@@ -104,15 +106,14 @@ def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
 async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
     batch = _batch_settings(args)
     async with CliContext(settings) as ctx:
-        started = await start_relays(
+        relays = await start_relays(
             ctx.client,
             ctx.settings.task_queue,
             relays=args.relays,
             settings=batch,
             idle_sleep_seconds=args.idle_sleep,
         )
-        for s in started:
-            s["ui"] = ctx.settings.workflow_url(s["workflow_id"])
+        started = [r.model_dump() | {"ui": ctx.settings.workflow_url(r.workflow_id)} for r in relays]
     emit(
         args,
         started,

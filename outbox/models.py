@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
 from core.model import Model
@@ -138,3 +138,60 @@ class OutboxRelayStatus(Model):
     phase: RelayPhase
     totals: RelayTotals
     last_batch: RelayBatchResult | None = None
+
+
+# --- the outbox's Python API (outbox.operations): what status, redeliver and relay start return ---
+
+
+class RunningRelay(Model):
+    workflow_id: str
+    task_queue: str
+    # From the relay's memo (updated after each batch); None before its first batch.
+    delivered: int | None = None
+    dead: int | None = None
+    batches: int | None = None
+
+
+class DeadLetter(Model):
+    event_key: str
+    account_id: str | None
+    attempts: int
+    failures: int
+    last_http_status: int | None
+    dead_at: AwareDatetime | None
+    dead_reason: str | None
+
+
+class OutboxStatus(Model):
+    """Counts by state, the newest dead letters and why, and the running relays."""
+
+    total: int
+    pending: int
+    due_now: int
+    leased: int
+    retrying: int
+    delivered: int
+    dead: int
+    oldest_pending_created_at: AwareDatetime | None
+    next_attempt_at: AwareDatetime | None
+    last_delivered_at: AwareDatetime | None
+    dead_letters: list[DeadLetter] = []
+    relays: list[RunningRelay] | None = None  # None: not asked (no client), or Temporal did not answer
+    relays_error: str | None = None
+
+
+class RedeliveredEvent(Model):
+    event_key: str
+    status: str
+    attempts: int
+    next_attempt_at: AwareDatetime
+    redeliveries: int
+    last_error: str | None
+    previous_status: str
+    previous_error: str | None
+    nudged: list[str] | None = None  # the relays told to look now; None: no client given
+
+
+class StartedRelay(Model):
+    workflow_id: str
+    run_id: str | None

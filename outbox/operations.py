@@ -24,9 +24,14 @@ from outbox.models import (
     RELAY_NUDGE_SIGNAL,
     RELAY_STOP_SIGNAL,
     RELAY_WORKFLOW,
+    DeadLetter,
     OutboxRelayInput,
+    OutboxStatus,
+    RedeliveredEvent,
     RelayBatchSettings,
     RelayTotals,
+    RunningRelay,
+    StartedRelay,
     heartbeat_timeout_from_env,
 )
 
@@ -71,45 +76,46 @@ def _task_queue_filter(task_queue: str | None) -> str:
     return f" AND TaskQueue = '{task_queue}'"
 
 
-async def running_relays(client: Client, task_queue: str | None = None) -> list[dict[str, Any]]:
+async def running_relays(client: Client, task_queue: str | None = None) -> list[RunningRelay]:
     """The running relay workflows: of one task queue (this deployment's), or of the namespace."""
-    rows: list[dict[str, Any]] = []
+    rows: list[RunningRelay] = []
     async for wf in client.list_workflows(
         f"WorkflowType = '{RELAY_WORKFLOW}' AND ExecutionStatus = 'Running'{_task_queue_filter(task_queue)}",
         limit=100,
     ):
         memo = await wf.memo()
         rows.append(
-            {
-                "workflow_id": wf.id,
-                "task_queue": wf.task_queue,
-                "delivered": memo.get("delivered"),
-                "dead": memo.get("dead"),
-                "batches": memo.get("batches"),
-            }
+            RunningRelay(
+                workflow_id=wf.id,
+                task_queue=wf.task_queue,
+                delivered=memo.get("delivered"),
+                dead=memo.get("dead"),
+                batches=memo.get("batches"),
+            )
         )
     return rows
 
 
-async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_limit: int = 10) -> dict[str, Any]:
+async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_limit: int = 10) -> OutboxStatus:
     """What an operator asks: how much is pending, due, leased, delivered, dead, and why dead."""
     if dead_limit < 0:
         raise InputError(f"--dead must be 0 or more, got {dead_limit}")
     summary = await pool.fetchrow(SQL.outbox_summary)
     assert summary is not None
-    out = _plain(summary)
-    out["dead_letters"] = [_plain(r) for r in await pool.fetch(SQL.dead_letters, dead_limit)] if dead_limit else []
+    dead = [DeadLetter(**r) for r in await pool.fetch(SQL.dead_letters, dead_limit)] if dead_limit else []
+    relays: list[RunningRelay] | None = None
+    relays_error: str | None = None
     if client is not None:
         try:
-            out["relays"] = await running_relays(client)
+            relays = await running_relays(client)
         except RPCError as err:  # visibility is optional for this report
-            out["relays_error"] = str(err)
-    return out
+            relays_error = str(err)
+    return OutboxStatus(**summary, dead_letters=dead, relays=relays, relays_error=relays_error)
 
 
 async def redeliver_event(
     pool: asyncpg.Pool, event_key: str, client: Client | None = None, task_queue: str | None = None
-) -> dict[str, Any]:
+) -> RedeliveredEvent:
     """Make a dead (or waiting) event due now; refuse delivered or currently leased ones."""
     check_event_key(event_key)
     async with pool.acquire() as conn, db.transaction(conn):
@@ -127,10 +133,10 @@ async def redeliver_event(
                 f"event {event_key} is being sent right now by {current['lease_owner']} "
                 f"(lease until {current['leased_until'].isoformat()}); nothing to do"
             )
-    out = _plain(row) | {"previous_status": current["status"], "previous_error": current["last_error"]}
-    if client is not None and task_queue is not None:
-        out["nudged"] = await nudge_relays(client, task_queue)
-    return out
+    nudged = await nudge_relays(client, task_queue) if client is not None and task_queue is not None else None
+    return RedeliveredEvent(
+        **row, previous_status=current["status"], previous_error=current["last_error"], nudged=nudged
+    )
 
 
 async def redeliver_dead(
@@ -164,8 +170,8 @@ async def nudge_relays(client: Client, task_queue: str) -> list[str]:
     with contextlib.suppress(RPCError):
         for relay in await running_relays(client, task_queue):
             with contextlib.suppress(RPCError):
-                await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_NUDGE_SIGNAL)
-                nudged.append(relay["workflow_id"])
+                await client.get_workflow_handle(relay.workflow_id).signal(RELAY_NUDGE_SIGNAL)
+                nudged.append(relay.workflow_id)
     return nudged
 
 
@@ -178,7 +184,7 @@ async def start_relays(
     idle_sleep_seconds: float = 5.0,
     stop_when_drained: bool = False,
     id_prefix: str = RELAY_ID_PREFIX,
-) -> list[dict[str, Any]]:
+) -> list[StartedRelay]:
     """Start (or find) relays `<prefix>1..N`; a relay already running is left as it is."""
     if not 1 <= relays <= 64:
         raise InputError(f"--relays must be between 1 and 64, got {relays}")
@@ -188,7 +194,7 @@ async def start_relays(
             settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
         except ValueError as err:
             raise InputError(str(err)) from None
-    started: list[dict[str, Any]] = []
+    started: list[StartedRelay] = []
     for n in range(1, relays + 1):
         workflow_id = f"{id_prefix}{n}"
         try:
@@ -210,7 +216,7 @@ async def start_relays(
             summary=f"outbox relay {n} of {relays}",
             repeat_closed=True,
         )
-        started.append({"workflow_id": workflow_id, "run_id": run_id})
+        started.append(StartedRelay(workflow_id=workflow_id, run_id=run_id))
     return started
 
 
@@ -219,8 +225,8 @@ async def stop_relays(client: Client, task_queue: str) -> list[str]:
     stopped: list[str] = []
     for relay in await running_relays(client, task_queue):
         with contextlib.suppress(RPCError):
-            await client.get_workflow_handle(relay["workflow_id"]).signal(RELAY_STOP_SIGNAL)
-            stopped.append(relay["workflow_id"])
+            await client.get_workflow_handle(relay.workflow_id).signal(RELAY_STOP_SIGNAL)
+            stopped.append(relay.workflow_id)
     return stopped
 
 

@@ -186,7 +186,7 @@ async def test_ten_thousand_events_three_relays_one_killed_mid_batch(
     assert await wait_exit(doomed, within=60) == EXIT_CODE
     results: list[RelayTotals] = await asyncio.wait_for(
         asyncio.gather(
-            *(client.get_workflow_handle_for(OutboxRelayWorkflow.run, r["workflow_id"]).result() for r in relays)
+            *(client.get_workflow_handle_for(OutboxRelayWorkflow.run, r.workflow_id).result() for r in relays)
         ),
         timeout=120,
     )
@@ -480,7 +480,7 @@ async def test_cli_status_and_redeliver_a_dead_letter(
 
     rc, out, _ = await cli("redeliver", "k-dead", "--json")
     assert rc == 0 and json.loads(out)["previous_status"] == "dead"
-    assert (await outbox_status(pool))["pending"] == 1
+    assert (await outbox_status(pool)).pending == 1
     for bad_key, message in (("k-fine", "was delivered"), ("k-none", "no outbox event"), ("a b", "malformed")):
         rc, _, err = await cli("redeliver", bad_key)
         assert rc == 2 and message in err, err

@@ -39,8 +39,8 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
     assert (await input_of(by_default.workflow_id))["heartbeat_timeout_seconds"] == DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
     relay = RelayBatchSettings(request_timeout_seconds=2, lease_seconds=5)
     [default_relay] = await start_relays(client, task_queue, settings=relay, id_prefix=f"{task_queue}-a-")
-    started.append(default_relay["workflow_id"])
-    relay_input = await input_of(default_relay["workflow_id"])
+    started.append(default_relay.workflow_id)
+    relay_input = await input_of(default_relay.workflow_id)
     assert relay_input["settings"]["heartbeat_timeout_seconds"] == DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 
     monkeypatch.setenv("LEDGER_HEARTBEAT_TIMEOUT_SECONDS", "5")
@@ -49,8 +49,8 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
     started.append(from_env.workflow_id)
     assert (await input_of(from_env.workflow_id))["heartbeat_timeout_seconds"] == 5.0
     [env_relay] = await start_relays(client, task_queue, settings=relay, id_prefix=f"{task_queue}-b-")
-    started.append(env_relay["workflow_id"])
-    assert (await input_of(env_relay["workflow_id"]))["settings"]["heartbeat_timeout_seconds"] == 6.0
+    started.append(env_relay.workflow_id)
+    assert (await input_of(env_relay.workflow_id))["settings"]["heartbeat_timeout_seconds"] == 6.0
 
     # The CLI's flag wins over the environment; the CLI's runs use the default workflow IDs.
     done = await asyncio.to_thread(

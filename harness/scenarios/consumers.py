@@ -57,10 +57,10 @@ async def run(ctx: Ctx) -> Row:
 
         async def drained() -> bool:
             s = await outbox_status(pool)
-            return bool(s["pending"] == 0 and s["delivered"] >= n)
+            return s.pending == 0 and s.delivered >= n
 
         async def delivered() -> int:
-            return int((await outbox_status(pool))["delivered"])
+            return (await outbox_status(pool)).delivered
 
         if not await wait_while_progressing(drained, delivered, 120):
             row.violations.append("the relays stopped delivering (nothing delivered for 120 s) before draining")

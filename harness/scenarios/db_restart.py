@@ -107,7 +107,7 @@ async def run(ctx: Ctx) -> Row:
         relays = await start_relays(
             client, tq, relays=3, settings=RELAYS, idle_sleep_seconds=0.5, id_prefix=relay_prefix
         )
-        relay_ids = [str(r["workflow_id"]) for r in relays]
+        relay_ids = [r.workflow_id for r in relays]
 
         async def busy() -> bool:
             applied = await pool.fetchval(

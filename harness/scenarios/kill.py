@@ -150,7 +150,7 @@ async def _relay(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepar
         return await ctx.client.get_workflow_handle_for(OutboxRelayWorkflow.run, wf).result()
 
     async def status() -> dict[str, Any]:
-        return await outbox_status(lane.pool, ctx.client)
+        return (await outbox_status(lane.pool, ctx.client)).model_dump()
 
     return Prepared(
         min(3, math.ceil(pending / RELAY.batch_size)),

@@ -6,8 +6,6 @@ and every re-delivered job must report what the first delivery did.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cleanup.models import (
     ClaimCleanupInput,
     ClaimResult,
@@ -136,8 +134,8 @@ async def run(ctx: Ctx) -> Row:
             if any(r["claimed"] for r in again_relay) or ctx.h.provider.provider.stats()["received"] != received:
                 row.violations.append("the relay job delivered again sent something")
             effects = effects + await outbox_effects(pool, ctx.h.provider.provider)
-            ostatus: dict[str, Any] = await outbox_status(pool, client)
-            status_ok = status_ok and ostatus["pending"] == 0
+            ostatus = await outbox_status(pool, client)
+            status_ok = status_ok and ostatus.pending == 0
             row.evidence.append(f"relay {relay_prefix}1 delivered twice more: claimed 0, provider saw no request")
             row.runs += 3
             row.duplicates += effects.duplicates

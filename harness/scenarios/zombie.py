@@ -480,7 +480,7 @@ async def frozen_relay(ctx: Ctx, round_no: int = 0) -> Part:
         absorbed = part.effects.details.get("resends_absorbed_by_key", 0)
         part.evidence.append(f"{part.name}: provider absorbed {absorbed} re-send(s) by Idempotency-Key")
         status = await outbox_status(pool, client)
-        part.visible = part.visible and status.get("pending") == 0
+        part.visible = part.visible and status.pending == 0
     finally:
         await ctx.h.close_lane(lane)
     return part
