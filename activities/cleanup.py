@@ -103,7 +103,7 @@ async def database_clock_behind(
     metrics.set_database_clock_behind(remaining)
     await pool.execute(SQL.record_database_clock_behind, task_queue, remaining, instant, cleanup_id)
     delay = timedelta(seconds=min(max(remaining - MAX_CLOCK_WAIT_SECONDS, 1.0), 30.0))
-    return failure(ErrorType.DATABASE_CLOCK_BEHIND, message, next_retry_delay=delay)
+    return failure(CleanupFailure.DATABASE_CLOCK_BEHIND, message, next_retry_delay=delay)
 
 
 async def claim_in_chunks(
@@ -213,7 +213,7 @@ async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, clea
     targets = await pool.fetchval(SQL.target_set_of, recorded)
     if targets is None:
         raise failure(
-            ErrorType.TARGETS_MISMATCH,
+            CleanupFailure.TARGETS_MISMATCH,
             f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
         )
     _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
@@ -382,7 +382,7 @@ class CleanupActivities:
         the attempt fails (retryable, visible in the run) and the next one looks again."""
         held = await held_by_pause(self.pool, activity.info().task_queue, cleanup_id)
         if held is not None:
-            raise failure(ErrorType.HELD_BY_PAUSE, held, next_retry_delay=HOLD_RETRY_DELAY)
+            raise failure(CleanupFailure.HELD_BY_PAUSE, held, next_retry_delay=HOLD_RETRY_DELAY)
 
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:

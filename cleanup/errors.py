@@ -16,9 +16,15 @@ from core.errors import DeadlineCleanupError, failure, step_retry
 class CleanupFailure(StrEnum):
     UNKNOWN_ACCOUNT = "UnknownAccount"
     FAILED_TOLERANCE_EXCEEDED = "FailedToleranceExceeded"
+    # Retried: a scheduled bucket cleanup held at its claim by the planner's pause.
+    HELD_BY_PAUSE = "HeldByPlannerPause"
+    # Retried: the timer is far ahead of the database clock (the claim waits for the database's time).
+    DATABASE_CLOCK_BEHIND = "DatabaseClockBehind"
+    # Retried: a worker compiled from another target set than the cleanup's cannot run it.
+    TARGETS_MISMATCH = "TargetsMismatch"
 
 
-NON_RETRYABLE = frozenset(CleanupFailure)
+NON_RETRYABLE = frozenset({CleanupFailure.UNKNOWN_ACCOUNT, CleanupFailure.FAILED_TOLERANCE_EXCEEDED})
 # The retry policy of every activity of the cleanup and planner workflows.
 CLEANUP_RETRY = step_retry(NON_RETRYABLE)
 

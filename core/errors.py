@@ -28,9 +28,6 @@ class ErrorType(StrEnum):
     JOIN_INCOMPLETE = "JoinIncomplete"  # settle before every partition or shard reported: retried
     HANDED_BACK = "HandedBackOnShutdown"  # a gracefully stopping worker hands its work back: retried at once
     DATABASE_UNAVAILABLE = "DatabaseUnavailable"  # connection lost or refused: retried (core.outage)
-    HELD_BY_PAUSE = "HeldByPlannerPause"  # a scheduled bucket cleanup held at its claim: retried
-    DATABASE_CLOCK_BEHIND = "DatabaseClockBehind"  # the timer is far ahead of the database clock: retried
-    TARGETS_MISMATCH = "TargetsMismatch"  # a worker compiled from another target set than the cleanup's: retried
 
 
 def step_retry(non_retryable: Iterable[str] = ()) -> RetryPolicy:
