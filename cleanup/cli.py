@@ -32,7 +32,7 @@ from core.cli import (
     CliContext,
     Commands,
     Progress,
-    bounded_int,
+    count_argument,
     database_pool,
     emit,
     finite_float,
@@ -389,12 +389,12 @@ def register(commands: Commands) -> None:
     p.add_argument("account_id")
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
-    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="rows to show (default 50)")
+    p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
-    p.add_argument("--limit", type=bounded_int(1, 100_000), default=100, help="rows to show (default 100)")
+    p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
     p = command(
         "retry-failed",

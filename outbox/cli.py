@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float
+from core.cli import CliContext, Commands, Handler, count_argument, emit, finite_float
 from core.config import Settings
 from core.errors import InputError, validation_message
 from outbox.models import RelayBatchSettings
@@ -143,7 +143,7 @@ def register(commands: Commands) -> None:
         return p
 
     p = sub_command(nested, "status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
-    p.add_argument("--dead", type=bounded_int(0, 100_000), default=10, help="dead letters to list (default 10)")
+    p.add_argument("--dead", type=count_argument(0), default=10, help="dead letters to list (default 10)")
 
     p = sub_command(nested, "redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
     p.add_argument("event_key", nargs="?", help="e.g. renewal-reminder:acct_123:v1")

@@ -283,7 +283,7 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
             [started_relay] = await start_relays(
                 client, relay_queue, relays=1, idle_sleep_seconds=0.2, stop_when_drained=True, id_prefix=relay_queue
             )
-            await client.get_workflow_handle(started_relay["workflow_id"]).result()
+            await client.get_workflow_handle(started_relay.workflow_id).result()
     delivered = (await account_history(pool, account)).cleaned[0].reminder
     assert delivered is not None and delivered.status == "delivered" and delivered.delivered_at is not None
     # The other account's rows were not counted in this one's receipt, and it was not touched.

@@ -45,4 +45,5 @@ def test_record_refuses_smoke_runs_and_stamps_each_scenario(tmp_path: Path) -> N
     stamped = json.loads(path.read_text())
     assert stamped["commit"] == "abc1234" and stamped["result"] == doc
     page = report.render(tmp_path)
-    assert "| poisoned_cohort | 1,000 accounts | poisoned / clean cohort, accounts/s | 0.700 | >= 0.5 | yes | - |" in page
+    row = "| poisoned_cohort | 1,000 accounts | poisoned / clean cohort, accounts/s | 0.700 | >= 0.5 | yes | - |"
+    assert row in page
