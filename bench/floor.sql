@@ -87,7 +87,7 @@ ORDER BY slice;
 -- One shard ($4) of a business date ($1) reconciled by one statement (a slice runs its shards in
 -- turn): every ledger row of the shard locked (as the batches lock theirs) and judged against the
 -- provider's report rows by the same rules, corrections recorded under their idempotency key and
--- applied to the ledger, the rest sent to review. No keyset, no fingerprint, no reports, no shard
+-- applied to the ledger, the rest sent to review (the idempotency record: (date, game, payment_id)). No keyset, no fingerprint, no reports, no shard
 -- lock: the slices are disjoint sets of whole shards. `shard = $4`, not `= ANY(...)`: with one
 -- value the report rows come in the order of their (date, shard, game, payment_id) index, where a
 -- ScalarArrayOp made the planner sort them first (EXPLAIN, 400,000 payments: a quicksort of each
@@ -121,8 +121,8 @@ facts AS (
 judged AS (
     SELECT f.*,
         CASE
-            WHEN c.idempotency_key IS NOT NULL THEN 'already_corrected'
-            WHEN v.review_key IS NOT NULL THEN 'already_in_review'
+            WHEN c.payment_id IS NOT NULL THEN 'already_corrected'
+            WHEN v.payment_id IS NOT NULL THEN 'already_in_review'
             WHEN NOT f.in_ledger THEN 'unknown_payment'
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
@@ -135,8 +135,8 @@ judged AS (
             ELSE 'match'
         END AS verdict
     FROM facts f
-    LEFT JOIN ledger_corrections c ON c.idempotency_key = f.key
-    LEFT JOIN ledger_review v ON v.review_key = f.key
+    LEFT JOIN ledger_corrections c ON c.business_date = $1 AND c.game = f.game AND c.payment_id = f.payment_id
+    LEFT JOIN ledger_review v ON v.business_date = $1 AND v.game = f.game AND v.payment_id = f.payment_id
 ),
 corrected AS (
     INSERT INTO ledger_corrections
@@ -149,7 +149,7 @@ corrected AS (
            j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $3
     FROM judged j
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (business_date, game, payment_id) DO NOTHING
     RETURNING game, payment_id, new_status, new_amount_cents, version_before
 ),
 updated AS (
@@ -191,7 +191,7 @@ reviewed AS (
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
-    ON CONFLICT (review_key) DO NOTHING
+    ON CONFLICT (business_date, game, payment_id) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM judged)::int AS keys_examined,

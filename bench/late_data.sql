@@ -13,9 +13,9 @@ WITH chosen AS (
     SELECT l.game, l.payment_id, l.shard,
            abs(hashtextextended(l.payment_id, 12)) % 2 = 0 AS ledger_edit,
            EXISTS (SELECT 1 FROM ledger_corrections c
-                   WHERE c.idempotency_key = l.game || ':' || l.payment_id || ':' || to_char($1::date, 'YYYY-MM-DD'))
+                   WHERE c.business_date = $1 AND c.game = l.game AND c.payment_id = l.payment_id)
            OR EXISTS (SELECT 1 FROM ledger_review v
-                      WHERE v.review_key = l.game || ':' || l.payment_id || ':' || to_char($1::date, 'YYYY-MM-DD'))
+                      WHERE v.business_date = $1 AND v.game = l.game AND v.payment_id = l.payment_id)
                AS judged_before,
            EXISTS (SELECT 1 FROM ledger_report_rows r
                    WHERE r.business_date = $1 AND r.shard = l.shard AND r.game = l.game

@@ -23,10 +23,13 @@ PAGE = ROOT / "docs" / "performance.md"
 
 # What each scenario's main `ratio` compares, and the command that measures it.
 SCENARIOS: dict[str, tuple[str, str]] = {
-    "cohort_cleanup": ("pipeline / direct, accounts/s", "python -m bench.cohort_cleanup --accounts 100000"),
+    "cohort_cleanup": (
+        "pipeline / direct, accounts/s",
+        "python -m bench.cohort_cleanup --accounts 100000 --budget default",
+    ),
     "ledger_reconciliation": (
         "pipeline / direct, payments/s",
-        "python -m bench.ledger_reconciliation --payments 1000000",
+        "python -m bench.ledger_reconciliation --payments 200000 --budget default",
     ),
     "single_account_cleanups": (
         "cleanup / bare workflow, completions/s",
@@ -39,8 +42,14 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "python -m bench.player_load --accounts 40000 --players 20000",
     ),
     "batch_plan": ("rows processed per key, largest / smallest batch", "python -m bench.batch_plan"),
+    "game_schema": (
+        "pipeline / floor on a game server's own schema, accounts/s",
+        "python -m bench.game_schema --users 100000",
+    ),
 }
-SIZE_KEYS = ("accounts", "payments", "workflows", "players", "poisoned")
+# A benchmark whose output has no `ratio`: its main figure and that figure's goal.
+MAIN_FIGURE = {"game_schema": ("pipeline_over_floor", ">= 0.6")}
+SIZE_KEYS = ("accounts", "payments", "workflows", "players", "poisoned", "users_per_cohort")
 
 
 @dataclass(frozen=True)
@@ -60,11 +69,10 @@ def goal_met(value: float, goal: str) -> bool:
     raise ValueError(f"a goal reads '>= N' or '<= N', not {goal!r}")
 
 
-def figures(document: dict[str, Any]) -> list[Figure]:
+def figures(document: dict[str, Any], scenario: str = "") -> list[Figure]:
     """The scenario's main ratio, then every figure `X` that has a goal `X_target` beside it."""
-    out = [
-        Figure("ratio", float(document["ratio"]), document["target"], goal_met(document["ratio"], document["target"]))
-    ]
+    key, goal = MAIN_FIGURE.get(scenario, ("ratio", document.get("target", "")))
+    out = [Figure("ratio", float(document[key]), goal, goal_met(document[key], goal))]
     for key, goal in document.items():
         name = key.removesuffix("_target")
         if key.endswith("_target") and name != key and isinstance(document.get(name), int | float):
@@ -77,19 +85,22 @@ def current_commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def scenario_documents(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A `bench.run_all` document holds several scenarios; a benchmark's own output is one."""
+def scenario_documents(document: dict[str, Any], scenario: str | None = None) -> dict[str, dict[str, Any]]:
+    """A `bench.run_all` document holds several scenarios; a benchmark's own output is one (named by
+    its `scenario` field, or by `scenario` for a benchmark that prints none)."""
     if "scenarios" in document:
         return {name: doc for name, doc in document["scenarios"].items() if "error" not in doc}
-    return {str(document["scenario"]): document}
+    return {str(scenario or document["scenario"]): document}
 
 
-def record(document: dict[str, Any], results: Path = RESULTS, commit: str | None = None) -> list[Path]:
+def record(
+    document: dict[str, Any], results: Path = RESULTS, commit: str | None = None, scenario: str | None = None
+) -> list[Path]:
     if document.get("smoke"):
         raise ValueError("a smoke run's figures are fixed latencies, not results: run the full sizes")
     written = []
     results.mkdir(parents=True, exist_ok=True)
-    for name, doc in scenario_documents(document).items():
+    for name, doc in scenario_documents(document, scenario).items():
         if name not in SCENARIOS:
             raise ValueError(f"unknown scenario {name!r}: add it to bench.report.SCENARIOS")
         stamped = {
@@ -105,8 +116,28 @@ def record(document: dict[str, Any], results: Path = RESULTS, commit: str | None
     return written
 
 
+SIZE_LABELS = {"users_per_cohort": "users"}
+
+
 def size_of(doc: dict[str, Any]) -> str:
-    return ", ".join(f"{doc[k]:,} {k}" for k in SIZE_KEYS if isinstance(doc.get(k), int))
+    """The run's size, and the load budget it ran under when the benchmark says."""
+    parts = [f"{doc[k]:,} {SIZE_LABELS.get(k, k)}" for k in SIZE_KEYS if isinstance(doc.get(k), int)]
+    if isinstance(doc.get("load_budget"), str):
+        parts.append(f"budget {doc['load_budget']}")
+    return ", ".join(parts)
+
+
+def load_of(doc: dict[str, Any]) -> str:
+    """The machine's 1-minute load average before and after the run, as the benchmark recorded it."""
+    pair = doc.get("load_average_1m_before_and_after")
+    if isinstance(doc.get("load_average"), dict):
+        pair = [doc["load_average"].get("before"), doc["load_average"].get("after")]
+    if isinstance(pair, dict):  # per phase: the lowest and highest of them all
+        values = [float(v) for phase in pair.values() for v in phase]
+        pair = [min(values), max(values)] if values else None
+    if not isinstance(pair, list) or len(pair) != 2 or None in pair:
+        return "-"
+    return f"{float(pair[0]):.1f} / {float(pair[1]):.1f}"
 
 
 def render(results: Path = RESULTS) -> str:
@@ -117,21 +148,22 @@ def render(results: Path = RESULTS) -> str:
         "Generated by `python -m bench.report render` from `bench/results/*.json`; do not edit by hand.",
         "Each ratio compares two runs made in the same benchmark run, so machine noise cancels as far as",
         "it can. The floor is the same effects done by one set-based statement with no orchestration.",
+        "The load column is the 2-core machine's 1-minute load average: above 2, other work shared it.",
         "",
         "## Results",
         "",
-        "| scenario | size | figure | value | goal | met | date | commit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | size | figure | value | goal | met | load before / after | date | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     machines = sorted({s["machine"] for s in stamped})
     for s in stamped:
         what = SCENARIOS[s["scenario"]][0]
-        for f in figures(s["result"]):
-            name = what if f.name == "ratio" else f.name.replace("_", " ")
+        for f in figures(s["result"], s["scenario"]):
+            name = what if f.name == "ratio" else f.name.replace("_over_", " / ").replace("_", " ")
             met = "yes" if f.met else "**no**"
             lines.append(
                 f"| {s['scenario']} | {size_of(s['result'])} | {name} | {f.value:.3f} | {f.goal} | {met} "
-                f"| {s['date']} | {s['commit']} |"
+                f"| {load_of(s['result'])} | {s['date']} | {s['commit']} |"
             )
     missing = [name for name in SCENARIOS if name not in {s["scenario"] for s in stamped}]
     if missing:
@@ -155,11 +187,13 @@ def main() -> int:
     verbs = parser.add_subparsers(dest="verb", required=True)
     rec = verbs.add_parser("record", help="keep a benchmark's JSON output as its scenario's current result")
     rec.add_argument("output", type=Path, help="a file holding what the benchmark printed")
+    rec.add_argument("--scenario", choices=list(SCENARIOS), help="for a benchmark whose output names none")
+    rec.add_argument("--commit", help="the commit the benchmark ran (default: HEAD)")
     ren = verbs.add_parser("render", help="write docs/performance.md from bench/results/")
     ren.add_argument("--check", action="store_true", help="exit 1 when the page differs from the results")
     args = parser.parse_args()
     if args.verb == "record":
-        for path in record(json.loads(args.output.read_text())):
+        for path in record(json.loads(args.output.read_text()), commit=args.commit, scenario=args.scenario):
             print(f"recorded {path.relative_to(ROOT)}")
         return 0
     page = render()

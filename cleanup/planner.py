@@ -27,7 +27,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 import cleanup
 from cleanup.models import (
@@ -410,10 +410,15 @@ async def signal_planner(
         else:
             await pool.execute(SQL.planner_pause_clear, task_queue)
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
-    if action == "pause":
-        await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
-    else:
-        await handle.signal(PLANNER_RESUME_SIGNAL)
+    try:
+        if action == "pause":
+            await handle.signal(PLANNER_PAUSE_SIGNAL, reason)
+        else:
+            await handle.signal(PLANNER_RESUME_SIGNAL)
+    except RPCError as err:
+        # No planner running: the recorded pause (or its end) is what the next run starts with.
+        if pool is None or err.status != RPCStatusCode.NOT_FOUND:
+            raise
 
 
 async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import metrics
+from core import db, metrics
 from core.queries import load
 
 SQL = load(__file__, "budget.sql")
@@ -328,7 +328,7 @@ class LoadBudget:
             await self.maybe_adjust()
             waited = time.perf_counter() - started
             session_pid, session_start = await self.session_identity()
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn, db.transaction(conn):
                 await conn.execute(SQL.lock_budget)
                 row = await conn.fetchrow(
                     SQL.acquire,
@@ -388,7 +388,7 @@ class LoadBudget:
 
     async def _bookkeeping(self, statement: str, *args: object) -> asyncpg.Record | None:
         """One of the budget's own writes, committed without waiting for the WAL flush (budget.sql)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, db.transaction(conn):
             await conn.execute(SQL.no_commit_wait)
             return await conn.fetchrow(statement, *args)
 

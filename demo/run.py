@@ -226,7 +226,7 @@ async def run_demo(
         [f"\nResult of the deadline planner {planner_id}", "-" * (width + 12)]
         + [f"{k.ljust(width)}  {v}" for k, v in rows]
         + (["\nBrowse it in the Temporal UI (the planner, and its first bucket cleanup):", *links] if links else [])
-        + ["Stop the embedded Temporal server and Postgres with: python starter.py dev down"]
+        + ["Stop the embedded Temporal server and Postgres with: ./dev down"]
     )
     return {
         "task_queue": settings.task_queue,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +53,11 @@ def test_dev_down_stops_the_server_it_started(tmp_path):
     server = DevServer(tmp_path, port=None)
     server.start()
     pid = int(server.pid_file.read_text())
-    assert server.is_this_server(pid) and os.path.exists(f"/proc/{pid}")
-    assert server.stop() == "stopped"
-    assert not server.running() and not server.pid_file.exists()
+    try:
+        assert server.is_this_server(pid) and os.path.exists(f"/proc/{pid}")
+        assert server.stop() == "stopped"
+        assert not server.running() and not server.pid_file.exists()
+    finally:
+        if server.is_this_server(pid):  # whatever the outcome, no server of this test outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

@@ -13,12 +13,17 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from activities.outbox import OutboxRelayActivities
+from cleanup.history import account_history
 from cleanup.operations import hold_account, release_account, set_deadline, start_cleanup
 from cleanup.planner import planner_status, sweep_overdue
 from cleanup.planner_models import PlannerSettings, SweepInput
 from core.db import service_schema
+from outbox.mail_provider import MailProvider, ProviderThread
+from outbox.operations import start_relays
 from tests.helpers import wait_until
 from tests.test_cleanup_input import run_cli
+from worker import build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 S = service_schema()
@@ -269,6 +274,18 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
         {"target": "demo_game.match_history", "action": "archive", "rows": 3},
     ]
     assert cleaned["reminder"]["status"] == "pending" and cleaned["reminder"]["delivered_at"] is None
+
+    # The reminder delivered by the relay: the receipt says when.
+    token, relay_queue = f"tok-{uuid.uuid4().hex}", f"{task_queue}-relay"
+    with ProviderThread(MailProvider(token, seed=3)) as provider:
+        relay = OutboxRelayActivities(pool, provider.url, token)
+        async with build_worker(client, relay_queue, [relay.relay_outbox_batch]):
+            [started_relay] = await start_relays(
+                client, relay_queue, relays=1, idle_sleep_seconds=0.2, stop_when_drained=True, id_prefix=relay_queue
+            )
+            await client.get_workflow_handle(started_relay["workflow_id"]).result()
+    delivered = (await account_history(pool, account)).cleaned[0].reminder
+    assert delivered is not None and delivered.status == "delivered" and delivered.delivered_at is not None
     # The other account's rows were not counted in this one's receipt, and it was not touched.
     assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", other) == 1
 

@@ -19,7 +19,7 @@ def test_every_result_names_a_known_scenario_commit_and_date() -> None:
         stamped = json.loads(path.read_text())
         assert stamped["scenario"] == path.stem and stamped["scenario"] in report.SCENARIOS
         assert stamped["commit"] and stamped["date"] and stamped["machine"]
-        assert report.figures(stamped["result"]), path
+        assert report.figures(stamped["result"], stamped["scenario"]), path
 
 
 def test_figures_are_the_ratio_and_every_figure_with_a_goal() -> None:
@@ -45,4 +45,4 @@ def test_record_refuses_smoke_runs_and_stamps_each_scenario(tmp_path: Path) -> N
     stamped = json.loads(path.read_text())
     assert stamped["commit"] == "abc1234" and stamped["result"] == doc
     page = report.render(tmp_path)
-    assert "| poisoned_cohort | 1,000 accounts | poisoned / clean cohort, accounts/s | 0.700 | >= 0.5 | yes |" in page
+    assert "| poisoned_cohort | 1,000 accounts | poisoned / clean cohort, accounts/s | 0.700 | >= 0.5 | yes | - |" in page

@@ -10,7 +10,7 @@ from typing import Any
 from temporalio.client import Client
 
 from cleanup.models import STATUS_QUERY, bucket_cleanup_id, planner_workflow_id
-from cleanup.planner import plan_buckets, planner_status, signal_planner, watch_planner
+from cleanup.planner import plan_buckets, planner_pause, planner_status, signal_planner, watch_planner
 from cleanup.planner_models import PlannerStatus, PlanTickInput
 from core.temporal import describe_or_none
 from tests.helpers import deadline_in, seed, wait_until
@@ -99,3 +99,15 @@ async def _claim_held(client: Client, workflow_id: str) -> bool:
         a.last_failure.application_failure_info.type == "HeldByPlannerPause"
         for a in desc.raw_description.pending_activities
     )
+
+
+async def test_a_pause_without_a_running_planner_is_recorded_for_the_next_run(client, pool, task_queue):
+    await signal_planner(client, task_queue, "pause", "before the first start", pool=pool)
+    assert (await planner_status(client, pool, task_queue))["pause_reason"] == "before the first start"
+    async with planner_worker(client, pool, task_queue):  # ensure_planner without the pool: paused by the database
+        await seed(pool, deadline_in(30), 2)
+        tick = PlanTickInput(settings=FAST, task_queue=task_queue)
+        assert (await plan_buckets(pool, RecordingClient(), tick, {})).buckets == 0  # type: ignore[arg-type]
+        await signal_planner(client, task_queue, "resume", pool=pool)
+        assert (await planner_status(client, pool, task_queue))["paused"] is False
+    assert await planner_pause(pool, task_queue) is None

@@ -19,11 +19,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio.client import Client, WorkflowExecutionStatus
+
 from cleanup.operations import RenewalOutcome, cleanup_status, renew, start_cleanup
 from harness.checks import cleanup_effects, outbox_effects
-from harness.common import MATCHES, RELAY, Ctx, Row, account_ids, seed_cohort
+from harness.common import MATCHES, RELAY, Ctx, Row, account_ids, seed_cohort, wait_while_progressing
 from harness.stack import Lane
-from harness.visibility import temporal_evidence
+from harness.visibility import pending_evidence, temporal_evidence
 from outbox.operations import start_relays
 from workflows.outbox_relay import OutboxRelayWorkflow
 
@@ -67,6 +69,16 @@ async def _sigkill_at(ctx: Ctx, lane: Lane, at: datetime, rng_pick: int) -> floa
     return time.monotonic()
 
 
+async def unfinished(client: Client, workflow_ids: list[str]) -> list[str]:
+    """The workflows still running, each with its pending activities (what the UI would show)."""
+    out = []
+    for w in workflow_ids:
+        desc = await client.get_workflow_handle(w).describe()
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            out.append(f"{w}: {'; '.join(await pending_evidence(client, w)) or 'no pending activity'}")
+    return out
+
+
 async def one_round(ctx: Ctx, lane: Lane, row: Row, rnd: int) -> None:
     rng = ctx.rng(f"renewal-order:{rnd}")
     client, pool, tq = ctx.client, lane.pool, lane.task_queue
@@ -106,9 +118,20 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, rnd: int) -> None:
     workflows = (
         cohorts + [s.workflow_id for s in started] + [o.restarted_cleanup for o in outcomes if o.restarted_cleanup]
     )
-    results = await asyncio.wait_for(
-        asyncio.gather(*(client.get_workflow_handle(w).result() for w in workflows), return_exceptions=True), 180
-    )
+    # Liveness, not speed: a loaded machine completes them late; a stuck one completes none for long.
+    waits = [asyncio.ensure_future(client.get_workflow_handle(w).result()) for w in workflows]
+
+    async def all_done() -> bool:
+        return all(wait.done() for wait in waits)
+
+    async def completed() -> int:
+        return sum(wait.done() for wait in waits)
+
+    if not await wait_while_progressing(all_done, completed, 180, 0.5):
+        for wait in waits:
+            wait.cancel()
+        raise TimeoutError(f"no cleanup completed for 180 s, still running: {await unfinished(client, workflows)}")
+    results = await asyncio.gather(*waits, return_exceptions=True)
     done = time.monotonic()
     failed = [f"{w}: {r}" for w, r in zip(workflows, results, strict=True) if isinstance(r, BaseException)]
     row.violations += [f"cleanup did not complete: {f}" for f in failed[:3]]
