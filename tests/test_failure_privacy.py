@@ -16,7 +16,9 @@ CLEANUP_ID = "privacy"
 
 async def _values_of(pool: asyncpg.Pool, account: str) -> list[str]:
     """What of this account's match history a quoted row would show."""
-    rows = await pool.fetch("SELECT mode, played_at::text AS played FROM match_history WHERE account_id = $1", account)
+    rows = await pool.fetch(
+        "SELECT mode, played_at::text AS played FROM demo_game.match_history WHERE account_id = $1", account
+    )
     return [v for r in rows for v in (r["mode"], r["played"])]
 
 
@@ -39,7 +41,7 @@ async def test_a_failure_keeps_the_reason_not_the_row_and_is_purged_once_cleaned
     assert "Failing row contains" not in stored
     assert not [v for v in values if v in stored], "no value of the row that was to be deleted"
 
-    await pool.execute("ALTER TABLE match_history_archive DROP CONSTRAINT archive_score_sane")
+    await pool.execute("ALTER TABLE demo_game.match_history_archive DROP CONSTRAINT archive_score_sane")
     assert (await retry_failed(pool, load_targets(), CLEANUP_ID))["cleaned"] == 1
     [resolved] = await list_failed(pool, CLEANUP_ID, include_resolved=True)
     assert resolved["resolution"] == "cleaned"

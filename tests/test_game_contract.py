@@ -309,7 +309,7 @@ async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game
 
     await game.execute("BEGIN")
     assert await call(game, "hold", held, "court order") == "held"  # row locked, not committed
-    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1))
+    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1, "default"))
 
     async def claim_waits_on_the_row() -> bool:
         waiting = (
