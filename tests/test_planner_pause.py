@@ -5,8 +5,10 @@ and `--hold-scheduled` also holds the bucket cleanups already scheduled, until r
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
+import asyncpg
 from temporalio.client import Client
 
 from cleanup.models import STATUS_QUERY, bucket_cleanup_id, planner_workflow_id
@@ -21,8 +23,9 @@ class RecordingClient:
     def __init__(self) -> None:
         self.started: list[str] = []
 
-    async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> None:
+    async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
         self.started.append(id)
+        return SimpleNamespace(result_run_id=f"run-{len(self.started)}")
 
 
 async def _live(client: Client, task_queue: str) -> PlannerStatus | None:
@@ -73,6 +76,9 @@ async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resu
         await signal_planner(client, task_queue, "pause", "incident", pool=pool, hold_scheduled=True)
 
         await wait_until(lambda: _claim_held(client, bucket_id), within=90)
+        # The hold acts before the claim waits for the deadline: look once it has passed.
+        await wait_until(lambda: _past(pool, deadline), within=60, interval=0.2)
+        assert await _claim_held(client, bucket_id)
         assert await pool.fetchval(
             "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'active'"
             " AND renewal_deadline < cleanup_clock()",
@@ -87,6 +93,10 @@ async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resu
         "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND status = 'cleaned'", accounts
     )
     assert cleaned == len(accounts)
+
+
+async def _past(pool: asyncpg.Pool, deadline: datetime) -> bool:
+    return bool(await pool.fetchval("SELECT cleanup_clock() > $1", deadline))
 
 
 async def _exists(client: Client, workflow_id: str) -> bool:

@@ -12,6 +12,7 @@ from temporalio.client import Client
 from cleanup.models import CLEANUP_PARTITION, CleanupResult
 from cleanup.operations import start_cleanup
 from core import db, failpoints, outage
+from demo.fixture import create_game_schema
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -29,6 +30,7 @@ async def test_partition_reports_add_up_to_the_cohort_after_database_restarts_be
     pg = PrivatePostgres()
     await asyncio.to_thread(pg.init)
     await db.migrate_url(pg.admin_url)
+    await create_game_schema(pg.admin_url)
     pool = await db.create_pool(pg.admin_url, max_size=4, on_connect=outage.OUTAGE.back)
     batches = 0
     restarting: list[asyncio.Task[None]] = []
