@@ -193,10 +193,11 @@ async def test_a_game_session_under_the_same_login_is_left_alone(db_url: str, po
 
 
 async def test_a_pool_drained_by_waiters_does_not_starve_the_check(db_url: str):
-    """The worker's pool (max_size=2) is held by two budgeted batches, both waiting on a stalled
-    holder of the budget's lock. The check runs on a connection of its own, so it ends the holder
-    and both batches go on within its timeout, not after the pool's command_timeout (300 s)."""
-    small = await db.create_pool(db_url, min_size=2, max_size=2)
+    """The worker's pool is drained: the load budget's session holds one connection and two budgeted
+    batches the rest, both waiting on a stalled holder of the budget's lock. The check runs on a
+    connection of its own, so it ends the holder and both batches go on within its timeout, not
+    after the pool's command_timeout (300 s)."""
+    small = await db.create_pool(db_url, min_size=3, max_size=3)
     zombie = await ours(db_url)
     watcher: asyncio.Task[None] | None = None
     try:

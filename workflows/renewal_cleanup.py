@@ -178,7 +178,9 @@ class RenewalCleanupWorkflow:
                 CHECK_ACCOUNT_RENEWED,
                 AccountRenewalCheck(account_id=self._input.account_id, expected_version=self._input.expected_version),
                 result_type=bool,
-                start_to_close_timeout=self._step_timeout,
+                # One read: a worker that dies in it is noticed as soon as one that dies mid-batch
+                # (the heartbeat timeout), not after the step timeout. A slow read is retried, harmlessly.
+                start_to_close_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
             )
             if renewed:
