@@ -36,7 +36,7 @@ def parse_limit(name: str, text: str) -> int | float | None:
     except ValueError:
         raise InputError(f"--{name.replace('_', '-')} must be a number or 'default', got {text!r}") from None
     if not math.isfinite(value):  # NaN compares false with every bound below, and in Postgres above all
-        raise InputError(f"--{name.replace('_', '-')} must be a finite number, got {text!r}")
+        raise InputError(f"--{name.replace('_', '-')} is out of range: must be a finite number, got {text!r}")
     if LIMITS[name] is int and value > INT_MAX:
         raise InputError(f"--{name.replace('_', '-')} is out of range, got {text!r}")
     low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
