@@ -49,7 +49,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
 }
 # A benchmark whose output has no `ratio`: its main figure and that figure's goal.
 MAIN_FIGURE = {"game_schema": ("pipeline_over_floor", ">= 0.6")}
-SIZE_KEYS = ("accounts", "payments", "workflows", "players", "poisoned", "users_per_cohort")
+SIZE_KEYS = ("accounts", "accounts_per_cohort", "payments", "workflows", "live_players", "poisoned", "users_per_cohort")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,12 @@ def figures(document: dict[str, Any], scenario: str = "") -> list[Figure]:
     return out
 
 
+def this_machine() -> str:
+    from bench.common import machine  # the benchmarks' own description of the machine
+
+    return machine()
+
+
 def current_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
@@ -107,7 +113,8 @@ def record(
             "scenario": name,
             "date": datetime.now(UTC).date().isoformat(),
             "commit": commit or current_commit(),
-            "machine": doc.get("machine") or document.get("machine", "unknown"),
+            # A benchmark that prints no machine ran on this one: recording follows the run.
+            "machine": doc.get("machine") or document.get("machine") or this_machine(),
             "result": doc,
         }
         path = results / f"{name}.json"
@@ -116,7 +123,7 @@ def record(
     return written
 
 
-SIZE_LABELS = {"users_per_cohort": "users"}
+SIZE_LABELS = {"users_per_cohort": "users", "accounts_per_cohort": "accounts per cohort", "live_players": "players"}
 
 
 def size_of(doc: dict[str, Any]) -> str:
