@@ -6,7 +6,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -36,7 +36,7 @@ from cleanup.models import (
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
-from core.errors import InputError, validation_message
+from core.errors import InputError, parse_instant, validation_message
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
 
@@ -45,14 +45,8 @@ log = logging.getLogger("cleanup")
 
 
 def parse_deadline(text: str) -> datetime:
-    """An ISO-8601 instant with an explicit offset; a naive time is ambiguous, so it is refused."""
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"not an ISO-8601 datetime: {text!r} (example: 2026-11-01T09:00:00Z)") from None
-    if value.tzinfo is None:
-        raise InputError(f"datetime {text!r} has no timezone; add 'Z' or an offset such as +02:00")
-    return value.astimezone(UTC)
+    """A deadline: an ISO-8601 instant with an explicit offset (core.errors.parse_instant)."""
+    return parse_instant(text)
 
 
 def public_account_id(client: Client, account_id: str) -> str:

@@ -8,7 +8,7 @@ No asyncpg import here: workflows import this module (through the sandbox's pass
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from pydantic import ValidationError
@@ -142,3 +142,16 @@ def is_transient(exc: BaseException) -> bool:
     """Connection lost, serialization failure, deadlock, lock or statement timeout, shutdown, ...:
     retrying the same work later can succeed. Everything that is not deterministic."""
     return not is_deterministic(exc)
+
+
+def parse_instant(text: str, flag: str | None = None) -> datetime:
+    """An ISO-8601 instant with an explicit offset, in UTC: a naive time is ambiguous, so it is
+    refused. `flag` names the option it came from in the message."""
+    prefix, label = (f"{flag}: ", flag) if flag else ("", "datetime")
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"{prefix}not an ISO-8601 datetime: {text!r} (example: 2026-11-01T09:00:00Z)") from None
+    if value.tzinfo is None:
+        raise InputError(f"{label} {text!r} has no timezone; add 'Z' or an offset such as +02:00")
+    return value.astimezone(UTC)

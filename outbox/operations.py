@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 import outbox
 from core import db
-from core.errors import InputError
+from core.errors import InputError, parse_instant
 from core.queries import load
 from core.temporal import start_idempotently
 from outbox.models import (
@@ -55,13 +55,7 @@ def check_event_key(value: str) -> str:
 
 
 def parse_dead_since(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"--dead-since: not an ISO-8601 time: {text!r} (example: 2026-11-01T09:00:00Z)") from None
-    if value.tzinfo is None:
-        raise InputError(f"--dead-since {text!r} has no timezone; add 'Z' or an offset such as +02:00")
-    return value
+    return parse_instant(text, "--dead-since")
 
 
 def _plain(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
