@@ -397,15 +397,12 @@ SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_
 -- name: record_cleanup_target_set
 -- A cleanup runs with one target set: the first partition to run records its fingerprint, every
 -- later one reads it back. $1 cleanup ID, $2 this worker's fingerprint. Returns the recorded one.
-WITH recorded AS (
-    INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)
-    ON CONFLICT (cleanup_id) DO NOTHING
-    RETURNING fingerprint
-)
-SELECT fingerprint FROM recorded
-UNION ALL
-SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1
-LIMIT 1;
+-- DO UPDATE (to the value already there) returns the committed row even when another partition's
+-- insert committed while this one waited on it; DO NOTHING plus a SELECT in the same statement
+-- would read the snapshot from before that commit and find no row.
+INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)
+ON CONFLICT (cleanup_id) DO UPDATE SET fingerprint = cleanup_target_runs.fingerprint
+RETURNING fingerprint;
 
 -- name: record_worker_target_set
 -- The target set a worker started with (what `--dry-run` compares with before any cleanup ran).

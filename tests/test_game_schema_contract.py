@@ -426,3 +426,28 @@ async def test_a_worker_with_another_target_set_runs_a_cleanup_with_the_set_it_s
     assert used.fingerprint == game_targets().fingerprint != smaller.fingerprint
     assert used.batch_sql == started.compiled.batch_sql
     assert (await cleanup_target_set(game_pool, deployed.compiled, "after-deploy")).fingerprint == smaller.fingerprint
+
+
+async def test_two_partitions_recording_the_target_set_at_once_both_read_the_recorded_one(game_pool):
+    """The second partition's record waits on the first's uncommitted insert; once that commits it
+    reads the fingerprint the first recorded (never "no set", which would refuse the partition)."""
+    started = await CleanupActivities.create(game_pool, game_targets())
+    async with game_pool.acquire() as first, game_pool.acquire() as second:
+        tx = first.transaction()
+        await tx.start()
+        await first.execute(
+            "INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)",
+            "at-once",
+            started.compiled.fingerprint,
+        )
+        waiting = asyncio.create_task(cleanup_target_set(second, started.compiled, "at-once"))
+        pid = second.get_server_pid()
+
+        async def blocked_on_the_insert() -> bool:
+            return bool(
+                await game_pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid)
+            )
+
+        await wait_until(blocked_on_the_insert, within=30)
+        await tx.commit()
+        assert (await waiting) is started.compiled
