@@ -228,6 +228,48 @@ def _report(row: asyncpg.Record) -> ShardReport:
     )
 
 
+def _resume_point(input: ReconcileShardInput, details: tuple[Any, ...], attempt: int) -> ShardCheckpoint:
+    """Where this attempt starts: the checkpoint last heartbeated (by this attempt or the one before),
+    else the shard's beginning."""
+    checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
+    if checkpoint.batches:
+        log.info(
+            "shard %s of %s attempt %s resumes after batch %s at (%s, %s)",
+            input.shard,
+            input.business_date,
+            attempt,
+            checkpoint.batches,
+            checkpoint.last_game,
+            checkpoint.last_payment_id,
+        )
+    return checkpoint
+
+
+def _after_batch(input: ReconcileShardInput, attempt: int, checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
+    """After a batch's COMMIT: heartbeat its cursor, hand the shard back if the worker is stopping,
+    count what this batch inserted."""
+    failpoints.hit(f"{RECONCILE_SHARD}.after_commit")
+    activity.heartbeat(checkpoint.model_dump(mode="json"))
+    if activity.is_worker_shutdown():
+        # A graceful shutdown (SIGTERM, a deploy): hand the shard back at this batch boundary,
+        # its cursor heartbeated, so another worker resumes it at once.
+        raise handed_back(f"shard {input.shard} of {input.business_date} handed back after batch {checkpoint.batches}")
+    # What this committed batch inserted (never totals read back), so retries do not double count.
+    metrics.record_corrections(row["corrected"])
+    metrics.record_review_rows(row["reviewed"])
+    log.info(
+        "shard %s of %s attempt %s batch %s: %s keys, %s corrected, %s to review, %s already applied",
+        input.shard,
+        input.business_date,
+        attempt,
+        checkpoint.batches,
+        row["batch_rows"],
+        row["corrected"],
+        row["reviewed"],
+        row["already_applied"],
+    )
+
+
 class LedgerActivities:
     """Holds the pool; one instance per worker process."""
 
@@ -245,87 +287,67 @@ class LedgerActivities:
 
         The heartbeat carries the cursor, so a retry resumes after the last batch it knows of; a
         batch that committed without being heartbeated is re-judged and found already applied.
+        Its steps: check the input, skip a shard unchanged since its report, judge and apply the
+        batches (each batch's corrections and their records commit together, in `run_batch`),
+        then record the report.
         """
         info = activity.info()
+        await self._check_shard(input)
+        details = resume_details()  # a re-run of this attempt resumes after its last committed batch
+        interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
+        if not details and (unchanged := await self._unchanged_report(input, interval)) is not None:
+            return unchanged.model_copy(update={"attempt": info.attempt})
+        start = _resume_point(input, details, info.attempt)
+        checkpoint = await self._judge_and_apply(input, start, info.attempt, interval)
+        report = await run_heartbeating(
+            report_shard(self.pool, input, checkpoint),
+            lambda: activity.heartbeat(checkpoint.model_dump(mode="json")),
+            interval,
+        )
+        return report.model_copy(
+            update={
+                "attempt": info.attempt,
+                "resumed_from_batch": start.batches,
+                "batches_this_attempt": checkpoint.batches - start.batches,
+            }
+        )
+
+    async def _check_shard(self, input: ReconcileShardInput) -> None:
+        """Malformed input fails before any effect: a shard outside the run's or the day's shards."""
         if input.shard >= input.shards:
             raise _bad_input(f"unknown shard {input.shard}: shards are 0-{input.shards - 1}")
         day = await check_day(self.pool, input.business_date, input.shards)
         if input.shard >= day.shards:
             raise _bad_input(f"unknown shard {input.shard} for {day.business_date}: shards are 0-{day.shards - 1}")
-        details = resume_details()  # a re-run of this attempt resumes after its last committed batch
-        interval = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else 10.0
-        # It waits for the shard lock, which another attempt's batch may hold (a zombie of this shard
-        # until Postgres ends its idle transaction, the night run beside a re-check): heartbeat while
-        # it waits, or the wait itself is taken for a dead worker and retried, again and again.
-        if (
-            not details
-            and (
-                unchanged := await run_heartbeating(report_if_unchanged(self.pool, input), activity.heartbeat, interval)
-            )
-            is not None
-        ):
+
+    async def _unchanged_report(self, input: ReconcileShardInput, interval: float) -> ShardReport | None:
+        """The shard's recorded report when its inputs have not changed since (nothing to judge).
+
+        It waits for the shard lock, which another attempt's batch may hold (a zombie of this shard
+        until Postgres ends its idle transaction, the night run beside a re-check): it heartbeats
+        while it waits, or the wait itself is taken for a dead worker and retried, again and again."""
+        unchanged = await run_heartbeating(report_if_unchanged(self.pool, input), activity.heartbeat, interval)
+        if unchanged is not None:
             log.info(
                 "shard %s of %s: inputs unchanged since its report; nothing to judge", input.shard, input.business_date
             )
-            return unchanged.model_copy(update={"attempt": info.attempt})
-        checkpoint = ShardCheckpoint.model_validate(details[0]) if details else ShardCheckpoint()
-        resumed_from = checkpoint.batches
-        if resumed_from:
-            log.info(
-                "shard %s of %s attempt %s resumes after batch %s at (%s, %s)",
-                input.shard,
-                input.business_date,
-                info.attempt,
-                resumed_from,
-                checkpoint.last_game,
-                checkpoint.last_payment_id,
-            )
+        return unchanged
 
-        def after_batch(checkpoint: ShardCheckpoint, row: asyncpg.Record) -> None:
-            failpoints.hit(f"{RECONCILE_SHARD}.after_commit")
-            activity.heartbeat(checkpoint.model_dump(mode="json"))
-            if activity.is_worker_shutdown():
-                # A graceful shutdown (SIGTERM, a deploy): hand the shard back at this batch boundary,
-                # its cursor heartbeated, so another worker resumes it at once.
-                raise handed_back(
-                    f"shard {input.shard} of {input.business_date} handed back after batch {checkpoint.batches}"
-                )
-            # What this committed batch inserted (never totals read back), so retries do not double count.
-            metrics.record_corrections(row["corrected"])
-            metrics.record_review_rows(row["reviewed"])
-            log.info(
-                "shard %s of %s attempt %s batch %s: %s keys, %s corrected, %s to review, %s already applied",
-                input.shard,
-                input.business_date,
-                info.attempt,
-                checkpoint.batches,
-                row["batch_rows"],
-                row["corrected"],
-                row["reviewed"],
-                row["already_applied"],
-            )
-
-        checkpoint = await reconcile_shard_batches(
+    async def _judge_and_apply(
+        self, input: ReconcileShardInput, start: ShardCheckpoint, attempt: int, interval: float
+    ) -> ShardCheckpoint:
+        """The shard's batches from `start` on, heartbeating the cursor while each runs, while it waits
+        for the load budget and after each commits."""
+        return await reconcile_shard_batches(
             self.pool,
             input,
-            checkpoint,
-            after_batch,
+            start,
+            functools.partial(_after_batch, input, attempt),
             guard=lambda batch, checkpoint: self._heartbeating(batch, checkpoint, interval),
             budget=self.budget,
             waiting_for_budget=lambda checkpoint, budget: activity.heartbeat(
                 checkpoint.model_dump(mode="json"), {"load_budget": budget}
             ),
-        )
-        final = checkpoint
-        report = await run_heartbeating(
-            report_shard(self.pool, input, final), lambda: activity.heartbeat(final.model_dump(mode="json")), interval
-        )
-        return report.model_copy(
-            update={
-                "attempt": info.attempt,
-                "resumed_from_batch": resumed_from,
-                "batches_this_attempt": checkpoint.batches - resumed_from,
-            }
         )
 
     @staticmethod
