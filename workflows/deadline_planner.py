@@ -15,6 +15,7 @@ this module never imports asyncpg (see DEVELOPERS.md).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import NoReturn
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -63,94 +64,123 @@ class DeadlinePlannerWorkflow:
 
     @workflow.run
     async def run(self, input: PlannerInput) -> PlannerTotals:
-        s = input.settings
-        task_queue = workflow.info().task_queue
-        # Both steps heartbeat while they run: a worker that dies in one is noticed after this long
-        # and the loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
-        heartbeat = timedelta(seconds=s.step_heartbeat_seconds)
+        """Plan, sweep, count, sleep, for ever; continued as new every `iterations_per_run` iterations.
+
+        A step that fails for good (a non-retryable error) is reported and the loop goes on at the
+        next tick: the planner is the one thing that must never stop.
+        """
         iterations = 0
         while True:
             if self._paused:
                 self._set_phase("paused")
                 await workflow.wait_condition(lambda: not self._paused)
             self._set_phase("planning")
-            # A step that fails for good (a non-retryable error) is reported and the loop goes on at
-            # the next tick: the planner is the one thing that must never stop.
-            plan: PlanTickResult | None = None
-            sweep: SweepResult | None = None
-            try:
-                plan = await workflow.execute_activity(
-                    PLAN_DEADLINE_BUCKETS,
-                    PlanTickInput(settings=s, task_queue=task_queue, lateness_watermark=self._watermark),
-                    result_type=PlanTickResult,
-                    start_to_close_timeout=timedelta(minutes=2),
-                    heartbeat_timeout=heartbeat,
-                    retry_policy=_RETRY,
-                    summary="plan buckets",
-                )
-            except ActivityError as err:
-                self._step_failed("plan buckets", err)
-            if plan is not None:
-                self._last_plan = plan
-                self._watermark = plan.lateness_watermark
+            plan = await self._plan()
             self._set_phase("sweeping")
-            try:
-                sweep = await workflow.execute_activity(
-                    SWEEP_OVERDUE_ACCOUNTS,
-                    SweepInput(
-                        settings=s,
-                        task_queue=task_queue,
-                        previous_sweep_id=self._last_sweep_id,
-                        as_of=workflow.now(),
-                    ),
-                    result_type=SweepResult,
-                    # Bounded work per step (cleanup.planner.RELEASE_SECONDS_PER_STEP): an attempt
-                    # that hangs while heartbeating holds the loop this long, not half an hour.
-                    start_to_close_timeout=timedelta(minutes=5),
-                    heartbeat_timeout=heartbeat,
-                    retry_policy=_RETRY,
-                    summary="sweep",
-                )
-            except ActivityError as err:
-                self._step_failed("sweep", err)
-            if sweep is not None:
-                self._last_sweep = sweep
-                if sweep.sweep_cleanup_id:
-                    self._last_sweep_id = sweep.sweep_cleanup_id
+            sweep = await self._sweep()
             self._last_iteration_at = workflow.now()
-            t = self._totals
-            self._totals = t.model_copy(
+            self._count(plan, sweep)
+            iterations += 1
+            if iterations >= input.settings.iterations_per_run or workflow.info().is_continue_as_new_suggested():
+                self._continue_as_new(input)
+            await self._sleep()
+
+    def _heartbeat(self) -> timedelta:
+        # Both steps heartbeat while they run: a worker that dies in one is noticed after this long
+        # and the loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
+        return timedelta(seconds=self._input.settings.step_heartbeat_seconds)
+
+    async def _plan(self) -> PlanTickResult | None:
+        """Ensure the cohort cleanups of the upcoming buckets; None when the step failed for good."""
+        try:
+            plan: PlanTickResult = await workflow.execute_activity(
+                PLAN_DEADLINE_BUCKETS,
+                PlanTickInput(
+                    settings=self._input.settings,
+                    task_queue=workflow.info().task_queue,
+                    lateness_watermark=self._watermark,
+                ),
+                result_type=PlanTickResult,
+                start_to_close_timeout=timedelta(minutes=2),
+                heartbeat_timeout=self._heartbeat(),
+                retry_policy=_RETRY,
+                summary="plan buckets",
+            )
+        except ActivityError as err:
+            self._step_failed("plan buckets", err)
+            return None
+        self._last_plan = plan
+        self._watermark = plan.lateness_watermark
+        return plan
+
+    async def _sweep(self) -> SweepResult | None:
+        """Release stranded claims and hand overdue accounts to a sweep cleanup; None when the step
+        failed for good."""
+        try:
+            sweep: SweepResult = await workflow.execute_activity(
+                SWEEP_OVERDUE_ACCOUNTS,
+                SweepInput(
+                    settings=self._input.settings,
+                    task_queue=workflow.info().task_queue,
+                    previous_sweep_id=self._last_sweep_id,
+                    as_of=workflow.now(),
+                ),
+                result_type=SweepResult,
+                # Bounded work per step (cleanup.planner.RELEASE_SECONDS_PER_STEP): an attempt
+                # that hangs while heartbeating holds the loop this long, not half an hour.
+                start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=self._heartbeat(),
+                retry_policy=_RETRY,
+                summary="sweep",
+            )
+        except ActivityError as err:
+            self._step_failed("sweep", err)
+            return None
+        self._last_sweep = sweep
+        if sweep.sweep_cleanup_id:
+            self._last_sweep_id = sweep.sweep_cleanup_id
+        return sweep
+
+    def _count(self, plan: PlanTickResult | None, sweep: SweepResult | None) -> None:
+        """Add one iteration's results to the totals (a failed step counts as a step failure)."""
+        swept = sweep is not None and bool(sweep.sweep_cleanup_id)
+        t = self._totals
+        self._totals = t.model_copy(
+            update={
+                "iterations": t.iterations + 1,
+                "buckets_ensured": t.buckets_ensured + (plan.buckets if plan else 0),
+                "sweeps_started": t.sweeps_started + (1 if swept else 0),
+                "overdue_swept": t.overdue_swept + (sweep.overdue if sweep and swept else 0),
+                "stranded_recovered": t.stranded_recovered + (sweep.stranded_recovered if sweep else 0),
+                "step_failures": t.step_failures + (plan is None) + (sweep is None),
+            }
+        )
+
+    def _continue_as_new(self, input: PlannerInput) -> NoReturn:
+        """Start the next run with the pause, the totals and the watermark carried over (raises)."""
+        workflow.continue_as_new(
+            input.model_copy(
                 update={
-                    "iterations": t.iterations + 1,
-                    "buckets_ensured": t.buckets_ensured + (plan.buckets if plan else 0),
-                    "sweeps_started": t.sweeps_started + (1 if sweep and sweep.sweep_cleanup_id else 0),
-                    "overdue_swept": t.overdue_swept + (sweep.overdue if sweep and sweep.sweep_cleanup_id else 0),
-                    "stranded_recovered": t.stranded_recovered + (sweep.stranded_recovered if sweep else 0),
-                    "step_failures": t.step_failures + (plan is None) + (sweep is None),
+                    "paused": self._paused,
+                    "pause_reason": self._pause_reason,
+                    "totals": self._totals.model_copy(update={"runs": self._totals.runs + 1}),
+                    "lateness_watermark": self._watermark,
                 }
             )
-            iterations += 1
-            if iterations >= s.iterations_per_run or workflow.info().is_continue_as_new_suggested():
-                workflow.continue_as_new(
-                    input.model_copy(
-                        update={
-                            "paused": self._paused,
-                            "pause_reason": self._pause_reason,
-                            "totals": self._totals.model_copy(update={"runs": self._totals.runs + 1}),
-                            "lateness_watermark": self._watermark,
-                        }
-                    )
-                )
-            self._set_phase("sleeping")
-            self._nudged = False
-            try:
-                await workflow.wait_condition(
-                    lambda: self._nudged or self._paused,
-                    timeout=timedelta(seconds=s.tick_seconds),
-                    timeout_summary="planner tick",
-                )
-            except TimeoutError:
-                pass
+        )
+
+    async def _sleep(self) -> None:
+        """Wait out the tick, or less: a nudge or a pause wakes the loop at once."""
+        self._set_phase("sleeping")
+        self._nudged = False
+        try:
+            await workflow.wait_condition(
+                lambda: self._nudged or self._paused,
+                timeout=timedelta(seconds=self._input.settings.tick_seconds),
+                timeout_summary="planner tick",
+            )
+        except TimeoutError:
+            pass
 
     def _step_failed(self, step: str, err: ActivityError) -> None:
         cause = err.cause if err.cause is not None else err
