@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ import asyncpg
 from temporalio import activity
 
 import cleanup
-from cleanup.batches import CompiledCleanup, run_keyset_batch
+from cleanup.batches import BatchResult, CompiledCleanup, Pulse, run_keyset_batch
 from cleanup.errors import CleanupFailure, cleanup_failure
 from cleanup.models import (
     CHECK_ACCOUNT_RENEWED,
@@ -135,49 +136,60 @@ async def claim_in_chunks(
             # unused part of what was charged is refunded at release).
             chunk_size = budget.claim_rows(input.chunk_size) if budget and grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):
-                progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
-                assert progress is not None
-                per_partition = list(progress["claimed_per_partition"])
-                if progress["done"]:
-                    return ClaimResult(
-                        claimed_per_partition=per_partition,
-                        skipped_renewed=progress["skipped_renewed"],
-                        skipped_stale=0,
-                    )
-                await conn.execute(SQL.claim_chunk_plan)
-                row = await conn.fetchrow(
-                    SQL.claim_chunk,
-                    input.cleanup_id,
-                    input.deadline_from,
-                    input.deadline_until,
-                    progress["cursor_deadline"],
-                    progress["cursor_account"],
-                    chunk_size,
-                    input.stream_partitions,
-                    sum(per_partition),
-                    input.streams,
-                    input.stream,
-                    CLAIM_RUN_ACCOUNTS,
-                    claiming_namespace(),
-                )
-                assert row is not None
-                for p in row["partitions"]:
-                    per_partition[p] += 1
-                done = row["scanned"] < chunk_size
-                await conn.execute(
-                    SQL.claim_progress_update,
-                    input.progress_id,
-                    row["last_deadline"],
-                    row["last_account"],
-                    per_partition,
-                    row["renewed"],
-                    row["scanned"],
-                    done,
-                )
-            grant.rows_done = row["scanned"]
+                chunk = await _claim_chunk(conn, input, chunk_size)
+            if isinstance(chunk, ClaimResult):
+                return chunk
+            grant.rows_done = chunk["scanned"]
         failpoints.hit(f"{CLAIM_CLEANUP_IN_CHUNKS}.after_commit")
         if after_chunk is not None:
-            after_chunk(len(row["partitions"]))
+            after_chunk(len(chunk["partitions"]))
+
+
+async def _claim_chunk(
+    conn: asyncpg.Connection, input: ClaimChunkedInput, chunk_size: int
+) -> asyncpg.Record | ClaimResult:
+    """One chunk of the claim, in the caller's transaction: the claim statement after the cursor, and
+    the cursor and counts advanced with it (so a chunk and its progress commit together). Under the
+    progress row's lock; a claim already done returns its result, read back, and claims nothing."""
+    progress = await conn.fetchrow(SQL.claim_progress_lock, input.progress_id)
+    assert progress is not None
+    per_partition = list(progress["claimed_per_partition"])
+    if progress["done"]:
+        return ClaimResult(
+            claimed_per_partition=per_partition,
+            skipped_renewed=progress["skipped_renewed"],
+            skipped_stale=0,
+        )
+    await conn.execute(SQL.claim_chunk_plan)
+    row = await conn.fetchrow(
+        SQL.claim_chunk,
+        input.cleanup_id,
+        input.deadline_from,
+        input.deadline_until,
+        progress["cursor_deadline"],
+        progress["cursor_account"],
+        chunk_size,
+        input.stream_partitions,
+        sum(per_partition),
+        input.streams,
+        input.stream,
+        CLAIM_RUN_ACCOUNTS,
+        claiming_namespace(),
+    )
+    assert row is not None
+    for p in row["partitions"]:
+        per_partition[p] += 1
+    await conn.execute(
+        SQL.claim_progress_update,
+        input.progress_id,
+        row["last_deadline"],
+        row["last_account"],
+        per_partition,
+        row["renewed"],
+        row["scanned"],
+        row["scanned"] < chunk_size,  # a short chunk found the range's last accounts: the claim is done
+    )
+    return row
 
 
 class PartitionProgress:
@@ -224,78 +236,103 @@ async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, clea
 _OTHER_SETS: dict[str, CompiledCleanup] = {}
 
 
-async def clean_partition_batches(
-    pool: asyncpg.Pool,
-    batch_sql: str,
-    input: CleanupPartitionInput,
-    checkpoint: PartitionCheckpoint,
-    progress: PartitionProgress | None = None,
-    compiled: CompiledCleanup | None = None,
-    budget: LoadBudget | None = None,
-    schema_errors_final: bool = False,
-) -> PartitionCheckpoint:
+@dataclass(frozen=True)
+class PartitionRun:
+    """What every batch of one partition's run shares: where it runs, the compiled statement, the
+    partition, who hears of its progress, the load budget (None: none) and whether a schema or
+    privilege error records the batch's accounts as failed (`schema_errors_final`, cleanup.batches)
+    instead of failing the attempt."""
+
+    pool: asyncpg.Pool
+    compiled: CompiledCleanup
+    input: CleanupPartitionInput
+    progress: PartitionProgress = field(default_factory=PartitionProgress)
+    budget: LoadBudget | None = None
+    schema_errors_final: bool = False
+
+    async def batch(self, checkpoint: PartitionCheckpoint) -> BatchResult:
+        """One keyset batch after `checkpoint`, under the load budget, heartbeating while it runs."""
+        await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
+        waiting: Waiting = functools.partial(self.progress.waiting_for_budget, checkpoint)
+        async with under_budget(self.budget, "cleanup", self.input.batch_size, waiting) as grant:
+            result = await run_keyset_batch(
+                self.pool,
+                self.compiled,
+                self.input.cleanup_id,
+                self.input.partition_no,
+                checkpoint.last_account_id,
+                self.input.batch_size,
+                pulse=Pulse(functools.partial(self.progress.still_working, checkpoint), self.progress.wait_interval),
+                schema_errors_final=self.schema_errors_final,
+            )
+            grant.rows_done = result.batch_rows
+        return result
+
+
+class ClaimFollower:
+    """A partition that runs while its cohort's claim is still claiming (`input.follow_claim`).
+
+    A short batch ends the partition only if the claim was done before that batch began (a chunk
+    committed meanwhile is read by the next batch); until then a batch runs only once a new chunk
+    has committed. The claim walks one instant's accounts in account order, the order of the
+    partition's keyset, so no claim lands behind the cursor; with several claim streams the
+    partition follows the one stream that claims for it (`partition_no % claim_streams`)."""
+
+    def __init__(self, pool: asyncpg.Pool, input: CleanupPartitionInput) -> None:
+        self.pool = pool
+        self.done = not input.follow_claim
+        self.stream_id = claim_stream_id(input.cleanup_id, input.partition_no % input.claim_streams)
+        self._seen: int | None = 0  # the claim's chunks when the last short batch began: none yet
+        self._chunks: int | None = None  # the claim's chunks when this batch began
+
+    async def nothing_new(self) -> bool:
+        """Before a batch: True while the claim runs and has committed no chunk since the last short
+        batch began (no batch, and no budget, for nothing)."""
+        self._chunks = None
+        if self.done:
+            return False
+        claim = await self.pool.fetchrow(SQL.claim_progress_done, self.stream_id)
+        self.done = claim is not None and claim["done"]
+        self._chunks = claim["chunks"] if claim is not None else 0
+        return not self.done and self._chunks == self._seen
+
+    def ends_at_short_batch(self) -> bool:
+        """After a short batch: True when the claim was done before it began (nothing more comes)."""
+        if self.done:
+            return True
+        self._seen = self._chunks
+        return False
+
+
+async def clean_partition_batches(run: PartitionRun, checkpoint: PartitionCheckpoint) -> PartitionCheckpoint:
     """The partition's work without orchestration: keyset batches, one statement and COMMIT each.
 
     Shared by the activity and by the benchmark's direct baseline, so both run the same SQL.
-    `progress` hears of each committed batch and of every wait: a slow batch (blocked on a row
+    `run.progress` hears of each committed batch and of every wait: a slow batch (blocked on a row
     lock) keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
-    With a `budget` (core.budget), each batch first takes its slot and rows of the database's load
-    budget, waiting while there are none.
-    With `input.follow_claim` the partition runs while the cohort's claim is still claiming: a
-    short batch ends it only if the claim was done before that batch began (a chunk committed
-    meanwhile is read by the next batch); until then it runs a batch only once a new chunk has
-    committed, looking every `CLAIM_POLL_SECONDS`. The claim walks one instant's accounts in
-    account order, the order of the partition's keyset, so no claim lands behind the cursor; with
-    several claim streams the partition follows the one stream that claims for it
-    (`partition_no % claim_streams`).
-    With `schema_errors_final`, a schema or privilege error records the batch's accounts as failed
-    (cleanup.batches) instead of failing the attempt.
+    With a `run.budget` (core.budget), each batch first takes its slot and rows of the database's
+    load budget, waiting while there are none.
+    With `input.follow_claim` the partition follows the cohort's claim (ClaimFollower), looking for
+    a new chunk every `CLAIM_POLL_SECONDS`.
     """
-    progress = progress or PartitionProgress()
-    compiled = compiled or CompiledCleanup.from_batch_sql(batch_sql)
-    claim_done = not input.follow_claim
-    stream_id = claim_stream_id(input.cleanup_id, input.partition_no % input.claim_streams)
-    chunks_seen: int | None = 0  # the claim's chunks when the last short batch began: none yet
+    follower = ClaimFollower(run.pool, run.input)
     while True:
-        chunks: int | None = None
-        if not claim_done:
-            claim = await pool.fetchrow(SQL.claim_progress_done, stream_id)
-            claim_done = claim is not None and claim["done"]
-            chunks = claim["chunks"] if claim is not None else 0
-            if not claim_done and chunks == chunks_seen:
-                # Nothing claimed since the last short batch: no batch (and no budget) for nothing.
-                progress.waiting_for_claim(checkpoint)
-                await asyncio.sleep(CLAIM_POLL_SECONDS)
-                continue
-        await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
-        waiting: Waiting = functools.partial(progress.waiting_for_budget, checkpoint)
-        async with under_budget(budget, "cleanup", input.batch_size, waiting) as grant:
-            result = await run_keyset_batch(
-                pool,
-                compiled,
-                input.cleanup_id,
-                input.partition_no,
-                checkpoint.last_account_id,
-                input.batch_size,
-                while_waiting=functools.partial(progress.still_working, checkpoint),
-                wait_interval=progress.wait_interval,
-                schema_errors_final=schema_errors_final,
-            )
-            grant.rows_done = result.batch_rows
+        if await follower.nothing_new():
+            run.progress.waiting_for_claim(checkpoint)
+            await asyncio.sleep(CLAIM_POLL_SECONDS)
+            continue
+        result = await run.batch(checkpoint)
         if result.batch_rows > 0:
             checkpoint = PartitionCheckpoint(
                 last_account_id=result.last_account_id,
                 counts=checkpoint.counts + result.counts,
                 batches=checkpoint.batches + 1,
             )
-            progress.batch_committed(checkpoint)
-        if result.batch_rows == input.batch_size:
-            continue
-        if claim_done:
+            run.progress.batch_committed(checkpoint)
+        if result.batch_rows < run.input.batch_size and follower.ends_at_short_batch():
             return checkpoint
-        chunks_seen = chunks
 
 
 class HeartbeatingProgress(PartitionProgress):
@@ -473,16 +510,15 @@ class CleanupActivities:
         )
         timeout = info.heartbeat_timeout
         interval = input.heartbeat_interval_seconds or (timeout.total_seconds() / 3 if timeout else 10.0)
-        checkpoint = await clean_partition_batches(
+        run = PartitionRun(
             self.pool,
-            self.partition_batch_sql,
+            compiled,
             input,
-            start,
             HeartbeatingProgress(input, info.attempt, start.counts, interval),
-            compiled=compiled,
             budget=self.budget,
             schema_errors_final=info.attempt >= SCHEMA_ERROR_ATTEMPTS,
         )
+        checkpoint = await clean_partition_batches(run, start)
         c = checkpoint.counts
         await self.pool.execute(
             SQL.record_partition_report,

@@ -53,7 +53,7 @@ import asyncpg
 import bench
 import bench.floor
 import cleanup
-from activities.cleanup import CleanupActivities, claim_in_chunks, clean_partition_batches
+from activities.cleanup import CleanupActivities, PartitionRun, claim_in_chunks, clean_partition_batches
 from bench.common import (
     Stack,
     cpu_seconds,
@@ -203,9 +203,7 @@ async def direct_cleanup(
                 follow_claim=follow,
                 claim_streams=streams,
             )
-            cp = await clean_partition_batches(
-                acts.pool, acts.partition_batch_sql, inp, PartitionCheckpoint(), compiled=acts.compiled
-            )
+            cp = await clean_partition_batches(PartitionRun(acts.pool, acts.compiled, inp), PartitionCheckpoint())
             c = cp.counts
             await acts.pool.execute(
                 SQL.record_partition_report,

@@ -135,6 +135,16 @@ def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresErro
     return f"{where}{f' column {column!r}' if column else ''}: [{err.sqlstate}] {err} ({what}; fix: {fix})"
 
 
+@dataclass(frozen=True)
+class Pulse:
+    """How a slow batch shows it is alive: `beat` is called every `interval` seconds while one of its
+    statements runs (blocked on a row lock, say) and after each statement of a bisection, so it is
+    not taken for a dead worker. The default beats nowhere."""
+
+    beat: Callable[[], None] | None = None
+    interval: float = 5.0
+
+
 @dataclass
 class BatchResult:
     counts: PartitionCounts
@@ -159,19 +169,18 @@ async def run_keyset_batch(
     partition_no: int,
     after_account_id: str,
     batch_size: int,
-    while_waiting: Callable[[], None] | None = None,
-    wait_interval: float = 5.0,
+    *,
+    pulse: Pulse = Pulse(),
     schema_errors_final: bool = False,
 ) -> BatchResult:
     """One keyset batch: statements of at most `STATEMENT_ACCOUNTS` accounts, walking on from the
     last account of the one before, and one COMMIT for all of them; bisected (as a whole: nothing of
     it committed) only if it fails deterministically.
 
-    `while_waiting` is called every `wait_interval` seconds while a statement runs (e.g. blocked
-    on a row lock) and after each statement of a bisection, so a slow batch keeps heartbeating.
-    With `schema_errors_final` (the attempts allowed for a schema or privilege error, SQLSTATE class
-    42, are spent), such an error records every account of the batch in cleanup_failed with it,
-    instead of being retried again: the cleanup then shows them as failed, never 'cleaning' unseen.
+    `pulse` keeps a slow batch heartbeating (Pulse). With `schema_errors_final` (the attempts
+    allowed for a schema or privilege error, SQLSTATE class 42, are spent), such an error records
+    every account of the batch in cleanup_failed with it, instead of being retried again: the
+    cleanup then shows them as failed, never 'cleaning' unseen.
     """
     counts, rows, last = PartitionCounts(), 0, after_account_id
     try:
@@ -181,8 +190,8 @@ async def run_keyset_batch(
                 step = min(STATEMENT_ACCOUNTS, batch_size - rows)
                 row = await run_heartbeating(
                     conn.fetchrow(compiled.batch_sql, *compiled.args(cleanup_id, partition_no, last, step)),
-                    while_waiting,
-                    wait_interval,
+                    pulse.beat,
+                    pulse.interval,
                 )
                 assert row is not None
                 counts, rows = counts + counts_of(row), rows + row["batch_rows"]
@@ -205,7 +214,7 @@ async def run_keyset_batch(
             failures += failed
             counts = PartitionCounts(failed=len(failed))
             return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
-        counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, while_waiting)
+        counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, pulse.beat)
         return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
     return BatchResult(counts=counts, batch_rows=rows, last_account_id=last)
 
