@@ -320,41 +320,14 @@ class LoadBudget:
 
     async def acquire(self, job: str, rows: int, while_waiting: Waiting | None = None) -> Grant:
         """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait)."""
-        s = self.settings
         lease = uuid.uuid4().hex
-        holder = f"{self.holder} {job}"
         started = time.perf_counter()
         while True:
             await self.maybe_adjust()
             waited = time.perf_counter() - started
-            session_pid, session_start = await self.session_identity()
-            async with self.pool.acquire() as conn, db.transaction(conn):
-                await conn.execute(SQL.lock_budget)
-                row = await conn.fetchrow(
-                    SQL.acquire,
-                    lease,
-                    job,
-                    holder,
-                    rows,
-                    s.lease_seconds,
-                    s.max_in_flight,
-                    s.rows_per_second,
-                    waited,
-                    s.burst_seconds,
-                    s.blocked_after_seconds,
-                    session_pid,
-                    session_start,
-                )
-            assert row is not None
-            if not row["session_alive"]:  # ended (a restart, a broken connection): tie the slot to a new one
-                async with self._session_lock:
-                    if self._session_id == (session_pid, session_start):
-                        await self._discard_session()
+            row = await self._try_acquire(lease, job, rows, waited)
+            if row is None:
                 continue
-            if not row["enabled"]:
-                self._off_until = time.monotonic() + s.off_recheck_seconds
-            metrics.set_budget(row["in_flight_limit"], row["rows_per_second"])
-            self.throttled = row["rows_per_second"] is not None
             if row["granted"]:
                 metrics.record_budget_wait(waited)
                 if row["slot"] is not None:
@@ -368,23 +341,54 @@ class LoadBudget:
                     rows_per_second=row["rows_per_second"],
                 )
             if while_waiting is not None:
-                while_waiting(
-                    {
-                        "waiting_for_load_budget_s": round(waited, 1),
-                        "in_flight": row["in_flight"],
-                        "in_flight_limit": row["in_flight_limit"],
-                        "rows_per_second_limit": (
-                            None if row["rows_per_second"] is None else round(row["rows_per_second"], 1)
-                        ),
-                        **({"measuring_baseline": True} if row["quiet_seconds"] is not None else {}),
-                    }
-                )
-            pause = row["refill_seconds"] if row["refill_seconds"] is not None else s.max_poll_seconds / 2
-            if row["quiet_seconds"] is not None:
-                pause = max(pause, row["quiet_seconds"])
-            released = self._released
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(released.wait(), min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
+                while_waiting(_waiting_details(row, waited))
+            await self._wait_to_retry(row)
+
+    async def _try_acquire(self, lease: str, job: str, rows: int, waited: float) -> asyncpg.Record | None:
+        """One try for a slot and `rows` rows under the budget's lock: the budget row's verdict (granted
+        or not, and the limits in force), or None when the session the slot was to be tied to had
+        ended (a restart, a broken connection): the next try ties it to a new one."""
+        s = self.settings
+        session_pid, session_start = await self.session_identity()
+        async with self.pool.acquire() as conn, db.transaction(conn):
+            await conn.execute(SQL.lock_budget)
+            row = await conn.fetchrow(
+                SQL.acquire,
+                lease,
+                job,
+                f"{self.holder} {job}",
+                rows,
+                s.lease_seconds,
+                s.max_in_flight,
+                s.rows_per_second,
+                waited,
+                s.burst_seconds,
+                s.blocked_after_seconds,
+                session_pid,
+                session_start,
+            )
+        assert row is not None
+        if not row["session_alive"]:
+            async with self._session_lock:
+                if self._session_id == (session_pid, session_start):
+                    await self._discard_session()
+            return None
+        if not row["enabled"]:
+            self._off_until = time.monotonic() + s.off_recheck_seconds
+        metrics.set_budget(row["in_flight_limit"], row["rows_per_second"])
+        self.throttled = row["rows_per_second"] is not None
+        return row
+
+    async def _wait_to_retry(self, row: asyncpg.Record) -> None:
+        """Until the next try after a refusal: until the rows refill (or the quiet moment ends), at
+        most `max_poll_seconds` (jittered), or at once when a slot of this process is released."""
+        s = self.settings
+        pause = row["refill_seconds"] if row["refill_seconds"] is not None else s.max_poll_seconds / 2
+        if row["quiet_seconds"] is not None:
+            pause = max(pause, row["quiet_seconds"])
+        released = self._released
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(released.wait(), min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
 
     async def _bookkeeping(self, statement: str, *args: object) -> asyncpg.Record | None:
         """One of the budget's own writes, committed without waiting for the WAL flush (budget.sql)."""
@@ -401,11 +405,49 @@ class LoadBudget:
                 log.warning("could not renew load budget slot %s", grant.slot, exc_info=True)
 
     async def maybe_adjust(self) -> dict[str, Any] | None:
-        """The adaptive step, by whichever worker claims it first in each interval."""
+        """The adaptive step, by whichever worker claims it first in each interval: observe the
+        window, judge it against the limits (the operator's, else this worker's), record the verdict."""
         s = self.settings
         claimed = await self.pool.fetchrow(SQL.claim_adjustment, s.adjust_seconds)
         if claimed is None:
             return None
+        window = await self._observe(claimed)
+        limits = StressLimits.of(claimed, s)
+        reasons = stress_reasons(window.seen, limits)
+        verdict = judge(
+            reasons,
+            rate_limit=claimed["rate_limit"],
+            in_flight_limit=claimed["in_flight_limit"],
+            observed_rows_per_second=window.rows_per_second,
+            observed_peak_in_flight=claimed["window_peak_in_flight"],
+            min_rows_per_second=s.min_rows_per_second,
+            grow_factor=s.grow_factor,
+        )
+        await self._bookkeeping(
+            SQL.apply_adjustment,
+            verdict["rate_limit"],
+            verdict["stress"],
+            window.seen.latency_ms,
+            window.seen.lock_waits,
+            window.seen.replication_lag,
+            window.seen.probe_ms,
+            window.probes,
+            window.new_baseline,
+            window.quiet_seconds,
+            window.restarted,
+            verdict["in_flight_limit"],
+            verdict["limited_by"],
+            window.rows_per_second,
+        )
+        probe_bound = limits.probe_bound_ms(window.seen.probe_baseline_ms)
+        metrics.set_budget_verdict(verdict["rate_limit"] is not None, reasons, window.seen.probe_ms, probe_bound)
+        if verdict["stress"]:
+            log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
+        return verdict
+
+    async def _observe(self, claimed: asyncpg.Record) -> _Window:
+        """What the window that `claimed` closed saw: the batches' latency and rows per second, the
+        database's lock waits and replication lag, the commit probes and their quiet baseline."""
         stress = await self.pool.fetchrow(SQL.sample_stress)
         collected = await self.pool.fetchrow(SQL.collect_probes)
         assert stress is not None and collected is not None
@@ -427,112 +469,133 @@ class LoadBudget:
             weight = min(1.0, probes["quiet_n"] / 5)  # a few quiet probes replace the old baseline
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
-        # Work is running and no quiet probe was seen for a while: grant nothing for a moment (at
-        # most once per `baseline_seconds`, even when that moment found no quiet probe either).
+        return _Window(
+            seen=Observed(
+                latency_ms=latency_ms,
+                lock_waits=stress["lock_waits"],
+                replication_lag=stress["replication_lag"],
+                probe_ms=busy_ms,
+                probe_baseline_ms=baseline,
+            ),
+            probes=probes["busy_n"],
+            new_baseline=new_baseline,
+            quiet_seconds=self._quiet_seconds(claimed, busy_ms is not None and new_baseline is None),
+            restarted=restarted,
+            rows_per_second=(
+                claimed["window_rows"] / claimed["window_seconds"]
+                if claimed["window_seconds"] and claimed["window_seconds"] > 0
+                else None
+            ),
+        )
+
+    def _quiet_seconds(self, claimed: asyncpg.Record, busy_without_quiet_probe: bool) -> float | None:
+        """How long nothing is granted so that quiet probes measure the baseline again (None: no
+        such moment): when work is running and no quiet probe was seen for a while, at most once per
+        `baseline_seconds`, even when that moment found no quiet probe either."""
+        s = self.settings
         stale = [claimed["baseline_age_seconds"], claimed["since_quiet_seconds"]]
-        quiet = (
-            s.quiet_seconds
-            if s.quiet_seconds > 0
-            and busy_ms is not None
-            and new_baseline is None
+        if (
+            s.quiet_seconds > 0
+            and busy_without_quiet_probe
             and all(age is None or age > s.baseline_seconds for age in stale)
-            else None
-        )
-        window_rows_per_second = (
-            claimed["window_rows"] / claimed["window_seconds"]
-            if claimed["window_seconds"] and claimed["window_seconds"] > 0
-            else None
-        )
-        reasons = stress_reasons(
-            latency_ms=latency_ms,
-            lock_waits=stress["lock_waits"],
-            replication_lag=stress["replication_lag"],
-            latency_threshold=claimed["latency_ms"] or s.latency_ms,
-            max_lock_waits=claimed["max_lock_waits"] if claimed["max_lock_waits"] is not None else s.max_lock_waits,
-            max_lag=claimed["max_replication_lag_seconds"] or s.max_replication_lag_seconds,
-            probe_ms=busy_ms,
-            probe_baseline_ms=baseline,
-            probe_ratio=claimed["probe_ratio"] or s.probe_ratio,
+        ):
+            return s.quiet_seconds
+        return None
+
+
+def _waiting_details(row: asyncpg.Record, waited: float) -> dict[str, Any]:
+    """Why a batch waits for the budget, as its heartbeat shows it."""
+    return {
+        "waiting_for_load_budget_s": round(waited, 1),
+        "in_flight": row["in_flight"],
+        "in_flight_limit": row["in_flight_limit"],
+        "rows_per_second_limit": None if row["rows_per_second"] is None else round(row["rows_per_second"], 1),
+        **({"measuring_baseline": True} if row["quiet_seconds"] is not None else {}),
+    }
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What an adjustment window saw of the database's stress (None: not observed in the window)."""
+
+    latency_ms: float | None  # the batches' mean latency per 1,000 rows
+    lock_waits: int  # sessions of this database waiting on a lock now
+    replication_lag: float | None  # seconds, when a standby streams from the server
+    probe_ms: float | None = None  # the commit probe's mean while work ran
+    probe_baseline_ms: float | None = None  # ... and while none ran (its quiet baseline)
+
+
+@dataclass(frozen=True)
+class StressLimits:
+    """Above these the database is stressed; the commit probe's are the players' objective: its mean
+    at most `probe_ratio` x its quiet baseline (and by more than `probe_min_ms`), and at most
+    `probe_max_ms` when that is set."""
+
+    latency_ms: float
+    max_lock_waits: int
+    max_lag: float
+    probe_ratio: float = 2.0
+    probe_min_ms: float = 1.0
+    probe_max_ms: float | None = None
+
+    @classmethod
+    def of(cls, row: Any, s: BudgetSettings) -> StressLimits:
+        """The limits in force: the operator's values in the budget row, else the worker's settings."""
+        return cls(
+            latency_ms=row["latency_ms"] or s.latency_ms,
+            max_lock_waits=row["max_lock_waits"] if row["max_lock_waits"] is not None else s.max_lock_waits,
+            max_lag=row["max_replication_lag_seconds"] or s.max_replication_lag_seconds,
+            probe_ratio=row["probe_ratio"] or s.probe_ratio,
             probe_min_ms=s.probe_min_ms,
-            probe_max_ms=claimed["probe_max_ms"] or s.probe_max_ms,
+            probe_max_ms=row["probe_max_ms"] or s.probe_max_ms,
         )
-        verdict = judge(
-            reasons,
-            rate_limit=claimed["rate_limit"],
-            in_flight_limit=claimed["in_flight_limit"],
-            observed_rows_per_second=window_rows_per_second,
-            observed_peak_in_flight=claimed["window_peak_in_flight"],
-            min_rows_per_second=s.min_rows_per_second,
-            grow_factor=s.grow_factor,
-        )
-        await self._bookkeeping(
-            SQL.apply_adjustment,
-            verdict["rate_limit"],
-            verdict["stress"],
-            latency_ms,
-            stress["lock_waits"],
-            stress["replication_lag"],
-            busy_ms,
-            probes["busy_n"],
-            new_baseline,
-            quiet,
-            restarted,
-            verdict["in_flight_limit"],
-            verdict["limited_by"],
-            window_rows_per_second,
-        )
-        ratio = claimed["probe_ratio"] or s.probe_ratio
+
+    def probe_bound_ms(self, baseline_ms: float | None) -> float | None:
+        """The commit probe's mean above which it shows stress (None: no bound known yet)."""
         bounds = [
-            b
-            for b in (baseline * ratio if baseline is not None else None, claimed["probe_max_ms"] or s.probe_max_ms)
-            if b
+            b for b in (baseline_ms * self.probe_ratio if baseline_ms is not None else None, self.probe_max_ms) if b
         ]
-        metrics.set_budget_verdict(verdict["rate_limit"] is not None, reasons, busy_ms, min(bounds) if bounds else None)
-        if verdict["stress"]:
-            log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
-        return verdict
+        return min(bounds) if bounds else None
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One adjustment window's observations, as the adjustment records them with its verdict."""
+
+    seen: Observed
+    probes: int  # commit probes taken while work ran
+    new_baseline: float | None  # the quiet baseline learnt in this window (None: no quiet probe)
+    quiet_seconds: float | None  # nothing granted this long so that quiet probes are taken
+    restarted: bool  # the server restarted since the baseline was learnt: it is learnt again
+    rows_per_second: float | None  # what the work did in the window
 
 
 def _rate_text(rate: float | None) -> str:
     return "no rate limit" if rate is None else f"{rate:.0f} rows/s"
 
 
-def stress_reasons(
-    *,
-    latency_ms: float | None,
-    lock_waits: int,
-    replication_lag: float | None,
-    latency_threshold: float,
-    max_lock_waits: int,
-    max_lag: float,
-    probe_ms: float | None = None,
-    probe_baseline_ms: float | None = None,
-    probe_ratio: float = 2.0,
-    probe_min_ms: float = 1.0,
-    probe_max_ms: float | None = None,
-) -> dict[str, str]:
-    """The signals that show stress, each as the operator reads it (empty: healthy). The commit
-    probe's objective is the players': its mean over the window at most `probe_ratio` x its quiet
-    baseline (and by more than `probe_min_ms`), and at most `probe_max_ms` when that is set. Keyed
-    by signal (metrics.STRESS_SIGNALS)."""
+def stress_reasons(seen: Observed, limits: StressLimits) -> dict[str, str]:
+    """The signals that show stress, each as the operator reads it (empty: healthy). Keyed by
+    signal (metrics.STRESS_SIGNALS)."""
     reasons: dict[str, str] = {}
+    probe_ms, baseline_ms = seen.probe_ms, seen.probe_baseline_ms
     if (
         probe_ms is not None
-        and probe_baseline_ms is not None
-        and probe_ms > probe_baseline_ms * probe_ratio
-        and probe_ms - probe_baseline_ms > probe_min_ms
+        and baseline_ms is not None
+        and probe_ms > baseline_ms * limits.probe_ratio
+        and probe_ms - baseline_ms > limits.probe_min_ms
     ):
         reasons["commit_probe"] = (
-            f"commit probe {probe_ms:.1f} ms > {probe_ratio:g} x baseline {probe_baseline_ms:.1f} ms"
+            f"commit probe {probe_ms:.1f} ms > {limits.probe_ratio:g} x baseline {baseline_ms:.1f} ms"
         )
-    if probe_ms is not None and probe_max_ms is not None and probe_ms > probe_max_ms:
-        reasons["commit_probe_ms"] = f"commit probe {probe_ms:.1f} ms > {probe_max_ms:g} ms"
-    if latency_ms is not None and latency_ms > latency_threshold:
-        reasons["batch_latency"] = f"batch latency {latency_ms:.0f} ms per 1000 rows > {latency_threshold:.0f}"
-    if lock_waits > max_lock_waits:
-        reasons["lock_waits"] = f"{lock_waits} lock waits > {max_lock_waits}"
-    if replication_lag is not None and replication_lag > max_lag:
-        reasons["replication_lag"] = f"replication lag {replication_lag:.1f} s > {max_lag:.1f}"
+    if probe_ms is not None and limits.probe_max_ms is not None and probe_ms > limits.probe_max_ms:
+        reasons["commit_probe_ms"] = f"commit probe {probe_ms:.1f} ms > {limits.probe_max_ms:g} ms"
+    if seen.latency_ms is not None and seen.latency_ms > limits.latency_ms:
+        reasons["batch_latency"] = f"batch latency {seen.latency_ms:.0f} ms per 1000 rows > {limits.latency_ms:.0f}"
+    if seen.lock_waits > limits.max_lock_waits:
+        reasons["lock_waits"] = f"{seen.lock_waits} lock waits > {limits.max_lock_waits}"
+    if seen.replication_lag is not None and seen.replication_lag > limits.max_lag:
+        reasons["replication_lag"] = f"replication lag {seen.replication_lag:.1f} s > {limits.max_lag:.1f}"
     return reasons
 
 
@@ -578,14 +641,6 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
     slots = [dict(r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]
-
-    def limit(name: str) -> dict[str, Any]:
-        value = row[name]
-        return {
-            "value": value if value is not None else getattr(s, name),
-            "source": "set" if value is not None else "default",
-        }
-
     cap_n = row["max_in_flight"] if row["max_in_flight"] is not None else s.max_in_flight
     cap_r = row["rows_per_second"] if row["rows_per_second"] is not None else s.rows_per_second
     effective_n = 0 if cap_n == 0 else _least(cap_n, row["in_flight_limit"])
@@ -595,14 +650,8 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         "enabled": enabled,
         "doing": _doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r),
         "limited_by": _limited_by(enabled, row, cap_n, cap_r),
-        "objective": _objective(row, s),
-        "max_in_flight": limit("max_in_flight"),
-        "rows_per_second": limit("rows_per_second"),
-        "latency_ms": limit("latency_ms"),
-        "probe_ratio": limit("probe_ratio"),
-        "probe_max_ms": limit("probe_max_ms"),
-        "max_lock_waits": limit("max_lock_waits"),
-        "max_replication_lag_seconds": limit("max_replication_lag_seconds"),
+        "objective": _objective(StressLimits.of(row, s), row["probe_baseline_ms"]),
+        **{name: _setting(row, s, name) for name in _OPERATOR_SETTINGS},
         "throttled": row["rate_limit"] is not None or row["in_flight_limit"] is not None,
         "adaptive_rows_per_second": row["rate_limit"],
         "adaptive_in_flight": row["in_flight_limit"],
@@ -611,19 +660,52 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         "stress": row["stress"],
         "last_stress": row["last_stress"],
         "stressed_at": row["stressed_at"],
-        "observed": {
-            "rows_per_second": row["observed_rows_per_second"],
-            "latency_ms_per_1000_rows": row["observed_latency_ms"],
-            "lock_waits": row["observed_lock_waits"],
-            "replication_lag_seconds": row["observed_replication_lag"],
-            "commit_probe_ms": row["observed_probe_ms"],
-            "commit_probes": row["observed_probes"],
-            "at": row["adjusted_at"],
-        },
+        "observed": _last_observed(row),
         "commit_probe_baseline_ms": row["probe_baseline_ms"],
         "commit_probe_baseline_at": row["probe_baseline_at"],
         "in_flight": len(slots),
         "slots": slots,
+        **_counters(row),
+    }
+
+
+# The settings `budget set` changes, as `budget show` lists them.
+_OPERATOR_SETTINGS = (
+    "max_in_flight",
+    "rows_per_second",
+    "latency_ms",
+    "probe_ratio",
+    "probe_max_ms",
+    "max_lock_waits",
+    "max_replication_lag_seconds",
+)
+
+
+def _setting(row: Any, s: BudgetSettings, name: str) -> dict[str, Any]:
+    """One operator setting: its value in force and whether the operator set it or it is the default."""
+    value = row[name]
+    return {
+        "value": value if value is not None else getattr(s, name),
+        "source": "set" if value is not None else "default",
+    }
+
+
+def _last_observed(row: Any) -> dict[str, Any]:
+    """The last adjustment's observations."""
+    return {
+        "rows_per_second": row["observed_rows_per_second"],
+        "latency_ms_per_1000_rows": row["observed_latency_ms"],
+        "lock_waits": row["observed_lock_waits"],
+        "replication_lag_seconds": row["observed_replication_lag"],
+        "commit_probe_ms": row["observed_probe_ms"],
+        "commit_probes": row["observed_probes"],
+        "at": row["adjusted_at"],
+    }
+
+
+def _counters(row: Any) -> dict[str, Any]:
+    """The budget's counters, and who changed its settings last."""
+    return {
         "peak_in_flight": row["peak_in_flight"],
         "granted": row["granted"],
         "denied": row["denied"],
@@ -665,17 +747,13 @@ def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:
     return "the operator's cap: " + ", ".join(caps) if caps else "nothing: no stress signal, no cap"
 
 
-def _objective(row: Any, s: BudgetSettings) -> str:
-    ratio = row["probe_ratio"] or s.probe_ratio
-    max_ms = row["probe_max_ms"] or s.probe_max_ms
-    text = f"a player's commit (the commit probe, mean per window) at most {ratio:g} x its quiet baseline"
-    if row["probe_baseline_ms"] is not None:
-        text += f" ({row['probe_baseline_ms']:.1f} ms)"
-    if max_ms is not None:
-        text += f" and at most {max_ms:g} ms"
-    lock_waits = row["max_lock_waits"] if row["max_lock_waits"] is not None else s.max_lock_waits
-    lag = row["max_replication_lag_seconds"] or s.max_replication_lag_seconds
-    return f"{text}; at most {lock_waits} lock waits; replication lag at most {lag:g} s"
+def _objective(limits: StressLimits, baseline_ms: float | None) -> str:
+    text = f"a player's commit (the commit probe, mean per window) at most {limits.probe_ratio:g} x its quiet baseline"
+    if baseline_ms is not None:
+        text += f" ({baseline_ms:.1f} ms)"
+    if limits.probe_max_ms is not None:
+        text += f" and at most {limits.probe_max_ms:g} ms"
+    return f"{text}; at most {limits.max_lock_waits} lock waits; replication lag at most {limits.max_lag:g} s"
 
 
 _UNCHANGED = object()
@@ -696,7 +774,11 @@ async def set_budget(
     changed_by: str | None = None,
 ) -> None:
     """Change the budget for every worker; a limit given as None goes back to the workers' default.
-    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress)."""
+    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress).
+
+    Why eleven parameters: after the pool, each keyword-only one is one setting of `budget set`,
+    and a setting not given is left as it is (the `_UNCHANGED` default, distinct from None, which
+    means "back to the default"); a model of them would need that third state per field too."""
     pairs: list[object] = []
     for value in (max_in_flight, rows_per_second, latency_ms, max_lock_waits, max_replication_lag_seconds, probe_ratio):
         pairs += [value is not _UNCHANGED, None if value is _UNCHANGED else value]

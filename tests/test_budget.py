@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from datetime import date
 from typing import Any
 
@@ -19,7 +20,17 @@ from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
 from core import db
-from core.budget import SQL, BudgetSettings, LoadBudget, budget_status, judge, set_budget, stress_reasons
+from core.budget import (
+    SQL,
+    BudgetSettings,
+    LoadBudget,
+    Observed,
+    StressLimits,
+    budget_status,
+    judge,
+    set_budget,
+    stress_reasons,
+)
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
 from tests.helpers import deadline_in, effect_counts, seed, wait_until
@@ -344,20 +355,21 @@ async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per
 
 
 def test_each_signal_shows_stress_against_its_threshold() -> None:
-    common: dict[str, Any] = {"latency_threshold": 1000.0, "max_lock_waits": 4, "max_lag": 10.0}
-    calm: dict[str, Any] = {"latency_ms": None, "lock_waits": 0, "replication_lag": None}
-    assert stress_reasons(**common, **calm) == {}
-    assert list(stress_reasons(**common, **{**calm, "latency_ms": 2500.0})) == ["batch_latency"]
-    assert list(stress_reasons(**common, **{**calm, "lock_waits": 9})) == ["lock_waits"]
-    assert list(stress_reasons(**common, **{**calm, "replication_lag": 30.0})) == ["replication_lag"]
-    probe: dict[str, Any] = {"probe_ratio": 1.5, "probe_min_ms": 1.0}
-    slow = stress_reasons(**common, **calm, probe_ms=9.0, probe_baseline_ms=4.0, **probe)
+    limits = StressLimits(latency_ms=1000.0, max_lock_waits=4, max_lag=10.0)
+    calm = Observed(latency_ms=None, lock_waits=0, replication_lag=None)
+    assert stress_reasons(calm, limits) == {}
+    assert list(stress_reasons(replace(calm, latency_ms=2500.0), limits)) == ["batch_latency"]
+    assert list(stress_reasons(replace(calm, lock_waits=9), limits)) == ["lock_waits"]
+    assert list(stress_reasons(replace(calm, replication_lag=30.0), limits)) == ["replication_lag"]
+    probe = replace(limits, probe_ratio=1.5, probe_min_ms=1.0)
+    slow = stress_reasons(replace(calm, probe_ms=9.0, probe_baseline_ms=4.0), probe)
     assert list(slow) == ["commit_probe"] and "1.5 x baseline 4.0 ms" in slow["commit_probe"]
     for probe_ms, baseline in ((5.9, 4.0), (1.2, 0.5), (9.0, None)):  # under 1.5 x; under +1 ms; no baseline
-        assert stress_reasons(**common, **calm, probe_ms=probe_ms, probe_baseline_ms=baseline, **probe) == {}
-    bounded = stress_reasons(**common, **calm, probe_ms=30.0, probe_baseline_ms=None, probe_max_ms=25.0)
-    assert list(bounded) == ["commit_probe_ms"], "the absolute objective needs no baseline"
-    assert stress_reasons(**common, **calm, probe_ms=20.0, probe_baseline_ms=None, probe_max_ms=25.0) == {}
+        assert stress_reasons(replace(calm, probe_ms=probe_ms, probe_baseline_ms=baseline), probe) == {}
+    bounded = replace(limits, probe_max_ms=25.0)
+    slow_alone = stress_reasons(replace(calm, probe_ms=30.0), bounded)
+    assert list(slow_alone) == ["commit_probe_ms"], "the absolute objective needs no baseline"
+    assert stress_reasons(replace(calm, probe_ms=20.0), bounded) == {}
 
 
 def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> None:
