@@ -302,7 +302,7 @@ def register(commands: Commands) -> None:
     p = verb("backfill", cmd_schedule_backfill, "run the schedule for a range of past business dates")
     p.add_argument("--from", dest="from_date", required=True, metavar="DATE", help="first " + DATE_HELP)
     p.add_argument("--to", dest="to_date", required=True, metavar="DATE", help="last " + DATE_HELP)
-    verb("delete", cmd_schedule_delete, "delete the schedule")
+    verb("delete", cmd_schedule_delete, "remove the schedule (its past runs stay in Temporal)")
 
     p = commands.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
     p.add_argument("--date", required=True, help=DATE_HELP)
