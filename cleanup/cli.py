@@ -1,4 +1,5 @@
-"""The cleanup commands of starter.py: `cleanup`, `renew`, `list`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup`, `renew`, `hold`, `release`, `account history`,
+`list`, `failed`, `retry-failed`, `planner status|pause|resume|start`, and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
