@@ -13,6 +13,7 @@ import io
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,32 @@ def test_migrate_alone_applies_and_its_flags_follow_it() -> None:
 
 def test_nested_parsers_report_errors_as_the_top_level_does() -> None:
     assert all(isinstance(p, CliParser) for path, p in tree(PARSER) if path[:1] not in {(n,) for n in PASSTHROUGH})
+
+
+def test_the_commands_the_deployment_files_run_parse() -> None:
+    import yaml
+
+    root = Path(starter.__file__).resolve().parent
+    documents = [yaml.safe_load((root / "docker-compose.yml").read_text())]
+    documents += [
+        d for f in sorted((root / "deploy" / "kubernetes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+    ]
+
+    def commands(node: object) -> Iterator[list[str]]:
+        if isinstance(node, dict):
+            command = node.get("command")
+            if isinstance(command, list) and command[:1] == ["deadline-cleanup"]:
+                yield command[1:]
+            for value in node.values():
+                yield from commands(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from commands(value)
+
+    shown = [argv for d in documents for argv in commands(d)]
+    assert any(argv[:1] == ["migrate"] for argv in shown) and any(argv[:1] == ["worker"] for argv in shown)
+    for argv in shown:
+        if argv[0] in PASSTHROUGH:
+            PASSTHROUGH[argv[0]]().parse_args(argv[1:])
+        else:
+            assert parse(argv) == (None, ""), argv
