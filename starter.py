@@ -52,13 +52,6 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     """The only command that changes the schema: each pending file in its own transaction (with a
     lock timeout), then the worker role's grants on the declared targets, table by table."""
     url = embedded.database_url(settings)  # the database only: no Temporal needed
-    if args.action == "status":
-        rows = await db.await_db(url, db.migration_status_url(url))
-        emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
-        changed = [r["name"] for r in rows if r["state"] == "changed"]
-        if changed:
-            raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
-        return
     applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
     if args.demo_game:
@@ -69,6 +62,15 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
     emit(args, data, _migrated_text)
+
+
+async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> None:
+    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    rows = await db.await_db(url, db.migration_status_url(url))
+    emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
+    changed = [r["name"] for r in rows if r["state"] == "changed"]
+    if changed:
+        raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
 
 
 def _migrated_text(d: dict[str, Any]) -> str:
@@ -108,33 +110,33 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     emit(args, result, lambda d: str(d.pop("report")))
 
 
-async def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+async def cmd_dev_up(args: argparse.Namespace, settings: Settings) -> None:
     """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
     records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
-    server = embedded.DevServer(settings.state_dir)
-    if args.action == "down":
-        stopped = server.stop()
-        was_running = embedded.stop_embedded_postgres(settings.state_dir)
-        dev_env_file(settings.state_dir).unlink(missing_ok=True)
-        emit(
-            args,
-            {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
-            lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
-        )
-    else:
-        started = embedded.missing_addresses(settings)
-        resolved = embedded.resolve(settings, start=True)
-        env_file = embedded.write_dev_env(resolved, started) if started else None
-        emit(
-            args,
-            {
-                "temporal": resolved.temporal_address,
-                "ui": resolved.ui_url(),
-                "database_url": mask_url(resolved.database_url),
-                "env_file": str(env_file) if env_file else None,
-            },
-            key_values,
-        )
+    started = embedded.missing_addresses(settings)
+    resolved = embedded.resolve(settings, start=True)
+    env_file = embedded.write_dev_env(resolved, started) if started else None
+    emit(
+        args,
+        {
+            "temporal": resolved.temporal_address,
+            "ui": resolved.ui_url(),
+            "database_url": mask_url(resolved.database_url),
+            "env_file": str(env_file) if env_file else None,
+        },
+        key_values,
+    )
+
+
+async def cmd_dev_down(args: argparse.Namespace, settings: Settings) -> None:
+    stopped = embedded.DevServer(settings.state_dir).stop()
+    was_running = embedded.stop_embedded_postgres(settings.state_dir)
+    dev_env_file(settings.state_dir).unlink(missing_ok=True)
+    emit(
+        args,
+        {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
+        lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
+    )
 
 
 async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
@@ -154,36 +156,53 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
-    parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
-    parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or 'deadline-cleanup'")
-    parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
-    commands = Commands(parser.add_subparsers(dest="command", required=True))
-    command = commands.add
+    parser.add_argument(
+        "--temporal-address",
+        metavar="HOST:PORT",
+        help="the Temporal frontend (env: TEMPORAL_ADDRESS; default: the embedded dev server)",
+    )
+    parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
+    parser.add_argument(
+        "--task-queue", help="the workers' task queue (env: TEMPORAL_TASK_QUEUE; default 'deadline-cleanup')"
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="the Postgres database (env: DATABASE_URL; default: the embedded Postgres)",
+    )
+    commands = Commands(parser.add_subparsers(dest="command", required=True, title="commands"))
 
-    p = command("migrate", cmd_migrate, "apply the database schema (idempotent); `migrate status`: applied and pending")
-    p.add_argument("action", nargs="?", choices=["apply", "status"], default="apply")
+    migrate = commands.group(
+        "migrate",
+        "the database schema: apply it (the default verb: `migrate` is `migrate apply`) or show it",
+        default="apply",
+    )
+    p = migrate.add("apply", cmd_migrate, "apply the pending migrations (idempotent), then grant the worker role")
     p.add_argument("--demo-game", action="store_true", help="also create the demo game's tables (the default targets)")
     p.add_argument(
         "--grant-worker-role",
         metavar="LOGIN",
         help="then make this existing login a member of the least-privileged role cleanup_worker",
     )
+    migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
     cleanup_cli.register(commands)
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
     demo_cli.register(commands)
 
-    p = command("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
-    p.add_argument("workflow_id")
+    p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
+    p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
 
-    p = command("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
-    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed")
+    p = commands.add("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
+    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed (default 3000)")
     p.add_argument(
-        "--renew-share", type=finite_float(0, 1), default=0.1, help="share of accounts renewed before the deadline"
+        "--renew-share",
+        type=finite_float(0, 1),
+        default=0.1,
+        help="share of accounts renewed before the deadline (default 0.1)",
     )
-    p.add_argument("--workers", type=bounded_int(1, 64), default=2, help="worker processes to run")
+    p.add_argument("--workers", type=bounded_int(1, 64), default=2, help="worker processes to run (default 2)")
     p.add_argument(
         "--lead-seconds",
         type=finite_float(0, 86_400),
@@ -197,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="deadlines spread over this window (default 15)",
     )
 
-    p = command("dev", cmd_dev, "start (up) or stop (down) the embedded Temporal dev server and Postgres")
-    p.add_argument("action", choices=["up", "down"])
+    dev = commands.group("dev", "the embedded Temporal dev server and Postgres of this checkout")
+    dev.add("up", cmd_dev_up, "start them (if not running) and record their addresses for later commands")
+    dev.add("down", cmd_dev_down, "stop them and forget their addresses")
 
     help = "run a worker (`worker --help` for its options; the global options above apply too)"
     p = commands.sub.add_parser("worker", help=help, description=help, add_help=False)

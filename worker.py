@@ -300,6 +300,34 @@ async def _run_worker(
         await pool.close()
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's options; each has an environment variable, named in its help."""
+    parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__, allow_abbrev=False)
+    parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
+    parser.add_argument(
+        "--task-queue", help="the task queue to poll (env: TEMPORAL_TASK_QUEUE; default 'deadline-cleanup')"
+    )
+    parser.add_argument(
+        "--temporal-address",
+        metavar="HOST:PORT",
+        help="the Temporal frontend (env: TEMPORAL_ADDRESS; default: the embedded dev server)",
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="the Postgres database (env: DATABASE_URL; default: the embedded Postgres)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=bounded_int(1, 65535),
+        help="serve Prometheus /metrics on this port (env: METRICS_PORT; default: off)",
+    )
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], help="log lines as text or JSON (env: LOG_FORMAT; default text)"
+    )
+    return parser
+
+
 def main(
     argv: list[str] | None = None,
     *,
@@ -308,17 +336,7 @@ def main(
     on_ready: Callable[[], None] | None = None,
     planner: bool = True,
 ) -> int:
-    parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__)
-    parser.add_argument("--namespace", help="default: $TEMPORAL_NAMESPACE or 'default'")
-    parser.add_argument("--task-queue", help="default: $TEMPORAL_TASK_QUEUE or deadline-cleanup")
-    parser.add_argument("--temporal-address", help="default: $TEMPORAL_ADDRESS, else the embedded dev server")
-    parser.add_argument("--database-url", help="default: $DATABASE_URL, else the embedded Postgres")
-    parser.add_argument(
-        "--metrics-port",
-        type=bounded_int(1, 65535),
-        help="serve Prometheus /metrics here (default: $METRICS_PORT; off)",
-    )
-    parser.add_argument("--log-format", choices=["text", "json"], help="default: $LOG_FORMAT or text")
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(

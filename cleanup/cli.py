@@ -1,4 +1,5 @@
-"""The cleanup commands of starter.py: `cleanup`, `renew`, `list`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup`, `renew`, `hold`, `release`, `account history`,
+`list`, `failed`, `retry-failed`, `planner status|pause|resume|start`, and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
@@ -303,35 +304,51 @@ def _planner_human_status(d: dict[str, Any]) -> str:
     return key_values(lines)
 
 
-async def cmd_planner(args: argparse.Namespace, settings: Settings) -> None:
-    """`planner status` answers from Temporal while the database is down; the other actions need it."""
-    from cleanup.planner import (  # lazy: keeps `starter.py --help` and `renew` fast to start
-        PLANNER_DB_PART,
-        ensure_planner,
-        planner_status,
-        signal_planner,
-    )
+async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> None:
+    """Answers from Temporal while the database is down; the other planner verbs need it."""
+    from cleanup.planner import PLANNER_DB_PART, planner_status  # lazy: keeps `starter.py --help` fast
 
-    status = args.action == "status"
-    async with CliContext(settings, database="optional" if status else "required") as ctx:
+    async with CliContext(settings, database="optional") as ctx:
+        data = await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue)
+        if ctx.database_missing and "database" in data:
+            data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
+        _add_ui(data, ctx.settings, data["workflow_id"])
+    emit(args, data, _planner_human_status)
+
+
+async def cmd_planner_start(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+
+    async with CliContext(settings) as ctx:
+        workflow_id, started = await ensure_planner(ctx.client, ctx.settings.task_queue, pool=ctx.pool)
+        data = {"workflow_id": workflow_id, "started": started}
+        _add_ui(data, ctx.settings, workflow_id)
+    emit(args, data)
+
+
+async def cmd_planner_pause(args: argparse.Namespace, settings: Settings) -> None:
+    await _signal_planner(args, settings, "pause", args.reason, args.hold_scheduled)
+
+
+async def cmd_planner_resume(args: argparse.Namespace, settings: Settings) -> None:
+    await _signal_planner(args, settings, "resume", "", False)
+
+
+async def _signal_planner(
+    args: argparse.Namespace, settings: Settings, action: Literal["pause", "resume"], reason: str, hold: bool
+) -> None:
+    from cleanup.planner import signal_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+
+    async with CliContext(settings) as ctx:
         queue = ctx.settings.task_queue
-        if status:
-            data = await planner_status(ctx.client, ctx.optional_pool, queue)
-            if ctx.database_missing and "database" in data:
-                data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
-            _add_ui(data, ctx.settings, data["workflow_id"])
-            emit(args, data, _planner_human_status)
-            return
-        if args.action == "start":
-            workflow_id, started = await ensure_planner(ctx.client, queue, pool=ctx.pool)
-            data = {"workflow_id": workflow_id, "started": started}
-        else:
-            await signal_planner(
-                ctx.client, queue, args.action, args.reason, pool=ctx.pool, hold_scheduled=args.hold_scheduled
-            )
-            data = {"workflow_id": planner_workflow_id(queue), "signalled": args.action}
+        await signal_planner(ctx.client, queue, action, reason, pool=ctx.pool, hold_scheduled=hold)
+        data = {"workflow_id": planner_workflow_id(queue), "signalled": action}
         _add_ui(data, ctx.settings, data["workflow_id"])
     emit(args, data)
+
+
+ACCOUNT_HELP = "the account's ID, e.g. acct_123"
+CLEANUP_FILTER_HELP = "only this cleanup (workflow ID); default: every cleanup"
 
 
 def register(commands: Commands) -> None:
@@ -356,14 +373,14 @@ def register(commands: Commands) -> None:
         type=finite_float(),
         metavar="SECONDS",
         help="a partition whose worker died resumes elsewhere after this long without a heartbeat "
-        "(default: $CLEANUP_HEARTBEAT_TIMEOUT_SECONDS or 7)",
+        "(env: CLEANUP_HEARTBEAT_TIMEOUT_SECONDS; default 7)",
     )
     p.add_argument(
         "--heartbeat-interval",
         type=finite_float(),
         metavar="SECONDS",
         help="heartbeat at least this often while a batch runs "
-        "(default: $CLEANUP_HEARTBEAT_INTERVAL_SECONDS or a third of the timeout)",
+        "(env: CLEANUP_HEARTBEAT_INTERVAL_SECONDS; default a third of the timeout)",
     )
     p.add_argument(
         "--max-failed",
@@ -373,26 +390,26 @@ def register(commands: Commands) -> None:
     )
 
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
-    p.add_argument("account_id")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
     p.add_argument("--allow-earlier", action="store_true", help="accept a new deadline earlier than the current one")
 
     p = command("hold", cmd_hold, "put an account under a legal hold: never claimed until released (exit 3: too late)")
-    p.add_argument("account_id")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
-    p = command("account", cmd_account, "an account's history: its erasure receipt (no personal data)")
-    p.add_argument("action", choices=["history"])
-    p.add_argument("account_id")
+    account = commands.group("account", "what is recorded of one account")
+    p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
 
     p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
-    p.add_argument("account_id")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
 
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
-    p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
+    p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
     p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
     p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
@@ -401,14 +418,19 @@ def register(commands: Commands) -> None:
         cmd_retry_failed,
         "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
     )
-    p.add_argument("--cleanup", metavar="ID", help="only this cleanup (workflow ID); default: every cleanup")
+    p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
 
-    help = "the deadline planner: status (next deadlines, overdue, recovered, lateness), pause, resume, start"
-    p = command("planner", cmd_planner, help)
-    p.add_argument("action", choices=["status", "pause", "resume", "start"])
-    p.add_argument("--reason", default="", help="pause: why (shown by status and in the Temporal UI)")
+    planner = commands.group("planner", "the deadline planner of this task queue: status, pause, resume, start")
+    help = "next deadlines, overdue, held, failed, recovered, lateness, load budget (answers without the database)"
+    planner.add("status", cmd_planner_status, help)
+    p = planner.add("pause", cmd_planner_pause, "stop starting cleanups until resume (recorded in the database)")
+    p.add_argument("--reason", default="", help="why (shown by status and in the Temporal UI)")
     p.add_argument(
         "--hold-scheduled",
         action="store_true",
-        help="pause: also hold the bucket cleanups already scheduled (they wait at their claim until resume)",
+        help="also hold the bucket cleanups already scheduled (they wait at their claim until resume)",
     )
+    planner.add(
+        "resume", cmd_planner_resume, "end a pause: the planner starts cleanups again (recorded in the database)"
+    )
+    planner.add("start", cmd_planner_start, "start the planner if it is not running (the workers also start it)")

@@ -57,7 +57,28 @@ def _human(d: dict[str, Any]) -> str:
     return key_values(shown) + "\nin flight now:\n" + slots
 
 
-async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
+async def cmd_budget_show(args: argparse.Namespace, settings: Settings) -> None:
+    await _budget(args, settings, change=False)
+
+
+async def cmd_budget_set(args: argparse.Namespace, settings: Settings) -> None:
+    changes: dict[str, Any] = {
+        name: parse_limit(name, value) for name in LIMITS if (value := getattr(args, name)) is not None
+    }
+    enabled = {"on": True, "off": False}.get(args.enabled) if args.enabled else None
+    if not changes and enabled is None and not args.reset_scale:
+        raise InputError("nothing to set: give a limit (e.g. --max-in-flight 4), --enabled or --reset-scale")
+    await _budget(args, settings, change=True, enabled=enabled, changes=changes)
+
+
+async def _budget(
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    change: bool,
+    enabled: bool | None = None,
+    changes: dict[str, Any] | None = None,
+) -> None:
     from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
@@ -65,38 +86,37 @@ async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
     await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:
-        if args.action == "set":
-            changes: dict[str, Any] = {
-                name: parse_limit(name, value) for name in LIMITS if (value := getattr(args, name)) is not None
-            }
-            enabled = {"on": True, "off": False}.get(args.enabled) if args.enabled else None
-            if not changes and enabled is None and not args.reset_scale:
-                raise InputError("nothing to set: give a limit (e.g. --max-in-flight 4), --enabled or --reset-scale")
-            await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **changes)
+        if change:
+            await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **(changes or {}))
         emit(args, await budget_status(pool), _human)
     finally:
         await pool.close()
 
 
+LIMIT_HELP = {
+    "max_in_flight": "batches at once across all workers (0 pauses)",
+    "rows_per_second": "rows (accounts, ledger keys) per second",
+    "latency_ms": "mean batch latency per 1000 rows that means stress",
+    "max_lock_waits": "lock waits in the database that means stress",
+    "max_replication_lag_seconds": "standby lag that means stress",
+    "probe_ratio": "commit probe latency / its quiet baseline that means stress (> 1)",
+    "probe_max_ms": "commit probe latency (mean per window) that means stress, in ms",
+}
+
+
 def register(commands: Commands) -> None:
     """Add `budget show|set` to starter.py."""
-    p = commands.add(
-        "budget", cmd_budget, "the database load budget of cleanup and reconciliation batches: show or set it"
-    )
-    p.add_argument("action", choices=["show", "set"])
-    p.add_argument("--max-in-flight", dest="max_in_flight", help="batches at once across all workers (0 pauses)")
-    p.add_argument("--rows-per-second", dest="rows_per_second", help="rows (accounts, ledger keys) per second")
-    p.add_argument("--latency-ms", dest="latency_ms", help="mean batch latency per 1000 rows that means stress")
-    p.add_argument("--max-lock-waits", dest="max_lock_waits", help="lock waits in the database that mean stress")
-    p.add_argument(
-        "--max-replication-lag-seconds", dest="max_replication_lag_seconds", help="standby lag that means stress"
-    )
-    p.add_argument(
-        "--probe-ratio", dest="probe_ratio", help="commit probe latency / its quiet baseline that means stress (> 1)"
-    )
-    p.add_argument(
-        "--probe-max-ms", dest="probe_max_ms", help="commit probe latency (mean per window) that means stress, in ms"
-    )
+    budget = commands.group("budget", "the database load budget of cleanup and reconciliation batches: show or set it")
+    budget.add("show", cmd_budget_show, "the limits and where each comes from, what the budget is doing, in flight now")
+    p = budget.add("set", cmd_budget_set, "change limits for every worker (read at their next acquire)")
+    for name, help in LIMIT_HELP.items():
+        env = f"LOAD_BUDGET_{name.upper()}"
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            metavar="N|default",
+            help=f"{help}; 'default': the workers' own setting (env: {env})",
+        )
     p.add_argument("--enabled", choices=["on", "off"], help="off: batches run without any limit")
     p.add_argument(
         "--reset-scale", action="store_true", help="forget the adaptive throttle (unthrottled until the next stress)"

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], Awaitable[Any]]
 
+JSON_HELP = "print machine-readable JSON (an error: one JSON object on stderr)"
+
 # Exit codes of the CLI: 0 ok, 1 an unexpected error, 2 bad input or configuration (nothing was
 # started), 3 a renewal that came too late, 75 (EX_TEMPFAIL) the database or Temporal unavailable:
 # retry later, the input was fine.
@@ -56,9 +58,36 @@ def report_error(code: int, message: str, *, as_json: bool) -> int:
 
 
 class CliParser(argparse.ArgumentParser):
-    """Usage errors as the other errors: under --json, one JSON object on stderr (exit 2)."""
+    """Usage errors as the other errors: under --json, one JSON object on stderr (exit 2), in
+    nested sub-commands too (their parsers are of this class).
+
+    No abbreviated flags: with them a verb would take a prefix of another flag it happens to have
+    (`--dead` for `--dead-since`), so a flag meant for a sibling verb would parse instead of failing.
+    `default_verb`: a group whose verb may be left out (`migrate` is `migrate apply`). `leaf`: a
+    verb reports an argument it does not take itself, with its own usage (which lists its flags)."""
 
     json_errors = False  # set by the entry point from its argv, before parsing
+    default_verb: str | None = None
+    leaf = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.default_verb is not None:
+            given = list(sys.argv[1:] if args is None else args)
+            if not given or given[0] not in (*self.verbs(), "-h", "--help"):
+                given.insert(0, self.default_verb)  # its flags then belong to the default verb alone
+            args = given
+        parsed, rest = super().parse_known_args(args, namespace)
+        if self.leaf and rest:
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        return parsed, rest
+
+    def verbs(self) -> list[str]:
+        """The names of this parser's sub-commands ([] for a leaf)."""
+        return [name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
 
     def error(self, message: str) -> NoReturn:
         if not CliParser.json_errors:
@@ -299,18 +328,31 @@ async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2)
 
 class Commands:
     """starter.py's sub-commands. Each job's `cli.register(commands)` adds its own; `status
-    WORKFLOW_ID` is routed here, in one place, by the workflow-ID prefix each job declares."""
+    WORKFLOW_ID` is routed here, in one place, by the workflow-ID prefix each job declares.
 
-    def __init__(self, sub: Any) -> None:
+    One shape: a command is a leaf verb (`add`) carrying only its own flags, plus `--json`; a noun
+    with several verbs is a group (`group`) whose verbs are leaves or groups again. A group has no
+    flags of its own, so a flag of one verb is an error (exit 2) on another."""
+
+    def __init__(self, sub: Any, routes: list[tuple[re.Pattern[str], Handler]] | None = None) -> None:
         self.sub = sub
-        self._status_routes: list[tuple[re.Pattern[str], Handler]] = []
+        self._status_routes: list[tuple[re.Pattern[str], Handler]] = [] if routes is None else routes
 
-    def add(self, name: str, handler: Handler, help: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = self.sub.add_parser(name, help=help, description=help)
-        if json_flag:
-            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    def add(self, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p: CliParser = self.sub.add_parser(name, help=help, description=help)
+        p.leaf = True
+        p.add_argument("--json", action="store_true", help=JSON_HELP)
         p.set_defaults(handler=handler)
         return p
+
+    def group(self, name: str, help: str, *, default: str | None = None) -> Commands:
+        """A noun whose verbs are added to the Commands returned. `default`: the verb run when
+        none is given (its flags may then follow the noun directly)."""
+        p: CliParser = self.sub.add_parser(name, help=help, description=help)
+        p.default_verb = default
+        # dest SUPPRESS: a missing verb is reported with the verbs to choose from.
+        sub = p.add_subparsers(dest=argparse.SUPPRESS, required=default is None, title="commands")
+        return Commands(sub, self._status_routes)
 
     def route_status(self, workflow_id: str, handler: Handler) -> None:
         """`status ID` goes to `handler` when ID fully matches the regex `workflow_id`."""

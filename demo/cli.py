@@ -42,6 +42,6 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
 
 def register(commands: Commands) -> None:
     p = commands.add("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
-    p.add_argument("--accounts", type=int, required=True)
+    p.add_argument("--accounts", type=int, required=True, help="how many (1 to 10,000,000)")
     p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
     p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import re
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from core import embedded
-from core.cli import CliContext, Commands, bounded_int, emit, finite_float, key_values, table
+from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
 from core.temporal import connect
@@ -36,6 +36,9 @@ from ledger.operations import (
     start_reconciliation,
 )
 
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
 LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
 
 
@@ -43,53 +46,85 @@ def _business_date(text: str) -> date:
     return parse_business_date(text)
 
 
-async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
+async def _schedule_client(settings: Settings) -> tuple[Client, str]:
+    resolved = embedded.resolve(settings)
+    return await connect(resolved), resolved.task_queue
+
+
+async def cmd_schedule_create(args: argparse.Namespace, settings: Settings) -> None:
     from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
 
-    schedule_id = args.schedule_id
-    first = last = None
-    if args.action == "backfill":
-        if not (args.from_date and args.to_date):
-            raise InputError("schedule backfill needs --from D1 --to D2 (business dates, YYYY-MM-DD)")
-        first, last = _business_date(args.from_date), _business_date(args.to_date)
-        ls.backfill_range(first, last)  # validate before connecting
+    at = ls.parse_time_of_day(args.at) if args.at is not None else ls.DEFAULT_AT
+    zone = ls.parse_time_zone(args.time_zone) if args.time_zone is not None else ls.DEFAULT_TIME_ZONE
+    options = _run_options(args, ScheduledLedgerInput)  # bad input: exit 2 before connecting
+    client, task_queue = await _schedule_client(settings)
+    data = await ls.create_schedule(
+        client, task_queue, at=at, options=options, paused=args.paused, schedule_id=args.schedule_id, time_zone=zone
+    )
+    emit(args, data)
+
+
+async def cmd_schedule_update(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
     at = ls.parse_time_of_day(args.at) if args.at is not None else None
     zone = ls.parse_time_zone(args.time_zone) if args.time_zone is not None else None
-    if args.action == "update" and at is None and zone is None and args.note is None:
-        raise InputError("schedule update needs --at HH:MM, --time-zone ZONE or --note TEXT")
-    options = _run_options(args, ScheduledLedgerInput) if args.action == "create" else None
-    settings_resolved = embedded.resolve(settings)
-    client = await connect(settings_resolved)
-    if args.action == "create":
-        data = await ls.create_schedule(
-            client,
-            settings_resolved.task_queue,
-            at=at or ls.DEFAULT_AT,
-            options=options,
-            paused=args.paused,
-            schedule_id=schedule_id,
-            time_zone=zone or ls.DEFAULT_TIME_ZONE,
-        )
-    elif args.action == "update":
-        data = await ls.update_schedule(client, schedule_id, at=at, time_zone=zone, note=args.note)
-    elif args.action == "list":
-        rows = await ls.list_schedules(client)
-        emit(args, rows, lambda r: table(r, ["schedule_id", "runs_at", "paused", "note", "next_runs"]))
-        return
-    elif args.action == "describe":
-        data = await ls.describe_schedule(client, schedule_id)
-    elif args.action == "pause":
-        data = await ls.pause_schedule(client, args.note or "", schedule_id)
-    elif args.action == "unpause":
-        data = await ls.unpause_schedule(client, args.note or "", schedule_id)
-    elif args.action == "trigger":
-        data = await ls.trigger_schedule(client, schedule_id)
-    elif args.action == "backfill":
-        assert first is not None and last is not None
-        data = await ls.backfill_schedule(client, first, last, schedule_id)
-    else:
-        data = await ls.delete_schedule(client, schedule_id)
-    emit(args, data)
+    if at is None and zone is None and args.reason is None:
+        raise InputError("schedule update needs --at HH:MM, --time-zone ZONE or --reason TEXT")
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.update_schedule(client, args.schedule_id, at=at, time_zone=zone, note=args.reason))
+
+
+async def cmd_schedule_list(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    rows = await ls.list_schedules(client)
+    emit(args, rows, lambda r: table(r, ["schedule_id", "runs_at", "paused", "note", "next_runs"]))
+
+
+async def cmd_schedule_describe(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.describe_schedule(client, args.schedule_id))
+
+
+async def cmd_schedule_pause(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.pause_schedule(client, args.reason or "", args.schedule_id))
+
+
+async def cmd_schedule_unpause(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.unpause_schedule(client, args.reason or "", args.schedule_id))
+
+
+async def cmd_schedule_trigger(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.trigger_schedule(client, args.schedule_id))
+
+
+async def cmd_schedule_backfill(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    first, last = _business_date(args.from_date), _business_date(args.to_date)
+    ls.backfill_range(first, last)  # validate before connecting
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.backfill_schedule(client, first, last, args.schedule_id))
+
+
+async def cmd_schedule_delete(args: argparse.Namespace, settings: Settings) -> None:
+    from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
+
+    client, _ = await _schedule_client(settings)
+    emit(args, await ls.delete_schedule(client, args.schedule_id))
 
 
 def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
@@ -141,40 +176,38 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     )
 
 
-async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
+async def cmd_ledger_seed(args: argparse.Namespace, settings: Settings) -> None:
     from ledger.seed import seed_ledger_day, seed_spec  # lazy: keeps `starter.py --help` fast to start
 
-    if args.action == "seed":
-        if not args.date or args.payments is None:
-            raise InputError("ledger seed needs --date YYYY-MM-DD and --payments N")
-        spec = seed_spec(
-            business_date=_business_date(args.date),
-            payments=args.payments,
-            shards=args.shards or DEFAULT_SHARDS,
-            refund_rate=args.refund_rate,
-            small_mismatch_rate=args.small_mismatch_rate,
-            large_mismatch_rate=args.large_mismatch_rate,
-            unsettled_rate=args.unsettled_rate,
-            unknown_rate=args.unknown_rate,
-            duplicate_rate=args.duplicate_rate,
-            tolerance_cents=args.tolerance_cents,
-        )
-        async with CliContext(settings) as ctx:
-            result = await seed_ledger_day(ctx.pool, spec)
-        data = result.model_dump(mode="json") | {
-            "expected_corrections": result.expected_corrections,
-            "expected_review_rows": result.expected_review,
-        }
-        if not result.created:
-            data["note"] = "this business date was already loaded; nothing was added"
-        emit(args, data)
-        return
-    if not args.target:
-        raise InputError(f"ledger {args.action} needs a business date, e.g. 2026-10-25")
+    spec = seed_spec(
+        business_date=_business_date(args.date),
+        payments=args.payments,
+        shards=args.shards,
+        refund_rate=args.refund_rate,
+        small_mismatch_rate=args.small_mismatch_rate,
+        large_mismatch_rate=args.large_mismatch_rate,
+        unsettled_rate=args.unsettled_rate,
+        unknown_rate=args.unknown_rate,
+        duplicate_rate=args.duplicate_rate,
+        tolerance_cents=args.tolerance_cents,
+    )
+    async with CliContext(settings) as ctx:
+        result = await seed_ledger_day(ctx.pool, spec)
+    data = result.model_dump(mode="json") | {
+        "expected_corrections": result.expected_corrections,
+        "expected_review_rows": result.expected_review,
+    }
+    if not result.created:
+        data["note"] = "this business date was already loaded; nothing was added"
+    emit(args, data)
+
+
+async def cmd_ledger_status(args: argparse.Namespace, settings: Settings) -> None:
+    await _show_status(args, settings, ledger_target(args.target)[0])
+
+
+async def cmd_ledger_review(args: argparse.Namespace, settings: Settings) -> None:
     business_date, _ = ledger_target(args.target)
-    if args.action == "status":
-        await _show_status(args, settings, business_date)
-        return
     async with CliContext(settings) as ctx:
         rows = await review_rows(ctx.pool, business_date, args.limit)
     emit(args, rows, lambda r: table(r, ["review_key", "kind", "reason"]))
@@ -232,30 +265,47 @@ def _run_flags(p: argparse.ArgumentParser, *, shards_default: int | None) -> Non
         type=finite_float(),
         metavar="SECONDS",
         help="a shard whose worker died resumes elsewhere after this long without a heartbeat "
-        "(default: $LEDGER_HEARTBEAT_TIMEOUT_SECONDS or 7)",
+        "(env: LEDGER_HEARTBEAT_TIMEOUT_SECONDS; default 7)",
     )
+
+
+DATE_HELP = "the business date, YYYY-MM-DD (e.g. 2026-10-25)"
+TARGET_HELP = "the business date (YYYY-MM-DD) or a ledger reconciliation's workflow ID"
 
 
 def register(commands: Commands) -> None:
     """Add `schedule`, `reconcile` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
-    command = commands.add
     commands.route_status(LEDGER_ID_PATTERN, cmd_status)
-    p = command("schedule", cmd_schedule, "the nightly ledger-reconciliation schedule (Temporal Schedule)")
-    p.add_argument(
-        "action",
-        choices=["create", "list", "describe", "update", "pause", "unpause", "trigger", "backfill", "delete"],
-    )
-    p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"default {SCHEDULE_ID}")
-    p.add_argument("--at", help="create/update: time of day in the schedule's zone (default 02:00)")
-    p.add_argument("--time-zone", help="create/update: the game's IANA time zone, e.g. Europe/Berlin (default UTC)")
-    p.add_argument("--paused", action="store_true", help="create: start paused")
-    p.add_argument("--note", help="pause/unpause/update: why (shown by describe)")
-    p.add_argument("--from", dest="from_date", help="backfill: first business date (YYYY-MM-DD)")
-    p.add_argument("--to", dest="to_date", help="backfill: last business date (YYYY-MM-DD)")
-    _run_flags(p, shards_default=DEFAULT_SHARDS)
+    schedule = commands.group("schedule", "the nightly ledger-reconciliation schedule (a Temporal Schedule)")
 
-    p = command("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
-    p.add_argument("--date", required=True, help="business date, e.g. 2026-10-25")
+    def verb(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p = schedule.add(name, handler, help)
+        p.add_argument("--schedule-id", default=SCHEDULE_ID, help=f"the schedule (default {SCHEDULE_ID})")
+        return p
+
+    p = verb("create", cmd_schedule_create, "create the schedule (exit 2 if it exists already)")
+    p.add_argument("--at", metavar="HH:MM", help="time of day in the schedule's zone (default 02:00)")
+    p.add_argument("--time-zone", metavar="ZONE", help="the game's IANA time zone, e.g. Europe/Berlin (default UTC)")
+    p.add_argument("--paused", action="store_true", help="create it paused")
+    _run_flags(p, shards_default=DEFAULT_SHARDS)
+    schedule.add("list", cmd_schedule_list, "every ledger schedule: when it runs, paused, note, next runs")
+    verb("describe", cmd_schedule_describe, "the schedule: when it runs, paused or not and why, recent and next runs")
+    p = verb("update", cmd_schedule_update, "change the time of day, the zone or the note in place")
+    p.add_argument("--at", metavar="HH:MM", help="new time of day in the schedule's zone")
+    p.add_argument("--time-zone", metavar="ZONE", help="new IANA time zone, e.g. Europe/Berlin")
+    p.add_argument("--reason", help="why (the schedule's note, shown by describe)")
+    p = verb("pause", cmd_schedule_pause, "stop starting runs until unpause")
+    p.add_argument("--reason", help="why (the schedule's note, shown by describe)")
+    p = verb("unpause", cmd_schedule_unpause, "start the nightly runs again")
+    p.add_argument("--reason", help="why (the schedule's note, shown by describe)")
+    verb("trigger", cmd_schedule_trigger, "run now: reconcile yesterday (in the schedule's zone) once, even if it ran")
+    p = verb("backfill", cmd_schedule_backfill, "run the schedule for a range of past business dates")
+    p.add_argument("--from", dest="from_date", required=True, metavar="DATE", help="first " + DATE_HELP)
+    p.add_argument("--to", dest="to_date", required=True, metavar="DATE", help="last " + DATE_HELP)
+    verb("delete", cmd_schedule_delete, "remove the schedule (its past runs stay in Temporal)")
+
+    p = commands.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
+    p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument(
         "--recheck",
         action="store_true",
@@ -264,24 +314,41 @@ def register(commands: Commands) -> None:
     )
     _run_flags(p, shards_default=None)
 
-    p = command("ledger", cmd_ledger, "ledger data and runs: seed a day, status of a date, review rows")
-    p.add_argument("action", choices=["seed", "status", "review"])
-    p.add_argument("target", nargs="?", help="status/review: business date or ledger workflow ID")
-    p.add_argument("--date", help="seed: business date")
-    p.add_argument("--payments", type=bounded_int(1, 100_000_000), help="seed: number of payments")
-    p.add_argument("--shards", type=int, default=None, help=f"seed: shards (default {DEFAULT_SHARDS})")
-    p.add_argument("--refund-rate", type=finite_float(), default=0.01, help="seed: refunds the ledger missed")
+    ledger = commands.group("ledger", "ledger data and runs: seed a day, status of a date, review rows")
+    p = ledger.add("seed", cmd_ledger_seed, "load a synthetic business day: payments, provider report, discrepancies")
+    p.add_argument("--date", required=True, help=DATE_HELP)
+    p.add_argument("--payments", type=bounded_int(1, 100_000_000), required=True, help="number of payments")
+    p.add_argument("--shards", type=int, default=DEFAULT_SHARDS, help=f"shards (default {DEFAULT_SHARDS})")
     p.add_argument(
-        "--small-mismatch-rate", type=finite_float(), default=0.01, help="seed: amounts off within tolerance"
+        "--refund-rate", type=finite_float(), default=0.01, help="share of refunds the ledger missed (default 0.01)"
     )
-    p.add_argument("--large-mismatch-rate", type=finite_float(), default=0.002, help="seed: amounts off beyond it")
-    p.add_argument("--unsettled-rate", type=finite_float(), default=0.005, help="seed: payments never settled")
-    p.add_argument("--unknown-rate", type=finite_float(), default=0.002, help="seed: report rows for unknown payments")
-    p.add_argument("--duplicate-rate", type=finite_float(), default=0.005, help="seed: duplicate report rows")
     p.add_argument(
-        "--tolerance-cents",
-        type=int,
-        default=50,
-        help="seed: the tolerance the mismatches respect",
+        "--small-mismatch-rate",
+        type=finite_float(),
+        default=0.01,
+        help="share of amounts off within tolerance (default 0.01)",
     )
-    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="review: rows to show")
+    p.add_argument(
+        "--large-mismatch-rate",
+        type=finite_float(),
+        default=0.002,
+        help="share of amounts off beyond it (default 0.002)",
+    )
+    p.add_argument(
+        "--unsettled-rate", type=finite_float(), default=0.005, help="share of payments never settled (default 0.005)"
+    )
+    p.add_argument(
+        "--unknown-rate",
+        type=finite_float(),
+        default=0.002,
+        help="share of report rows for unknown payments (default 0.002)",
+    )
+    p.add_argument(
+        "--duplicate-rate", type=finite_float(), default=0.005, help="share of duplicate report rows (default 0.005)"
+    )
+    p.add_argument("--tolerance-cents", type=int, default=50, help="the tolerance the mismatches respect (default 50)")
+    p = ledger.add("status", cmd_ledger_status, "a date's run: phase, shards, settlement and its revisions")
+    p.add_argument("target", help=TARGET_HELP)
+    p = ledger.add("review", cmd_ledger_review, "a date's rows sent to review (not corrected by rule)")
+    p.add_argument("target", help=TARGET_HELP)
+    p.add_argument("--limit", type=bounded_int(1, 100_000), default=50, help="rows to show (default 50)")

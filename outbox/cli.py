@@ -2,7 +2,8 @@
 
 outbox status [--dead N] [--json]        counts by state, dead letters with the provider's answer, relays
 outbox redeliver EVENT_KEY [--json]      give a dead letter another chance (or send a pending one now)
-outbox redeliver --dead-since T [--reason TEXT] [--yes]   count the dead letters a filter selects; --yes redelivers them
+outbox redeliver --dead-since T [--dead-reason TEXT] [--yes]
+                                         count the dead letters a filter selects; --yes redelivers them
 outbox relay start [--relays N] [...]    start the long-running relay workflows outbox-relay-1..N
 outbox relay stop [--json]               ask this task queue's running relays to stop after their batch
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.cli import CliContext, Commands, Handler, count_argument, emit, finite_float
+from core.cli import CliContext, Commands, count_argument, emit, finite_float
 from core.config import Settings
 from core.errors import InputError, validation_message
 from outbox.models import RelayBatchSettings
@@ -66,15 +67,15 @@ async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> 
             found = await redeliver_dead(
                 ctx.pool,
                 dead_since=dead_since,
-                reason=args.reason,
+                reason=args.dead_reason,
                 confirmed=args.yes,
                 client=ctx.client,
                 task_queue=ctx.settings.task_queue,
             )
         emit(args, found, _human_redelivery)
         return
-    if args.dead_since or args.reason:
-        raise InputError("give either one EVENT_KEY or a filter (--dead-since, --reason), not both")
+    if args.dead_since or args.dead_reason:
+        raise InputError("give either one EVENT_KEY or a filter (--dead-since, --dead-reason), not both")
     check_event_key(args.event_key)
     async with CliContext(settings) as ctx:
         data = (await redeliver_event(ctx.pool, args.event_key, ctx.client, ctx.settings.task_queue)).model_dump(
@@ -127,45 +128,38 @@ async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) ->
     emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
 
 
-async def _no_subcommand(args: argparse.Namespace, settings: Settings) -> None:
-    raise InputError("choose an outbox command: status, redeliver, relay")
-
-
 def register(commands: Commands) -> None:
-    """Add `outbox status|redeliver|relay` to starter.py."""
-    outbox = commands.add("outbox", _no_subcommand, "operate the reminder outbox and its relays", json_flag=False)
-    nested = outbox.add_subparsers(dest="outbox_command", required=True)
+    """Add `outbox status|redeliver|relay start|stop` to starter.py."""
+    outbox = commands.group("outbox", "operate the reminder outbox and its relays")
 
-    def sub_command(parent: Any, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-        p.set_defaults(handler=handler)
-        return p
-
-    p = sub_command(nested, "status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
+    p = outbox.add("status", cmd_outbox_status, "counts by state, dead letters and their reasons, relays")
     p.add_argument("--dead", type=count_argument(0), default=10, help="dead letters to list (default 10)")
 
-    p = sub_command(nested, "redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
-    p.add_argument("event_key", nargs="?", help="e.g. renewal-reminder:acct_123:v1")
+    p = outbox.add("redeliver", cmd_outbox_redeliver, "give a dead letter (or a waiting event) a new try")
+    p.add_argument("event_key", nargs="?", help="one event, e.g. renewal-reminder:acct_123:v1")
     p.add_argument("--dead-since", metavar="TIME", help="instead of one key: every dead letter dead since TIME (ISO)")
-    p.add_argument("--reason", metavar="TEXT", help="instead of one key: every dead letter whose reason contains TEXT")
+    p.add_argument(
+        "--dead-reason", metavar="TEXT", help="instead of one key: every dead letter whose reason contains TEXT"
+    )
     p.add_argument("--yes", action="store_true", help="redeliver what the filter selects (without it: only count)")
 
-    relay = nested.add_parser("relay", help="start or stop the relay workflows")
-    relay_sub = relay.add_subparsers(dest="relay_command", required=True)
-    p = sub_command(relay_sub, "start", cmd_outbox_relay_start, "start relays outbox-relay-1..N (idempotent)")
+    relay = outbox.group("relay", "start or stop the relay workflows")
+    p = relay.add("start", cmd_outbox_relay_start, "start relays outbox-relay-1..N (idempotent)")
     p.add_argument("--relays", type=int, default=2, help="relay workflows to run (default 2)")
-    p.add_argument("--batch-size", type=int, default=200, help="events per claimed batch")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight per batch")
-    p.add_argument("--request-timeout", type=finite_float(), default=10.0, help="seconds per provider request")
-    p.add_argument("--lease", type=finite_float(), default=120.0, help="lease seconds per claimed batch")
-    p.add_argument("--idle-sleep", type=finite_float(), default=5.0, help="seconds between polls of an empty outbox")
+    p.add_argument("--batch-size", type=int, default=200, help="events per claimed batch (default 200)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight per batch (default 16)")
+    p.add_argument(
+        "--request-timeout", type=finite_float(), default=10.0, help="seconds per provider request (default 10)"
+    )
+    p.add_argument("--lease", type=finite_float(), default=120.0, help="lease seconds per claimed batch (default 120)")
+    p.add_argument(
+        "--idle-sleep", type=finite_float(), default=5.0, help="seconds between polls of an empty outbox (default 5)"
+    )
     p.add_argument(
         "--heartbeat-timeout",
         type=finite_float(),
         metavar="SECONDS",
         help="a batch whose worker died is retried elsewhere after this long without a heartbeat "
-        "(default: $OUTBOX_HEARTBEAT_TIMEOUT_SECONDS or 7)",
+        "(env: OUTBOX_HEARTBEAT_TIMEOUT_SECONDS; default 7)",
     )
-    help = "ask this task queue's running relays to stop after their batch"
-    sub_command(relay_sub, "stop", cmd_outbox_relay_stop, help)
+    relay.add("stop", cmd_outbox_relay_stop, "ask this task queue's running relays to stop after their batch")

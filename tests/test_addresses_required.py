@@ -15,7 +15,7 @@ from core.config import PROJECT_ROOT, Settings, dev_env_file
 
 COMMANDS = [
     ["starter.py", "list"],
-    ["starter.py", "renew", "--account", "a-1"],
+    ["starter.py", "renew", "a-1"],
     ["starter.py", "budget", "show"],
     ["starter.py", "planner", "status"],
     ["starter.py", "migrate"],

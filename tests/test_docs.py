@@ -84,6 +84,60 @@ def test_the_commands_a_page_shows_exist(page: Path) -> None:
     assert not unknown, f"{_page_id(page)} shows commands the CLI does not have: {unknown}"
 
 
+# The whole command as a page shows it: in backticks, or a line of a fenced block (to its comment).
+INLINE_LINE = re.compile(r"`(?:python3? )?(?:deadline-cleanup|starter\.py)[ \t]+([a-z][^`]*)`")
+BLOCK_LINE = re.compile(
+    r"^[ \t]*(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?(?:python3? )?(?:deadline-cleanup|starter\.py)[ \t]+([a-z][^#]*)"
+)
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)")
+
+
+def shown_command_lines(text: str) -> list[str]:
+    lines = INLINE_LINE.findall(text)
+    for block in FENCE.findall(text):
+        lines += [m for line in block.splitlines() for m in BLOCK_LINE.findall(line)]
+    return lines
+
+
+def command_problems(line: str) -> list[str]:
+    """A shown command's verbs must be verbs of the CLI and its flags flags of the verb it names
+    (`a|b` shows several verbs: the flags must be each one's)."""
+    from tests.test_cli_shape import PASSTHROUGH, flags, verbs
+
+    parser = build_parser()
+    words = line.split()
+    while words and words[0].startswith("--"):  # the global options and their values
+        words = words[2:] if "=" not in words[0] else words[1:]
+    leaves = [parser]
+    path: list[str] = []
+    while all(verbs(p) for p in leaves):
+        word = words[0] if words else ""
+        if not path and word in PASSTHROUGH:
+            leaves, words, path = [PASSTHROUGH[word]()], words[1:], [word]
+            break
+        names = word.split("|")
+        known = verbs(leaves[0])
+        default = getattr(leaves[0], "default_verb", None)
+        if word and all(n in known for n in names):
+            words = words[1:]
+        elif default is not None:
+            names = [default]  # `migrate --demo-game` is `migrate apply --demo-game`
+        elif not all(re.fullmatch(r"[a-z][a-z-]*", n) for n in names):
+            break  # a placeholder (`...`, `ID`, `<verb>`) or none: nothing more to check
+        else:
+            return [f"{' '.join([*path, word])}: no such command (known: {', '.join(known)})"]
+        path.append("|".join(names))
+        leaves = [verbs(p)[n] for p in leaves for n in names]
+    own = set.intersection(*(flags(p) for p in leaves)) | flags(parser)
+    return [f"{' '.join(path)} has no {flag}" for flag in FLAG.findall(" ".join(words)) if flag not in own]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_the_commands_a_page_shows_take_the_flags_shown(page: Path) -> None:
+    problems = [p for line in shown_command_lines(page.read_text()) for p in command_problems(line)]
+    assert not problems, f"{_page_id(page)} shows commands the CLI refuses: {problems}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_the_variables_a_page_names_are_read_by_the_product(page: Path) -> None:
     product = _product_text()

@@ -402,7 +402,7 @@ async def test_cli_seed_reconcile_status_and_schedule_commands(
     assert (created["runs_at"], created["paused"], created["overlap"]) == ("03:30 UTC", True, "BUFFER_ALL")
     assert created["catchup_window"] == "1 day, 0:00:00"
     assert (await cli("schedule", "unpause", *sid))["paused"] is False
-    assert (await cli("schedule", "pause", *sid, "--note", "provider outage"))["note"] == "provider outage"
+    assert (await cli("schedule", "pause", *sid, "--reason", "provider outage"))["note"] == "provider outage"
     assert (await cli("schedule", "describe", *sid))["next_runs"][0].endswith("T03:30:00+00:00")
     assert (await cli("schedule", "delete", *sid))["deleted"] is True
     capsys.readouterr()

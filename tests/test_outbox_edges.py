@@ -133,7 +133,7 @@ async def test_redelivery_by_filter_counts_first_and_acts_only_when_confirmed(po
     await _dead(pool, "k-outage-2", "gave up after 4 failures: 4x timeout", "2026-12-01T11:00:00Z")
     await _dead(pool, "k-old", "gave up after 4 failures: 4x 503", "2026-11-20T10:00:00Z")
     await _dead(pool, "k-rejected", "HTTP 422: template rejected", "2026-12-01T12:00:00Z")
-    filter_args = ["outbox", "redeliver", "--dead-since", "2026-12-01T00:00:00Z", "--reason", "GAVE UP"]
+    filter_args = ["outbox", "redeliver", "--dead-since", "2026-12-01T00:00:00Z", "--dead-reason", "GAVE UP"]
 
     counted = run_cli(settings, *filter_args, "--json")
     assert counted.returncode == 0, counted.stderr

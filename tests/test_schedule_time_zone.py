@@ -191,7 +191,7 @@ async def test_cli_create_update_and_list_a_schedule_in_a_time_zone(
     try:
         assert (created["runs_at"], created["time_zone"]) == ("01:30 Europe/Berlin", BERLIN)
         assert all("T01:30:00+01:00" in t or "T01:30:00+02:00" in t for t in created["next_runs_local"])
-        updated = await cli("schedule", "update", *sid, "--time-zone", "Asia/Tokyo", "--note", "moved")
+        updated = await cli("schedule", "update", *sid, "--time-zone", "Asia/Tokyo", "--reason", "moved")
         assert (updated["runs_at"], updated["note"], updated["paused"]) == ("01:30 Asia/Tokyo", "moved", True)
         assert all(t.endswith("T16:30:00+00:00") for t in updated["next_runs"]), "01:30 in Tokyo is 16:30 UTC"
 
