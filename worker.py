@@ -28,7 +28,7 @@ from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
 from core.cli import bounded_int
-from core.config import Settings
+from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
@@ -64,10 +64,12 @@ def planner_activities(pool: asyncpg.Pool) -> list[object]:
     return [planner.plan_deadline_buckets, planner.sweep_overdue_accounts]
 
 
-async def ensure_planner_running(client: Client, task_queue: str, pool: asyncpg.Pool | None = None) -> bool:
+async def ensure_planner_running(
+    client: Client, task_queue: str, pool: asyncpg.Pool | None = None, settings: PlannerSettings | None = None
+) -> bool:
     """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue, pool=pool)
+        workflow_id, started = await ensure_planner(client, task_queue, settings, pool=pool)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return False
@@ -81,6 +83,7 @@ async def keep_planner_running(
     every: float,
     seen: Callable[[], None] | None = None,
     pool: asyncpg.Pool | None = None,
+    settings: PlannerSettings | None = None,
 ) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
@@ -89,7 +92,7 @@ async def keep_planner_running(
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool)
+            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool, settings=settings)
             if seen is not None and outcome != "stuck":  # running, or started again just now
                 seen()
         except RPCError as err:  # the server is away: look again next time
@@ -268,11 +271,16 @@ async def _run_worker(
             gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
             if planner and settings.planner_enabled:
                 readiness.planner_expected = True
-                if await ensure_planner_running(client, settings.task_queue, pool):
+                if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):
                     readiness.planner_seen()
                 watchdog = asyncio.create_task(
                     keep_planner_running(
-                        client, settings.task_queue, settings.planner_watchdog_seconds, readiness.planner_seen, pool
+                        client,
+                        settings.task_queue,
+                        settings.planner_watchdog_seconds,
+                        readiness.planner_seen,
+                        pool,
+                        settings.planner,
                     )
                 )
             if on_ready is not None:

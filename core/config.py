@@ -24,6 +24,7 @@ given as a file, `NAME_FILE=/path` (Docker and Kubernetes secrets): setting both
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -259,9 +260,13 @@ class BudgetSettings(Section):
     # a busy probe mean above `probe_max_ms` (None: no absolute bound).
     probe_ratio: float = setting(2.0, "the objective: commit probe / its quiet baseline that means stress", gt=1)
     probe_max_ms: float | None = setting(None, "the objective in absolute terms, in ms (unset: none)", gt=0)
-    probe_min_ms: float = internal(1.0, "... and by at least this much (sub-ms jitter is not stress)", ge=0)
+    probe_min_ms: float = internal(
+        1.0, "a busy probe must also exceed its baseline by this many ms (sub-ms jitter is not stress)", ge=0
+    )
     baseline_seconds: float = internal(30.0, "a baseline older than this is measured again", gt=0)
-    quiet_seconds: float = internal(1.0, "how long nothing is granted while it is (0: never)", ge=0)
+    quiet_seconds: float = internal(
+        1.0, "a stale baseline is measured by granting nothing for this long (0: never)", ge=0
+    )
     max_claim_rows: int = setting(2000, "accounts per statement of a cohort's claim while a rate limit applies", ge=1)
     blocked_after_seconds: float = internal(1.0, "a batch blocked on a lock this long stops counting", ge=0)
     off_recheck_seconds: float = internal(
@@ -662,16 +667,20 @@ def _is_secret(annotation: object) -> bool:
     return annotation is SecretStr or SecretStr in get_args(annotation)
 
 
-def variables(model: type[BaseModel] | None = None, path: tuple[str, ...] = ()) -> list[Variable]:
+def variables(model: type[BaseModel] | None = None) -> list[Variable]:
     """Every variable the tree reads (`model`: one section of it), in declaration order."""
-    model = model or Settings
+    return list(_variables(model or Settings, ()))
+
+
+@functools.cache
+def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable, ...]:
     prefix: str = getattr(model, "ENV_PREFIX", "")
     section: str = getattr(model, "SECTION", "")
     found: list[Variable] = []
     for name, field in model.model_fields.items():
         nested = _section_class(field.annotation)
         if nested is not None:
-            found += variables(nested, (*path, name))
+            found += _variables(nested, (*path, name))
             continue
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("internal"):
@@ -686,7 +695,7 @@ def variables(model: type[BaseModel] | None = None, path: tuple[str, ...] = ()) 
                 deprecated=tuple(str(d) for d in extra.get("deprecated") or ()),  # type: ignore[union-attr]
             )
         )
-    return found
+    return tuple(found)
 
 
 def environment(base: Mapping[str, str]) -> dict[str, str]:
@@ -762,7 +771,8 @@ def read_value(name: str) -> Any:
     raw = environment(os.environ).get(name)
     if not raw:
         return var.default
-    annotation: Any = Annotated[var.field.annotation, *var.field.metadata]
+    metadata = var.field.metadata
+    annotation: Any = Annotated[var.field.annotation, *metadata] if metadata else var.field.annotation
     adapter: TypeAdapter[Any] = TypeAdapter(annotation, config=ConfigDict(allow_inf_nan=False))
     try:
         return adapter.validate_python(raw)
@@ -834,6 +844,19 @@ def _default_text(var: Variable) -> str:
     return f"`{value}`"
 
 
+def _internal_fields(section: str) -> list[tuple[str, FieldInfo]]:
+    """The fields of a section's model that no variable sets (`internal`)."""
+    found: list[tuple[str, FieldInfo]] = []
+    for model in (PlannerSettings, CleanupSettings, LedgerSettings, OutboxSettings, BudgetSettings):
+        if model.SECTION != section:
+            continue
+        for name, field in model.model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and extra.get("internal"):
+                found.append((name, field))
+    return found
+
+
 def render() -> str:
     """docs/configuration.md: every variable of the tree by section, then those read by others."""
     lines = [
@@ -871,6 +894,11 @@ def render() -> str:
                 if var.deprecated:
                     meaning += f"; deprecated name: {', '.join(f'`{d}`' for d in var.deprecated)}"
                 lines.append(f"| `{var.name}` | {var.type_name} | {_default_text(var)} | {secret} | {meaning} |")
+            lines.append("")
+        constants = _internal_fields(section)
+        if constants:
+            lines += ["Constants (no variable sets them; tests and benchmarks set them in Python):", ""]
+            lines += [f"- `{n}` = `{f.default}`: {f.description}" for n, f in constants]
             lines.append("")
         if section in others:
             lines += ["Read by others than the settings:", ""]
