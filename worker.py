@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import functools
 import logging
-import os
 import random
 import signal
 import time
@@ -16,7 +15,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import asyncpg
-from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError
@@ -30,9 +28,9 @@ from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
 from core.cli import bounded_int
-from core.config import Settings
+from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable
-from core.heartbeat import MAX_HEARTBEAT_THROTTLE, seconds_from_env
+from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
 from core.sessions import StalledSessions
 from core.temporal import connect, ensure_search_attributes
@@ -41,9 +39,14 @@ from workflows import ALL_WORKFLOWS
 log = logging.getLogger("worker")
 
 
-async def build_activities(pool: asyncpg.Pool, claim_pool: asyncpg.Pool | None = None) -> list[object]:
-    cleanup = await CleanupActivities.create(pool, load_targets(), claim_pool=claim_pool)
-    relay = OutboxRelayActivities.from_env(pool)  # MAIL_PROVIDER_URL / MAIL_PROVIDER_TOKEN
+async def build_activities(
+    pool: asyncpg.Pool, claim_pool: asyncpg.Pool | None = None, settings: Settings | None = None
+) -> list[object]:
+    """The activities of every job. `settings`: the worker's (None: the sections are read from the
+    environment, as a test's worker does)."""
+    targets_file = settings.cleanup.targets_file if settings else None  # None: load_targets reads it
+    cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool)
+    relay = OutboxRelayActivities.from_settings(pool, settings.outbox if settings else None)
     return [
         cleanup.claim_cleanup,
         cleanup.check_account_renewed,
@@ -61,25 +64,17 @@ def planner_activities(pool: asyncpg.Pool) -> list[object]:
     return [planner.plan_deadline_buckets, planner.sweep_overdue_accounts]
 
 
-def planner_enabled() -> bool:
-    """CLEANUP_PLANNER=off: this worker does not ensure the planner (it still runs its tasks)."""
-    return os.environ.get("CLEANUP_PLANNER", "on").strip().lower() not in ("off", "0", "false", "no")
-
-
-async def ensure_planner_running(client: Client, task_queue: str, pool: asyncpg.Pool | None = None) -> bool:
+async def ensure_planner_running(
+    client: Client, task_queue: str, pool: asyncpg.Pool | None = None, settings: PlannerSettings | None = None
+) -> bool:
     """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue, pool=pool)
+        workflow_id, started = await ensure_planner(client, task_queue, settings, pool=pool)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return False
     log.info("deadline planner %s %s", workflow_id, "started" if started else "already running")
     return True
-
-
-def watchdog_seconds() -> float:
-    """PLANNER_WATCHDOG_SECONDS: how often this worker looks that the planner runs (default 30 s)."""
-    return seconds_from_env("PLANNER_WATCHDOG_SECONDS") or 30.0
 
 
 async def keep_planner_running(
@@ -88,6 +83,7 @@ async def keep_planner_running(
     every: float,
     seen: Callable[[], None] | None = None,
     pool: asyncpg.Pool | None = None,
+    settings: PlannerSettings | None = None,
 ) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
     again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
@@ -96,7 +92,7 @@ async def keep_planner_running(
     while True:
         await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
         try:
-            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool)
+            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool, settings=settings)
             if seen is not None and outcome != "stuck":  # running, or started again just now
                 seen()
         except RPCError as err:  # the server is away: look again next time
@@ -204,7 +200,7 @@ async def run_worker(
     readiness = health.Readiness(
         namespace=settings.temporal_namespace,
         task_queue=settings.task_queue,
-        planner_stale_seconds=3 * watchdog_seconds() + 30,  # three missed looks of the watchdog
+        planner_stale_seconds=3 * settings.planner_watchdog_seconds + 30,  # three missed looks of the watchdog
     )
     probes = await health.serve(readiness, settings.health_host, settings.health_port) if settings.health_port else None
     try:
@@ -245,7 +241,7 @@ async def _run_worker(
         worker = build_worker(
             client,
             settings.task_queue,
-            [*(await build_activities(pool, claim_pool)), *extra_activities],
+            [*(await build_activities(pool, claim_pool, settings)), *extra_activities],
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extra_workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
@@ -273,12 +269,19 @@ async def _run_worker(
             readiness.polling = True
             exporter = asyncio.create_task(health.export_readiness(readiness))
             gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
-            if planner and planner_enabled():
+            if planner and settings.planner_enabled:
                 readiness.planner_expected = True
-                if await ensure_planner_running(client, settings.task_queue, pool):
+                if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):
                     readiness.planner_seen()
                 watchdog = asyncio.create_task(
-                    keep_planner_running(client, settings.task_queue, watchdog_seconds(), readiness.planner_seen, pool)
+                    keep_planner_running(
+                        client,
+                        settings.task_queue,
+                        settings.planner_watchdog_seconds,
+                        readiness.planner_seen,
+                        pool,
+                        settings.planner,
+                    )
                 )
             if on_ready is not None:
                 on_ready()
@@ -347,7 +350,7 @@ def main(
             metrics_port=args.metrics_port,
             log_format=args.log_format,
         )
-    except (ValidationError, ValueError) as err:
+    except ValueError as err:  # ConfigError: names the variable, never a secret
         logs.configure("text")
         log.error("bad configuration: %s", err)
         return 2

@@ -17,7 +17,6 @@ import functools
 import ipaddress
 import json
 import logging
-import os
 import random
 import re
 import time
@@ -35,6 +34,7 @@ from temporalio import activity
 
 import outbox
 from core import db, failpoints, metrics
+from core.config import OutboxSettings, read
 from core.heartbeat import heartbeating
 from core.outage import OUTAGE
 from core.queries import load
@@ -287,12 +287,13 @@ class OutboxRelayActivities:
         self._http: httpx.AsyncClient | None = None
 
     @classmethod
-    def from_env(cls, pool: asyncpg.Pool) -> OutboxRelayActivities:
+    def from_settings(cls, pool: asyncpg.Pool, settings: OutboxSettings | None = None) -> OutboxRelayActivities:
         """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN (if either is unset the activity fails clearly);
-        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback."""
-        allow_http = os.environ.get("MAIL_PROVIDER_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes")
-        url = os.environ.get("MAIL_PROVIDER_URL") or None
-        return cls(pool, url, os.environ.get("MAIL_PROVIDER_TOKEN"), allow_http)
+        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback. `settings`: the worker's outbox
+        section (None: read from the environment)."""
+        found = settings or read(OutboxSettings)
+        token = found.provider_token.get_secret_value() if found.provider_token else None
+        return cls(pool, found.provider_url, token, found.provider_allow_http)
 
     def __repr__(self) -> str:  # never the token
         where = self._base.geturl() if self._base else "unconfigured"

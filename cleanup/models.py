@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
-from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
+from core.config import CleanupSettings, read
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model
 
 # The game's own account key printed as text (text, UUID or bigint): 1-200 characters, none of them
@@ -68,18 +69,16 @@ CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
 
+
 # A partition (or the chunked claim) whose worker died is retried elsewhere once no heartbeat came
 # for this long (core.heartbeat: 7 s); a worker shut down gracefully (SIGTERM) hands its partitions
 # back at once instead (activities/cleanup.py).
-HEARTBEAT_TIMEOUT_ENV = "CLEANUP_HEARTBEAT_TIMEOUT_SECONDS"
-HEARTBEAT_INTERVAL_ENV = "CLEANUP_HEARTBEAT_INTERVAL_SECONDS"
-
-
 def heartbeat_from_env() -> tuple[float, float | None]:
     """(timeout, interval) of the partition heartbeat: CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (default
-    7) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout)."""
-    timeout = seconds_from_env(HEARTBEAT_TIMEOUT_ENV)
-    return timeout or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env(HEARTBEAT_INTERVAL_ENV)
+    7) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout), read when a cleanup
+    starts (core.config's cleanup section)."""
+    found = read(CleanupSettings)
+    return found.heartbeat_timeout_seconds, found.heartbeat_interval_seconds
 
 
 def _instant(deadline: datetime) -> str:

@@ -332,7 +332,11 @@ STUCK_TASK_ATTEMPTS = 3
 
 
 async def watch_planner(
-    client: Client, task_queue: str, stuck_checks: int = 0, pool: asyncpg.Pool | None = None
+    client: Client,
+    task_queue: str,
+    stuck_checks: int = 0,
+    pool: asyncpg.Pool | None = None,
+    settings: PlannerSettings | None = None,
 ) -> tuple[str, int]:
     """One look of a worker's watchdog at the planner: (what it did, stuck checks so far).
 
@@ -340,12 +344,12 @@ async def watch_planner(
     task has failed `STUCK_TASK_ATTEMPTS` times in a row at two looks in a row is terminated and
     started again. Both are safe: the planner keeps no state the database does not (bucket IDs,
     sweeps and recoveries are recorded there, and so is an operator's pause); what a restart loses
-    is its counters."""
+    is its counters. `settings`: those of a planner started again (None: read from the environment)."""
     workflow_id = planner_workflow_id(task_queue)
     desc = await describe_or_none(client, workflow_id)
     if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
         was = desc.status.name if desc is not None and desc.status else "not found"
-        _, started = await ensure_planner(client, task_queue, pool=pool)
+        _, started = await ensure_planner(client, task_queue, settings, pool=pool)
         if started:
             log.warning("deadline planner %s was %s: started again", workflow_id, was)
             metrics.record_planner_restart("closed")
@@ -365,7 +369,7 @@ async def watch_planner(
     )
     with contextlib.suppress(RPCError):  # closed meanwhile: start it all the same
         await client.get_workflow_handle(workflow_id).terminate(reason="stuck: its workflow task kept failing")
-    await ensure_planner(client, task_queue, pool=pool)
+    await ensure_planner(client, task_queue, settings, pool=pool)
     metrics.record_planner_restart("stuck")
     return "restarted", 0
 

@@ -7,47 +7,13 @@ workflows/deadline_planner.py inside the sandbox, so nothing here may import asy
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Literal
 
 from cleanup.models import UtcDatetime
+from core.config import PlannerSettings as PlannerSettings  # declared with every other setting
 from core.model import Model
 
 PlannerPhase = Literal["planning", "sweeping", "sleeping", "paused"]
-
-
-class PlannerSettings(Model):
-    """The planner's knobs. Lateness L of a bucketed account: at most `bucket_seconds` plus the
-    time to claim and clean; anything missed is caught by the sweep within
-    `sweep_grace_seconds + tick_seconds`."""
-
-    bucket_seconds: float = Field(default=1.0, ge=0.001, le=3600)
-    # A bucket's cleanup wakes this long before the bucket ends; its claim waits for the database
-    # clock, so the timer's and the dispatch's latency come before the deadline instead of after.
-    wake_early_seconds: float = Field(default=0.5, ge=0, le=10)
-    horizon_seconds: float = Field(default=120.0, ge=1, le=86_400)
-    tick_seconds: float = Field(default=5.0, ge=0.1, le=30)
-    sweep_grace_seconds: float = Field(default=10.0, ge=0, le=3600)
-    max_buckets_per_tick: int = Field(default=1000, ge=1, le=10_000)
-    partitions: int = Field(default=8, ge=1, le=256)
-    max_parallel_partitions: int = Field(default=4, ge=1, le=256)
-    batch_size: int = Field(default=1000, ge=1, le=20_000)
-    claim_chunk_size: int = Field(default=10_000, ge=1, le=100_000)
-    iterations_per_run: int = Field(default=50, ge=1, le=10_000)
-    # The plan and sweep steps heartbeat; a worker that dies in one is noticed after this long.
-    step_heartbeat_seconds: float = Field(default=10.0, ge=1, le=600)
-
-    @classmethod
-    def from_env(cls) -> PlannerSettings:
-        """PLANNER_BUCKET_SECONDS, PLANNER_HORIZON_SECONDS, PLANNER_TICK_SECONDS, ... override defaults."""
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            raw = os.environ.get(f"PLANNER_{name.upper()}")
-            if raw:
-                values[name] = raw
-        return cls.model_validate(values)
 
 
 class PlannerTotals(Model):

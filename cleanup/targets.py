@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.config import CleanupSettings, read
 from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
@@ -130,7 +130,8 @@ class CleanupTargets(BaseModel):
 
 
 def load_targets(path: Path | None = None) -> CleanupTargets:
-    path = path or Path(os.environ.get("CLEANUP_TARGETS_FILE") or DEFAULT_TARGETS_FILE)
+    """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
+    path = path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE
     with open(path, "rb") as f:
         return CleanupTargets.model_validate(tomllib.load(f))
 
@@ -143,7 +144,10 @@ def anonymize_key_pads(key: str | None = None) -> tuple[bytes, bytes]:
     """The HMAC-SHA256 inner and outer padded keys of the anonymize key (CLEANUP_ANONYMIZE_KEY).
 
     Raises ValueError (naming the setting, never the value) when it is unset or too short."""
-    raw = (key if key is not None else os.environ.get(ANONYMIZE_KEY_ENV, "")).encode()
+    if key is None:
+        secret = read(CleanupSettings).anonymize_key  # or CLEANUP_ANONYMIZE_KEY_FILE
+        key = secret.get_secret_value() if secret else ""
+    raw = key.encode()
     if len(raw) < MIN_ANONYMIZE_KEY_BYTES:
         raise ValueError(
             f"targets hash columns: set {ANONYMIZE_KEY_ENV} to a secret of at least "

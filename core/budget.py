@@ -48,64 +48,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, Field
 
 from core import db, metrics
+from core.config import BudgetSettings as BudgetSettings  # declared with every other setting
 from core.queries import load
 
 SQL = load(__file__, "budget.sql")
 log = logging.getLogger("budget")
 
 Waiting = Callable[[dict[str, Any]], None]
-
-
-class BudgetSettings(BaseModel):
-    """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
-
-    model_config = ConfigDict(allow_inf_nan=False)  # a NaN or infinite limit would be no limit
-
-    enabled: bool = True  # LOAD_BUDGET=off: this process takes no part (no budget statements at all)
-    # Hard caps (None: no cap; the adaptive limits alone apply). `budget set` overrides them.
-    max_in_flight: int | None = Field(default=None, ge=0, le=256)
-    rows_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    latency_ms: float = Field(default=1000.0, gt=0)  # mean batch latency per 1,000 rows that means stress
-    max_lock_waits: int = Field(default=4, ge=0)
-    max_replication_lag_seconds: float = Field(default=10.0, gt=0)
-    lease_seconds: float = Field(default=10.0, gt=0)
-    adjust_seconds: float = Field(default=2.0, gt=0)
-    burst_seconds: float = Field(default=1.0, gt=0)
-    # The adaptive limits: halved on stress (never below `min_rows_per_second`, which keeps the
-    # deadlines), multiplied by `grow_factor` per healthy adjustment, lifted when they no longer bind.
-    min_rows_per_second: float = Field(default=2000.0, gt=0, allow_inf_nan=False)
-    grow_factor: float = Field(default=1.5, gt=1, allow_inf_nan=False)
-    max_poll_seconds: float = Field(default=0.5, gt=0)
-    # the commit probe: the players' view of the database
-    probe_interval_seconds: float = Field(default=0.2, gt=0)  # how often a worker with work probes
-    # The players' objective: busy probe mean / quiet baseline above this means stress, and so does
-    # a busy probe mean above `probe_max_ms` (None: no absolute bound).
-    probe_ratio: float = Field(default=2.0, gt=1, allow_inf_nan=False)
-    probe_max_ms: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    probe_min_ms: float = Field(default=1.0, ge=0)  # ... and by at least this much (sub-ms jitter is not stress)
-    baseline_seconds: float = Field(default=30.0, gt=0)  # a baseline older than this is measured again
-    quiet_seconds: float = Field(default=1.0, ge=0)  # how long nothing is granted while it is (0: never)
-    max_claim_rows: int = Field(default=2000, ge=1)  # the claim's chunks under the budget: at most this
-    blocked_after_seconds: float = Field(default=1.0, ge=0)  # a batch blocked on a lock this long stops counting
-    # A process that found the budget switched off (`budget set --enabled off`) runs its batches
-    # without budget statements for this long, then asks again: switching it on takes effect within it.
-    off_recheck_seconds: float = Field(default=1.0, ge=0)
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> BudgetSettings:
-        env = os.environ
-        values: dict[str, object] = {}
-        if env.get("LOAD_BUDGET"):
-            values["enabled"] = env["LOAD_BUDGET"].strip().lower() not in ("off", "0", "false", "no")
-        for field in cls.model_fields:
-            key = f"LOAD_BUDGET_{field.upper()}"
-            if field != "enabled" and env.get(key):
-                values[field] = env[key]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
 
 
 @dataclass

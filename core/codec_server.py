@@ -20,7 +20,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from temporalio.converter import PayloadCodec
 from core import logs
 from core.cli import bounded_int, finite_float
 from core.codec import EncryptionCodec, EncryptionKeyError
+from core.config import ConfigError, Settings
 
 log = logging.getLogger("codec_server")
 MAX_BODY = 8 * 1024 * 1024
@@ -228,12 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         default=REQUEST_TIMEOUT_SECONDS,
         help="seconds a client may take per read or write",
     )
-    parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("LOG_FORMAT") or "text")
+    parser.add_argument("--log-format", choices=["text", "json"], help="default: $LOG_FORMAT or text")
     args = parser.parse_args(argv)
-    key = os.environ.get("PAYLOAD_ENCRYPTION_KEY")
-    older = os.environ.get("PAYLOAD_DECRYPTION_KEYS")
-    token = os.environ.get("CODEC_SERVER_TOKEN") or None
-    logs.configure(args.log_format, secrets=[s for s in (key, older, token) if s])
+    try:
+        settings = Settings.from_env(log_format=args.log_format)
+    except ConfigError as err:
+        logs.configure("text")
+        log.error("bad configuration: %s", err)
+        return 2
+    logs.configure(settings.log_format, secrets=settings.secrets())
+    key, older, token = (
+        s.get_secret_value() if s else None
+        for s in (settings.payload_encryption_key, settings.payload_decryption_keys, settings.codec_server_token)
+    )
     if not key:
         log.error("PAYLOAD_ENCRYPTION_KEY is not set")
         return 2
@@ -243,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         codec = EncryptionCodec.from_config(
             key,
-            os.environ.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
+            settings.payload_encryption_key_id,
             decryption_keys=older,
-            require_encryption=os.environ.get("PAYLOAD_REQUIRE_ENCRYPTION", "").strip().lower() in ("1", "true"),
+            require_encryption=settings.payload_require_encryption,
         )
     except EncryptionKeyError as err:
         log.error("%s", err)

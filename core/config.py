@@ -1,36 +1,66 @@
-"""Configuration from the environment.
+"""Configuration: one tree of settings, declared here and read from the environment in one place.
+
+`Settings.from_env()` reads every variable of every section once (a worker or a command does it at
+start-up and passes the settings down); `read(Section)` and `read_value(NAME)` read one section or
+one variable through the same declarations, for the library calls that take no settings (a cleanup
+started from Python reads its heartbeat defaults when it starts). `Settings(...)` itself reads
+nothing: it is a value, built from its arguments.
+
+Every variable's name, section, type, default and meaning is declared on its field; the reference
+docs/configuration.md is generated from them (`python -m core.config render`). Numbers are finite
+and in range, or the error names the variable (ConfigError: exit 2).
 
 The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
 exits 2 naming it (core.embedded.resolve), never starting anything. The embedded stack starts only
 when asked: `deadline-cleanup dev up` (which writes `<state dir>/dev/env`), `./dev demo` and the tests
 (CLEANUP_EMBEDDED=1). After `dev up`, a variable that is unset is read from that file, if it exists,
-so the commands run in that checkout find the stack; a variable that is set always wins.
+so the commands run in that checkout find the stack; a variable that is set always wins. The
+Temporal connection is read as the SDK and the `temporal` CLI read it (temporalio.envconfig).
 
-Secrets (the Temporal API key, the payload encryption key) are `SecretStr`, and the password in
-`database_url` is masked whenever settings are shown (`repr`, `str`, `safe_dict()`), so printing a
-`Settings` never leaks them. Read the real values with `.get_secret_value()` / `database_url`.
+Secrets are `SecretStr` (and the password in `database_url` is masked whenever settings are shown:
+`repr`, `str`, `safe_dict()`), so printing a `Settings` never leaks them. Each secret can also be
+given as a file, `NAME_FILE=/path` (Docker and Kubernetes secrets): setting both is an error.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
+import sys
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from core.errors import InputError
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
+from core.model import Model
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DOCS_FILE = PROJECT_ROOT / "docs" / "configuration.md"
 
 DEFAULT_TASK_QUEUE = "deadline-cleanup"
 DEFAULT_NAMESPACE = "default"
+DEFAULT_SCHEMA = "deadline_cleanup"
 EMBEDDED_TEMPORAL_PORT = 7233
 EMBEDDED_UI_PORT = 8233
+FILE_SUFFIX = "_FILE"
 
 LogFormat = Literal["text", "json"]
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>[^@/\s]+)(?P<tail>@)")
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)(?P<tail>)")
+
+
+class ConfigError(InputError):
+    """A variable that is malformed, out of range, or given twice (exit 2); names the variable,
+    never a secret's value."""
 
 
 def mask_url(url: str | None) -> str | None:
@@ -100,134 +130,469 @@ def temporal_profile(env: dict[str, str]) -> dict[str, object]:
     return {key: value for key, value in found.items() if value is not None}
 
 
-def _state_dir(env: os._Environ[str] | dict[str, str]) -> Path:
-    return Path(env["CLEANUP_STATE_DIR"]) if env.get("CLEANUP_STATE_DIR") else PROJECT_ROOT / ".state"
-
-
 def _secret(value: str | None) -> SecretStr | None:
     return SecretStr(value) if value else None
 
 
-class Settings(BaseModel):
-    """Where Temporal and Postgres are (`None`: unset, see core.embedded.resolve), and the worker's knobs."""
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
 
-    model_config = ConfigDict(allow_inf_nan=False)  # every number finite: NaN passes any ge/le bound
 
-    temporal_address: str | None = None
-    temporal_namespace: str = DEFAULT_NAMESPACE
-    task_queue: str = DEFAULT_TASK_QUEUE
-    database_url: str | None = Field(default=None, repr=False)
-    state_dir: Path = Field(default=PROJECT_ROOT / ".state")
-    temporal_ui_url: str | None = None
-    pool_max_size: int = Field(default=8, ge=1, le=200)
+def _switch(value: object) -> object:
+    """on/off, 1/0, true/false, yes/no in any case; anything else is refused by the bool type."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        return True if text in _ON else False if text in _OFF else value
+    return value
+
+
+def _lower(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+Switch = Annotated[bool, BeforeValidator(_switch)]
+
+
+def setting(
+    default: Any,
+    description: str,
+    *,
+    env: str | None = None,
+    section: str | None = None,
+    secret: bool = False,
+    deprecated: tuple[str, ...] = (),
+    **constraints: Any,
+) -> Any:
+    """A field read from the environment: variable `env` (default: the section's prefix and the
+    field's name in capitals), shown in `section` of the reference."""
+    extra: dict[str, Any] = {}
+    if env is not None:
+        extra["env"] = env
+    if section is not None:
+        extra["section"] = section
+    if secret:
+        extra["secret"] = True
+    if deprecated:
+        extra["deprecated"] = list(deprecated)
+    return Field(default, description=description, json_schema_extra=extra, **constraints)
+
+
+def internal(default: Any, description: str, **constraints: Any) -> Any:
+    """A field no variable sets: a constant of the deployment, set in Python by tests and benchmarks."""
+    return Field(default, description=description, json_schema_extra={"internal": True}, **constraints)
+
+
+class Section(BaseModel):
+    """A group of settings whose variables are named `ENV_PREFIX` + the field's name in capitals
+    (unless the field names its own)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")  # NaN passes any ge/le bound
+
+    ENV_PREFIX: ClassVar[str] = ""
+    SECTION: ClassVar[str] = ""
+
+
+class PlannerSettings(Model):
+    """The planner's knobs (PLANNER_*), carried in its workflow's input. Lateness L of a bucketed
+    account: at most `bucket_seconds` plus the time to claim and clean; anything missed is caught
+    by the sweep within `sweep_grace_seconds + tick_seconds`."""
+
+    ENV_PREFIX: ClassVar[str] = "PLANNER_"
+    SECTION: ClassVar[str] = "planner"
+
+    bucket_seconds: float = setting(1.0, "width of a deadline bucket: one cohort cleanup each", ge=0.001, le=3600)
+    wake_early_seconds: float = internal(
+        0.5,
+        "a bucket's cleanup wakes this long before the bucket ends; its claim waits for the database "
+        "clock, so the timer's and the dispatch's latency come before the deadline instead of after",
+        ge=0,
+        le=10,
+    )
+    horizon_seconds: float = setting(120.0, "how far ahead the planner starts bucket cleanups", ge=1, le=86_400)
+    tick_seconds: float = setting(5.0, "how often the planner plans and sweeps", ge=0.1, le=30)
+    sweep_grace_seconds: float = setting(
+        10.0, "an account overdue by this long without a cleanup is swept", ge=0, le=3600
+    )
+    max_buckets_per_tick: int = internal(1000, "bucket cleanups started per tick at most", ge=1, le=10_000)
+    partitions: int = setting(8, "partitions of a cohort cleanup", ge=1, le=256)
+    max_parallel_partitions: int = setting(4, "partitions of one cleanup that run at once", ge=1, le=256)
+    batch_size: int = setting(1000, "accounts per batch transaction of a partition", ge=1, le=20_000)
+    claim_chunk_size: int = internal(10_000, "accounts per statement of a cohort's claim", ge=1, le=100_000)
+    iterations_per_run: int = internal(50, "ticks before the planner continues as new", ge=1, le=10_000)
+    step_heartbeat_seconds: float = setting(
+        10.0, "the plan and sweep steps heartbeat; a worker that dies in one is noticed after this long", ge=1, le=600
+    )
+
+    @classmethod
+    def from_env(cls) -> PlannerSettings:
+        return read(cls)
+
+
+class BudgetSettings(Section):
+    """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
+
+    ENV_PREFIX: ClassVar[str] = "LOAD_BUDGET_"
+    SECTION: ClassVar[str] = "budget"
+
+    enabled: Switch = setting(
+        True, "`off`: this process takes no part (no budget statements at all)", env="LOAD_BUDGET"
+    )
+    # Hard caps (None: no cap; the adaptive limits alone apply). `budget set` overrides them.
+    max_in_flight: int | None = setting(
+        None, "hard cap: batches at once across all workers (0 pauses; unset: no cap)", ge=0, le=256
+    )
+    rows_per_second: float | None = setting(
+        None, "hard cap: rows (accounts claimed, accounts cleaned, payment keys) per second (unset: no cap)", gt=0
+    )
+    latency_ms: float = setting(1000.0, "mean batch latency per 1,000 rows that means stress", gt=0)
+    max_lock_waits: int = setting(4, "lock waits in this database that mean stress", ge=0)
+    max_replication_lag_seconds: float = setting(10.0, "standby lag that means stress", gt=0)
+    lease_seconds: float = internal(10.0, "how long the slot of a frozen holder stays taken", gt=0)
+    adjust_seconds: float = internal(2.0, "how often the adaptive limits may change", gt=0)
+    burst_seconds: float = internal(1.0, "bucket capacity, in seconds of the rate limit", gt=0)
+    # The adaptive limits: halved on stress (never below `min_rows_per_second`, which keeps the
+    # deadlines), multiplied by `grow_factor` per healthy adjustment, lifted when they no longer bind.
+    min_rows_per_second: float = setting(2000.0, "the least the back-off leaves (the deadlines' share)", gt=0)
+    grow_factor: float = internal(1.5, "a throttle in use grows by this per healthy adjustment", gt=1)
+    max_poll_seconds: float = internal(0.5, "longest sleep of a waiting batch between tries", gt=0)
+    probe_interval_seconds: float = internal(0.2, "how often a worker with budgeted work probes", gt=0)
+    # The players' objective: busy probe mean / quiet baseline above this means stress, and so does
+    # a busy probe mean above `probe_max_ms` (None: no absolute bound).
+    probe_ratio: float = setting(2.0, "the objective: commit probe / its quiet baseline that means stress", gt=1)
+    probe_max_ms: float | None = setting(None, "the objective in absolute terms, in ms (unset: none)", gt=0)
+    probe_min_ms: float = internal(
+        1.0, "a busy probe must also exceed its baseline by this many ms (sub-ms jitter is not stress)", ge=0
+    )
+    baseline_seconds: float = internal(30.0, "a baseline older than this is measured again", gt=0)
+    quiet_seconds: float = internal(
+        1.0, "a stale baseline is measured by granting nothing for this long (0: never)", ge=0
+    )
+    max_claim_rows: int = setting(2000, "accounts per statement of a cohort's claim while a rate limit applies", ge=1)
+    blocked_after_seconds: float = internal(1.0, "a batch blocked on a lock this long stops counting", ge=0)
+    off_recheck_seconds: float = internal(
+        1.0,
+        "with the budget switched off (`budget set --enabled off`), how long a process runs its batches "
+        "without budget statements before it asks again",
+        ge=0,
+    )
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> BudgetSettings:
+        found = read(cls)
+        return found.model_copy(update={k: v for k, v in overrides.items() if v is not None}) if overrides else found
+
+
+class CleanupSettings(Section):
+    ENV_PREFIX: ClassVar[str] = "CLEANUP_"
+    SECTION: ClassVar[str] = "cleanup"
+
+    heartbeat_timeout_seconds: float = setting(
+        DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+        "a partition (or chunked claim) whose worker died is retried elsewhere after this long without a heartbeat",
+        gt=0,
+    )
+    heartbeat_interval_seconds: float | None = setting(
+        None, "how often a partition heartbeats (unset: a third of the timeout)", gt=0
+    )
+    targets_file: Path | None = setting(None, "the targets file (unset: cleanup/targets.toml)")
+    anonymize_key: SecretStr | None = setting(
+        None, "the HMAC key of the targets' hash columns (at least 16 bytes, the same on every worker)"
+    )
+
+
+class LedgerSettings(Section):
+    ENV_PREFIX: ClassVar[str] = "LEDGER_"
+    SECTION: ClassVar[str] = "ledger"
+
+    heartbeat_timeout_seconds: float = setting(
+        DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+        "a shard (or the settlement) whose worker died is retried elsewhere after this long without a heartbeat",
+        gt=0,
+    )
+
+
+class OutboxSettings(Section):
+    ENV_PREFIX: ClassVar[str] = "OUTBOX_"
+    SECTION: ClassVar[str] = "outbox"
+
+    heartbeat_timeout_seconds: float = setting(
+        DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+        "a relay batch whose worker died is retried elsewhere after this long without a heartbeat",
+        gt=0,
+    )
+    provider_url: str | None = setting(
+        None, "the mail provider's base URL (https; unset: the relay fails clearly)", env="MAIL_PROVIDER_URL"
+    )
+    provider_token: SecretStr | None = setting(
+        None, "the bearer token sent to the mail provider", env="MAIL_PROVIDER_TOKEN"
+    )
+    provider_allow_http: Switch = setting(
+        False, "allow an http:// provider beyond loopback", env="MAIL_PROVIDER_ALLOW_HTTP"
+    )
+
+
+_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("settings_environment", default=None)
+
+
+class Settings(BaseSettings):
+    """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
+    core.embedded.resolve), the worker's knobs, and one section per job and per platform part."""
+
+    # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
+    # EnvironmentSource under the names declared here.
+    model_config = SettingsConfigDict(allow_inf_nan=False, extra="forbid", validate_default=False)
+
+    # Temporal (read through temporalio.envconfig as well: a temporal.toml profile)
+    temporal_address: str | None = setting(
+        None, "Temporal's host:port (required: unset, a command exits 2)", env="TEMPORAL_ADDRESS", section="temporal"
+    )
+    temporal_namespace: str = setting(DEFAULT_NAMESPACE, "the namespace", env="TEMPORAL_NAMESPACE", section="temporal")
+    task_queue: str = setting(
+        DEFAULT_TASK_QUEUE, "the task queue of the workers", env="TEMPORAL_TASK_QUEUE", section="temporal"
+    )
+    temporal_ui_url: str | None = setting(
+        None, "where the Temporal UI is, for links to runs", env="TEMPORAL_UI_URL", section="temporal"
+    )
+    temporal_tls: Switch | None = setting(
+        None,
+        "TLS to Temporal (unset: on when a certificate, CA or API key is configured)",
+        env="TEMPORAL_TLS",
+        section="temporal",
+    )
+    temporal_tls_cert: Path | None = setting(
+        None,
+        "client certificate (mTLS)",
+        env="TEMPORAL_TLS_CLIENT_CERT_PATH",
+        section="temporal",
+        deprecated=("TEMPORAL_TLS_CERT",),
+    )
+    temporal_tls_key: Path | None = setting(
+        None,
+        "client private key (mTLS)",
+        env="TEMPORAL_TLS_CLIENT_KEY_PATH",
+        section="temporal",
+        deprecated=("TEMPORAL_TLS_KEY",),
+    )
+    temporal_tls_ca: Path | None = setting(
+        None,
+        "CA of the server's certificate",
+        env="TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+        section="temporal",
+        deprecated=("TEMPORAL_TLS_CA",),
+    )
+    temporal_tls_server_name: str | None = setting(
+        None, "the server name TLS checks", env="TEMPORAL_TLS_SERVER_NAME", section="temporal"
+    )
+    temporal_api_key: SecretStr | None = setting(
+        None, "API key (Temporal Cloud); never sent in clear", env="TEMPORAL_API_KEY", section="temporal"
+    )
+    # Postgres
+    database_url: str | None = setting(
+        None,
+        "the service's Postgres, postgresql://user:password@host/db (required: unset, a command exits 2)",
+        env="DATABASE_URL",
+        section="database",
+        secret=True,
+        repr=False,
+    )
+    database_schema: str = setting(
+        DEFAULT_SCHEMA, "the schema of the service's tables and functions", env="CLEANUP_SCHEMA", section="database"
+    )
+    database_connect_timeout_seconds: float = setting(
+        10.0,
+        "seconds to wait for a database connection (a Postgres that never answers fails a command clearly)",
+        env="DATABASE_CONNECT_TIMEOUT_SECONDS",
+        section="database",
+        gt=0,
+        le=3600,
+    )
+    pool_max_size: int = setting(
+        8, "connections of a worker's pool", env="DB_POOL_MAX_SIZE", section="database", ge=1, le=200
+    )
     # Connections kept apart for cohort claims (one per claim stream): a claim feeds the partitions
     # that follow it, so it must not queue for a connection behind their batches (it did: a claim
     # of 20,000 accounts took 2.5 s in the worker against 0.6 s on connections of its own).
-    claim_pool_size: int = Field(default=2, ge=1, le=50)
+    claim_pool_size: int = setting(
+        2,
+        "connections kept apart for cohort claims (one per claim stream)",
+        env="DB_CLAIM_POOL_SIZE",
+        section="database",
+        ge=1,
+        le=50,
+    )
     # A worker's transactions are one batch each (BEGIN, a statement or two, COMMIT): never idle for
     # long. One that is (its worker frozen, or cut off after sending a statement) holds the batch's
     # row locks and the shard lock; Postgres ends it after this long, so the retry of that batch is
     # not blocked behind a zombie and the zombie's late COMMIT is refused. 0: off.
-    db_idle_in_transaction_timeout_seconds: float = Field(default=10.0, ge=0, le=86_400)
-    max_concurrent_activities: int = Field(default=16, ge=1, le=1000)
+    db_idle_in_transaction_timeout_seconds: float = setting(
+        10.0,
+        "a worker's transaction left idle this long (its worker frozen) is ended by Postgres (0: off)",
+        env="DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+        section="database",
+        ge=0,
+        le=86_400,
+    )
+    # Worker
+    state_dir: Path = setting(
+        PROJECT_ROOT / ".state",
+        "where the embedded stack and `dev up` keep their state",
+        env="CLEANUP_STATE_DIR",
+        section="worker",
+    )
+    max_concurrent_activities: int = setting(
+        16, "activities a worker runs at once", env="WORKER_MAX_CONCURRENT_ACTIVITIES", section="worker", ge=1, le=1000
+    )
     # On SIGTERM a worker stops polling and gives running activities this long to finish or hand
     # their work back (cleanup partitions do at the next batch) before cancelling them.
-    worker_graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
+    worker_graceful_shutdown_seconds: float = setting(
+        20.0,
+        "on SIGTERM, how long running activities get to finish or hand their work back",
+        env="WORKER_GRACEFUL_SHUTDOWN_SECONDS",
+        section="worker",
+        ge=0,
+        le=3600,
+    )
     # Long polls a worker keeps open (None: the SDK's 5 each). A worker that freezes or loses its
     # network keeps them open on the server, which hands them tasks it can no longer run (each one
     # retried after its timeout: an activity's heartbeat timeout, a workflow task's 10 s); fewer
-    # polls, fewer such tasks. And how long a workflow's next task waits on the sticky queue of the
-    # worker that ran it before it goes to any worker (the SDK's 10 s).
-    worker_workflow_task_polls: int | None = Field(default=None, ge=2, le=100)
-    worker_activity_task_polls: int | None = Field(default=None, ge=1, le=100)
+    # polls, fewer such tasks.
+    worker_workflow_task_polls: int | None = setting(
+        None,
+        "workflow task long polls a worker keeps open (unset: the SDK's 5)",
+        env="WORKER_WORKFLOW_TASK_POLLS",
+        section="worker",
+        ge=2,
+        le=100,
+    )
+    worker_activity_task_polls: int | None = setting(
+        None,
+        "activity task long polls a worker keeps open (unset: the SDK's 5)",
+        env="WORKER_ACTIVITY_TASK_POLLS",
+        section="worker",
+        ge=1,
+        le=100,
+    )
     # A workflow task waits this long on the sticky queue of the worker that has the workflow cached
     # before any worker may take it (Temporal's default is 10 s): what a killed worker's workflows
     # wait once before they move on (the next workflow task goes to a live worker; worker.py).
-    worker_sticky_queue_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
+    worker_sticky_queue_timeout_seconds: float = setting(
+        3.0,
+        "how long a workflow task waits for the worker that has the workflow cached",
+        env="WORKER_STICKY_QUEUE_TIMEOUT_SECONDS",
+        section="worker",
+        gt=0,
+        le=300,
+    )
+    log_format: Annotated[LogFormat, BeforeValidator(_lower)] = setting(
+        "text", "`text` or `json` (one object per line)", env="LOG_FORMAT", section="worker"
+    )
+    planner_enabled: Switch = setting(
+        True,
+        "`off`: this worker does not ensure the deadline planner (it still runs its tasks)",
+        env="CLEANUP_PLANNER",
+        section="planner",
+    )
+    planner_watchdog_seconds: float = setting(
+        30.0,
+        "how often a worker looks that the planner runs (and starts it again if not)",
+        env="PLANNER_WATCHDOG_SECONDS",
+        section="planner",
+        gt=0,
+        le=3600,
+    )
     # Observability (docs/observability.md)
-    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_port: int | None = setting(
+        None,
+        "serve Prometheus /metrics on this port (unset: off)",
+        env="METRICS_PORT",
+        section="observability",
+        ge=1,
+        le=65535,
+    )
     # Loopback unless told otherwise (METRICS_HOST, HEALTH_HOST): the image sets 0.0.0.0.
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = setting(
+        "127.0.0.1", "the address /metrics listens on", env="METRICS_HOST", section="observability"
+    )
     # /healthz and /readyz (core/health.py) on a port of their own; None: not served.
-    health_port: int | None = Field(default=None, ge=1, le=65535)
-    health_host: str = "127.0.0.1"
+    health_port: int | None = setting(
+        None,
+        "serve /healthz and /readyz on this port (unset: off)",
+        env="HEALTH_PORT",
+        section="observability",
+        ge=1,
+        le=65535,
+    )
+    health_host: str = setting(
+        "127.0.0.1", "the address /healthz and /readyz listen on", env="HEALTH_HOST", section="observability"
+    )
     # OpenTelemetry (core/tracing.py): traces over OTLP, and Temporal's and the project's metrics
     # pushed over OTLP (gRPC) to this endpoint instead of served for Prometheus on metrics_port.
-    otel_tracing: bool = False
-    metrics_otlp_endpoint: str | None = None
-    log_format: LogFormat = "text"
-    # Security (docs/security.md)
-    temporal_tls: bool | None = None  # None: TLS when a certificate, CA or API key is configured
-    temporal_tls_cert: Path | None = None
-    temporal_tls_key: Path | None = None
-    temporal_tls_ca: Path | None = None
-    temporal_tls_server_name: str | None = None
-    temporal_api_key: SecretStr | None = None
-    payload_encryption_key: SecretStr | None = None
-    payload_encryption_key_id: str = "default"
-    # Key rotation (core.codec): older keys, decryption only; the key of the pseudonyms in workflow IDs.
-    payload_decryption_keys: SecretStr | None = None
-    payload_pseudonym_key_id: str | None = None
-    payload_require_encryption: bool = False
+    otel_tracing: Switch = setting(
+        False, "`on`: traces over OTLP (the tracing extra)", env="OTEL_TRACING", section="observability"
+    )
+    metrics_otlp_endpoint: str | None = setting(
+        None,
+        "push metrics over OTLP (gRPC) here instead of serving them (not with METRICS_PORT)",
+        env="METRICS_OTLP_ENDPOINT",
+        section="observability",
+    )
+    # Payload encryption (docs/security.md); key rotation (core.codec): older keys, decryption only;
+    # the key of the pseudonyms in workflow IDs.
+    payload_encryption_key: SecretStr | None = setting(
+        None, "AES-256-GCM key of every payload (base64 of 32 bytes)", env="PAYLOAD_ENCRYPTION_KEY", section="codec"
+    )
+    payload_encryption_key_id: str = setting(
+        "default", "the id written with each encrypted payload", env="PAYLOAD_ENCRYPTION_KEY_ID", section="codec"
+    )
+    payload_decryption_keys: SecretStr | None = setting(
+        None, "older keys, decryption only: `id:base64,id:base64`", env="PAYLOAD_DECRYPTION_KEYS", section="codec"
+    )
+    payload_pseudonym_key_id: str | None = setting(
+        None,
+        "the key of the pseudonyms in workflow IDs (unset: the newest key)",
+        env="PAYLOAD_PSEUDONYM_KEY_ID",
+        section="codec",
+    )
+    payload_require_encryption: Switch = setting(
+        False, "refuse unencrypted payloads", env="PAYLOAD_REQUIRE_ENCRYPTION", section="codec"
+    )
+    codec_server_token: SecretStr | None = setting(
+        None,
+        "bearer token the codec server requires (unset: it listens on loopback only)",
+        env="CODEC_SERVER_TOKEN",
+        section="codec",
+    )
+    # One section per job and per platform part, read from their own prefixes.
+    planner: PlannerSettings = PlannerSettings()
+    cleanup: CleanupSettings = CleanupSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    outbox: OutboxSettings = OutboxSettings()
+    budget: BudgetSettings = BudgetSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """`Settings(...)` takes its arguments only; `from_env` adds the environment under them."""
+        env = _ENVIRONMENT.get()
+        return (init_settings,) if env is None else (init_settings, EnvironmentSource(settings_cls, env))
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        env: dict[str, str] = dict(os.environ)
-        dev_env = read_dev_env(_state_dir(env))
-        env.update({name: value for name, value in dev_env.items() if not env.get(name)})
-        values: dict[str, object] = {
-            "temporal_address": env.get("TEMPORAL_ADDRESS") or None,
-            "temporal_namespace": env.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE,
-            "task_queue": env.get("TEMPORAL_TASK_QUEUE") or DEFAULT_TASK_QUEUE,
-            "database_url": env.get("DATABASE_URL") or None,
-            "temporal_ui_url": env.get("TEMPORAL_UI_URL") or None,
-            "temporal_tls": env.get("TEMPORAL_TLS") or None,
-            "temporal_tls_cert": env.get("TEMPORAL_TLS_CERT") or None,
-            "temporal_tls_key": env.get("TEMPORAL_TLS_KEY") or None,
-            "temporal_tls_ca": env.get("TEMPORAL_TLS_CA") or None,
-            "temporal_tls_server_name": env.get("TEMPORAL_TLS_SERVER_NAME") or None,
-            "temporal_api_key": _secret(env.get("TEMPORAL_API_KEY")),
-            "payload_encryption_key": _secret(env.get("PAYLOAD_ENCRYPTION_KEY")),
-            "payload_encryption_key_id": env.get("PAYLOAD_ENCRYPTION_KEY_ID") or "default",
-            "payload_decryption_keys": _secret(env.get("PAYLOAD_DECRYPTION_KEYS")),
-            "payload_pseudonym_key_id": env.get("PAYLOAD_PSEUDONYM_KEY_ID") or None,
-            "payload_require_encryption": env.get("PAYLOAD_REQUIRE_ENCRYPTION") or False,
-            "log_format": (env.get("LOG_FORMAT") or "text").lower(),
-        }
-        values.update(temporal_profile(env))
-        if env.get("CLEANUP_STATE_DIR"):
-            values["state_dir"] = Path(env["CLEANUP_STATE_DIR"])
-        if env.get("DB_POOL_MAX_SIZE"):
-            values["pool_max_size"] = int(env["DB_POOL_MAX_SIZE"])
-        if env.get("DB_CLAIM_POOL_SIZE"):
-            values["claim_pool_size"] = int(env["DB_CLAIM_POOL_SIZE"])
-        if env.get("DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"):
-            values["db_idle_in_transaction_timeout_seconds"] = float(env["DB_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"])
-        if env.get("WORKER_MAX_CONCURRENT_ACTIVITIES"):
-            values["max_concurrent_activities"] = int(env["WORKER_MAX_CONCURRENT_ACTIVITIES"])
-        if env.get("WORKER_GRACEFUL_SHUTDOWN_SECONDS"):
-            values["worker_graceful_shutdown_seconds"] = float(env["WORKER_GRACEFUL_SHUTDOWN_SECONDS"])
-        for name, key, kind in (
-            ("WORKER_WORKFLOW_TASK_POLLS", "worker_workflow_task_polls", int),
-            ("WORKER_ACTIVITY_TASK_POLLS", "worker_activity_task_polls", int),
-            ("WORKER_STICKY_QUEUE_TIMEOUT_SECONDS", "worker_sticky_queue_timeout_seconds", float),
-        ):
-            if env.get(name):
-                values[key] = kind(env[name])
-        if env.get("METRICS_PORT"):
-            values["metrics_port"] = int(env["METRICS_PORT"])
-        if env.get("METRICS_HOST"):
-            values["metrics_host"] = env["METRICS_HOST"]
-        if env.get("HEALTH_PORT"):
-            values["health_port"] = int(env["HEALTH_PORT"])
-        if env.get("HEALTH_HOST"):
-            values["health_host"] = env["HEALTH_HOST"]
-        if env.get("OTEL_TRACING"):
-            values["otel_tracing"] = env["OTEL_TRACING"].strip().lower() in ("on", "1", "true", "yes")
-        if env.get("METRICS_OTLP_ENDPOINT"):
-            values["metrics_otlp_endpoint"] = env["METRICS_OTLP_ENDPOINT"]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+        """Every variable, read once (a secret's `NAME_FILE` and the dev env file included); `overrides`
+        (the command's flags) win over them. ConfigError names what is wrong."""
+        token = _ENVIRONMENT.set(environment(os.environ))
+        try:
+            return cls.model_validate({k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as err:
+            raise _config_error(err, cls) from None
+        finally:
+            _ENVIRONMENT.reset(token)
 
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
@@ -241,7 +606,14 @@ class Settings(BaseModel):
 
     def secrets(self) -> list[str]:
         """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
-        keys = (self.temporal_api_key, self.payload_encryption_key, self.payload_decryption_keys)
+        keys = (
+            self.temporal_api_key,
+            self.payload_encryption_key,
+            self.payload_decryption_keys,
+            self.codec_server_token,
+            self.cleanup.anonymize_key,
+            self.outbox.provider_token,
+        )
         found = [s.get_secret_value() for s in keys if s]
         if self.payload_decryption_keys:  # each key alone too, so no single one is ever printed
             for item in self.payload_decryption_keys.get_secret_value().split(","):
@@ -263,3 +635,294 @@ class Settings(BaseModel):
     def workflow_url(self, workflow_id: str) -> str | None:
         ui = self.ui_url()
         return None if ui is None else f"{ui}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable of the tree: where its value goes (`path` of field names)."""
+
+    name: str
+    section: str
+    path: tuple[str, ...]
+    field: FieldInfo
+    secret: bool
+    deprecated: tuple[str, ...] = ()
+
+    @property
+    def type_name(self) -> str:
+        return _type_name(self.field.annotation)
+
+    @property
+    def default(self) -> object:
+        return self.field.default
+
+
+def _section_class(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and hasattr(annotation, "ENV_PREFIX"):
+        return annotation
+    return None
+
+
+def _is_secret(annotation: object) -> bool:
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+def variables(model: type[BaseModel] | None = None) -> list[Variable]:
+    """Every variable the tree reads (`model`: one section of it), in declaration order."""
+    return list(_variables(model or Settings, ()))
+
+
+@functools.cache
+def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable, ...]:
+    prefix: str = getattr(model, "ENV_PREFIX", "")
+    section: str = getattr(model, "SECTION", "")
+    found: list[Variable] = []
+    for name, field in model.model_fields.items():
+        nested = _section_class(field.annotation)
+        if nested is not None:
+            found += _variables(nested, (*path, name))
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("internal"):
+            continue
+        found.append(
+            Variable(
+                name=str(extra.get("env") or f"{prefix}{name.upper()}"),
+                section=str(extra.get("section") or section),
+                path=(*path, name),
+                field=field,
+                secret=bool(extra.get("secret")) or _is_secret(field.annotation),
+                deprecated=tuple(str(d) for d in extra.get("deprecated") or ()),  # type: ignore[union-attr]
+            )
+        )
+    return tuple(found)
+
+
+def environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The variables as the settings read them: each secret's `NAME_FILE` read into NAME (both set is
+    an error), then what `dev up` recorded for the names still unset."""
+    env = dict(base)
+    for var in variables():
+        if not var.secret:
+            continue
+        file_name = var.name + FILE_SUFFIX
+        path = env.get(file_name)
+        if not path:
+            continue
+        if env.get(var.name):
+            raise ConfigError(f"{var.name} and {file_name} are both set: set one of them")
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{file_name}: cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+        if not value:
+            raise ConfigError(f"{file_name}: {path} is empty")
+        env[var.name] = value
+    state_dir = Path(env["CLEANUP_STATE_DIR"]) if env.get("CLEANUP_STATE_DIR") else PROJECT_ROOT / ".state"
+    env.update({name: value for name, value in read_dev_env(state_dir).items() if not env.get(name)})
+    return env
+
+
+def _raw(env: Mapping[str, str], model: type[BaseModel]) -> dict[str, Any]:
+    """The values `env` sets for `model`, nested by section (an empty variable is unset)."""
+    values: dict[str, Any] = {}
+    for var in variables(model):
+        raw = env.get(var.name)
+        if raw:
+            node = values
+            for key in var.path[:-1]:
+                node = node.setdefault(key, {})
+            node[var.path[-1]] = raw
+    return values
+
+
+class EnvironmentSource(PydanticBaseSettingsSource):
+    """The tree's values from the environment: each field under its declared variable, and the
+    Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env = env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the whole tree at once
+
+    def __call__(self) -> dict[str, Any]:
+        values = _raw(self.env, self.settings_cls)
+        values.update(temporal_profile(dict(self.env)))
+        return values
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def read(section: type[S]) -> S:
+    """One section from the environment, for a call that was given no settings."""
+    env = environment(os.environ)
+    try:
+        return section.model_validate(_raw(env, section))
+    except ValidationError as err:
+        raise _config_error(err, section) from None
+
+
+def read_value(name: str) -> Any:
+    """One variable of the tree from the environment, validated as its field (its default when unset)."""
+    (var,) = [v for v in variables() if v.name == name]
+    raw = environment(os.environ).get(name)
+    if not raw:
+        return var.default
+    metadata = var.field.metadata
+    annotation: Any = Annotated[var.field.annotation, *metadata] if metadata else var.field.annotation
+    adapter: TypeAdapter[Any] = TypeAdapter(annotation, config=ConfigDict(allow_inf_nan=False))
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError as err:
+        raise ConfigError(_explain(var, err.errors()[0])) from None
+
+
+def _explain(var: Variable | None, error: Any, where: str = "") -> str:
+    message = str(error.get("msg", "invalid"))
+    if var is None:
+        return f"{where}: {message}" if where else message
+    shown = "" if var.secret or not isinstance(error.get("input"), str) else f" (got {error['input']!r})"
+    return f"{var.name}: {message}{shown}"
+
+
+def _config_error(err: ValidationError, model: type[BaseModel]) -> ConfigError:
+    by_path = {var.path: var for var in variables(model)}
+    lines = []
+    for error in err.errors():
+        path = tuple(str(p) for p in error.get("loc", ()))
+        lines.append(_explain(by_path.get(path), error, ".".join(path)))
+    return ConfigError("; ".join(lines))
+
+
+# Variables read by others than the tree: temporalio.envconfig's profile, the OpenTelemetry SDK, and
+# the development and test tooling (never needed in a deployment).
+OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("TEMPORAL_CONFIG_FILE", "temporal", "a temporal.toml with connection profiles (temporalio.envconfig)"),
+    ("TEMPORAL_PROFILE", "temporal", "the profile of that file to use (default: `default`)"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "observability", "where traces go (the OpenTelemetry SDK's variable)"),
+    ("OTEL_SERVICE_NAME", "observability", "the service name on traces (the OpenTelemetry SDK's variable)"),
+    ("CLEANUP_EMBEDDED", "development", "`1`: start the embedded Temporal and Postgres when no address is set"),
+    ("CLEANUP_FAILPOINTS", "development", "failpoints to arm (tests and the fault harness: core/failpoints.py)"),
+    ("CLEANUP_FAILPOINTS_ENABLED", "development", "`1`: failpoints may be armed at all"),
+    ("CLEANUP_FAILPOINTS_FILE", "development", "failpoints shared by the processes of a run"),
+    ("CLEANUP_FAILPOINTS_ONCE_DIR", "development", "where a failpoint armed once records that it fired"),
+    ("CLEANUP_DEBUG", "development", "print the traceback of an unexpected error"),
+    ("PROGRESS", "development", "`1`: progress bars even when stderr is not a terminal"),
+)
+SECTIONS = (
+    "temporal", "database", "worker", "planner", "cleanup", "ledger", "outbox", "budget", "observability", "codec",
+    "development",
+)  # fmt: skip
+
+
+def _type_name(annotation: object) -> str:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Annotated:
+        return _type_name(args[0])
+    if get_origin(annotation) is Literal:
+        return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType", Union)):
+        return " \\| ".join(_type_name(a) for a in args)
+    if annotation is bool:
+        return "on/off"
+    if annotation is SecretStr:
+        return "str"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default_text(var: Variable) -> str:
+    value = var.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "`on`" if value else "`off`"
+    if isinstance(value, Path):
+        return f"`{value.relative_to(PROJECT_ROOT)}`" if value.is_relative_to(PROJECT_ROOT) else f"`{value}`"
+    return f"`{value}`"
+
+
+def _internal_fields(section: str) -> list[tuple[str, FieldInfo]]:
+    """The fields of a section's model that no variable sets (`internal`)."""
+    found: list[tuple[str, FieldInfo]] = []
+    for model in (PlannerSettings, CleanupSettings, LedgerSettings, OutboxSettings, BudgetSettings):
+        if model.SECTION != section:
+            continue
+        for name, field in model.model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and extra.get("internal"):
+                found.append((name, field))
+    return found
+
+
+def render() -> str:
+    """docs/configuration.md: every variable of the tree by section, then those read by others."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated from core/config.py by `python -m core.config render`: edit the settings, not this page. -->",
+        "",
+        "Every setting is an environment variable, read once at start-up (`core.config.Settings.from_env`)",
+        "into one tree with a section per concern. A malformed, non-finite or out-of-range value stops the",
+        "command or worker with exit 2 and a message naming the variable. An empty variable is unset.",
+        "",
+        "Secrets can also be given as files, the Docker and Kubernetes secrets convention: `NAME_FILE=/path`",
+        "reads the secret from that file (surrounding whitespace removed). Setting both `NAME` and",
+        "`NAME_FILE` is an error, and so is a file that is missing, unreadable or empty. Printed settings",
+        "and logs never show a secret.",
+        "",
+        "After `deadline-cleanup dev up`, TEMPORAL_ADDRESS, DATABASE_URL and TEMPORAL_UI_URL that are unset",
+        "are read from the file it wrote (`<CLEANUP_STATE_DIR>/dev/env`); a variable that is set always wins.",
+        "",
+    ]
+    others: dict[str, list[tuple[str, str]]] = {}
+    for name, section, description in OTHER_VARIABLES:
+        others.setdefault(section, []).append((name, description))
+    tree = variables()
+    for section in SECTIONS:
+        rows = [v for v in tree if v.section == section]
+        if not rows and section not in others:
+            continue
+        lines += [f"## {section}", ""]
+        if rows:
+            lines += ["| variable | type | default | secret | meaning |", "| --- | --- | --- | --- | --- |"]
+            for var in rows:
+                secret = f"yes, or `{var.name}{FILE_SUFFIX}`" if var.secret else "no"
+                meaning = (var.field.description or "").replace("|", "\\|")
+                if var.deprecated:
+                    meaning += f"; deprecated name: {', '.join(f'`{d}`' for d in var.deprecated)}"
+                lines.append(f"| `{var.name}` | {var.type_name} | {_default_text(var)} | {secret} | {meaning} |")
+            lines.append("")
+        constants = _internal_fields(section)
+        if constants:
+            lines += ["Constants (no variable sets them; tests and benchmarks set them in Python):", ""]
+            lines += [f"- `{n}` = `{f.default}`: {f.description}" for n, f in constants]
+            lines.append("")
+        if section in others:
+            lines += ["Read by others than the settings:", ""]
+            lines += [f"- `{name}`: {description}" for name, description in others[section]]
+            lines.append("")
+    lines.append(f"{len(tree)} settings, {sum(v.secret for v in tree)} of them secrets.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m core.config render [--check]`: write docs/configuration.md (or fail when it is stale)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] != "render" or args[1:] not in ([], ["--check"]):
+        print("usage: python -m core.config render [--check]", file=sys.stderr)
+        return 2
+    text = render()
+    if args[1:] == ["--check"]:
+        if not DOCS_FILE.is_file() or DOCS_FILE.read_text(encoding="utf-8") != text:
+            print(f"{DOCS_FILE.relative_to(PROJECT_ROOT)} is stale: run python -m core.config render", file=sys.stderr)
+            return 1
+        return 0
+    DOCS_FILE.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
-import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -14,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from core.config import mask_url
+from core.config import mask_url, read_value
 from core.errors import (
     ConnectionLostBeforeCommit,
     ConnectionLostInTransaction,
@@ -26,7 +24,6 @@ from core.queries import MIGRATIONS_DIR
 # Any constant works; it only has to be the same for every process that migrates this database.
 _MIGRATION_LOCK = 7_261_002
 
-DEFAULT_SCHEMA = "deadline_cleanup"
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # A migration file whose first line is this runs outside a transaction (CREATE INDEX CONCURRENTLY).
 NO_TRANSACTION = "-- no-transaction"
@@ -38,7 +35,7 @@ MIGRATION_LOCK_TIMEOUT = "5s"
 def service_schema() -> str:
     """The schema that holds every table and function of the service (CLEANUP_SCHEMA, default
     `deadline_cleanup`): the service creates nothing outside it but what the targets declare."""
-    name = os.environ.get("CLEANUP_SCHEMA") or DEFAULT_SCHEMA
+    name = str(read_value("CLEANUP_SCHEMA"))
     if not _IDENTIFIER.fullmatch(name):
         raise InputError(f"CLEANUP_SCHEMA is not a schema name: {name!r} (lower-case letters, digits and _)")
     return name
@@ -366,14 +363,7 @@ async def _apply(conn: asyncpg.Connection, path: Path) -> None:
 def connect_timeout() -> float:
     """Seconds to wait for a database connection (DATABASE_CONNECT_TIMEOUT_SECONDS, default 10): a
     Postgres that accepts and never answers fails a command with a clear message, not a hang."""
-    raw = os.environ.get("DATABASE_CONNECT_TIMEOUT_SECONDS") or "10"
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (0 < value <= 3600):  # also NaN and infinity
-        raise ValueError(f"DATABASE_CONNECT_TIMEOUT_SECONDS must be a number of seconds in (0, 3600], got {raw!r}")
-    return value
+    return float(read_value("DATABASE_CONNECT_TIMEOUT_SECONDS"))
 
 
 async def migrate_url(url: str) -> list[str]:

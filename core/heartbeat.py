@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -25,20 +23,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 7.0
 # fifth of the timeout to spare; sending the activity's own heartbeats (a third of the timeout)
 # promptly keeps a live but busy worker far from being judged dead.
 MAX_HEARTBEAT_THROTTLE = timedelta(seconds=1)
-
-
-def seconds_from_env(name: str) -> float | None:
-    """A positive number of seconds from the environment variable `name`; None when it is unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be more than 0 seconds, got {raw!r}")
-    return value
 
 
 async def run_heartbeating(statement: Awaitable[T], beat: Callable[[], None] | None, interval: float) -> T:

@@ -57,6 +57,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         CLEANUP_PLANNER="on",
     )
     env.update(extra)
+    env.pop("DATABASE_URL_FILE", None)  # the URL is given: its file form too would be an error
     return env
 
 

@@ -23,5 +23,5 @@ def _ready() -> None:
 
 
 if __name__ == "__main__":
-    planner = "CLEANUP_PLANNER" in os.environ and app_worker.planner_enabled()
+    planner = "CLEANUP_PLANNER" in os.environ  # and not off (the worker's settings.planner_enabled)
     exit_now(app_worker.main([], extra_workflows=[HarnessRedeliverWorkflow], on_ready=_ready, planner=planner))

@@ -28,7 +28,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -38,6 +37,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from core.config import ConfigError, OutboxSettings, read
 
 log = logging.getLogger("mail_provider")
 
@@ -436,8 +437,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang-seconds", type=float, default=30.0, help="how long a timeout hangs")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    # The token comes from the environment only: a command-line argument shows up in `ps`.
-    token = os.environ.get("MAIL_PROVIDER_TOKEN", "")
+    # The token comes from the environment (or MAIL_PROVIDER_TOKEN_FILE) only: an argument shows up in `ps`.
+    try:
+        secret = read(OutboxSettings).provider_token
+    except ConfigError as err:
+        parser.error(str(err))
+    token = secret.get_secret_value() if secret else ""
     if not token:
         parser.error("set MAIL_PROVIDER_TOKEN (the bearer token the provider accepts)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -11,7 +11,8 @@ from typing import Literal, Self
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
+from core.config import OutboxSettings, read
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model
 
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
@@ -21,15 +22,13 @@ FAILURE_CONNECTION = "connection error"
 NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
 NOT_SENT_SHUTDOWN = "not sent: worker shutting down"
 
+
 # A relay batch whose worker died is retried elsewhere once no heartbeat came for this long (it
 # heartbeats while requests are in flight); a worker stopped with SIGTERM sends no new request,
 # records what was sent and releases the rest at once.
-HEARTBEAT_TIMEOUT_ENV = "OUTBOX_HEARTBEAT_TIMEOUT_SECONDS"
-
-
 def heartbeat_timeout_from_env() -> float:
-    """OUTBOX_HEARTBEAT_TIMEOUT_SECONDS, default 7 (a ValueError names the variable when it is bad)."""
-    return seconds_from_env(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
+    """OUTBOX_HEARTBEAT_TIMEOUT_SECONDS, default 7 (core.config: a ConfigError names the variable when it is bad)."""
+    return read(OutboxSettings).heartbeat_timeout_seconds
 
 
 # Names the Temporal layer registers and the operations call (one definition each).

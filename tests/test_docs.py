@@ -45,12 +45,12 @@ def _page_id(page: Path) -> str:
 
 
 def _product_text() -> str:
-    """The product's code, plus the variables its settings models read by prefix and field name."""
-    from cleanup.planner_models import PlannerSettings
-    from core.budget import BudgetSettings
+    """The product's code, plus every variable of the settings tree (a section's variables are
+    named by its prefix and the field's name) and each secret's `_FILE` form."""
+    from core.config import FILE_SUFFIX, variables
 
-    derived = [f"PLANNER_{f.upper()}" for f in PlannerSettings.model_fields]
-    derived += [f"LOAD_BUDGET_{f.upper()}" for f in BudgetSettings.model_fields]
+    derived = [name for v in variables() for name in (v.name, *v.deprecated)]
+    derived += [v.name + FILE_SUFFIX for v in variables() if v.secret]
     files = [ROOT / p for p in PRODUCT + READERS if (ROOT / p).is_file()]
     for p in PRODUCT + READERS:
         if (ROOT / p).is_dir():

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from core import health
-from core.config import Settings
+from core.config import FILE_SUFFIX, Settings, variables
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -64,10 +64,12 @@ def docs() -> list[dict[str, Any]]:
 
 
 def env_names_the_code_reads() -> set[str]:
+    """The settings tree's variables (and each secret's _FILE form), and any read directly."""
     sources = [ROOT / "worker.py", ROOT / "starter.py"]
     for package in ("core", "cleanup", "ledger", "outbox", "activities", "workflows"):
         sources += (ROOT / package).glob("*.py")
-    return {name for path in sources for name in ENV_READ.findall(path.read_text())}
+    tree = {v.name for v in variables()} | {v.name + FILE_SUFFIX for v in variables() if v.secret}
+    return tree | {name for path in sources for name in ENV_READ.findall(path.read_text())}
 
 
 def test_every_manifest_validates_against_the_kubernetes_schemas(docs: list[dict[str, Any]]) -> None:

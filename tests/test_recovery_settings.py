@@ -69,6 +69,7 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
     monkeypatch.setenv("LEDGER_HEARTBEAT_TIMEOUT_SECONDS", "soon")
     bad = await asyncio.to_thread(run_cli, settings, "reconcile", "--date", "2011-03-08")
     assert bad.returncode == 2 and "LEDGER_HEARTBEAT_TIMEOUT_SECONDS" in bad.stderr, bad.stderr
+    monkeypatch.delenv("LEDGER_HEARTBEAT_TIMEOUT_SECONDS")  # a bad variable stops every command
     bad = await asyncio.to_thread(run_cli, settings, "outbox", "relay", "start", "--heartbeat-timeout", "0")
     assert bad.returncode == 2 and "heartbeat_timeout_seconds" in bad.stderr, bad.stderr
 

@@ -1,0 +1,179 @@
+"""The settings tree (core/config.py): every variable declared once and read by one source; each
+secret also from `NAME_FILE`; numbers finite and in range or an error naming the variable; the
+reference page generated from the declarations and current. No server needed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+from pydantic import SecretStr
+
+import starter
+import worker
+from cleanup.targets import anonymize_key_pads
+from core import config
+from core.config import FILE_SUFFIX, ConfigError, Settings, Variable, variables
+
+SECRETS = [v for v in variables() if v.secret]
+NUMBERS = [v for v in variables() if {int, float} & {v.field.annotation, *get_args(v.field.annotation)}]
+
+
+def _value(settings: Settings, var: Variable) -> Any:
+    found: Any = settings
+    for key in var.path:
+        found = getattr(found, key)
+    return found.get_secret_value() if isinstance(found, SecretStr) else found
+
+
+@pytest.fixture(autouse=True)
+def no_dev_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state dir of its own: no `dev up` file fills in an unset address."""
+    monkeypatch.setenv("CLEANUP_STATE_DIR", str(tmp_path / "state"))
+
+
+def test_the_reference_page_is_generated_from_the_settings_and_current() -> None:
+    assert config.DOCS_FILE.read_text(encoding="utf-8") == config.render(), (
+        "docs/configuration.md is stale: run .venv/bin/python -m core.config render"
+    )
+    assert config.main(["render", "--check"]) == 0
+    page = config.render()
+    for var in variables():
+        assert f"`{var.name}`" in page, f"{var.name} is missing from the reference"
+    for var in SECRETS:
+        assert f"`{var.name}{FILE_SUFFIX}`" in page
+
+
+def test_names_are_unique_and_every_secret_is_masked() -> None:
+    names = [v.name for v in variables()]
+    assert len(names) == len(set(names)), "two settings read one variable"
+    assert {"DATABASE_URL", "TEMPORAL_API_KEY", "PAYLOAD_ENCRYPTION_KEY", "CLEANUP_ANONYMIZE_KEY"} <= {
+        v.name for v in SECRETS
+    }
+    assert {"MAIL_PROVIDER_TOKEN", "CODEC_SERVER_TOKEN", "PAYLOAD_DECRYPTION_KEYS"} <= {v.name for v in SECRETS}
+
+
+def test_settings_built_in_python_read_no_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEMPORAL_NAMESPACE", "from-the-environment")
+    monkeypatch.setenv("PLANNER_TICK_SECONDS", "2")
+    assert Settings().temporal_namespace == "default" and Settings().planner.tick_seconds == 5.0
+    read = Settings.from_env()
+    assert read.temporal_namespace == "from-the-environment" and read.planner.tick_seconds == 2.0
+
+
+def test_a_flag_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEMPORAL_TASK_QUEUE", "from-the-environment")
+    assert Settings.from_env(task_queue="from-the-flag").task_queue == "from-the-flag"
+    assert Settings.from_env(task_queue=None).task_queue == "from-the-environment"
+
+
+@pytest.mark.parametrize("var", SECRETS, ids=lambda v: v.name)
+def test_every_secret_is_read_from_its_file(var: Variable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "postgresql://app:fr0m-a-file@db.internal/game" if var.name == "DATABASE_URL" else "fr0m-a-file-16bytes"
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")  # as `kubectl create secret --from-file` and Docker write it
+    monkeypatch.delenv(var.name, raising=False)
+    monkeypatch.setenv(var.name + FILE_SUFFIX, str(path))
+    settings = Settings.from_env()
+    assert _value(settings, var) == secret
+    assert "fr0m-a-file" not in repr(settings) and "fr0m-a-file" not in str(settings.safe_dict())
+    assert "fr0m-a-file" in " ".join(settings.secrets()), "logs are scrubbed of it"
+
+
+@pytest.mark.parametrize("var", SECRETS, ids=lambda v: v.name)
+def test_a_secret_and_its_file_together_are_an_error_naming_both(
+    var: Variable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "secret"
+    path.write_text("s3cret-in-a-file")
+    monkeypatch.setenv(var.name, "s3cret-in-the-variable")
+    monkeypatch.setenv(var.name + FILE_SUFFIX, str(path))
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env()
+    message = str(err.value)
+    assert var.name in message and var.name + FILE_SUFFIX in message
+    assert "s3cret" not in message
+
+
+def test_a_missing_or_empty_secret_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "nowhere"
+    monkeypatch.delenv("TEMPORAL_API_KEY", raising=False)
+    monkeypatch.setenv("TEMPORAL_API_KEY_FILE", str(missing))
+    with pytest.raises(ConfigError, match=re.escape(f"TEMPORAL_API_KEY_FILE: cannot read {missing}")):
+        Settings.from_env()
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    monkeypatch.setenv("TEMPORAL_API_KEY_FILE", str(empty))
+    with pytest.raises(ConfigError, match=r"TEMPORAL_API_KEY_FILE: .* is empty"):
+        Settings.from_env()
+
+
+def test_a_bad_secret_file_exits_2_from_the_worker_and_the_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("DATABASE_URL_FILE", str(tmp_path / "nowhere"))
+    assert worker.main([]) == 2
+    assert starter.main(["failed"]) == 2
+    assert "DATABASE_URL_FILE" in capsys.readouterr().err
+
+
+def test_the_library_calls_read_the_same_declarations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call given no settings (the anonymize key of a compiled cleanup) reads the file form too."""
+    path = tmp_path / "key"
+    path.write_text("an-anonymize-key-of-the-game\n")
+    monkeypatch.delenv("CLEANUP_ANONYMIZE_KEY", raising=False)
+    monkeypatch.setenv("CLEANUP_ANONYMIZE_KEY_FILE", str(path))
+    assert anonymize_key_pads() == anonymize_key_pads("an-anonymize-key-of-the-game")
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "ten"])
+@pytest.mark.parametrize("var", NUMBERS, ids=lambda v: v.name)
+def test_every_number_refuses_what_is_not_a_finite_number(
+    var: Variable, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(var.name, text)
+    with pytest.raises(ConfigError, match=var.name):
+        Settings.from_env()
+
+
+@pytest.mark.parametrize("var", [v for v in NUMBERS if v.field.metadata], ids=lambda v: v.name)
+def test_every_bounded_number_refuses_what_is_out_of_range(var: Variable, monkeypatch: pytest.MonkeyPatch) -> None:
+    outside = []
+    for bound in var.field.metadata:
+        low = getattr(bound, "ge", getattr(bound, "gt", None))
+        high = getattr(bound, "le", getattr(bound, "lt", None))
+        if low is not None:
+            outside.append(float(low) - 1)
+        if high is not None:
+            outside.append(float(high) + 1)
+    assert outside, f"{var.name}: bounds not found in {var.field.metadata}"
+    for value in outside:
+        monkeypatch.setenv(var.name, str(int(value)) if value.is_integer() else str(value))
+        with pytest.raises(ConfigError, match=var.name):
+            Settings.from_env()
+
+
+def test_a_switch_is_on_or_off_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    for text, expected in (("on", True), ("1", True), ("YES", True), ("off", False), ("0", False), ("no", False)):
+        monkeypatch.setenv("OTEL_TRACING", text)
+        assert Settings.from_env().otel_tracing is expected
+    monkeypatch.setenv("OTEL_TRACING", "sometimes")
+    with pytest.raises(ConfigError, match="OTEL_TRACING"):
+        Settings.from_env()
+
+
+def test_one_variable_is_read_as_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the database layer reads per connection: the schema, and the connect timeout's range."""
+    monkeypatch.delenv("CLEANUP_SCHEMA", raising=False)
+    assert config.read_value("CLEANUP_SCHEMA") == config.DEFAULT_SCHEMA
+    monkeypatch.setenv("CLEANUP_SCHEMA", "game_cleanup")
+    assert config.read_value("CLEANUP_SCHEMA") == "game_cleanup"
+    monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", "2.5")
+    assert config.read_value("DATABASE_CONNECT_TIMEOUT_SECONDS") == 2.5
+    for bad in ("nan", "0", "3601"):
+        monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", bad)
+        with pytest.raises(ConfigError, match="DATABASE_CONNECT_TIMEOUT_SECONDS"):
+            config.read_value("DATABASE_CONNECT_TIMEOUT_SECONDS")
