@@ -73,7 +73,7 @@ async def cmd_budget(args: argparse.Namespace, settings: Settings) -> None:
             if not changes and enabled is None and not args.reset_scale:
                 raise InputError("nothing to set: give a limit (e.g. --max-in-flight 4), --enabled or --reset-scale")
             await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **changes)
-        emit(args, await budget_status(pool), _human)
+        emit(args, (await budget_status(pool)).model_dump(), _human)
     finally:
         await pool.close()
 

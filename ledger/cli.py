@@ -24,6 +24,8 @@ from ledger.models import (
     DEFAULT_ID_PREFIX,
     DEFAULT_SHARDS,
     SCHEDULE_ID,
+    DeletedSchedule,
+    ScheduleDescription,
     ScheduledLedgerInput,
     heartbeat_timeout_from_env,
 )
@@ -60,6 +62,7 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
     options = _run_options(args, ScheduledLedgerInput) if args.action == "create" else None
     settings_resolved = embedded.resolve(settings)
     client = await connect(settings_resolved)
+    data: ScheduleDescription | DeletedSchedule
     if args.action == "create":
         data = await ls.create_schedule(
             client,
@@ -73,7 +76,7 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
     elif args.action == "update":
         data = await ls.update_schedule(client, schedule_id, at=at, time_zone=zone, note=args.note)
     elif args.action == "list":
-        rows = await ls.list_schedules(client)
+        rows = [r.model_dump() for r in await ls.list_schedules(client)]
         emit(args, rows, lambda r: table(r, ["schedule_id", "runs_at", "paused", "note", "next_runs"]))
         return
     elif args.action == "describe":
@@ -89,7 +92,7 @@ async def cmd_schedule(args: argparse.Namespace, settings: Settings) -> None:
         data = await ls.backfill_schedule(client, first, last, schedule_id)
     else:
         data = await ls.delete_schedule(client, schedule_id)
-    emit(args, data)
+    emit(args, data.given())
 
 
 def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
@@ -176,13 +179,13 @@ async def cmd_ledger(args: argparse.Namespace, settings: Settings) -> None:
         await _show_status(args, settings, business_date)
         return
     async with CliContext(settings) as ctx:
-        rows = await review_rows(ctx.pool, business_date, args.limit)
+        rows = [r.model_dump() for r in await review_rows(ctx.pool, business_date, args.limit)]
     emit(args, rows, lambda r: table(r, ["review_key", "kind", "reason"]))
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
     async with CliContext(settings, database="optional") as ctx:
-        data = await ledger_status(ctx.client, ctx.optional_pool, business_date)
+        data = (await ledger_status(ctx.client, ctx.optional_pool, business_date)).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {DB_PART}"
         url = ctx.settings.workflow_url(data["workflow_id"])

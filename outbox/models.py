@@ -12,7 +12,7 @@ from typing import Literal, Self
 from pydantic import AwareDatetime, Field, model_validator
 
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, seconds_from_env
-from core.model import Model
+from core.model import Model, Report
 
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
 FAILURE_TIMEOUT = "timeout"
@@ -195,3 +195,16 @@ class RedeliveredEvent(Model):
 class StartedRelay(Model):
     workflow_id: str
     run_id: str | None
+
+
+class DeadRedelivery(Report):
+    """The dead letters an operator's filter selects: counted, and redelivered once confirmed."""
+
+    matching: int
+    oldest_dead_at: AwareDatetime | None
+    newest_dead_at: AwareDatetime | None
+    dead_since: AwareDatetime | None
+    reason: str | None
+    redelivered: int
+    confirmed: bool
+    nudged: list[str] | None = None  # the relays told to look now; only when some were redelivered
