@@ -93,6 +93,8 @@ def parse_failed_tolerance(text: str | int | None) -> tuple[int | None, float | 
 
 
 class StartedCleanup(Model):
+    """The cleanup `start_cleanup` started, or the run with its ID that already existed."""
+
     workflow_id: str
     run_id: str | None
     started: bool
@@ -315,6 +317,8 @@ async def start_or_find(
 
 
 class RenewalOutcome(Model):
+    """A renewal as the database judged it (in time or too late), and the cleanups it told."""
+
     account_id: str
     in_time: bool
     status_seen: str

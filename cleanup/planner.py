@@ -425,6 +425,8 @@ async def signal_planner(
 
 
 class DeadlineCohort(Model):
+    """Active accounts sharing one upcoming deadline."""
+
     deadline: datetime
     accounts: int
 

@@ -51,6 +51,8 @@ class FailedAccount(Model):
 
 
 class StillFailing(Model):
+    """An account that failed again when retried, with the database's new reason."""
+
     account_id: str
     cleanup_id: str
     sqlstate: str
@@ -71,6 +73,8 @@ class RetryResult(Model):
 
 
 class TargetPreview(Model):
+    """A declared target and the rows the cleanup would remove (or archive, or anonymize) in it."""
+
     table: str
     action: str
     archive_table: str | None

@@ -204,6 +204,8 @@ class ScheduledLedgerResult(Model):
 
 
 class StartedReconciliation(Model):
+    """The date's reconciliation `start_reconciliation` started, or the run that already existed."""
+
     workflow_id: str
     run_id: str | None
     started: bool
@@ -276,6 +278,8 @@ class ReviewRow(Model):
 
 
 class ScheduledRun(Model):
+    """A recent action of the schedule: the parent run it started."""
+
     scheduled_at: datetime
     workflow_id: str | None
     run_id: str | None
@@ -305,6 +309,8 @@ class ScheduleDescription(Report):
 
 
 class ScheduleListing(Model):
+    """One ledger schedule of `list_schedules`."""
+
     schedule_id: str
     runs_at: str | None
     time_zone: str
@@ -314,5 +320,7 @@ class ScheduleListing(Model):
 
 
 class DeletedSchedule(Report):
+    """The schedule `delete_schedule` deleted (its runs stay in Temporal)."""
+
     schedule_id: str
     deleted: bool

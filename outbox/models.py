@@ -144,6 +144,8 @@ class OutboxRelayStatus(Model):
 
 
 class RunningRelay(Model):
+    """A running relay workflow, with its progress from its memo."""
+
     workflow_id: str
     task_queue: str
     # From the relay's memo (updated after each batch); None before its first batch.
@@ -153,6 +155,8 @@ class RunningRelay(Model):
 
 
 class DeadLetter(Model):
+    """An event the relay gave up on, and why (no payload, no address)."""
+
     event_key: str
     account_id: str | None
     attempts: int
@@ -181,6 +185,8 @@ class OutboxStatus(Model):
 
 
 class RedeliveredEvent(Model):
+    """An event made due again by `redeliver_event`, and what it was before."""
+
     event_key: str
     status: str
     attempts: int
@@ -193,6 +199,8 @@ class RedeliveredEvent(Model):
 
 
 class StartedRelay(Model):
+    """A relay `start_relays` started (`run_id`) or found running."""
+
     workflow_id: str
     run_id: str | None
 
