@@ -1,5 +1,6 @@
-"""The one pydantic base of every workflow and activity payload: unknown fields are an error (a
-typo in an input never passes silently) and payloads are immutable once built.
+"""The one pydantic base of every workflow and activity payload, and of what the Python API returns
+(docs/api.md): unknown fields are an error (a typo in an input never passes silently) and payloads
+are immutable once built.
 
 Imported by workflow modules inside the sandbox, so nothing here may import asyncpg.
 """
