@@ -579,7 +579,7 @@ async def run(
         pipeline, lead = await pipeline_cleanup(
             s, pipeline_deadline_seed, 10 + accounts / 2000, partitions, parallel, batch_size
         )
-        budget_after = [await budget_status(s.pool)]
+        budget_after = [(await budget_status(s.pool)).model_dump()]
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         await settle(s.pool)
         direct_2 = await direct_cleanup(acts, s.claim_backends, direct_after, partitions, parallel, batch_size)
@@ -589,7 +589,7 @@ async def run(
         floor_2 = await floor_cleanup(acts, floor_after)
         # The pipeline again, last: like the floor and the direct path, it counts by its faster run.
         pipeline_2, _ = await pipeline_cleanup(s, pipeline_again_seed, lead, partitions, parallel, batch_size)
-        budget_after.append(await budget_status(s.pool))
+        budget_after.append((await budget_status(s.pool)).model_dump())
         swept = []
         assert s.settings.database_url is not None
         observer = Observer(

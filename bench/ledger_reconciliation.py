@@ -295,7 +295,7 @@ async def run(
         )
         await clear_effects(s.pool, direct_date)
         pipeline = await pipeline_reconciliation(s, pipeline_date, parallel, batch_size)
-        budget_after_pipeline = await budget_status(s.pool)
+        budget_after_pipeline = (await budget_status(s.pool)).model_dump()
         await clear_effects(s.pool, pipeline_date)
         # The direct run again, after the pipeline: the limit is the faster of the two direct runs.
         direct_2 = await direct_reconciliation(

@@ -86,7 +86,7 @@ async def keep_evidence(s: Stack) -> str:
     database = {
         "account_states": [dict(r) for r in await s.pool.fetch(SQL.account_states)],
         "backends": [dict(r) for r in await s.pool.fetch(SQL.backends)],
-        "budget": await budget_status(s.pool),
+        "budget": (await budget_status(s.pool)).model_dump(),
     }
     (target / "database.json").write_text(json.dumps(database, default=str, indent=2))
     (target / "running-cleanups.json").write_text(json.dumps(await running_cleanups(s.client), default=str, indent=2))
@@ -141,7 +141,7 @@ async def lateness_report(pool: asyncpg.Pool, first: datetime) -> dict[str, Any]
     sweeps = await pool.fetchrow(SQL.overdue_sweeps)
     assert s is not None and claim is not None and applied is not None and sweeps is not None
     latest = await pool.fetch(SQL.latest_accounts, 5)
-    budget = await budget_status(pool)
+    budget = (await budget_status(pool)).model_dump()
     return {
         "cleaned": s["cleaned"],
         "not_cleaned": s["not_cleaned"],

@@ -334,7 +334,7 @@ async def run(
             await phase("alone", alone)
             await set_budget(s.pool, enabled=False)
             off = await phase("no_budget", lambda: cleanup(seeds["off"]))
-            off_budget = await budget_status(s.pool)
+            off_budget = (await budget_status(s.pool)).model_dump()
             await phase("alone_between", alone)
 
             limits: dict[str, Any] = {
@@ -342,7 +342,7 @@ async def run(
             } | (objective or {})
             await set_budget(s.pool, enabled=True, reset_scale=True, **limits)
             on = await phase("default_budget", lambda: cleanup(seeds["default"]))
-            on_budget = await budget_status(s.pool)
+            on_budget = (await budget_status(s.pool)).model_dump()
             await phase("alone_after", alone)
             floors: dict[str, Any] = {}
             if paced_floor_slice:

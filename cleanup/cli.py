@@ -144,9 +144,9 @@ async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_hold(args: argparse.Namespace, settings: Settings) -> None:
     async with database_pool(settings, migrate=True) as pool:
-        result = await hold_account(pool, args.account_id, args.reason)
-    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
-    if result == "too_late":
+        held = await hold_account(pool, args.account_id, args.reason)
+    emit(args, held.model_dump(), lambda d: f"{d['account_id']}: {d['result']}")
+    if held.result == "too_late":
         sys.exit(EXIT_TOO_LATE)
 
 
@@ -173,14 +173,14 @@ def _history_text(d: dict[str, Any]) -> str:
 
 async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
     async with database_pool(settings, migrate=True) as pool:
-        result = await release_account(pool, args.account_id)
-    emit(args, {"account_id": args.account_id, "result": result}, lambda d: f"{d['account_id']}: {d['result']}")
+        released = await release_account(pool, args.account_id)
+    emit(args, released.model_dump(), lambda d: f"{d['account_id']}: {d['result']}")
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
     """Answers from Temporal alone while the database is down, and says what is missing."""
     async with CliContext(settings, database="optional") as ctx:
-        data = await cleanup_status(ctx.client, ctx.optional_pool, args.workflow_id)
+        data = (await cleanup_status(ctx.client, ctx.optional_pool, args.workflow_id)).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {DB_PART}"
         _add_ui(data, ctx.settings, args.workflow_id)
@@ -200,7 +200,7 @@ def _add_ui(data: dict[str, Any], settings: Settings, workflow_id: str) -> None:
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> None:
     """Temporal only (visibility): works whether or not the database is up."""
     async with CliContext(settings, database="unused") as ctx:
-        rows = await list_cleanups(ctx.client, limit=args.limit)
+        rows = [r.model_dump() for r in await list_cleanups(ctx.client, limit=args.limit)]
     emit(args, rows, lambda r: table(r, LIST_COLUMNS))
 
 
@@ -223,7 +223,9 @@ async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
     from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
 
     async with database_pool(settings, migrate=True) as pool:
-        rows = await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
+        rows = [
+            r.model_dump() for r in await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
+        ]
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
 
 
@@ -233,7 +235,7 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
 
     targets = load_targets()
     async with database_pool(settings, migrate=True) as pool:
-        data = await retry_failed(pool, targets, args.cleanup)
+        data = (await retry_failed(pool, targets, args.cleanup)).model_dump()
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -255,7 +257,7 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     deadline = parse_deadline(args.deadline) if args.deadline else None
     targets = load_targets()
     async with database_pool(settings, migrate=False) as pool:
-        data = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)
+        data = (await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)).model_dump()
 
     def human(d: dict[str, Any]) -> str:
         lines = [
@@ -309,7 +311,7 @@ async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> No
     from cleanup.planner import PLANNER_DB_PART, planner_status  # lazy: keeps `starter.py --help` fast
 
     async with CliContext(settings, database="optional") as ctx:
-        data = await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue)
+        data = (await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue)).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
         _add_ui(data, ctx.settings, data["workflow_id"])

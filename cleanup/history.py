@@ -23,6 +23,8 @@ SQL = load(__file__, "history.sql")
 
 
 class AccountEvent(Model):
+    """A change of the account's deadline or hold, as the game asked it (or the refusal)."""
+
     kind: Literal["registered", "moved", "refused", "held", "released"]
     deadline: datetime | None
     reason: str | None  # a hold's reason, as the game gave it
@@ -30,6 +32,8 @@ class AccountEvent(Model):
 
 
 class Renewal(Model):
+    """A renewal attempt and how the database judged it."""
+
     outcome: Literal["in_time", "too_late"]
     new_deadline: datetime | None
     deadline_seen: datetime | None
@@ -39,12 +43,16 @@ class Renewal(Model):
 
 
 class TargetCount(Model):
+    """Rows a declared target lost to one cleanup of the account."""
+
     target: str
     action: str
     rows: int
 
 
 class Reminder(Model):
+    """The renewal reminder the cleanup queued in the outbox, and its delivery."""
+
     status: str
     queued_at: datetime
     delivered_at: datetime | None
@@ -52,6 +60,8 @@ class Reminder(Model):
 
 
 class Cleaned(Model):
+    """One version of the account cleaned: when, by which cleanup, rows per target, the reminder."""
+
     cleanup_version: int
     cleanup_id: str
     applied_at: datetime
@@ -60,6 +70,8 @@ class Cleaned(Model):
 
 
 class Failure(Model):
+    """A cleanup of the account that failed: where, and with which SQLSTATE (the receipt keeps no error text)."""
+
     cleanup_version: int
     cleanup_id: str
     target: str | None
@@ -71,11 +83,15 @@ class Failure(Model):
 
 
 class Claim(Model):
+    """The cleanup that claimed the account."""
+
     cleanup_id: str
     claimed_at: datetime | None
 
 
 class AccountHistory(Model):
+    """The erasure receipt of one account: what the service did with its deadline and data."""
+
     account_id: str
     status: str
     renewal_deadline: datetime

@@ -7,10 +7,10 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import asyncpg
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
@@ -23,8 +23,10 @@ from cleanup.models import (
     PLANNER_NUDGE_SIGNAL,
     RENEWED_SIGNAL,
     STATUS_QUERY,
+    CleanupOutcome,
     CleanupResult,
     CleanupStatus,
+    PartitionCounts,
     RenewalCleanupInput,
     RenewalSignal,
     account_cleanup_id,
@@ -37,6 +39,7 @@ from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
 from core.errors import InputError, parse_instant, validation_message
+from core.model import Model, Report
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
 
@@ -89,7 +92,9 @@ def parse_failed_tolerance(text: str | int | None) -> tuple[int | None, float | 
     return int(match["value"]), None
 
 
-class StartedCleanup(BaseModel):
+class StartedCleanup(Model):
+    """The cleanup `start_cleanup` started, or the run with its ID that already existed."""
+
     workflow_id: str
     run_id: str | None
     started: bool
@@ -311,7 +316,9 @@ async def start_or_find(
     return scope.started(run_id, False) if found is None else scope.started(found[0], False, found[1], found[2])
 
 
-class RenewalOutcome(BaseModel):
+class RenewalOutcome(Model):
+    """A renewal as the database judged it (in time or too late), and the cleanups it told."""
+
     account_id: str
     in_time: bool
     status_seen: str
@@ -358,6 +365,8 @@ async def renew(
     )
     if not in_time:
         return outcome
+    signalled: list[str] = []
+    signal_errors: list[str] = []
     # Only a single-account cleanup waits on the signal; a cohort's claim skips renewed accounts by
     # itself, so signalling it would only grow its history (and meet the server's signal cap).
     signal = RenewalSignal(account_id=account_id, version_after=row["version_after"], new_deadline=until)
@@ -368,19 +377,21 @@ async def renew(
     except RPCError as err:
         running = False
         if err.status != RPCStatusCode.NOT_FOUND:
-            _signal_refused(outcome, own_cleanup, err)
+            signal_errors.append(_signal_refused(account_id, own_cleanup, err))
     if running:
         try:
             await handle.signal(RENEWED_SIGNAL, signal)
-            outcome.signalled.append(own_cleanup)
+            signalled.append(own_cleanup)
         except RPCError as err:
-            _signal_refused(outcome, own_cleanup, err)
-    if until is not None and own_cleanup in outcome.signalled:
-        started = await start_cleanup(client, pool, task_queue, account_id=account_id)
-        outcome.restarted_cleanup = started.workflow_id
+            signal_errors.append(_signal_refused(account_id, own_cleanup, err))
+    restarted: str | None = None
+    if until is not None and own_cleanup in signalled:
+        restarted = (await start_cleanup(client, pool, task_queue, account_id=account_id)).workflow_id
     if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
         await nudge_planner(client, task_queue)
-    return outcome
+    return outcome.model_copy(
+        update={"signalled": signalled, "signal_errors": signal_errors, "restarted_cleanup": restarted}
+    )
 
 
 @asynccontextmanager
@@ -393,31 +404,44 @@ async def refused_as_input() -> AsyncIterator[None]:
         raise InputError(err.args[0] if err.args else str(err)) from err
 
 
-async def set_deadline(pool: asyncpg.Pool, account_id: str, deadline: datetime) -> str:
+class AccountChange(Model):
+    """What `set_deadline`, `hold_account` and `release_account` did to one account, as the
+    database decided it: registered | moved | too_late (set_deadline), held | already_held |
+    too_late (hold), released | not_held (release)."""
+
+    account_id: str
+    result: Literal["registered", "moved", "too_late", "held", "already_held", "released", "not_held"]
+
+
+async def set_deadline(pool: asyncpg.Pool, account_id: str, deadline: datetime) -> AccountChange:
     """Register `account_id` at `deadline` or move its deadline (the game's set_deadline()):
     'registered', 'moved' or 'too_late' (claimed or cleaned already)."""
     check_account_id(account_id)
     async with refused_as_input():
-        return str(await pool.fetchval(SQL.set_deadline, account_id, deadline))
+        result = await pool.fetchval(SQL.set_deadline, account_id, deadline)
+    return AccountChange(account_id=account_id, result=result)
 
 
-async def hold_account(pool: asyncpg.Pool, account_id: str, reason: str) -> str:
+async def hold_account(pool: asyncpg.Pool, account_id: str, reason: str) -> AccountChange:
     """A legal hold (the game's hold()): 'held', 'already_held' or 'too_late' (claimed or cleaned)."""
     check_account_id(account_id)
     async with refused_as_input():
-        return str(await pool.fetchval(SQL.hold_account, account_id, reason))
+        result = await pool.fetchval(SQL.hold_account, account_id, reason)
+    return AccountChange(account_id=account_id, result=result)
 
 
-async def release_account(pool: asyncpg.Pool, account_id: str) -> str:
+async def release_account(pool: asyncpg.Pool, account_id: str) -> AccountChange:
     """End a legal hold (the game's release()): 'released' or 'not_held'."""
     check_account_id(account_id)
     async with refused_as_input():
-        return str(await pool.fetchval(SQL.release_account, account_id))
+        result = await pool.fetchval(SQL.release_account, account_id)
+    return AccountChange(account_id=account_id, result=result)
 
 
-def _signal_refused(outcome: RenewalOutcome, workflow_id: str, err: RPCError) -> None:
-    log.warning("renewal of %s committed, but signalling %s failed: %s", outcome.account_id, workflow_id, err.message)
-    outcome.signal_errors.append(f"{workflow_id}: {err.message}")
+def _signal_refused(account_id: str, workflow_id: str, err: RPCError) -> str:
+    """Log a signal the server refused; returns it as RenewalOutcome.signal_errors shows it."""
+    log.warning("renewal of %s committed, but signalling %s failed: %s", account_id, workflow_id, err.message)
+    return f"{workflow_id}: {err.message}"
 
 
 async def nudge_planner(client: Client, task_queue: str) -> None:
@@ -428,7 +452,49 @@ async def nudge_planner(client: Client, task_queue: str) -> None:
         pass
 
 
-async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> dict[str, Any]:
+class RecordedSettlement(Model):
+    """A cleanup's settlement as the database keeps it (CleanupSettlement less its failure texts)."""
+
+    cleanup_id: str
+    claimed: int
+    cleaned: int
+    reminders: int
+    skipped_renewed: int
+    skipped_stale: int
+    already_applied: int
+    settled_at: datetime
+    failed: int
+
+
+class CleanupReport(Report):
+    """`cleanup_status`: what Temporal knows of the run, the live status of a running one, and the
+    database's partitions reported, settlement and failed accounts. Without a database, `database`
+    says what is missing and `settled` is None (not known)."""
+
+    workflow_id: str
+    run_id: str | None = None
+    temporal_status: str | None = None
+    deadline: datetime | None = None
+    account_id: str | None = None
+    phase: str | None = None
+    # While it runs, from its status query:
+    cleanup_id: str | None = None
+    partitions_total: int | None = None
+    partitions_done: int | None = None
+    renewal_signals: int | None = None
+    counts: PartitionCounts | None = None
+    claimed: int | None = None
+    applied: int | None = None
+    sleeping_until: datetime | None = None
+    outcome: CleanupOutcome | None = None  # once completed
+    partitions_reported: str | None = None  # "k/P" of the partitions with work
+    settled: bool | None = None
+    settlement: RecordedSettlement | None = None
+    failed_accounts: str | None = None  # set only when some account failed
+    database: str | None = None  # set only when the database is unavailable: what is not shown
+
+
+async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> CleanupReport:
     """What an operator asks: sleeping until when, partitions k/P, settled, counts.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
@@ -447,22 +513,22 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id:
     handle = client.get_workflow_handle(workflow_id, result_type=CleanupResult)
     if desc.status == WorkflowExecutionStatus.RUNNING:
         live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
-        out.update(live.model_dump(mode="json"))
+        out.update(dict(live))
         if live.phase == "sleeping":
-            out["sleeping_until"] = live.deadline.isoformat()
+            out["sleeping_until"] = live.deadline
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome
         out["phase"] = out["phase"] or ("renewed" if result.outcome == "renewed" else "settled")
     if pool is None:
-        return out | _database_missing("not connected")
+        return CleanupReport(**out | _database_missing("not connected"))
     try:
         out.update(await _cleanup_status_from_database(pool, workflow_id))
     except Exception as err:
         if not db.is_database_error(err):
             raise
-        return out | _database_missing(f"{type(err).__name__}: {err}")
-    return out
+        return CleanupReport(**out | _database_missing(f"{type(err).__name__}: {err}"))
+    return CleanupReport(**out)
 
 
 def _database_missing(why: str) -> dict[str, Any]:
@@ -481,7 +547,7 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
     if settlement is not None:
-        out["settlement"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in settlement.items()}
+        out["settlement"] = RecordedSettlement(**settlement)
     failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
     if failed is not None and failed["total"]:
         out["failed_accounts"] = f"{failed['pending']} pending review ({failed['total']} recorded); see `failed`"
@@ -491,9 +557,22 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
 UNREADABLE = "(unreadable with this client's payload key)"
 
 
-async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]:
+class CleanupListing(Model):
+    """One cleanup of `list_cleanups`. A run this client cannot decode (encrypted with another key)
+    shows UNREADABLE as its outcome and progress."""
+
+    workflow_id: str
+    status: str | None
+    phase: str | None
+    outcome: str | None  # the result of a completed run; else None
+    deadline: datetime | None
+    account_id: str | None
+    partitions_done: int | str | None
+
+
+async def list_cleanups(client: Client, limit: int = 50) -> list[CleanupListing]:
     """Cleanups with phase, progress and outcome (the result of a completed run; else empty)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[CleanupListing] = []
     async for wf in client.list_workflows(f"WorkflowType = '{CLEANUP_WORKFLOW}'", limit=limit):
         # A run whose payloads this client cannot decode (encrypted with another key) is still
         # listed from its search attributes; its memo and outcome show as unreadable.
@@ -501,7 +580,6 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]
             memo = await wf.memo()
         except (KeyError, ValueError):
             memo = {"partitions_done": UNREADABLE}
-        deadline = wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE)
         outcome: str | None = None
         if wf.status == WorkflowExecutionStatus.COMPLETED:
             handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=CleanupResult)
@@ -512,14 +590,14 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[dict[str, Any]]
             except (KeyError, ValueError):
                 outcome = UNREADABLE
         rows.append(
-            {
-                "workflow_id": wf.id,
-                "status": wf.status.name if wf.status else None,
-                "phase": wf.typed_search_attributes.get(sa.CLEANUP_PHASE),
-                "outcome": outcome,
-                "deadline": deadline.isoformat() if deadline else None,
-                "account_id": wf.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
-                "partitions_done": memo.get("partitions_done"),
-            }
+            CleanupListing(
+                workflow_id=wf.id,
+                status=wf.status.name if wf.status else None,
+                phase=wf.typed_search_attributes.get(sa.CLEANUP_PHASE),
+                outcome=outcome,
+                deadline=wf.typed_search_attributes.get(sa.CLEANUP_DEADLINE),
+                account_id=wf.typed_search_attributes.get(sa.CLEANUP_ACCOUNT_ID),
+                partitions_done=memo.get("partitions_done"),
+            )
         )
     return rows

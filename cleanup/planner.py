@@ -48,8 +48,10 @@ from cleanup.models import (
 )
 from cleanup.planner_models import (
     PlannerInput,
+    PlannerPhase,
     PlannerSettings,
     PlannerStatus,
+    PlannerTotals,
     PlanTickInput,
     PlanTickResult,
     SweepInput,
@@ -57,7 +59,8 @@ from cleanup.planner_models import (
 )
 from core import db, metrics
 from core import search_attributes as sa
-from core.budget import budget_status
+from core.budget import BudgetStatus, budget_status
+from core.model import Model, Report
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
 
@@ -425,7 +428,63 @@ async def signal_planner(
             raise
 
 
-async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: str) -> dict[str, Any]:
+class DeadlineCohort(Model):
+    """Active accounts sharing one upcoming deadline."""
+
+    deadline: datetime
+    accounts: int
+
+
+class Lateness(Model):
+    """Seconds from deadline to cleaned, of the recent cleanups (None: no cleanup in the window)."""
+
+    window: str
+    cleanups: int
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+class PlannerReport(Report):
+    """`planner_status`: the planner run (Temporal), its pause, and what the database shows: the next
+    deadlines, overdue and held accounts, failures, recoveries, lateness and the load budget.
+    Without a database, `database` says what is missing and those fields stay None."""
+
+    workflow_id: str
+    temporal_status: str | None = None
+    phase: PlannerPhase | None = None
+    paused: bool | None = None
+    pause_reason: str | None = None
+    paused_at: datetime | None = None
+    hold_scheduled: bool | None = None
+    pause_effect: str | None = None
+    database_clock_behind_this_host_seconds: float | None = None
+    database_clock_behind: str | None = None  # a recent claim that found the database clock far behind
+    database_clock: datetime | None = None
+    next_deadlines: list[DeadlineCohort] | None = None
+    due_next_hour: int | None = None
+    overdue: int | None = None
+    oldest_overdue: datetime | None = None
+    held_overdue: int | None = None  # under a legal hold past their deadline: not overdue
+    oldest_held: datetime | None = None
+    failed_pending_review: int | None = None
+    failed_by_schema_error: int | None = None
+    stranded_claims_recovered: int | None = None
+    stranded_recoveries: int | None = None
+    overdue_swept: int | None = None
+    overdue_sweeps: int | None = None
+    lateness_seconds: Lateness | None = None
+    budget: BudgetStatus | None = None
+    database: str | None = None  # set only when the database is unavailable: what is not shown
+    settings: PlannerSettings
+    totals: PlannerTotals | None = None
+    last_iteration_at: datetime | None = None
+    last_plan: PlanTickResult | None = None
+    last_sweep: SweepResult | None = None
+    last_step_error: str | None = None
+
+
+async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: str) -> PlannerReport:
     """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
@@ -454,14 +513,14 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
             missing = f"{type(err).__name__}: {err}"
     if missing is not None:
         out["database"] = f"unavailable ({missing}); {PLANNER_DB_PART}"
-    out["settings"] = settings.model_dump()
+    out["settings"] = settings
     if live:
-        out["totals"] = live.totals.model_dump()
+        out["totals"] = live.totals
         out["last_iteration_at"] = live.last_iteration_at
-        out["last_plan"] = live.last_plan.model_dump(mode="json") if live.last_plan else None
-        out["last_sweep"] = live.last_sweep.model_dump(mode="json") if live.last_sweep else None
+        out["last_plan"] = live.last_plan
+        out["last_sweep"] = live.last_sweep
         out["last_step_error"] = live.last_step_error
-    return out
+    return PlannerReport(**out)
 
 
 PLANNER_DB_PART = "next deadlines, overdue accounts, recoveries and lateness are not shown"
@@ -507,7 +566,7 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out: dict[str, Any] = {}
     now: datetime = await pool.fetchval(SQL.clock)
     out["database_clock"] = now
-    out["next_deadlines"] = [dict(r) for r in await pool.fetch(SQL.next_deadlines, 5)]
+    out["next_deadlines"] = [DeadlineCohort(**r) for r in await pool.fetch(SQL.next_deadlines, 5)]
     out["due_next_hour"] = await pool.fetchval(SQL.due_within, 3600.0)
     overdue = await pool.fetchrow(
         SQL.overdue_accounts, now - timedelta(seconds=settings.sweep_grace_seconds), OVERDUE_COUNT_CAP
@@ -532,12 +591,6 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out["overdue_sweeps"] = swept["sweeps"] if swept else 0
     stats = await pool.fetchrow(SQL.lateness_stats, 3600.0, 100_000)
     assert stats is not None
-    out["lateness_seconds"] = {
-        "window": "cleanups of the last hour (at most 100,000)",
-        "cleanups": stats["cleanups"],
-        "p50": stats["p50"],
-        "p99": stats["p99"],
-        "max": stats["max"],
-    }
+    out["lateness_seconds"] = Lateness(window="cleanups of the last hour (at most 100,000)", **stats)
     out["budget"] = await budget_status(pool)
     return out

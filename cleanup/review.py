@@ -15,7 +15,7 @@ its cleanup and renewable like an active one (`renew` bumps its version, so the 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Literal
 
 import asyncpg
 
@@ -26,23 +26,86 @@ from cleanup.target_check import plan_targets, read_catalog
 from cleanup.targets import CleanupTargets, compile_preview
 from core import metrics
 from core.errors import InputError
+from core.model import Model
 from core.queries import load
 
 SQL = load(__file__)
 RETRY_CHUNK = 1000
 
 
+class FailedAccount(Model):
+    """An account whose cleanup failed: the database's reason, never the game's data."""
+
+    account_id: str
+    cleanup_version: int
+    cleanup_id: str
+    partition_no: int
+    target: str | None  # the declared target table, when it can be told
+    sqlstate: str
+    message: str
+    detail: str | None
+    failed_at: datetime
+    attempts: int
+    resolved_at: datetime | None
+    resolution: Literal["cleaned", "renewed", "stale"] | None
+
+
+class StillFailing(Model):
+    """An account that failed again when retried, with the database's new reason."""
+
+    account_id: str
+    cleanup_id: str
+    sqlstate: str
+    message: str
+    target: str | None
+
+
+class RetryResult(Model):
+    """What `retry_failed` did: the accounts retried and what became of them."""
+
+    retried: int
+    cleaned: int
+    already_applied: int
+    skipped_renewed: int
+    skipped_stale: int
+    still_failed: int
+    failures: list[StillFailing]
+
+
+class TargetPreview(Model):
+    """A declared target and the rows the cleanup would remove (or archive, or anonymize) in it."""
+
+    table: str
+    action: str
+    archive_table: str | None
+    rows: int
+
+
+class CleanupPreview(Model):
+    """The dry run of a cleanup: what it would do now. Nothing was started or changed."""
+
+    dry_run: Literal[True] = True
+    scope: Literal["account", "cohort"]
+    deadline: datetime
+    account_id: str | None
+    workflow_id: str | None  # the cohort's cleanup ID; None for one account
+    accounts_in_scope: int
+    already_renewed: int
+    reminders: int
+    targets: list[TargetPreview]
+
+
 async def list_failed(
     pool: asyncpg.Pool, cleanup_id: str | None = None, *, include_resolved: bool = False, limit: int = 100
-) -> list[dict[str, Any]]:
+) -> list[FailedAccount]:
     """Accounts whose cleanup failed (pending review; with `include_resolved`, also the resolved)."""
     if limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}")
     rows = await pool.fetch(SQL.list_failed, cleanup_id, include_resolved, limit)
-    return [dict(r) for r in rows]
+    return [FailedAccount(**r) for r in rows]
 
 
-async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None) -> dict[str, Any]:
+async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None) -> RetryResult:
     """Retry every pending failed account (of one cleanup, or all), set-based per partition."""
     groups = await pool.fetch(SQL.failed_to_retry, cleanup_id)
     if cleanup_id is not None and not groups:
@@ -53,7 +116,7 @@ async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: 
         await same_target_set(pool, targets, group["cleanup_id"])
     compiled = await CompiledCleanup.compile(pool, targets)
     totals = PartitionCounts()
-    still_failing: list[dict[str, Any]] = []
+    still_failing: list[StillFailing] = []
     retried = 0
     for group in groups:
         ids: list[str] = list(group["account_ids"])
@@ -64,25 +127,25 @@ async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: 
             )
             totals = totals + counts
             still_failing += [
-                {
-                    "account_id": f.account_id,
-                    "cleanup_id": group["cleanup_id"],
-                    "sqlstate": f.sqlstate,
-                    "message": f.message,
-                    "target": f.target,
-                }
+                StillFailing(
+                    account_id=f.account_id,
+                    cleanup_id=group["cleanup_id"],
+                    sqlstate=f.sqlstate,
+                    message=f.message,
+                    target=f.target,
+                )
                 for f in failures
             ]
     metrics.record_cleanup_batch(cleaned=totals.cleaned, already_applied=totals.already_applied, failed=totals.failed)
-    return {
-        "retried": retried,
-        "cleaned": totals.cleaned,
-        "already_applied": totals.already_applied,
-        "skipped_renewed": totals.skipped_renewed,
-        "skipped_stale": totals.skipped_stale,
-        "still_failed": totals.failed,
-        "failures": still_failing,
-    }
+    return RetryResult(
+        retried=retried,
+        cleaned=totals.cleaned,
+        already_applied=totals.already_applied,
+        skipped_renewed=totals.skipped_renewed,
+        skipped_stale=totals.skipped_stale,
+        still_failed=totals.failed,
+        failures=still_failing,
+    )
 
 
 async def same_target_set(
@@ -109,7 +172,7 @@ async def preview_cleanup(
     *,
     deadline: datetime | None = None,
     account_id: str | None = None,
-) -> dict[str, Any]:
+) -> CleanupPreview:
     """What `cleanup` would do now: accounts in scope, rows per declared target, reminders to write,
     accounts already renewed. One read-only, repeatable-read transaction; changes nothing."""
     if (deadline is None) == (account_id is None):
@@ -130,22 +193,16 @@ async def preview_cleanup(
         else:
             row = await conn.fetchrow(compile_preview(targets, plans, "cohort"), deadline)
     assert row is not None and deadline is not None
-    return {
-        "dry_run": True,
-        "scope": "account" if account_id else "cohort",
-        "deadline": deadline,
-        "account_id": account_id,
-        "workflow_id": None if account_id else cohort_cleanup_id(deadline),
-        "accounts_in_scope": row["accounts_in_scope"],
-        "already_renewed": row["already_renewed"],
-        "reminders": row["reminders"],
-        "targets": [
-            {
-                "table": t.table,
-                "action": t.action,
-                "archive_table": t.archive_table,
-                "rows": row[f"rows_t{i}"],
-            }
+    return CleanupPreview(
+        scope="account" if account_id else "cohort",
+        deadline=deadline,
+        account_id=account_id,
+        workflow_id=None if account_id else cohort_cleanup_id(deadline),
+        accounts_in_scope=row["accounts_in_scope"],
+        already_renewed=row["already_renewed"],
+        reminders=row["reminders"],
+        targets=[
+            TargetPreview(table=t.table, action=t.action, archive_table=t.archive_table, rows=row[f"rows_t{i}"])
             for i, t in enumerate(targets.target)
         ],
-    }
+    )

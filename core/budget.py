@@ -45,12 +45,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 import asyncpg
 
 from core import db, metrics
 from core.config import BudgetSettings as BudgetSettings  # declared with every other setting
+from core.model import Model
 from core.queries import load
 
 SQL = load(__file__, "budget.sql")
@@ -584,87 +586,137 @@ def judge(
     }
 
 
-async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> dict[str, Any]:
+class BudgetLimit(Model):
+    """One limit: the operator's value ('set') or the workers' LOAD_BUDGET_* setting ('default');
+    None: no limit."""
+
+    value: int | float | None
+    source: Literal["set", "default"]
+
+
+class BudgetObservation(Model):
+    """The last window the controller judged (None before the first)."""
+
+    rows_per_second: float | None
+    latency_ms_per_1000_rows: float | None
+    lock_waits: int | None
+    replication_lag_seconds: float | None
+    commit_probe_ms: float | None
+    commit_probes: int | None
+    at: datetime | None
+
+
+class BudgetSlot(Model):
+    """A batch in flight: the slot it holds, whose it is, until when its lease runs."""
+
+    slot: int
+    job: str
+    holder: str
+    rows: int
+    acquired_at: datetime
+    expires_at: datetime
+    backend_pid: int | None
+    expired: bool
+
+
+class BudgetStatus(Model):
+    """What the budget does now and why, the operator's caps, what is in flight, the counters."""
+
+    enabled: bool
+    doing: str
+    limited_by: str
+    objective: str
+    max_in_flight: BudgetLimit
+    rows_per_second: BudgetLimit
+    latency_ms: BudgetLimit
+    probe_ratio: BudgetLimit
+    probe_max_ms: BudgetLimit
+    max_lock_waits: BudgetLimit
+    max_replication_lag_seconds: BudgetLimit
+    throttled: bool
+    adaptive_rows_per_second: float | None
+    adaptive_in_flight: int | None
+    effective_in_flight: int | None
+    effective_rows_per_second: float | None
+    stress: str | None
+    last_stress: str | None
+    stressed_at: datetime | None
+    observed: BudgetObservation
+    commit_probe_baseline_ms: float | None
+    commit_probe_baseline_at: datetime | None
+    in_flight: int
+    slots: list[BudgetSlot]
+    peak_in_flight: int
+    granted: int
+    denied: int
+    rows_done: int
+    wait_seconds: float
+    changed_by: str | None
+    changed_at: datetime | None
+
+
+async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> BudgetStatus:
     """What `budget show` and `planner status` print: what the budget does now and why (the rate and
     in-flight limits in force, what sets them, the objective and the last observation against it),
     the operator's caps (and where they come from), what is in flight now, and the counters."""
     s = settings or BudgetSettings.from_env()
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
-    slots = [dict(r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]
+    slots = [BudgetSlot(**r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]
+
+    def limit(name: str) -> BudgetLimit:
+        value = row[name]
+        return BudgetLimit(
+            value=value if value is not None else getattr(s, name),
+            source="set" if value is not None else "default",
+        )
+
     cap_n = row["max_in_flight"] if row["max_in_flight"] is not None else s.max_in_flight
     cap_r = row["rows_per_second"] if row["rows_per_second"] is not None else s.rows_per_second
     effective_n = 0 if cap_n == 0 else _least(cap_n, row["in_flight_limit"])
     effective_r = _least(cap_r, row["rate_limit"])
     enabled = row["enabled"] and s.enabled
-    return {
-        "enabled": enabled,
-        "doing": _doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r),
-        "limited_by": _limited_by(enabled, row, cap_n, cap_r),
-        "objective": _objective(StressLimits.of(row, s), row["probe_baseline_ms"]),
-        **{name: _setting(row, s, name) for name in _OPERATOR_SETTINGS},
-        "throttled": row["rate_limit"] is not None or row["in_flight_limit"] is not None,
-        "adaptive_rows_per_second": row["rate_limit"],
-        "adaptive_in_flight": row["in_flight_limit"],
-        "effective_in_flight": effective_n,
-        "effective_rows_per_second": None if effective_r is None else round(effective_r, 1),
-        "stress": row["stress"],
-        "last_stress": row["last_stress"],
-        "stressed_at": row["stressed_at"],
-        "observed": _last_observed(row),
-        "commit_probe_baseline_ms": row["probe_baseline_ms"],
-        "commit_probe_baseline_at": row["probe_baseline_at"],
-        "in_flight": len(slots),
-        "slots": slots,
-        **_counters(row),
-    }
-
-
-# The settings `budget set` changes, as `budget show` lists them.
-_OPERATOR_SETTINGS = (
-    "max_in_flight",
-    "rows_per_second",
-    "latency_ms",
-    "probe_ratio",
-    "probe_max_ms",
-    "max_lock_waits",
-    "max_replication_lag_seconds",
-)
-
-
-def _setting(row: Any, s: BudgetSettings, name: str) -> dict[str, Any]:
-    """One operator setting: its value in force and whether the operator set it or it is the default."""
-    value = row[name]
-    return {
-        "value": value if value is not None else getattr(s, name),
-        "source": "set" if value is not None else "default",
-    }
-
-
-def _last_observed(row: Any) -> dict[str, Any]:
-    """The last adjustment's observations."""
-    return {
-        "rows_per_second": row["observed_rows_per_second"],
-        "latency_ms_per_1000_rows": row["observed_latency_ms"],
-        "lock_waits": row["observed_lock_waits"],
-        "replication_lag_seconds": row["observed_replication_lag"],
-        "commit_probe_ms": row["observed_probe_ms"],
-        "commit_probes": row["observed_probes"],
-        "at": row["adjusted_at"],
-    }
-
-
-def _counters(row: Any) -> dict[str, Any]:
-    """The budget's counters, and who changed its settings last."""
-    return {
-        "peak_in_flight": row["peak_in_flight"],
-        "granted": row["granted"],
-        "denied": row["denied"],
-        "rows_done": row["rows_done"],
-        "wait_seconds": round(row["wait_seconds"], 3),
-        "changed_by": row["changed_by"],
-        "changed_at": row["changed_at"],
-    }
+    return BudgetStatus(
+        enabled=enabled,
+        doing=_doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r),
+        limited_by=_limited_by(enabled, row, cap_n, cap_r),
+        objective=_objective(StressLimits.of(row, s), row["probe_baseline_ms"]),
+        max_in_flight=limit("max_in_flight"),
+        rows_per_second=limit("rows_per_second"),
+        latency_ms=limit("latency_ms"),
+        probe_ratio=limit("probe_ratio"),
+        probe_max_ms=limit("probe_max_ms"),
+        max_lock_waits=limit("max_lock_waits"),
+        max_replication_lag_seconds=limit("max_replication_lag_seconds"),
+        throttled=row["rate_limit"] is not None or row["in_flight_limit"] is not None,
+        adaptive_rows_per_second=row["rate_limit"],
+        adaptive_in_flight=row["in_flight_limit"],
+        effective_in_flight=effective_n,
+        effective_rows_per_second=None if effective_r is None else round(effective_r, 1),
+        stress=row["stress"],
+        last_stress=row["last_stress"],
+        stressed_at=row["stressed_at"],
+        observed=BudgetObservation(
+            rows_per_second=row["observed_rows_per_second"],
+            latency_ms_per_1000_rows=row["observed_latency_ms"],
+            lock_waits=row["observed_lock_waits"],
+            replication_lag_seconds=row["observed_replication_lag"],
+            commit_probe_ms=row["observed_probe_ms"],
+            commit_probes=row["observed_probes"],
+            at=row["adjusted_at"],
+        ),
+        commit_probe_baseline_ms=row["probe_baseline_ms"],
+        commit_probe_baseline_at=row["probe_baseline_at"],
+        in_flight=len(slots),
+        slots=slots,
+        peak_in_flight=row["peak_in_flight"],
+        granted=row["granted"],
+        denied=row["denied"],
+        rows_done=row["rows_done"],
+        wait_seconds=round(row["wait_seconds"], 3),
+        changed_by=row["changed_by"],
+        changed_at=row["changed_at"],
+    )
 
 
 def _least(*values: Any) -> Any:

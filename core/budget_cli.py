@@ -88,7 +88,7 @@ async def _budget(
     try:
         if change:
             await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **(changes or {}))
-        emit(args, await budget_status(pool), _human)
+        emit(args, (await budget_status(pool)).model_dump(), _human)
     finally:
         await pool.close()
 

@@ -17,9 +17,12 @@ from contextlib import asynccontextmanager
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from pydantic import BaseModel
+
 from core import db, embedded
 from core.config import Settings
 from core.errors import DatabaseUnavailable, InputError
+from core.model import Report
 from core.temporal import connect
 
 if TYPE_CHECKING:
@@ -201,8 +204,22 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     return _render(t)
 
 
+def plain(data: Any) -> Any:
+    """A result as the CLI prints it: a report with the fields its sources gave (`Report.given`), any
+    other model dumped, lists element by element; anything else as it is."""
+    if isinstance(data, Report):
+        return data.given()
+    if isinstance(data, BaseModel):
+        return data.model_dump()
+    if isinstance(data, list):
+        return [plain(item) for item in data]
+    return data
+
+
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
-    """`--json` (or no human form): JSON; otherwise the human form, key/value lines by default."""
+    """`--json` (or no human form): JSON; otherwise the human form, key/value lines by default. A
+    model is printed as `plain` gives it."""
+    data = plain(data)
     if getattr(args, "json", False):
         print(json.dumps(data, default=json_default, indent=2))
     elif human is not None:

@@ -1,10 +1,13 @@
-"""The one pydantic base of every workflow and activity payload: unknown fields are an error (a
-typo in an input never passes silently) and payloads are immutable once built.
+"""The one pydantic base of every workflow and activity payload, and of what the Python API returns
+(docs/api.md): unknown fields are an error (a typo in an input never passes silently) and payloads
+are immutable once built.
 
 Imported by workflow modules inside the sandbox, so nothing here may import asyncpg.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -12,3 +15,12 @@ from pydantic import BaseModel, ConfigDict
 class Model(BaseModel):
     # NaN and infinities are never valid: NaN passes every ge/le bound a field could declare.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Report(Model):
+    """A status report whose fields depend on what its sources answered (Temporal, the live query
+    of a running workflow, the database): a field no source gave stays None. `given()` is the
+    report with only the fields its sources gave: what the CLI prints, as it always has."""
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(include=set(self.model_fields_set))

@@ -186,8 +186,9 @@ async def run_demo(
     settlements = [r.settlement for r in results if r.settlement is not None]
     counts = {k: sum(getattr(s, k) for s in settlements) for k in COUNTS}
     buckets = [w for w in cleanups if w.startswith("cleanup-bucket-")]
-    lateness = status["lateness_seconds"]
-    width_s = status["settings"]["bucket_seconds"]
+    assert status.lateness_seconds is not None, "the demo's planner status reads the database"
+    lateness = status.lateness_seconds.model_dump()
+    width_s = status.settings.bucket_seconds
     assert moved_state is not None
     moved_cleaned = moved_state["status"] == "cleaned" and moved_state["cleanup_version"] == 2
 

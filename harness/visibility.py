@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.service import RPCError
+
+from core.model import Report
 
 
 def _marker_attempt(event: Any) -> tuple[str, int] | None:
@@ -79,6 +82,11 @@ async def pending_evidence(client: Client, workflow_id: str) -> list[str]:
             line += f", last heartbeat {p.last_heartbeat_time.ToDatetime():%H:%M:%S}"
         out.append(line)
     return out
+
+
+async def given(report: Awaitable[Report]) -> dict[str, Any]:
+    """A status report as the dict the harness keeps as evidence: the fields its sources gave."""
+    return (await report).given()
 
 
 async def best_effort(coro: Any, within: float = 5.0) -> Any:

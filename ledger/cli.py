@@ -209,13 +209,13 @@ async def cmd_ledger_status(args: argparse.Namespace, settings: Settings) -> Non
 async def cmd_ledger_review(args: argparse.Namespace, settings: Settings) -> None:
     business_date, _ = ledger_target(args.target)
     async with CliContext(settings) as ctx:
-        rows = await review_rows(ctx.pool, business_date, args.limit)
+        rows = [r.model_dump() for r in await review_rows(ctx.pool, business_date, args.limit)]
     emit(args, rows, lambda r: table(r, ["review_key", "kind", "reason"]))
 
 
 async def _show_status(args: argparse.Namespace, settings: Settings, business_date: date) -> None:
     async with CliContext(settings, database="optional") as ctx:
-        data = await ledger_status(ctx.client, ctx.optional_pool, business_date)
+        data = (await ledger_status(ctx.client, ctx.optional_pool, business_date)).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {DB_PART}"
         url = ctx.settings.workflow_url(data["workflow_id"])

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from core.config import LedgerSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-from core.model import Model
+from core.model import Model, Report
 
 MAX_SHARDS = 256
 DEFAULT_SHARDS = 16
@@ -197,3 +197,130 @@ class ScheduledLedgerResult(Model):
     workflow_id: str
     outcome: Literal["reconciled", "already_started"]
     settlement: LedgerSettlement | None = None
+
+
+# --- the ledger's Python API (ledger.operations, ledger.schedule): what status, review and the
+# schedule's operations return ---
+
+
+class StartedReconciliation(Model):
+    """The date's reconciliation `start_reconciliation` started, or the run that already existed."""
+
+    workflow_id: str
+    run_id: str | None
+    started: bool
+    business_date: date
+    shards: int
+    payments: int
+
+
+class SettlementRevision(Model):
+    """One settlement of a date: the first (revision 1), then one more per change a re-check found."""
+
+    business_date: date
+    revision: int
+    keys_examined: int
+    discrepancies_found: int
+    corrected: int
+    sent_to_review: int
+    duplicate_report_rows: int
+    new_discrepancies: int  # what changed since the previous revision (the whole date for revision 1)
+    new_corrections: int
+    new_review_rows: int
+    changed_shards: list[int]
+    reason: str
+    workflow_id: str
+    settled_at: datetime
+
+
+class LedgerReport(Report):
+    """`ledger_status`: the date's run (Temporal) and its counts (the database). Without a database,
+    `database` says what is missing and the counts stay None (`settled` too: not known)."""
+
+    business_date: date
+    workflow_id: str
+    run_id: str | None = None
+    temporal_status: str | None = None
+    phase: LedgerPhase | None = None
+    shards_done: str | None = None  # "k/S"
+    shards_reported: int | None = None
+    shards_total: int | None = None
+    payments: int | None = None
+    discrepancies_found: int | None = None
+    corrections: int | None = None
+    review_rows: int | None = None
+    # Effects written by an attempt that has not reported yet show here before they do above.
+    corrections_recorded: int | None = None
+    review_rows_recorded: int | None = None
+    open_review_rows: int | None = None
+    duplicate_report_rows: int | None = None
+    settled: bool | None = None
+    revision: int | None = None
+    revisions: list[SettlementRevision] | None = None
+    settlement: LedgerSettlement | None = None
+    database: str | None = None  # set only when the database is unavailable: what is not shown
+
+
+ReviewKind = Literal[
+    "unknown_payment", "amount_beyond_tolerance", "currency_mismatch", "status_mismatch", "conflicting_report_rows"
+]
+
+
+class ReviewRow(Model):
+    """A discrepancy no rule may correct, left for a person (keys and reasons, never amounts)."""
+
+    review_key: str
+    shard: int
+    kind: ReviewKind
+    reason: str
+    created_at: datetime
+    resolved_at: datetime | None
+
+
+class ScheduledRun(Model):
+    """A recent action of the schedule: the parent run it started."""
+
+    scheduled_at: datetime
+    workflow_id: str | None
+    run_id: str | None
+    # What the Temporal UI badges the run with: the server updates it when the run closes only for
+    # actions it tracks (not under ALLOW_ALL; see docs/ledger.md).
+    status: str | None
+
+
+class ScheduleDescription(Report):
+    """A ledger schedule as `describe_schedule` and the operations that change it return it."""
+
+    schedule_id: str
+    runs_at: str | None  # "HH:MM zone"
+    time_zone: str
+    paused: bool
+    note: str
+    overlap: str
+    catchup_window: str
+    task_queue: str | None
+    actions_taken: int
+    missed_catchup_window: int
+    next_runs: list[datetime]  # in UTC
+    next_runs_local: list[datetime]  # in the schedule's zone
+    recent_runs: list[ScheduledRun]
+    policy_upgraded: bool | None = None  # create: the existing schedule got today's overlap policy
+    backfilled_dates: list[date] | None = None  # backfill: the business dates whose nights were taken
+
+
+class ScheduleListing(Model):
+    """One ledger schedule of `list_schedules`."""
+
+    schedule_id: str
+    runs_at: str | None
+    time_zone: str
+    paused: bool
+    note: str | None
+    next_runs: list[datetime]
+
+
+class DeletedSchedule(Report):
+    """The schedule `delete_schedule` deleted (its runs stay in Temporal)."""
+
+    schedule_id: str
+    deleted: bool

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
@@ -25,7 +25,12 @@ from ledger.models import (
     STATUS_QUERY,
     LedgerReconciliationInput,
     LedgerReconciliationResult,
+    LedgerReport,
+    LedgerSettlement,
     LedgerStatus,
+    ReviewRow,
+    SettlementRevision,
+    StartedReconciliation,
     heartbeat_timeout_from_env,
     ledger_workflow_id,
 )
@@ -50,15 +55,6 @@ def parse_business_date(text: str, *, today: date | None = None) -> date:
     if value == today:
         raise InputError(f"business date {value.isoformat()} is not over yet; reconcile it from tomorrow on")
     return value
-
-
-class StartedReconciliation(BaseModel):
-    workflow_id: str
-    run_id: str | None
-    started: bool
-    business_date: date
-    shards: int
-    payments: int
 
 
 async def start_reconciliation(
@@ -165,7 +161,7 @@ def ledger_target(text: str) -> tuple[date, str]:
 
 async def ledger_status(
     client: Client, pool: asyncpg.Pool | None, business_date: date, *, id_prefix: str = DEFAULT_ID_PREFIX
-) -> dict[str, Any]:
+) -> LedgerReport:
     """Shards done k/S, corrections, review rows, settled: from Temporal and from the database.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
@@ -188,7 +184,7 @@ async def ledger_status(
             f"Temporal has no run {workflow_id} and the database is unavailable ({missing}): nothing to show"
         )
     out: dict[str, Any] = {
-        "business_date": business_date.isoformat(),
+        "business_date": business_date,
         "workflow_id": workflow_id,
         "run_id": desc.run_id if desc else None,
         "temporal_status": desc.status.name if desc and desc.status else None,
@@ -205,7 +201,7 @@ async def ledger_status(
     if pool is not None and missing is None:
         try:
             out.update(await _ledger_status_from_database(pool, business_date, day))
-            return out
+            return LedgerReport(**out)
         except Exception as err:
             if not db.is_database_error(err):
                 raise
@@ -213,7 +209,7 @@ async def ledger_status(
     out["shards_done"] = "unknown (database unavailable)"
     out["settled"] = None  # not known: the database is missing
     out["database"] = f"unavailable ({missing}); {DB_PART}"
-    return out
+    return LedgerReport(**out)
 
 
 DB_PART = "shards done, corrections, review rows and the settlement are not shown"
@@ -243,18 +239,15 @@ async def _ledger_status_from_database(pool: asyncpg.Pool, business_date: date, 
             "duplicate_report_rows": totals["duplicate_report_rows"],
             "settled": settlement is not None,
             "revision": settlement["revision"] if settlement is not None else None,
-            "revisions": [_plain(dict(r)) for r in revisions],
+            "revisions": [SettlementRevision(**r) for r in revisions],
         }
     )
     if settlement is not None:
-        out["settlement"] = _plain(dict(settlement))
+        out["settlement"] = LedgerSettlement(**settlement)
     return out
 
 
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if isinstance(v, datetime | date) else v) for k, v in row.items()}
-
-
-async def review_rows(pool: asyncpg.Pool, business_date: date, limit: int = 50) -> list[dict[str, Any]]:
+async def review_rows(pool: asyncpg.Pool, business_date: date, limit: int = 50) -> list[ReviewRow]:
+    """The date's discrepancies left for a person, by kind and key."""
     rows = await pool.fetch(SQL.review_rows, business_date, limit)
-    return [dict(r) for r in rows]
+    return [ReviewRow(**r) for r in rows]

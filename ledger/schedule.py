@@ -49,7 +49,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from core.errors import InputError
 from core.temporal import WORKFLOW_TASK_TIMEOUT
-from ledger.models import SCHEDULE_ID, SCHEDULED_LEDGER_WORKFLOW, ScheduledLedgerInput
+from ledger.models import (
+    SCHEDULE_ID,
+    SCHEDULED_LEDGER_WORKFLOW,
+    DeletedSchedule,
+    ScheduleDescription,
+    ScheduledLedgerInput,
+    ScheduledRun,
+    ScheduleListing,
+)
 
 DEFAULT_AT = time(2, 0)
 OVERLAP = ScheduleOverlapPolicy.BUFFER_ALL
@@ -142,7 +150,7 @@ async def create_schedule(
     paused: bool = False,
     schedule_id: str = SCHEDULE_ID,
     time_zone: str = DEFAULT_TIME_ZONE,
-) -> dict[str, Any]:
+) -> ScheduleDescription:
     schedule = nightly_schedule(
         task_queue, at=at, options=options, paused=paused, schedule_id=schedule_id, time_zone=time_zone
     )
@@ -153,9 +161,7 @@ async def create_schedule(
             raise InputError(
                 f"schedule {schedule_id!r} already exists; `schedule describe` shows it, `schedule delete` removes it"
             ) from None
-        out = await describe_schedule(client, schedule_id)
-        out["policy_upgraded"] = True
-        return out
+        return (await describe_schedule(client, schedule_id)).model_copy(update={"policy_upgraded": True})
     return await describe_schedule(client, schedule_id)
 
 
@@ -190,7 +196,7 @@ async def _call(client: Client, schedule_id: str, method: str, *args: Any, **kwa
         raise
 
 
-async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> ScheduleDescription:
     desc = await _call(client, schedule_id, "describe")
     sched = desc.schedule
     calendars = sched.spec.calendars
@@ -201,52 +207,50 @@ async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> d
     )
     info = desc.info
     zone = sched.spec.time_zone_name or DEFAULT_TIME_ZONE
-    return {
-        "schedule_id": schedule_id,
-        "runs_at": at,
-        "time_zone": zone,
-        "paused": sched.state.paused,
-        "note": sched.state.note,
-        "overlap": sched.policy.overlap.name,
-        "catchup_window": str(sched.policy.catchup_window),
-        "task_queue": getattr(sched.action, "task_queue", None),
-        "actions_taken": info.num_actions,
-        "missed_catchup_window": info.num_actions_missed_catchup_window,
-        "next_runs": [t.astimezone(UTC).isoformat() for t in info.next_action_times[:3]],
-        "next_runs_local": [_local(t, zone) for t in info.next_action_times[:3]],
-        "recent_runs": [
-            {
-                "scheduled_at": a.scheduled_at.astimezone(UTC).isoformat(),
-                "workflow_id": getattr(a.action, "workflow_id", None),
-                "run_id": getattr(a.action, "first_execution_run_id", None),
-                # What the Temporal UI badges the run with: the server updates it when the run
-                # closes only for actions it tracks (not under ALLOW_ALL; see docs/ledger.md).
-                "status": _run_status(raw.start_workflow_status),
-            }
+    return ScheduleDescription(
+        schedule_id=schedule_id,
+        runs_at=at,
+        time_zone=zone,
+        paused=sched.state.paused,
+        note=sched.state.note,
+        overlap=sched.policy.overlap.name,
+        catchup_window=str(sched.policy.catchup_window),
+        task_queue=getattr(sched.action, "task_queue", None),
+        actions_taken=info.num_actions,
+        missed_catchup_window=info.num_actions_missed_catchup_window,
+        next_runs=[t.astimezone(UTC) for t in info.next_action_times[:3]],
+        next_runs_local=[_local(t, zone) for t in info.next_action_times[:3]],
+        recent_runs=[
+            ScheduledRun(
+                scheduled_at=a.scheduled_at.astimezone(UTC),
+                workflow_id=getattr(a.action, "workflow_id", None),
+                run_id=getattr(a.action, "first_execution_run_id", None),
+                status=_run_status(raw.start_workflow_status),
+            )
             for a, raw in zip(info.recent_actions, desc.raw_description.info.recent_actions, strict=False)
         ],
-    }
+    )
 
 
-def _local(moment: datetime, zone: str) -> str:
-    return moment.astimezone(zoneinfo.ZoneInfo(zone)).isoformat()
+def _local(moment: datetime, zone: str) -> datetime:
+    return moment.astimezone(zoneinfo.ZoneInfo(zone))
 
 
 def _run_status(value: int) -> str | None:
     return WorkflowExecutionStatus(value).name if value else None
 
 
-async def pause_schedule(client: Client, note: str = "", schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def pause_schedule(client: Client, note: str = "", schedule_id: str = SCHEDULE_ID) -> ScheduleDescription:
     await _call(client, schedule_id, "pause", note=note or "paused by an operator")
     return await describe_schedule(client, schedule_id)
 
 
-async def unpause_schedule(client: Client, note: str = "", schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def unpause_schedule(client: Client, note: str = "", schedule_id: str = SCHEDULE_ID) -> ScheduleDescription:
     await _call(client, schedule_id, "unpause", note=note or "unpaused by an operator")
     return await describe_schedule(client, schedule_id)
 
 
-async def trigger_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def trigger_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> ScheduleDescription:
     """Run the action now: it reconciles yesterday (in the schedule's zone), once, even if yesterday already ran."""
     await _call(client, schedule_id, "trigger", overlap=OVERLAP)
     return await describe_schedule(client, schedule_id)
@@ -267,20 +271,21 @@ def backfill_range(first: date, last: date, time_zone: str = DEFAULT_TIME_ZONE) 
     return ScheduleBackfill(start_at=start - timedelta(seconds=1), end_at=end, overlap=OVERLAP)
 
 
-async def backfill_schedule(client: Client, first: date, last: date, schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def backfill_schedule(
+    client: Client, first: date, last: date, schedule_id: str = SCHEDULE_ID
+) -> ScheduleDescription:
     """Take the nightly actions for business dates first..last as if their nights were now; a date
     that already has a run (manual, scheduled or an earlier backfill) is not reconciled again."""
     desc = await _call(client, schedule_id, "describe")
     backfill = backfill_range(first, last, desc.schedule.spec.time_zone_name or DEFAULT_TIME_ZONE)
     await _call(client, schedule_id, "backfill", backfill)
-    out = await describe_schedule(client, schedule_id)
-    out["backfilled_dates"] = [(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
-    return out
+    dates = [first + timedelta(days=i) for i in range((last - first).days + 1)]
+    return (await describe_schedule(client, schedule_id)).model_copy(update={"backfilled_dates": dates})
 
 
-async def delete_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> dict[str, Any]:
+async def delete_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> DeletedSchedule:
     await _call(client, schedule_id, "delete")
-    return {"schedule_id": schedule_id, "deleted": True}
+    return DeletedSchedule(schedule_id=schedule_id, deleted=True)
 
 
 async def update_schedule(
@@ -290,7 +295,7 @@ async def update_schedule(
     at: time | None = None,
     time_zone: str | None = None,
     note: str | None = None,
-) -> dict[str, Any]:
+) -> ScheduleDescription:
     """Change the time of day, the zone or the note of a schedule in place: its ID, its recent runs,
     its pause state and its other options stay. The zone changes in the spec and in the action's
     input together (module docstring)."""
@@ -324,7 +329,7 @@ async def update_schedule(
     return await describe_schedule(client, schedule_id)
 
 
-async def list_schedules(client: Client) -> list[dict[str, Any]]:
+async def list_schedules(client: Client) -> list[ScheduleListing]:
     """Every ledger-reconciliation schedule of the namespace: when it runs, in which zone, paused or not."""
     out = []
     async for entry in await client.list_schedules():
@@ -334,17 +339,15 @@ async def list_schedules(client: Client) -> list[dict[str, Any]]:
         calendars = sched.spec.calendars
         zone = sched.spec.time_zone_name or DEFAULT_TIME_ZONE
         out.append(
-            {
-                "schedule_id": entry.id,
-                "runs_at": f"{calendars[0].hour[0].start:02d}:{calendars[0].minute[0].start:02d} {zone}"
+            ScheduleListing(
+                schedule_id=entry.id,
+                runs_at=f"{calendars[0].hour[0].start:02d}:{calendars[0].minute[0].start:02d} {zone}"
                 if calendars
                 else None,
-                "time_zone": zone,
-                "paused": sched.state.paused,
-                "note": sched.state.note,
-                "next_runs": [t.astimezone(UTC).isoformat() for t in entry.info.next_action_times[:1]]
-                if entry.info
-                else [],
-            }
+                time_zone=zone,
+                paused=sched.state.paused,
+                note=sched.state.note,
+                next_runs=[t.astimezone(UTC) for t in entry.info.next_action_times[:1]] if entry.info else [],
+            )
         )
-    return sorted(out, key=lambda d: str(d["schedule_id"]))
+    return sorted(out, key=lambda d: d.schedule_id)

@@ -53,7 +53,7 @@ async def cmd_outbox_status(args: argparse.Namespace, settings: Settings) -> Non
 
 
 def _human_redelivery(d: dict[str, Any]) -> str:
-    span = f" (dead {d['oldest_dead_at']} .. {d['newest_dead_at']})" if d["matching"] else ""
+    span = f" (dead {d['oldest_dead_at'].isoformat()} .. {d['newest_dead_at'].isoformat()})" if d["matching"] else ""
     if not d["confirmed"]:
         return f"{d['matching']} dead letter(s) match{span}; nothing changed: add --yes to redeliver them"
     nudged = ", ".join(d.get("nudged") or []) or "no relay"
@@ -72,7 +72,7 @@ async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> 
                 client=ctx.client,
                 task_queue=ctx.settings.task_queue,
             )
-        emit(args, found, _human_redelivery)
+        emit(args, found.given(), _human_redelivery)
         return
     if args.dead_since or args.dead_reason:
         raise InputError("give either one EVENT_KEY or a filter (--dead-since, --dead-reason), not both")

@@ -13,7 +13,7 @@ from pydantic import AwareDatetime, Field, model_validator
 
 from core.config import OutboxSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-from core.model import Model
+from core.model import Model, Report
 
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
 FAILURE_TIMEOUT = "timeout"
@@ -143,6 +143,8 @@ class OutboxRelayStatus(Model):
 
 
 class RunningRelay(Model):
+    """A running relay workflow, with its progress from its memo."""
+
     workflow_id: str
     task_queue: str
     # From the relay's memo (updated after each batch); None before its first batch.
@@ -152,6 +154,8 @@ class RunningRelay(Model):
 
 
 class DeadLetter(Model):
+    """An event the relay gave up on, and why (no payload, no address)."""
+
     event_key: str
     account_id: str | None
     attempts: int
@@ -180,6 +184,8 @@ class OutboxStatus(Model):
 
 
 class RedeliveredEvent(Model):
+    """An event made due again by `redeliver_event`, and what it was before."""
+
     event_key: str
     status: str
     attempts: int
@@ -192,5 +198,20 @@ class RedeliveredEvent(Model):
 
 
 class StartedRelay(Model):
+    """A relay `start_relays` started (`run_id`) or found running."""
+
     workflow_id: str
     run_id: str | None
+
+
+class DeadRedelivery(Report):
+    """The dead letters an operator's filter selects: counted, and redelivered once confirmed."""
+
+    matching: int
+    oldest_dead_at: AwareDatetime | None
+    newest_dead_at: AwareDatetime | None
+    dead_since: AwareDatetime | None
+    reason: str | None
+    redelivered: int
+    confirmed: bool
+    nudged: list[str] | None = None  # the relays told to look now; only when some were redelivered

@@ -25,6 +25,7 @@ from outbox.models import (
     RELAY_STOP_SIGNAL,
     RELAY_WORKFLOW,
     DeadLetter,
+    DeadRedelivery,
     OutboxRelayInput,
     OutboxStatus,
     RedeliveredEvent,
@@ -56,10 +57,6 @@ def check_event_key(value: str) -> str:
 
 def parse_dead_since(text: str) -> datetime:
     return parse_instant(text, "--dead-since")
-
-
-def _plain(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in dict(row).items()}
 
 
 def _task_queue_filter(task_queue: str | None) -> str:
@@ -141,21 +138,21 @@ async def redeliver_dead(
     confirmed: bool,
     client: Client | None = None,
     task_queue: str | None = None,
-) -> dict[str, Any]:
+) -> DeadRedelivery:
     """The dead letters selected by a filter (dead since, a piece of the reason): counted, and
     redelivered in one statement only when `confirmed` (the count is what an operator checks first)."""
     if dead_since is None and not reason:
         raise InputError("give a filter: --dead-since TIME and/or --reason TEXT (or one EVENT_KEY)")
     matching = await pool.fetchrow(SQL.dead_matching, dead_since, reason or None)
     assert matching is not None
-    out = _plain(matching) | {"dead_since": dead_since.isoformat() if dead_since else None, "reason": reason}
+    found = DeadRedelivery(**matching, dead_since=dead_since, reason=reason, redelivered=0, confirmed=False)
     if not confirmed:
-        return out | {"redelivered": 0, "confirmed": False}
-    out["redelivered"] = await pool.fetchval(SQL.redeliver_dead_matching, dead_since, reason or None)
-    out["confirmed"] = True
-    if client is not None and task_queue is not None and out["redelivered"]:
-        out["nudged"] = await nudge_relays(client, task_queue)
-    return out
+        return found
+    redelivered = await pool.fetchval(SQL.redeliver_dead_matching, dead_since, reason or None)
+    update: dict[str, Any] = {"redelivered": redelivered, "confirmed": True}
+    if client is not None and task_queue is not None and redelivered:
+        update["nudged"] = await nudge_relays(client, task_queue)
+    return found.model_copy(update=update)
 
 
 async def nudge_relays(client: Client, task_queue: str) -> list[str]:

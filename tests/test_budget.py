@@ -22,6 +22,7 @@ from cleanup.planner import planner_status
 from core import db
 from core.budget import (
     SQL,
+    BudgetLimit,
     BudgetSettings,
     LoadBudget,
     Observed,
@@ -152,8 +153,8 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_runn
     observed, batches = await pool.fetchrow(MAX_OVERLAP)
     assert batches >= 16 and 1 <= observed <= 2, (observed, batches)
     status = await budget_status(pool)
-    assert 1 <= status["peak_in_flight"] <= 2 and status["in_flight"] == 0
-    assert status["rows_done"] >= 1600 and status["denied"] > 0, "the claim's 800 rows and the partitions' 800"
+    assert 1 <= status.peak_in_flight <= 2 and status.in_flight == 0
+    assert status.rows_done >= 1600 and status.denied > 0, "the claim's 800 rows and the partitions' 800"
     claim = await pool.fetchrow(
         "SELECT count(*) AS streams, sum(chunks) AS chunks, max(max_chunk_rows) AS max_chunk_rows"
         " FROM cleanup_claim_progress"
@@ -187,7 +188,7 @@ async def test_a_paused_budget_holds_a_reconciliation_until_it_is_set(client, po
     assert result.settlement.balanced and result.settlement.corrected > 0
     assert await double_postings(pool) == 0
     status = await budget_status(pool)
-    assert status["peak_in_flight"] == 1 and status["in_flight"] == 0
+    assert status.peak_in_flight == 1 and status.in_flight == 0
     attempts = [
         e.activity_task_started_event_attributes.attempt
         for e in (await handle.fetch_history()).events
@@ -225,8 +226,8 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
 
         await asyncio.gather(*(batch(budgets[i % 2]) for i in range(60)))
         status = await budget_status(pools[0], settings)
-        assert peak <= 3 and status["peak_in_flight"] <= 3 and status["granted"] == 60
-        assert status["rows_done"] == 600 and status["in_flight"] == 0
+        assert peak <= 3 and status.peak_in_flight <= 3 and status.granted == 60
+        assert status.rows_done == 600 and status.in_flight == 0
 
         # Three slots taken and never released or renewed (their holder died): a fourth acquire
         # waits until the leases expire, then runs.
@@ -272,7 +273,7 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
         grant = await asyncio.wait_for(waiting, 60)
         assert grant.slot == 0
         status = await budget_status(pools[1], ONE_SLOT_FOR_AN_HOUR)
-        assert [s["holder"].split()[-1] for s in status["slots"]] == ["other"]
+        assert [s.holder.split()[-1] for s in status.slots] == ["other"]
 
         await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None)
         again = await asyncio.wait_for(holder.acquire("holder", 1), 60)
@@ -340,13 +341,13 @@ async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per
     under its lock) until `off_recheck_seconds` have passed, then reads the row again."""
     await set_budget(pool, enabled=False)
     asked_once = LoadBudget(pool, BudgetSettings(off_recheck_seconds=3600))
-    before = (await budget_status(pool, asked_once.settings))["granted"]
+    before = (await budget_status(pool, asked_once.settings)).granted
     grants = []
     for _ in range(20):
         async with asked_once.batch("test", 10) as grant:
             grants.append(grant)
     assert all(g.slot is None for g in grants), "off: no slot taken"
-    assert (await budget_status(pool, asked_once.settings))["granted"] - before == 1, "one acquire, not 20"
+    assert (await budget_status(pool, asked_once.settings)).granted - before == 1, "one acquire, not 20"
 
     await set_budget(pool, enabled=True)
     asks_each_time = LoadBudget(pool, BudgetSettings(off_recheck_seconds=0, quiet_seconds=0))
@@ -404,7 +405,7 @@ def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> N
 async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
     budget = LoadBudget(pool, BudgetSettings(latency_ms=1.0, adjust_seconds=0.001, quiet_seconds=0))
     status = await budget_status(pool, budget.settings)
-    assert status["doing"].startswith("full speed") and status["limited_by"].startswith("nothing")
+    assert status.doing.startswith("full speed") and status.limited_by.startswith("nothing")
     async with budget.batch("test", 100) as grant:
         await asyncio.sleep(0.01)  # > 1 ms per 1000 rows: stress by the latency threshold
         grant.rows_done = 100
@@ -412,18 +413,19 @@ async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, poo
     verdict = await budget.maybe_adjust()
     assert verdict is not None and verdict["rate_limit"] == budget.settings.min_rows_per_second
     status = await budget_status(pool, budget.settings)
-    assert status["throttled"] and status["effective_in_flight"] == 1 and "batch latency" in status["stress"]
-    assert status["doing"].startswith("throttled") and "batch latency" in status["limited_by"]
-    assert status["effective_rows_per_second"] == budget.settings.min_rows_per_second
+    assert status.throttled and status.effective_in_flight == 1 and "batch latency" in str(status.stress)
+    assert status.doing.startswith("throttled") and "batch latency" in status.limited_by
+    assert status.effective_rows_per_second == budget.settings.min_rows_per_second
 
     planner = await planner_status(client, pool, task_queue)
-    assert planner["budget"]["effective_in_flight"] == 1 and planner["budget"]["stress"] == status["stress"]
+    assert planner.budget is not None
+    assert planner.budget.effective_in_flight == 1 and planner.budget.stress == status.stress
     out = await starter(db_url, "budget", "show")
     assert "batch latency" in out and "throttled" in out and "objective" in out
     await starter(db_url, "budget", "set", "--reset-scale", "--rows-per-second", "250")
     status = await budget_status(pool)
-    assert not status["throttled"] and status["rows_per_second"] == {"value": 250.0, "source": "set"}
-    assert status["doing"].startswith("capped") and "rows_per_second 250" in status["limited_by"]
+    assert not status.throttled and status.rows_per_second == BudgetLimit(value=250.0, source="set")
+    assert status.doing.startswith("capped") and "rows_per_second 250" in status.limited_by
 
 
 async def test_budget_set_rejects_what_is_not_a_finite_number(pool, db_url):
@@ -502,9 +504,10 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     verdict = await budget.maybe_adjust()
     assert verdict is not None and "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
     status = await budget_status(pool, settings)
-    assert status["observed"]["commit_probe_ms"] >= 500 and status["commit_probe_baseline_ms"] < 500
-    assert "commit probe" in status["stress"] and status["throttled"] and "commit probe" in status["limited_by"]
-    assert status["effective_in_flight"] == 1, "half of the one batch it ran at a time, and at least one"
+    probe, baseline = status.observed.commit_probe_ms, status.commit_probe_baseline_ms
+    assert probe is not None and probe >= 500 and baseline is not None and baseline < 500
+    assert "commit probe" in str(status.stress) and status.throttled and "commit probe" in status.limited_by
+    assert status.effective_in_flight == 1, "half of the one batch it ran at a time, and at least one"
 
 
 async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
@@ -554,4 +557,4 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.settlement is not None and result.settlement.cleaned == 200
-    assert (await budget_status(pool))["peak_in_flight"] == 1, "never two batches running at once"
+    assert (await budget_status(pool)).peak_in_flight == 1, "never two batches running at once"

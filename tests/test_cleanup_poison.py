@@ -177,18 +177,18 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     assert {r["status"]: r["n"] for r in statuses} == {"cleaned": 196, "cleanup_failed": 4}
 
     # In review, with the database's own message and SQLSTATE, and the target table.
-    failed = {r["account_id"]: r for r in await list_failed(pool, workflow_id)}
+    failed = {r.account_id: r for r in await list_failed(pool, workflow_id)}
     assert sorted(failed) == poisoned
     for account in held:
-        assert failed[account]["sqlstate"] == "P0001"
-        assert failed[account]["message"] == f"inventory of {account} is under legal hold"
-        assert failed[account]["target"] == "demo_game.inventory_items"
-    assert failed[referenced]["sqlstate"] == "23503"
-    assert "violates foreign key constraint" in failed[referenced]["message"]
-    assert failed[referenced]["target"] == "demo_game.cloud_saves"
-    assert failed[bad_archive]["sqlstate"] == "23514"
-    assert "archive_score_sane" in failed[bad_archive]["message"]
-    assert failed[bad_archive]["target"] == "demo_game.match_history_archive"
+        assert failed[account].sqlstate == "P0001"
+        assert failed[account].message == f"inventory of {account} is under legal hold"
+        assert failed[account].target == "demo_game.inventory_items"
+    assert failed[referenced].sqlstate == "23503"
+    assert "violates foreign key constraint" in failed[referenced].message
+    assert failed[referenced].target == "demo_game.cloud_saves"
+    assert failed[bad_archive].sqlstate == "23514"
+    assert "archive_score_sane" in failed[bad_archive].message
+    assert failed[bad_archive].target == "demo_game.match_history_archive"
 
     # The transient fault fired (twice) and was retried, not sent to review.
     assert await pool.fetchval("SELECT last_value FROM transient_faults") >= 3
@@ -197,15 +197,15 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
 
     # `status` and the CLI show them.
     status = await cleanup_status(client, pool, workflow_id)
-    assert status["settlement"]["failed"] == 4
-    assert status["failed_accounts"].startswith("4 pending review")
+    assert status.settlement is not None and status.settlement.failed == 4
+    assert str(status.failed_accounts).startswith("4 pending review")
     shown = run_cli(settings, "failed", "--cleanup", workflow_id, "--json")
     assert shown.returncode == 0, shown.stderr
     assert sorted(r["account_id"] for r in json.loads(shown.stdout)) == poisoned
 
     # Retrying before the fix: still failing, the reasons are kept, nothing is applied.
     again = await retry_failed(pool, load_targets(), workflow_id)
-    assert (again["retried"], again["cleaned"], again["still_failed"]) == (4, 0, 4)
+    assert (again.retried, again.cleaned, again.still_failed) == (4, 0, 4)
     assert await rows_left(pool, poisoned) == {
         "demo_game.cloud_saves": 8,
         "demo_game.inventory_items": 20,
@@ -219,7 +219,7 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
     await pool.execute("DELETE FROM legal_holds; DELETE FROM team_loadouts")
     await pool.execute("ALTER TABLE demo_game.match_history_archive DROP CONSTRAINT archive_score_sane")
     fixed = await retry_failed(pool, load_targets(), workflow_id)
-    assert (fixed["retried"], fixed["cleaned"], fixed["still_failed"], fixed["already_applied"]) == (4, 4, 0, 0)
+    assert (fixed.retried, fixed.cleaned, fixed.still_failed, fixed.already_applied) == (4, 4, 0, 0)
     assert await effect_counts(pool) == {
         "applied": 200,
         "reminders": 200,
@@ -230,16 +230,16 @@ async def test_poisoned_accounts_are_isolated_the_rest_cleaned_once_and_retry_cl
         "settlements": 1,
     }
     resolved = await list_failed(pool, workflow_id, include_resolved=True)
-    assert {r["resolution"] for r in resolved} == {"cleaned"}
-    assert all(r["attempts"] >= 2 for r in resolved)
+    assert {r.resolution for r in resolved} == {"cleaned"}
+    assert all(r.attempts >= 2 for r in resolved)
     assert await list_failed(pool, workflow_id) == []
 
     # Nothing pending: a retry does nothing; a review row forced back to pending is absorbed by the
     # idempotency record (already applied), never cleaned twice.
-    assert (await retry_failed(pool, load_targets(), workflow_id))["retried"] == 0
+    assert (await retry_failed(pool, load_targets(), workflow_id)).retried == 0
     await pool.execute("UPDATE cleanup_failed SET resolved_at = NULL, resolution = NULL WHERE account_id = $1", held[0])
     replay = await retry_failed(pool, load_targets(), workflow_id)
-    assert (replay["retried"], replay["cleaned"], replay["already_applied"]) == (1, 0, 1)
+    assert (replay.retried, replay.cleaned, replay.already_applied) == (1, 0, 1)
     assert (await effect_counts(pool))["applied"] == 200
     assert (await effect_counts(pool))["duplicate_reminders"] == 0
 
@@ -256,7 +256,7 @@ async def test_a_failed_account_follows_the_renewal_rule_like_an_active_one(clie
     outcome = await renew(client, pool, task_queue, accounts[4])
     assert not outcome.in_time and outcome.status_seen == "cleanup_failed"
     [row] = await list_failed(pool, include_resolved=True)
-    assert row["resolution"] is None, "a renewal after the deadline does not resolve the failure"
+    assert row.resolution is None, "a renewal after the deadline does not resolve the failure"
     assert await rows_left(pool, [accounts[4]]) == {
         "demo_game.cloud_saves": 2,
         "demo_game.inventory_items": 5,
@@ -360,24 +360,24 @@ async def test_dry_run_changes_nothing_and_matches_what_the_cleanup_then_does(
     assert await table_digests(pool) == before, "the dry run changed the database"
     assert cli.returncode == 0, cli.stderr
     assert one.returncode == 0, one.stderr
-    shown = json.loads(cli.stdout)
+    shown, expected = json.loads(cli.stdout), preview.model_dump(mode="json")
     for key in ("accounts_in_scope", "already_renewed", "reminders", "targets", "workflow_id"):
-        assert shown[key] == preview[key], key
+        assert shown[key] == expected[key], key
     single = json.loads(one.stdout)
     assert (single["accounts_in_scope"], single["reminders"]) == (1, 1)
     assert {t["table"]: t["rows"] for t in single["targets"]} == SEEDED
 
-    assert (preview["accounts_in_scope"], preview["already_renewed"], preview["reminders"]) == (55, 5, 55)
-    rows = {t["table"]: t["rows"] for t in preview["targets"]}
+    assert (preview.accounts_in_scope, preview.already_renewed, preview.reminders) == (55, 5, 55)
+    rows = {t.table: t.rows for t in preview.targets}
     scope = accounts[5:]
     left_before = await rows_left(pool, scope)
 
     _, result = await run_cohort(client, pool, task_queue, deadline, partitions=3)
     assert result.settlement is not None
     left_after = await rows_left(pool, scope)
-    assert result.settlement.cleaned == preview["accounts_in_scope"]
-    assert result.settlement.reminders == preview["reminders"]
-    assert result.settlement.skipped_renewed == preview["already_renewed"]
+    assert result.settlement.cleaned == preview.accounts_in_scope
+    assert result.settlement.reminders == preview.reminders
+    assert result.settlement.skipped_renewed == preview.already_renewed
     for table in TARGET_TABLES:
         assert left_before[table] - left_after[table] == rows[table], table
     assert left_after["archived"] - left_before["archived"] == rows["demo_game.match_history"]

@@ -23,7 +23,7 @@ from cleanup.models import (
     PartitionReport,
     SettleCleanupInput,
 )
-from cleanup.operations import list_cleanups, renew, start_cleanup
+from cleanup.operations import CleanupListing, list_cleanups, renew, start_cleanup
 from core import search_attributes as sa
 from core.config import Settings
 from core.errors import InputError
@@ -89,16 +89,16 @@ async def test_a_cleanup_ended_by_a_renewal_stays_in_phase_renewed_and_list_show
     desc = await handle.describe()
     assert desc.typed_search_attributes.get(sa.CLEANUP_PHASE) == "renewed"
 
-    async def listed() -> list[dict[str, Any]]:
-        return [r for r in await list_cleanups(client) if r["workflow_id"] == started.workflow_id]
+    async def listed() -> list[CleanupListing]:
+        return [r for r in await list_cleanups(client) if r.workflow_id == started.workflow_id]
 
     async def visible() -> bool:
         rows = await listed()
-        return bool(rows) and rows[0]["phase"] == "renewed"
+        return bool(rows) and rows[0].phase == "renewed"
 
     await wait_until(visible, within=30)
     [row] = await listed()
-    assert (row["status"], row["phase"], row["outcome"]) == ("COMPLETED", "renewed", "renewed")
+    assert (row.status, row.phase, row.outcome) == ("COMPLETED", "renewed", "renewed")
 
 
 async def test_cleanup_of_an_account_whose_cleanup_finished_returns_that_run_and_its_outcome(

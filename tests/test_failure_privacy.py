@@ -35,14 +35,14 @@ async def test_a_failure_keeps_the_reason_not_the_row_and_is_purged_once_cleaned
     assert result.counts.failed == 1
 
     [row] = await list_failed(pool, CLEANUP_ID)
-    assert row["sqlstate"] == "23514"
-    assert 'constraint "archive_score_sane"' in (row["detail"] or "") and "archive_score_sane" in row["message"]
-    stored = f"{row['message']} {row['detail']}"
+    assert row.sqlstate == "23514"
+    assert 'constraint "archive_score_sane"' in (row.detail or "") and "archive_score_sane" in row.message
+    stored = f"{row.message} {row.detail}"
     assert "Failing row contains" not in stored
     assert not [v for v in values if v in stored], "no value of the row that was to be deleted"
 
     await pool.execute("ALTER TABLE demo_game.match_history_archive DROP CONSTRAINT archive_score_sane")
-    assert (await retry_failed(pool, load_targets(), CLEANUP_ID))["cleaned"] == 1
+    assert (await retry_failed(pool, load_targets(), CLEANUP_ID)).cleaned == 1
     [resolved] = await list_failed(pool, CLEANUP_ID, include_resolved=True)
-    assert resolved["resolution"] == "cleaned"
-    assert resolved["detail"] is None and resolved["sqlstate"] == "23514", "the reason stays, the rest goes"
+    assert resolved.resolution == "cleaned"
+    assert resolved.detail is None and resolved.sqlstate == "23514", "the reason stays, the rest goes"

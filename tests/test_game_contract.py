@@ -89,7 +89,7 @@ async def test_set_deadline_registers_moves_and_is_too_late_once_claimed_with_an
     assert await call(game, "set_deadline", "x" * 200, now) == "registered"
     assert await call(game, "set_deadline", "player #42 (eu)", now) == "registered"
     # The Python API is the same function.
-    assert await set_deadline(pool, "acct_from_python", now + timedelta(hours=1)) == "registered"
+    assert (await set_deadline(pool, "acct_from_python", now + timedelta(hours=1))).result == "registered"
 
 
 async def test_renew_is_judged_by_the_database_clock_and_refuses_an_earlier_deadline(game, pool):
@@ -136,9 +136,9 @@ async def test_hold_and_release_through_sql_and_python(game, pool):
     assert (
         await pool.fetchval("SELECT hold_reason FROM accounts WHERE account_id = $1", account) == "litigation 2026-17"
     )
-    assert await release_account(pool, account) == "released"
-    assert await release_account(pool, account) == "not_held"
-    assert await hold_account(pool, account, "audit") == "held"
+    assert (await release_account(pool, account)).result == "released"
+    assert (await release_account(pool, account)).result == "not_held"
+    assert (await hold_account(pool, account, "audit")).result == "held"
     with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="needs a reason"):
         await call(game, "hold", account, " ")
     with pytest.raises(asyncpg.exceptions.NoDataFoundError):
@@ -175,7 +175,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
 
     # Past its deadline and held: counted apart, never handed to a sweep.
     status = await planner_status(client, pool, task_queue)
-    assert (status["held_overdue"], status["overdue"]) == (1, 0), status
+    assert (status.held_overdue, status.overdue) == (1, 0), status
     assert (
         await sweep_overdue(
             pool, client, SweepInput(settings=SWEEP_NOW, task_queue=task_queue, as_of=datetime.now(UTC))
@@ -194,7 +194,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
     await client.get_workflow_handle(sweep.sweep_cleanup_id).result()
     assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", held) == "cleaned"
     assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", held) == 0
-    assert (await planner_status(client, pool, task_queue))["held_overdue"] == 0
+    assert (await planner_status(client, pool, task_queue)).held_overdue == 0
 
 
 async def test_cli_renew_prints_both_deadlines_refuses_earlier_and_holds(game, pool, settings):

@@ -201,10 +201,10 @@ async def test_poison_rows_are_isolated_and_retry_failed_cleans_them_once_with_t
     assert await game_rows(game_pool, healthy) == cleaned_rows(57) | {"friends": 0}
     left = await game_rows(game_pool, poisoned)
     assert (left["inventory"], left["matches"], left["anonymized"]) == (3 * PER_USER["inventory"], 9, 0)
-    failed = {r["account_id"]: r for r in await list_failed(game_pool, workflow_id)}
+    failed = {r.account_id: r for r in await list_failed(game_pool, workflow_id)}
     assert sorted(failed) == poisoned
-    assert {failed[u]["target"] for u in held} == {"game_server.inventory"}
-    assert failed[bad_archive]["sqlstate"] == "23514" and failed[bad_archive]["target"] == "game_server.matches_archive"
+    assert {failed[u].target for u in held} == {"game_server.inventory"}
+    assert failed[bad_archive].sqlstate == "23514" and failed[bad_archive].target == "game_server.matches_archive"
 
     # Another target set than the cleanup ran with: refused, naming both fingerprints.
     smaller = CleanupTargets(target=game_targets().target[:-1])  # without the anonymization
@@ -220,10 +220,10 @@ async def test_poison_rows_are_isolated_and_retry_failed_cleans_them_once_with_t
     await game_pool.execute("DELETE FROM game_server.legal_holds")
     await game_pool.execute("ALTER TABLE game_server.matches_archive DROP CONSTRAINT archive_kills_sane")
     fixed = await retry_failed(game_pool, game_targets(), workflow_id)
-    assert (fixed["retried"], fixed["cleaned"], fixed["still_failed"]) == (3, 3, 0)
+    assert (fixed.retried, fixed.cleaned, fixed.still_failed) == (3, 3, 0)
     assert await game_rows(game_pool, users) == cleaned_rows(60)
     again = await retry_failed(game_pool, game_targets(), workflow_id)
-    assert again["retried"] == 0 and await game_rows(game_pool, users) == cleaned_rows(60)
+    assert again.retried == 0 and await game_rows(game_pool, users) == cleaned_rows(60)
 
 
 async def test_the_dry_run_matches_what_the_cleanup_then_does_and_refuses_another_target_set(
@@ -240,7 +240,7 @@ async def test_the_dry_run_matches_what_the_cleanup_then_does_and_refuses_anothe
     iso = deadline.isoformat().replace("+00:00", "Z")
     cli = run_cli(settings, "cleanup", "--deadline", iso, "--dry-run", "--json")
     assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["targets"] == json.loads(json.dumps(preview["targets"], default=str))
+    assert json.loads(cli.stdout)["targets"] == preview.model_dump(mode="json")["targets"]
     other_file = tmp_path / "targets.toml"
     other_file.write_text(GAME_TARGETS_FILE.read_text().rsplit("[[target]]", 1)[0])
     refused = run_cli_with(settings, str(other_file), "cleanup", "--deadline", iso, "--dry-run")
@@ -253,7 +253,7 @@ async def test_the_dry_run_matches_what_the_cleanup_then_does_and_refuses_anothe
         " (SELECT count(*) FROM game_server.matches) AS matches"
     )
     _, result = await run_cohort(client, game_pool, task_queue, deadline, partitions=3)
-    assert result.settlement is not None and result.settlement.cleaned == preview["accounts_in_scope"] == 25
+    assert result.settlement is not None and result.settlement.cleaned == preview.accounts_in_scope == 25
     after = await game_pool.fetchrow(
         "SELECT (SELECT count(*) FROM game_server.inventory) AS inventory,"
         " (SELECT count(*) FROM game_server.characters) AS characters,"
@@ -261,7 +261,7 @@ async def test_the_dry_run_matches_what_the_cleanup_then_does_and_refuses_anothe
         " (SELECT count(*) FROM game_server.matches) AS matches"
     )
     assert before is not None and after is not None
-    rows = [t["rows"] for t in preview["targets"]]
+    rows = [t.rows for t in preview.targets]
     assert before["inventory"] - after["inventory"] == rows[0]
     assert before["characters"] - after["characters"] == rows[1]
     assert before["friends"] - after["friends"] == rows[2] + rows[3] == 26  # the ring, and one across
@@ -289,9 +289,9 @@ async def test_a_privilege_lost_after_start_up_is_retried_a_few_times_then_surfa
     statuses = await game_pool.fetch("SELECT status, count(*) AS n FROM accounts GROUP BY status")
     assert {r["status"]: r["n"] for r in statuses} == {"cleanup_failed": 12}
     recorded = await list_failed(game_pool)
-    assert {r["sqlstate"] for r in recorded} == {"42501"} and len(recorded) == 12
+    assert {r.sqlstate for r in recorded} == {"42501"} and len(recorded) == 12
     status = await planner_status(client, game_pool, task_queue)
-    assert (status["failed_pending_review"], status["failed_by_schema_error"]) == (12, 12)
+    assert (status.failed_pending_review, status.failed_by_schema_error) == (12, 12)
     assert await game_rows(game_pool, users) == untouched_rows(12, friends=12)
 
 

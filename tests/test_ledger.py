@@ -174,7 +174,7 @@ async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, t
         reported = [r["shard"] for r in await pool.fetch("SELECT shard FROM ledger_shard_reports ORDER BY 1")]
         assert reported == [0, 1, 3]
         cli_view = await ledger_status(client, pool, D, id_prefix=id_prefix(task_queue))
-        assert (cli_view["shards_done"], cli_view["settled"]) == ("3/4", False)
+        assert (cli_view.shards_done, cli_view.settled) == ("3/4", False)
     finally:
         await tx.rollback()
         await blocker.close()
@@ -199,13 +199,13 @@ async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, t
 
 async def _wait_for_scheduled_runs(client: Client, schedule_id: str, count: int) -> list[ScheduledLedgerResult]:
     async def taken() -> bool:
-        return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= count
+        return len((await ls.describe_schedule(client, schedule_id)).recent_runs) >= count
 
     await wait_until(taken, within=60)
-    runs = (await ls.describe_schedule(client, schedule_id))["recent_runs"]
+    runs = (await ls.describe_schedule(client, schedule_id)).recent_runs
     results = []
     for run in runs:
-        handle = client.get_workflow_handle(run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult)
+        handle = client.get_workflow_handle(str(run.workflow_id), run_id=run.run_id, result_type=ScheduledLedgerResult)
         results.append(await asyncio.wait_for(handle.result(), timeout=90))
     return results
 
@@ -244,12 +244,12 @@ async def test_pause_unpause_and_backfill_reconcile_each_missed_date_once(client
     options = ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
     await ls.create_schedule(client, task_queue, options=options, schedule_id=schedule_id)
     try:
-        assert (await ls.pause_schedule(client, "maintenance", schedule_id))["paused"] is True
+        assert (await ls.pause_schedule(client, "maintenance", schedule_id)).paused is True
         # While paused, an operator reconciles the middle date by hand.
         await reconcile(client, pool, task_queue, dates[1])
         described = await ls.unpause_schedule(client, "", schedule_id)
-        assert described["paused"] is False and described["overlap"] == "BUFFER_ALL"
-        assert described["actions_taken"] == 0
+        assert described.paused is False and described.overlap == "BUFFER_ALL"
+        assert described.actions_taken == 0
 
         await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
         first = await _wait_for_scheduled_runs(client, schedule_id, 3)
@@ -447,7 +447,7 @@ async def test_paused_schedule_skips_real_trigger_times_and_backfill_runs_them_o
         await asyncio.sleep(3.5)  # three trigger times pass while paused
         paused_to = datetime.now(UTC)
         described = await ls.describe_schedule(client, schedule_id)
-        assert described["paused"] is True and described["actions_taken"] == 0
+        assert described.paused is True and described.actions_taken == 0
         assert await executions(client, ledger_workflow_id(yesterday, id_prefix(task_queue))) == 0
 
         handle = client.get_schedule_handle(schedule_id)

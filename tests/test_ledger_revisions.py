@@ -268,9 +268,9 @@ async def test_a_late_discrepancy_after_settlement_becomes_revision_2(client: Cl
     night_handle = client.get_workflow_handle(night.workflow_id)
     assert (await night_handle.describe()).status == WorkflowExecutionStatus.COMPLETED
     status = await ledger_status(client, pool, D, id_prefix=id_prefix(task_queue))
-    assert status["revision"] == 2 and [r["revision"] for r in status["revisions"]] == [1, 2]
-    assert status["corrections"] + status["review_rows"] == status["discrepancies_found"] == s.discrepancies_found
-    assert "settlement revisions" in _status_text(status)
+    assert status.revision == 2 and [r.revision for r in status.revisions or []] == [1, 2]
+    assert (status.corrections or 0) + (status.review_rows or 0) == status.discrepancies_found == s.discrepancies_found
+    assert "settlement revisions" in _status_text(status.given())
 
     # A re-check that finds nothing new writes nothing: no revision 3.
     before = await digest(pool)

@@ -30,27 +30,27 @@ async def test_finished_scheduled_runs_are_not_shown_running(client, pool, task_
         await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
 
         async def taken() -> bool:
-            return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= 2
+            return len((await ls.describe_schedule(client, schedule_id)).recent_runs) >= 2
 
         await wait_until(taken, within=120)
-        runs = (await ls.describe_schedule(client, schedule_id))["recent_runs"]
+        runs = (await ls.describe_schedule(client, schedule_id)).recent_runs
         outcomes = []
         for run in runs:
             handle = client.get_workflow_handle(
-                run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult
+                str(run.workflow_id), run_id=run.run_id, result_type=ScheduledLedgerResult
             )
             outcomes.append((await asyncio.wait_for(handle.result(), timeout=120)).outcome)
         assert sorted(outcomes) == ["already_started", "reconciled"]
 
         async def none_running() -> bool:
             described = await ls.describe_schedule(client, schedule_id)
-            return all(r["status"] == "COMPLETED" for r in described["recent_runs"])
+            return all(r.status == "COMPLETED" for r in described.recent_runs)
 
         # Every run above has completed (its result was read): the schedule must learn it too.
         try:
             await wait_until(none_running, within=60)
         except AssertionError:
-            statuses = [r["status"] for r in (await ls.describe_schedule(client, schedule_id))["recent_runs"]]
+            statuses = [r.status for r in (await ls.describe_schedule(client, schedule_id)).recent_runs]
             raise AssertionError(f"finished runs still badged {statuses}") from None
     finally:
         await ls.delete_schedule(client, schedule_id)
@@ -63,9 +63,9 @@ async def test_create_upgrades_a_schedule_made_under_the_old_overlap_policy(clie
     await client.create_schedule(schedule_id, old)
     try:
         upgraded = await ls.create_schedule(client, task_queue, schedule_id=schedule_id)
-        assert upgraded["policy_upgraded"] is True
-        assert upgraded["overlap"] == "BUFFER_ALL"
-        assert upgraded["paused"] is True, "the upgrade keeps the schedule's state"
+        assert upgraded.policy_upgraded is True
+        assert upgraded.overlap == "BUFFER_ALL"
+        assert upgraded.paused is True, "the upgrade keeps the schedule's state"
         with pytest.raises(InputError, match="already exists"):
             await ls.create_schedule(client, task_queue, schedule_id=schedule_id)
     finally:

@@ -206,7 +206,7 @@ async def test_the_planner_alone_cleans_every_account_once_through_renewals_stra
     )
     assert started_by_hand == 0
     # The safety net is visible: the stranded claims recovered, the edited row swept as overdue.
-    assert status["stranded_claims_recovered"] == len(stranded), status
+    assert status.stranded_claims_recovered == len(stranded), status
     assert (
         await pool.fetchval(
             "SELECT count(*) FROM planner_sweeps WHERE kind = 'stranded' AND cleanup_id = $1", stranded_by
@@ -215,9 +215,9 @@ async def test_the_planner_alone_cleans_every_account_once_through_renewals_stra
     )
     swept = await pool.fetchval("SELECT cleanup_id FROM cleanup_applied WHERE account_id = $1", edited)
     assert swept.startswith("cleanup-sweep-"), swept
-    assert status["overdue_swept"] >= 1 and status["overdue"] == 0
-    assert status["lateness_seconds"]["cleanups"] == len(expected)
-    shown = _human_status(status)
+    assert (status.overdue_swept or 0) >= 1 and status.overdue == 0
+    assert status.lateness_seconds is not None and status.lateness_seconds.cleanups == len(expected)
+    shown = _human_status(status.given())
     assert f"stranded claims recovered  {len(stranded)} in 1" in shown, shown
     late_row = await pool.fetchrow(
         "SELECT outcome, judged_at >= deadline_seen AS after_deadline FROM renewals WHERE account_id = $1", late_account
@@ -234,11 +234,12 @@ async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue
         await wait_until(lambda: all_settled(pool, everyone), within=120, interval=0.5)
         status = await planner_status(client, pool, task_queue)
         await client.get_workflow_handle(planner_workflow_id(task_queue)).terminate(reason="test over")
-    lateness = status["lateness_seconds"]
+    lateness = status.lateness_seconds
     print("lateness:", lateness)
-    assert lateness["cleanups"] == len(everyone)
+    assert lateness is not None and lateness.cleanups == len(everyone)
     # L: a bucket of 1 s plus claim + clean; generous for a loaded 2-core CI machine.
-    assert 0 <= lateness["p50"] and lateness["max"] <= 15.0, lateness
+    assert lateness.p50 is not None and lateness.max is not None
+    assert 0 <= lateness.p50 and lateness.max <= 15.0, lateness
     assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
     # Each bucket fits in one batch, so it is one partition; its run wakes before the bucket ends,
     # yet no account is claimed (nor cleaned) before its deadline by the database clock.
@@ -456,7 +457,7 @@ async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_on
         recorded = await pool.fetch("SELECT DISTINCT cleanup_id FROM planner_sweeps WHERE kind = 'overdue'")
         assert [r[0] for r in recorded] == list(started)
         status = await planner_status(client, pool, task_queue)
-        assert status["overdue_swept"] == 4 and status["overdue_sweeps"] == 1, status
+        assert status.overdue_swept == 4 and status.overdue_sweeps == 1, status
     finally:
         for workflow_id in started:
             await client.get_workflow_handle(workflow_id or "").terminate(reason="test over")

@@ -57,13 +57,14 @@ async def test_a_pause_survives_the_planner_started_again_by_the_watchdog(client
         assert recording.started == []
 
         status = await planner_status(client, pool, task_queue)
-        assert status["paused"] is True and status["pause_reason"] == "maintenance"
-        assert "stops planning new bucket cleanups" in status["pause_effect"]
-        assert "does not stop" in status["pause_effect"] and "scheduled" in status["pause_effect"]
+        assert status.paused is True and status.pause_reason == "maintenance"
+        effect = str(status.pause_effect)
+        assert "stops planning new bucket cleanups" in effect
+        assert "does not stop" in effect and "scheduled" in effect
 
         await signal_planner(client, task_queue, "resume", pool=pool)
         assert (await plan_buckets(pool, recording, tick, {})).buckets == 1  # type: ignore[arg-type]
-        assert (await planner_status(client, pool, task_queue))["paused"] is False
+        assert (await planner_status(client, pool, task_queue)).paused is False
 
 
 async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resumed(client, pool, task_queue):
@@ -85,7 +86,7 @@ async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resu
             accounts,
         ) == len(accounts), "past their deadline, still not claimed: held"
         status = await planner_status(client, pool, task_queue)
-        assert status["hold_scheduled"] is True and "holds the scheduled bucket cleanups" in status["pause_effect"]
+        assert status.hold_scheduled is True and "holds the scheduled bucket cleanups" in str(status.pause_effect)
 
         await signal_planner(client, task_queue, "resume", pool=pool)
         await wait_until(lambda: all_settled(pool, accounts), within=90, interval=0.5)
@@ -113,11 +114,11 @@ async def _claim_held(client: Client, workflow_id: str) -> bool:
 
 async def test_a_pause_without_a_running_planner_is_recorded_for_the_next_run(client, pool, task_queue):
     await signal_planner(client, task_queue, "pause", "before the first start", pool=pool)
-    assert (await planner_status(client, pool, task_queue))["pause_reason"] == "before the first start"
+    assert (await planner_status(client, pool, task_queue)).pause_reason == "before the first start"
     async with planner_worker(client, pool, task_queue):  # ensure_planner without the pool: paused by the database
         await seed(pool, deadline_in(30), 2)
         tick = PlanTickInput(settings=FAST, task_queue=task_queue)
         assert (await plan_buckets(pool, RecordingClient(), tick, {})).buckets == 0  # type: ignore[arg-type]
         await signal_planner(client, task_queue, "resume", pool=pool)
-        assert (await planner_status(client, pool, task_queue))["paused"] is False
+        assert (await planner_status(client, pool, task_queue)).paused is False
     assert await planner_pause(pool, task_queue) is None

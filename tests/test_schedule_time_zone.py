@@ -64,14 +64,14 @@ def test_backfill_range_covers_whole_local_days() -> None:
 
 async def _scheduled_results(client: Client, schedule_id: str, count: int) -> list[ScheduledLedgerResult]:
     async def taken() -> bool:
-        return len((await ls.describe_schedule(client, schedule_id))["recent_runs"]) >= count
+        return len((await ls.describe_schedule(client, schedule_id)).recent_runs) >= count
 
     await wait_until(taken, within=120)
     await asyncio.sleep(1)  # a second firing of the same night would show up by now
-    runs = (await ls.describe_schedule(client, schedule_id))["recent_runs"]
+    runs = (await ls.describe_schedule(client, schedule_id)).recent_runs
     results = []
     for run in runs:
-        handle = client.get_workflow_handle(run["workflow_id"], run_id=run["run_id"], result_type=ScheduledLedgerResult)
+        handle = client.get_workflow_handle(str(run.workflow_id), run_id=run.run_id, result_type=ScheduledLedgerResult)
         results.append(await asyncio.wait_for(handle.result(), timeout=120))
     return results
 
@@ -111,16 +111,16 @@ async def test_each_night_across_daylight_saving_changes_reconciles_its_local_da
         spring = await _scheduled_results(client, schedule_id, len(SPRING))
         await ls.backfill_schedule(client, AUTUMN[0], AUTUMN[-1], schedule_id)
         both = await _scheduled_results(client, schedule_id, len(SPRING) + len(AUTUMN))
-        runs = (await ls.describe_schedule(client, schedule_id))["recent_runs"]
+        runs = (await ls.describe_schedule(client, schedule_id)).recent_runs
     finally:
         await ls.delete_schedule(client, schedule_id)
 
     assert sorted(r.business_date for r in spring) == SPRING
     reconciled = Counter(r.business_date for r in both if r.outcome == "reconciled")
     assert reconciled == Counter(dates), "each local date reconciled once, none skipped"
-    local_times = {datetime.fromisoformat(r["scheduled_at"]).astimezone(ZoneInfo(BERLIN)).time() for r in runs}
+    local_times = {r.scheduled_at.astimezone(ZoneInfo(BERLIN)).time() for r in runs}
     assert local_times == {ls.parse_time_of_day(at)}, local_times
-    utc_hours = {datetime.fromisoformat(r["scheduled_at"]).hour for r in runs}
+    utc_hours = {r.scheduled_at.hour for r in runs}
     assert utc_hours == {22, 23}, "fired at 00:30 local time in winter and in summer"
     settled = [r["business_date"] for r in await pool.fetch("SELECT business_date FROM ledger_settlements ORDER BY 1")]
     assert settled == dates
@@ -131,24 +131,25 @@ async def test_update_changes_time_zone_and_note_in_place_and_list_shows_it(clie
     options = ScheduledLedgerInput(shards=3, id_prefix=id_prefix(task_queue))
     created = await ls.create_schedule(client, task_queue, options=options, paused=True, schedule_id=schedule_id)
     try:
-        assert created["runs_at"] == "02:00 UTC" and created["time_zone"] == "UTC"
+        assert created.runs_at == "02:00 UTC" and created.time_zone == "UTC"
         updated = await ls.update_schedule(
             client, schedule_id, at=time(1, 15), time_zone="America/Los_Angeles", note="moved to the game's zone"
         )
-        assert updated["runs_at"] == "01:15 America/Los_Angeles"
-        assert updated["paused"] is True and updated["note"] == "moved to the game's zone"
-        assert all(t.endswith(("-08:00", "-07:00")) and "T01:15:00" in t for t in updated["next_runs_local"])
+        assert updated.runs_at == "01:15 America/Los_Angeles"
+        assert updated.paused is True and updated.note == "moved to the game's zone"
+        local = [t.isoformat() for t in updated.next_runs_local]
+        assert all(t.endswith(("-08:00", "-07:00")) and "T01:15:00" in t for t in local)
         # The action's input follows the zone (which date a firing reconciles); its other options stay.
         desc = await client.get_schedule_handle(schedule_id).describe()
         (action_input,) = await client.data_converter.decode(list(desc.schedule.action.args), [ScheduledLedgerInput])  # type: ignore[attr-defined]
         assert action_input.time_zone == "America/Los_Angeles" and action_input.shards == 3
 
         async def listed() -> bool:
-            return any(s["schedule_id"] == schedule_id for s in await ls.list_schedules(client))
+            return any(s.schedule_id == schedule_id for s in await ls.list_schedules(client))
 
         await wait_until(listed, within=60)  # the schedule list is eventually consistent
-        (entry,) = [s for s in await ls.list_schedules(client) if s["schedule_id"] == schedule_id]
-        assert entry["time_zone"] == "America/Los_Angeles" and entry["paused"] is True
+        (entry,) = [s for s in await ls.list_schedules(client) if s.schedule_id == schedule_id]
+        assert entry.time_zone == "America/Los_Angeles" and entry.paused is True
     finally:
         await ls.delete_schedule(client, schedule_id)
     with pytest.raises(InputError, match="no schedule"):

@@ -326,8 +326,8 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
         result = await asyncio.wait_for(enc.get_workflow_handle(started.workflow_id).result(), 60)
         assert result["outcome"] == "cleaned" if isinstance(result, dict) else result.outcome == "cleaned"
         # A client without the key still lists the run (from its search attributes), marked unreadable.
-        listed = {r["workflow_id"]: r for r in await list_cleanups(client, limit=1000)}
-        assert listed[started.workflow_id]["outcome"] == UNREADABLE
+        listed = {r.workflow_id: r for r in await list_cleanups(client, limit=1000)}
+        assert listed[started.workflow_id].outcome == UNREADABLE
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -87,11 +87,11 @@ async def run(ctx: Ctx) -> Row:
             row.violations.append(f"the work was not shared: activities ran on {sorted(workers)}")
         cs = await cleanup_status(client, pool, cleanup.workflow_id)
         ls = await ledger_status(client, pool, d)
-        row.operator_visibility = bool(cs["settled"] and ls["settled"] and ls["shards_done"] == "8/8")
+        row.operator_visibility = bool(cs.settled and ls.settled and ls.shards_done == "8/8")
         row.evidence.append(f"activities ran on {len(workers)} worker processes: {', '.join(sorted(workers))}")
         row.evidence.append(
-            f"status: cleanup {cs['partitions_reported']} settled={cs['settled']}; ledger {ls['shards_done']} "
-            f"settled={ls['settled']}"
+            f"status: cleanup {cs.partitions_reported} settled={cs.settled}; ledger {ls.shards_done} "
+            f"settled={ls.settled}"
         )
     finally:
         await ctx.h.close_lane(lane)

@@ -162,7 +162,7 @@ async def run(ctx: Ctx) -> Row:
             cs = await cleanup_status(client, pool, cleanup.workflow_id)
             ls = await ledger_status(client, pool, d)
             os_ = await outbox_status(pool, client)
-            ok = bool(cs["settled"] and ls["settled"] and os_.pending == 0)
+            ok = bool(cs.settled and ls.settled and os_.pending == 0)
             # A fault no activity was in the middle of leaves nothing to see, and that is right.
             visible = bool(evidence) or sum(in_flight) == 0
             row.operator_visibility = visible and ok if row.runs == 1 else row.operator_visibility and visible and ok
@@ -176,8 +176,8 @@ async def run(ctx: Ctx) -> Row:
                 )
             if not ok:
                 row.violations.append(
-                    f"not settled after the faults: cleanup {cs['settled']}, "
-                    f"ledger {ls['settled']}, outbox pending {os_.pending}"
+                    f"not settled after the faults: cleanup {cs.settled}, "
+                    f"ledger {ls.settled}, outbox pending {os_.pending}"
                 )
             row.evidence += evidence[:3]
     finally:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from temporalio.client import WorkflowExecutionStatus
 
-from cleanup.operations import cleanup_status, start_cleanup
+from cleanup.operations import CleanupReport, cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import (
     MATCHES,
@@ -38,7 +38,7 @@ from harness.common import (
 )
 from harness.private_pg import PrivatePostgres
 from harness.visibility import temporal_evidence
-from ledger.models import ledger_workflow_id
+from ledger.models import LedgerReport, ledger_workflow_id
 from ledger.operations import ledger_status, start_reconciliation
 from outbox.models import RELAY_STOP_SIGNAL
 from outbox.operations import start_relays
@@ -119,7 +119,7 @@ async def run(ctx: Ctx) -> Row:
         await wait_for(busy, 60, 0.05)
         crashes = 3 + ctx.profile.rounds
         downtime: list[float] = []
-        status_while_down: list[dict[str, Any]] = []
+        status_while_down: list[CleanupReport | LedgerReport] = []
         late_events = 0
         running_at_crash = {"cleanup": 0, "ledger": 0}
         for i in range(crashes):
@@ -218,8 +218,8 @@ async def run(ctx: Ctx) -> Row:
 
         cs = await cleanup_status(client, pool, cleanup.workflow_id)
         ls = await ledger_status(client, pool, d)
-        answered = len(status_while_down) == 2 and all("database" in s for s in status_while_down)
-        row.operator_visibility = bool(cs["settled"] and ls["settled"] and answered)
+        answered = len(status_while_down) == 2 and all(s.database is not None for s in status_while_down)
+        row.operator_visibility = bool(cs.settled and ls.settled and answered)
         if not answered:
             row.violations.append(
                 f"status while the database was down did not say what is missing: {status_while_down}"
@@ -260,9 +260,7 @@ async def run(ctx: Ctx) -> Row:
             f"{counts['back_lines']} 'database back' lines, {counts['warnings']} WARNING lines, "
             f"{counts['tracebacks']} tracebacks, {counts['rollback_hid_cause']} rollback errors hiding the cause"
         )
-        row.notes.append(
-            f"status while down: database = {status_while_down[0].get('database') if status_while_down else '-'}"
-        )
+        row.notes.append(f"status while down: database = {status_while_down[0].database if status_while_down else '-'}")
     finally:
         harness_pool_log.setLevel(old_level)
         if lane is not None:

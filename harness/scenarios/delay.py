@@ -147,7 +147,7 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
         row.evidence.append(
             f"ledger shard {slow} held {3 * HEARTBEAT_TIMEOUT:.0f}s (heartbeat timeout {HEARTBEAT_TIMEOUT:.0f}s): "
             f"{len(seen['heartbeats'])} distinct heartbeats seen, {seen['pending']}, "
-            f"{seen['reported']}/{shards} reported, no settlement; after: {ls['shards_done']} settled={ls['settled']}"
+            f"{seen['reported']}/{shards} reported, no settlement; after: {ls.shards_done} settled={ls.settled}"
         )
 
         # -- cleanup: one partition held -------------------------------------------------------------
@@ -205,12 +205,12 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
         row.evidence.append(
             f"cleanup partition {held_partition} held {cleanup_hold:.0f}s "
             f"(heartbeat timeout {cleanup_heartbeat:.0f}s): {seen['pending']}, "
-            f"{seen['reported']}/{partitions} reported, no settlement; after: {cs['partitions_reported']} "
-            f"settled={cs['settled']}"
+            f"{seen['reported']}/{partitions} reported, no settlement; after: {cs.partitions_reported} "
+            f"settled={cs.settled}"
         )
         row.duplicates, row.lost = e.duplicates, e.lost
         row.violations += e.problems()
-        row.operator_visibility = bool(ls["settled"] and cs["settled"] and seen["pending"])
+        row.operator_visibility = bool(ls.settled and cs.settled and seen["pending"])
     finally:
         await ctx.h.close_lane(lane)
     return row

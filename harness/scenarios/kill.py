@@ -27,7 +27,7 @@ from harness.checks import Effects, cleanup_effects, ledger_effects, outbox_effe
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed_events
 from harness.recovery import WORK, Recovery, measure_workflows, summarize
 from harness.stack import Lane
-from harness.visibility import best_effort, temporal_evidence
+from harness.visibility import best_effort, given, temporal_evidence
 from ledger.operations import ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -92,7 +92,7 @@ async def _cleanup(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prep
         hits,
         run,
         lambda: cleanup_effects(lane.pool, prefix, matches_per_account=MATCHES, expect_cleaned=n, cleanup_ids=[wf]),
-        lambda: cleanup_status(ctx.client, lane.pool, wf),
+        lambda: given(cleanup_status(ctx.client, lane.pool, wf)),
         ok,
         [wf],
     )
@@ -124,7 +124,7 @@ async def _ledger(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepa
             expected_corrections=seeded.expected_corrections,
             expected_review=seeded.expected_review,
         ),
-        lambda: ledger_status(ctx.client, lane.pool, d),
+        lambda: given(ledger_status(ctx.client, lane.pool, d)),
         ok,
         [wf],
     )

@@ -362,17 +362,17 @@ async def _round(ctx: Ctx, row: Row, lane: Any, rng: random.Random, n_round: int
 
     row.violations += [f"{label}: run not completed: {b}" for b in await _completed(client, runs)]
     status = await ledger_status(client, pool, business_date)
-    revisions = status["revisions"]
+    revisions = [v.model_dump() for v in status.revisions or []]
     row.violations += [f"{label}: {p}" for p in _revision_problems(revisions)]
     numbers = [v["revision"] for v in revisions]
-    if len(numbers) < 2 or status["revision"] != numbers[-1]:
-        row.violations.append(f"{label}: revisions {numbers}, settlement at revision {status['revision']}")
+    if len(numbers) < 2 or status.revision != numbers[-1]:
+        row.violations.append(f"{label}: revisions {numbers}, settlement at revision {status.revision}")
     latest = revisions[-1] if revisions else {}
     visible = (
-        bool(status["settled"])
+        bool(status.settled)
         and {k: latest.get(k) for k in want_totals} == want_totals
         and "re-check" in str(latest.get("reason", ""))
-        and (status["corrections"], status["review_rows"]) == (want_corrections, want_review)
+        and (status.corrections, status.review_rows) == (want_corrections, want_review)
     )
     attempts = max(s.attempt for r in (night_result, first_result, second_result) for s in r.shards)
     row.evidence.append(

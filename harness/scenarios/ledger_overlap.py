@@ -159,11 +159,11 @@ async def run(ctx: Ctx) -> Row:
         if not (r.balanced and r.revision == 2 and r.discrepancies_found == s.discrepancies_found + 2):
             row.violations.append(f"re-check settlement {r.model_dump(mode='json')}")
         status = await ledger_status(client, pool, business_date)
-        revisions = [v["revision"] for v in status["revisions"]]
-        row.operator_visibility = bool(status["settled"] and revisions == [1, 2])
+        revisions = [v.revision for v in status.revisions or []]
+        row.operator_visibility = bool(status.settled and revisions == [1, 2])
         row.evidence.append(f"re-check {recheck.workflow_id}: revision {r.revision}; status revisions {revisions}")
-        if status["revisions"]:
-            row.evidence.append(f"revision {revisions[-1]} reason: {status['revisions'][-1]['reason']}")
+        if status.revisions:
+            row.evidence.append(f"revision {revisions[-1]} reason: {status.revisions[-1].reason}")
     finally:
         if frozen is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -47,7 +47,7 @@ from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, account_ids, seed_cohort, wait_for
 from harness.scenarios.renewal_order import expected_states
 from harness.stack import Death, Lane
-from harness.visibility import best_effort, temporal_evidence
+from harness.visibility import best_effort, given, temporal_evidence
 
 SQL = load(harness.__file__)
 
@@ -328,9 +328,9 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, index: int, outage: bool) ->
         evidence += [f"{w}: {e}" for e in await temporal_evidence(ctx.client, w)]
     evidence += await planner_evidence(ctx, lane)
     # After the round: a status that answers slowly on a loaded machine is slow, not wrong.
-    status = await best_effort(planner_status(ctx.client, pool, lane.task_queue), 60.0)
+    status = await best_effort(given(planner_status(ctx.client, pool, lane.task_queue)), 60.0)
     lateness = await pool.fetchrow(SQL.planner_lateness, rnd.patterns)
-    statuses = [await best_effort(cleanup_status(ctx.client, pool, w), 60.0) for w in ids]
+    statuses = [await best_effort(given(cleanup_status(ctx.client, pool, w)), 60.0) for w in ids]
     status_ok = (
         status.get("temporal_status") == "RUNNING"
         and status.get("overdue") == 0

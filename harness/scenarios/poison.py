@@ -122,7 +122,7 @@ async def run(ctx: Ctx) -> Row:
             effects.details["lost_not_terminal"] -= await pool.fetchval(
                 "SELECT count(*) FROM accounts WHERE account_id = ANY($1) AND status = 'cleanup_failed'", poisoned
             )
-            failed = {r["account_id"]: r for r in await list_failed(pool, wf)}
+            failed = {r.account_id: r for r in await list_failed(pool, wf)}
             effects.details["lost_poisoned_not_in_review"] = len(set(poisoned) - set(failed))
             effects.details["dup_healthy_sent_to_review"] = len(set(failed) - set(poisoned))
             effects.details["dup_partial_effect_on_failed"] = await pool.fetchval(UNTOUCHED, poisoned, MATCHES)
@@ -130,13 +130,13 @@ async def run(ctx: Ctx) -> Row:
             if settlement is None or settlement.failed != len(poisoned):
                 row.violations.append(f"settlement failed={settlement and settlement.failed}, expected {len(poisoned)}")
             for account in held:
-                if account in failed and failed[account]["sqlstate"] != "P0001":
-                    row.violations.append(f"{account}: sqlstate {failed[account]['sqlstate']}, expected P0001")
+                if account in failed and failed[account].sqlstate != "P0001":
+                    row.violations.append(f"{account}: sqlstate {failed[account].sqlstate}, expected P0001")
 
             # After the fix: retry-failed cleans each poisoned account once.
             await pool.execute("DELETE FROM legal_holds; DELETE FROM team_loadouts")
             retried = await retry_failed(pool, load_targets(), wf)
-            if retried["cleaned"] != len(poisoned) or retried["still_failed"]:
+            if retried.cleaned != len(poisoned) or retried.still_failed:
                 row.violations.append(f"retry-failed after the fix: {retried}")
             after = await cleanup_effects(pool, prefix, matches_per_account=MATCHES, expect_cleaned=n, cleanup_ids=[wf])
             for name, value in after.details.items():
@@ -151,13 +151,14 @@ async def run(ctx: Ctx) -> Row:
 
             status = await cleanup_status(client, pool, wf)
             evidence = await temporal_evidence(client, wf)
-            visible = bool(status["settled"] and status["settlement"]["failed"] == len(poisoned) and evidence)
+            settled = status.settlement
+            visible = bool(status.settled and settled and settled.failed == len(poisoned) and evidence)
             row.operator_visibility = visible if row.runs == 1 else row.operator_visibility and visible
             row.evidence.append(
-                f"{wf}: settled claimed={status['settlement']['claimed']} cleaned={status['settlement']['cleaned']} "
-                f"failed={status['settlement']['failed']}; in review: "
-                + "; ".join(f"{a} [{r['sqlstate']}] {r['target']}" for a, r in sorted(failed.items()))
-                + f"; retry-failed cleaned {retried['cleaned']}"
+                f"{wf}: settled claimed={settled and settled.claimed} cleaned={settled and settled.cleaned} "
+                f"failed={settled and settled.failed}; in review: "
+                + "; ".join(f"{a} [{r.sqlstate}] {r.target}" for a, r in sorted(failed.items()))
+                + f"; retry-failed cleaned {retried.cleaned}"
             )
             row.evidence += evidence[:3]
     finally:

@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
@@ -171,16 +170,16 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, rnd: int) -> None:
     evidence: list[str] = []
     for w in workflows:
         evidence += [f"{w}: {e}" for e in await temporal_evidence(client, w)]
-    statuses: list[dict[str, Any]] = [await cleanup_status(client, pool, w) for w in cohorts]
+    statuses = [await cleanup_status(client, pool, w) for w in cohorts]
     versions = sorted({v for _, v in expected.values()})
-    row.operator_visibility = bool(all(s["settled"] for s in statuses) and (evidence or not deaths))
+    row.operator_visibility = bool(all(s.settled for s in statuses) and (evidence or not deaths))
     row.evidence += evidence[:4]
     row.evidence.append(
         f"{len(twice)} accounts renewed twice ({len(for_good)} of them for good), {len(once)} once, "
         f"{sum(1 for o in outcomes if not o.in_time)} renewals too late, "
         f"{2 * len(twice) + len(once) - len(outcomes)} not tried (new deadline passed); versions reached {versions}; "
         f"{len(started)} single-account cleanups, {len(workflows) - 3 - len(started)} restarted by renewals; "
-        f"cohorts settled: {[s['settlement']['cleaned'] for s in statuses]} cleaned"
+        f"cohorts settled: {[s.settlement.cleaned if s.settlement else None for s in statuses]} cleaned"
     )
 
 

@@ -118,16 +118,16 @@ async def run(ctx: Ctx) -> Row:
             row.lost += effects.lost
             row.violations += effects.problems()
             status = await cleanup_status(client, pool, started.workflow_id)
-            s = status.get("settlement", {})
+            skipped_renewed = status.settlement.skipped_renewed if status.settlement else None
             row.operator_visibility = bool(
-                s.get("skipped_renewed") == k
+                skipped_renewed == k
                 and all(not o.in_time and o.status_seen in ("cleaning", "cleaned") for o in late_between)
             )
             row.evidence.append(
-                f"{k} renewed before the claim (settlement skipped_renewed={s.get('skipped_renewed')}), "
+                f"{k} renewed before the claim (settlement skipped_renewed={skipped_renewed}), "
                 f"{len(between)} between claim and settlement and {len(after)} after: reported too late "
                 f"(CLI exit 3), recorded as renewals.outcome='too_late': {len(too_late)}; "
-                f"status while held: phase={during.get('phase')}, {during.get('partitions_reported')} reported"
+                f"status while held: phase={during.phase}, {during.partitions_reported} reported"
             )
     finally:
         await ctx.h.close_lane(lane)

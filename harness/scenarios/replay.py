@@ -75,11 +75,12 @@ async def run(ctx: Ctx) -> Row:
                 pool, prefix, matches_per_account=MATCHES, expect_cleaned=n, cleanup_ids=[wf]
             )
             status = await cleanup_status(client, pool, wf)
-            status_ok = status["settled"] and status["settlement"]["cleaned"] == n
+            cleaned = status.settlement.cleaned if status.settlement else None
+            status_ok = bool(status.settled) and cleaned == n
             row.evidence.append(
                 f"cleanup {wf}: every partition delivered twice more; each re-delivery reported "
-                f"already_applied={claim.claimed_per_partition} cleaned=0; status: {status['partitions_reported']} "
-                f"reported, settled={status['settled']}, cleaned={status['settlement']['cleaned']}"
+                f"already_applied={claim.claimed_per_partition} cleaned=0; status: {status.partitions_reported} "
+                f"reported, settled={status.settled}, cleaned={cleaned}"
             )
 
             # -- ledger: every shard and the settlement again -----------------------------------------
@@ -108,7 +109,7 @@ async def run(ctx: Ctx) -> Row:
                 expected_review=seeded.expected_review,
             )
             lstatus = await ledger_status(client, pool, d)
-            status_ok = status_ok and lstatus["settled"] and lstatus["corrections"] == seeded.expected_corrections
+            status_ok = status_ok and bool(lstatus.settled) and lstatus.corrections == seeded.expected_corrections
             row.evidence.append(f"ledger {d}: every shard + settlement delivered twice more: digest unchanged")
 
             # -- outbox relay: drain, then the relay job again ---------------------------------------

@@ -29,7 +29,7 @@ async def _runs(client: Client, schedule_id: str, count: int) -> list[ScheduledL
     """
 
     async def taken() -> bool:
-        return int((await ls.describe_schedule(client, schedule_id))["actions_taken"]) >= count
+        return (await ls.describe_schedule(client, schedule_id)).actions_taken >= count
 
     if not await wait_for(taken, 120, 0.3):
         raise TimeoutError(f"schedule {schedule_id} did not take {count} actions")
@@ -66,7 +66,7 @@ async def run(ctx: Ctx) -> Row:
         await ls.create_schedule(
             client, tq, options=ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0), schedule_id=schedule_id
         )
-        paused: dict[str, Any] = await ls.pause_schedule(client, "harness: maintenance window", schedule_id)
+        paused = await ls.pause_schedule(client, "harness: maintenance window", schedule_id)
         await start_reconciliation(client, pool, tq, manual, heartbeat_timeout_seconds=2.0)
         await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(manual)).result()
         await ls.unpause_schedule(client, "", schedule_id)
@@ -101,8 +101,8 @@ async def run(ctx: Ctx) -> Row:
             row.violations += [f"{d}: {p}" for p in e.problems()]
         row.runs = days
         status = [await ledger_status(client, pool, d) for d in dates]
-        row.operator_visibility = bool(paused["paused"] and paused["note"] and all(s["settled"] for s in status))
-        row.evidence.append(f"schedule describe while paused: paused={paused['paused']}, note={paused['note']!r}")
+        row.operator_visibility = bool(paused.paused and paused.note and all(s.settled for s in status))
+        row.evidence.append(f"schedule describe while paused: paused={paused.paused}, note={paused.note!r}")
         row.evidence.append(
             f"backfill outcomes: {[(str(d), o) for d, o in outcomes]}; second backfill all already_started"
         )

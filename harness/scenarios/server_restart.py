@@ -87,10 +87,10 @@ async def run(ctx: Ctx) -> Row:
                 late = (fired[0].event_time.ToDatetime().replace(tzinfo=UTC) - deadline).total_seconds() if fired else 0
                 row.evidence.append(
                     f"{wf}: one TimerFired, {late:.1f} s after the deadline (the server was down); "
-                    f"status phase={shown['phase']} settled={shown['settled']}"
+                    f"status phase={shown.phase} settled={shown.settled}"
                 )
                 row.operator_visibility = (
-                    bool(shown["settled"]) if row.runs == 1 else (row.operator_visibility and bool(shown["settled"]))
+                    bool(shown.settled) if row.runs == 1 else (row.operator_visibility and bool(shown.settled))
                 )
             deaths = [d for s in lane.slots for d in s.deaths]
             row.notes.append(f"worker deaths while the server was down (restarted by the supervisor): {len(deaths)}")

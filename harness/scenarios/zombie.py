@@ -340,7 +340,7 @@ async def frozen_cleanup(ctx: Ctx, round_no: int = 0) -> Part:
             pool, prefix, matches_per_account=MATCHES, expect_cleaned=n, cleanup_ids=[wf]
         )
         status = await cleanup_status(client, pool, wf)
-        part.visible = part.visible and bool(status.get("settled"))
+        part.visible = part.visible and bool(status.settled)
     finally:
         await ctx.h.close_lane(lane)
     return part
@@ -396,7 +396,7 @@ async def frozen_ledger(ctx: Ctx, round_no: int = 0) -> Part:
             expected_review=seeded.expected_review,
         )
         status = await ledger_status(client, pool, d)
-        part.visible = part.visible and bool(status.get("settled"))
+        part.visible = part.visible and bool(status.settled)
     finally:
         await ctx.h.close_lane(lane)
     return part
@@ -717,7 +717,7 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             + await outbox_effects(pool, ctx.h.provider.provider)
         )
         cs, ls = await cleanup_status(client, pool, cwf), await ledger_status(client, pool, d)
-        part.visible = part.visible and bool(cs.get("settled") and ls.get("settled"))
+        part.visible = part.visible and bool(cs.settled and ls.settled)
     finally:
         for blocker in blockers:
             with contextlib.suppress(Exception):
