@@ -25,6 +25,8 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from workflows.steps import long_step
+
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
     from ledger.errors import LEDGER_RETRY
@@ -110,7 +112,7 @@ class LedgerReconciliationWorkflow:
 
     async def _reconcile_shard(self, shard: int, limit: asyncio.Semaphore) -> None:
         async with limit:
-            report = await workflow.execute_activity(
+            report = await long_step(
                 RECONCILE_SHARD,
                 ReconcileShardInput(
                     business_date=self._input.business_date,
@@ -120,9 +122,8 @@ class LedgerReconciliationWorkflow:
                     tolerance_cents=self._input.tolerance_cents,
                     workflow_id=workflow.info().workflow_id,
                 ),
-                result_type=ShardReport,
-                start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
+                ShardReport,
+                heartbeat_timeout_seconds=self._input.heartbeat_timeout_seconds,
                 retry_policy=_RETRY,
                 summary=f"shard {shard}",
             )

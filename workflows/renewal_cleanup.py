@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 
+from workflows.steps import long_step
+
 with workflow.unsafe.imports_passed_through():
     from cleanup.errors import CLEANUP_RETRY, FailedToleranceExceeded
     from cleanup.models import (
@@ -138,7 +140,7 @@ class RenewalCleanupWorkflow:
         return functools.reduce(operator.add, streams)
 
     async def _claim_stream(self, input: RenewalCleanupInput, stream: int) -> ClaimResult:
-        return await workflow.execute_activity(  # type: ignore[no-any-return]
+        return await long_step(
             CLAIM_CLEANUP_IN_CHUNKS,
             ClaimChunkedInput(
                 cleanup_id=input.cleanup_id,
@@ -150,9 +152,8 @@ class RenewalCleanupWorkflow:
                 stream=stream,
                 streams=self._streams,
             ),
-            result_type=ClaimResult,
-            start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
+            ClaimResult,
+            heartbeat_timeout_seconds=input.heartbeat_timeout_seconds,
             retry_policy=_RETRY,
             summary="claim" if self._streams == 1 else f"claim stream {stream}",
         )
@@ -189,7 +190,7 @@ class RenewalCleanupWorkflow:
 
     async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore, follow_claim: bool = False) -> None:
         async with limit:
-            report = await workflow.execute_activity(
+            report = await long_step(
                 CLEANUP_PARTITION,
                 CleanupPartitionInput(
                     cleanup_id=self._input.cleanup_id,
@@ -199,9 +200,8 @@ class RenewalCleanupWorkflow:
                     follow_claim=follow_claim,
                     claim_streams=self._streams,
                 ),
-                result_type=PartitionReport,
-                start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
+                PartitionReport,
+                heartbeat_timeout_seconds=self._input.heartbeat_timeout_seconds,
                 retry_policy=_RETRY,
                 summary=f"partition {partition_no}",
             )
