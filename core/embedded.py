@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -182,16 +183,10 @@ class DevServer:
         if pid <= 0 or not self.is_this_server(pid):
             self.pid_file.unlink(missing_ok=True)
             return f"stale pid file removed: pid {pid} is not this dev server; nothing signalled"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _end_process(pid, os.killpg, signal.SIGTERM, signal.SIGKILL, timeout)
         self.pid_file.unlink(missing_ok=True)
-        while self.running() and time.monotonic() < deadline + 5:
+        deadline = time.monotonic() + 5
+        while self.running() and time.monotonic() < deadline:
             time.sleep(0.2)
         return "stopped"
 
@@ -303,6 +298,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _end_process(
+    pid: int, send: Callable[[int, int], None], asked: signal.Signals, forced: signal.Signals, timeout: float
+) -> None:
+    """Send `asked` (the signal a server shuts down cleanly on) with `send` (os.kill, or os.killpg for
+    the whole group), wait up to `timeout` for `pid` to exit, else send `forced` and wait up to 10 s
+    more. A process that is gone already is no error."""
+    with contextlib.suppress(ProcessLookupError):
+        send(pid, asked)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            send(pid, forced)
+        while _alive(pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+
+
 def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
@@ -339,16 +352,7 @@ def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
     pid = embedded_postgres_pid(state_dir)
     if pid is None:
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGQUIT)
-        while _alive(pid) and time.monotonic() < deadline + 10:
-            time.sleep(0.1)
+    _end_process(pid, os.kill, signal.SIGINT, signal.SIGQUIT, timeout)
     return True
 
 
