@@ -95,9 +95,8 @@ class DeadlinePlannerWorkflow:
                 arg,
                 result_type=result_type,
                 start_to_close_timeout=bound,
-                # Both steps heartbeat while they run: a worker that dies in one is noticed after this
-                # long and the loop goes on elsewhere (without it a dead worker's plan step held it
-                # 2 minutes).
+                # Both steps heartbeat: a worker that dies in one is noticed after this long and the
+                # loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
                 heartbeat_timeout=timedelta(seconds=self._input.settings.step_heartbeat_seconds),
                 retry_policy=_RETRY,
                 summary=summary,
@@ -121,10 +120,9 @@ class DeadlinePlannerWorkflow:
             timedelta(minutes=2),
             "plan buckets",
         )
-        if plan is None:
-            return None
-        self._last_plan = plan
-        self._watermark = plan.lateness_watermark
+        if plan is not None:
+            self._last_plan = plan
+            self._watermark = plan.lateness_watermark
         return plan
 
     async def _sweep(self) -> SweepResult | None:
@@ -144,11 +142,9 @@ class DeadlinePlannerWorkflow:
             timedelta(minutes=5),
             "sweep",
         )
-        if sweep is None:
-            return None
-        self._last_sweep = sweep
-        if sweep.sweep_cleanup_id:
-            self._last_sweep_id = sweep.sweep_cleanup_id
+        if sweep is not None:
+            self._last_sweep = sweep
+            self._last_sweep_id = sweep.sweep_cleanup_id or self._last_sweep_id
         return sweep
 
     def _count(self, plan: PlanTickResult | None, sweep: SweepResult | None) -> None:

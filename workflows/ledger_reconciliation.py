@@ -25,10 +25,9 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from workflows.steps import long_step
-
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
+    from core.heartbeat import LONG_STEP_TIMEOUT
     from ledger.errors import LEDGER_RETRY
     from ledger.models import (
         CHECK_LEDGER_DAY,
@@ -112,7 +111,7 @@ class LedgerReconciliationWorkflow:
 
     async def _reconcile_shard(self, shard: int, limit: asyncio.Semaphore) -> None:
         async with limit:
-            report = await long_step(
+            report = await workflow.execute_activity(
                 RECONCILE_SHARD,
                 ReconcileShardInput(
                     business_date=self._input.business_date,
@@ -122,8 +121,9 @@ class LedgerReconciliationWorkflow:
                     tolerance_cents=self._input.tolerance_cents,
                     workflow_id=workflow.info().workflow_id,
                 ),
-                ShardReport,
-                heartbeat_timeout_seconds=self._input.heartbeat_timeout_seconds,
+                result_type=ShardReport,
+                start_to_close_timeout=LONG_STEP_TIMEOUT,
+                heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
                 summary=f"shard {shard}",
             )

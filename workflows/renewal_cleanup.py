@@ -14,8 +14,6 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 
-from workflows.steps import long_step
-
 with workflow.unsafe.imports_passed_through():
     from cleanup.errors import CLEANUP_RETRY, FailedToleranceExceeded
     from cleanup.models import (
@@ -45,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         following_partitions,
     )
     from core import search_attributes as sa
+    from core.heartbeat import LONG_STEP_TIMEOUT
 
 T = TypeVar("T")
 
@@ -140,7 +139,7 @@ class RenewalCleanupWorkflow:
         return functools.reduce(operator.add, streams)
 
     async def _claim_stream(self, input: RenewalCleanupInput, stream: int) -> ClaimResult:
-        return await long_step(
+        return await workflow.execute_activity(  # type: ignore[no-any-return]
             CLAIM_CLEANUP_IN_CHUNKS,
             ClaimChunkedInput(
                 cleanup_id=input.cleanup_id,
@@ -152,8 +151,9 @@ class RenewalCleanupWorkflow:
                 stream=stream,
                 streams=self._streams,
             ),
-            ClaimResult,
-            heartbeat_timeout_seconds=input.heartbeat_timeout_seconds,
+            result_type=ClaimResult,
+            start_to_close_timeout=LONG_STEP_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
             retry_policy=_RETRY,
             summary="claim" if self._streams == 1 else f"claim stream {stream}",
         )
@@ -190,7 +190,7 @@ class RenewalCleanupWorkflow:
 
     async def _clean_partition(self, partition_no: int, limit: asyncio.Semaphore, follow_claim: bool = False) -> None:
         async with limit:
-            report = await long_step(
+            report = await workflow.execute_activity(
                 CLEANUP_PARTITION,
                 CleanupPartitionInput(
                     cleanup_id=self._input.cleanup_id,
@@ -200,8 +200,9 @@ class RenewalCleanupWorkflow:
                     follow_claim=follow_claim,
                     claim_streams=self._streams,
                 ),
-                PartitionReport,
-                heartbeat_timeout_seconds=self._input.heartbeat_timeout_seconds,
+                result_type=PartitionReport,
+                start_to_close_timeout=LONG_STEP_TIMEOUT,
+                heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
                 summary=f"partition {partition_no}",
             )
