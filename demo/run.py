@@ -28,7 +28,7 @@ from core.config import PROJECT_ROOT, Settings
 from core.queries import load
 from core.temporal import describe_or_none
 from demo.fixture import seed_accounts
-from outbox.mail_provider import MailProvider, ProviderThread
+from outbox.mail_provider import FaultShares, MailProvider, ProviderThread
 from outbox.models import RelayBatchSettings
 from outbox.operations import start_relays, stop_and_wait_for_relays
 
@@ -101,7 +101,7 @@ async def run_demo(
     renew some, wait until the planner has cleaned every other one, deliver the reminders, report."""
     planner_id = planner_workflow_id(settings.task_queue)
     token = secrets.token_urlsafe(24)  # the local provider's token for this run; printed nowhere
-    provider = MailProvider(token, share_5xx=0.02, share_429=0.01, retry_after="1", seed=accounts)
+    provider = MailProvider(token, FaultShares(share_5xx=0.02, share_429=0.01, retry_after="1"), seed=accounts)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     with ProviderThread(provider) as served:
         env = {"MAIL_PROVIDER_URL": served.url, "MAIL_PROVIDER_TOKEN": token}

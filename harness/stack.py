@@ -32,7 +32,7 @@ from core.temporal import connect
 from demo.fixture import create_game_schema
 from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
-from outbox.mail_provider import MailProvider, ProviderThread
+from outbox.mail_provider import FaultShares, MailProvider, ProviderThread
 
 WORKER_MODULE = "harness.worker"
 HARNESS_APP = "harness"  # application_name of the harness's own connections (never terminated by faults)
@@ -321,7 +321,7 @@ async def harness(log_dir: Path | None = None) -> AsyncIterator[Harness]:
     async with stack(pool_size=4) as s:
         logs = log_dir or s.server.state_dir
         logs.mkdir(parents=True, exist_ok=True)
-        with ProviderThread(MailProvider(token, seed=5, hang_seconds=2)) as provider:
+        with ProviderThread(MailProvider(token, FaultShares(hang_seconds=2), seed=5)) as provider:
             async with Supervisor() as supervisor:
                 h = Harness(s, provider, token, supervisor, logs)
                 try:

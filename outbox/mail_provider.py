@@ -32,8 +32,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -73,12 +72,22 @@ class ScriptedFault:
 
 @dataclass
 class FaultShares:
+    """The share of sends answered with each fault, drawn from the provider's seeded RNG; a timeout
+    delivers and then hangs `hang_seconds` without an answer."""
+
     share_429: float = 0.0
     share_5xx: float = 0.0
     share_4xx: float = 0.0
     share_timeout: float = 0.0
     retry_after: str = "1"
     hang_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("share_429", "share_5xx", "share_4xx", "share_timeout"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # NaN fails this too
+                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        if not 0.0 <= self.hang_seconds <= 3600.0:
+            raise ValueError(f"hang_seconds must be between 0 and 3600, got {self.hang_seconds}")
 
 
 @dataclass
@@ -95,20 +104,15 @@ class MailProvider:
     def __init__(
         self,
         token: str,
+        faults: FaultShares | None = None,
         *,
-        share_429: float = 0.0,
-        share_5xx: float = 0.0,
-        share_4xx: float = 0.0,
-        share_timeout: float = 0.0,
-        retry_after: str = "1",
-        hang_seconds: float = 30.0,
         seed: int = 0,
         conflict_while_processing: bool = False,
     ) -> None:
         if not token:
             raise ValueError("the mail provider needs a bearer token")
         self._token = token
-        self.shares = FaultShares(share_429, share_5xx, share_4xx, share_timeout, retry_after, hang_seconds)
+        self.shares = faults or FaultShares()
         self._rng = random.Random(seed)
         # Like providers that answer 409 to a key whose first request is still being processed.
         self.conflict_while_processing = conflict_while_processing
@@ -152,11 +156,13 @@ class MailProvider:
             gate.set()
 
     def configure(self, **shares: Any) -> None:
+        """Change some fault settings at once; a bad one changes none."""
         with self._lock:
-            for name, value in shares.items():
-                if not hasattr(self.shares, name):
-                    raise ValueError(f"unknown fault setting {name!r}")
-                setattr(self.shares, name, type(getattr(self.shares, name))(value))
+            unknown = set(shares) - {f.name for f in fields(FaultShares)}
+            if unknown:
+                raise ValueError(f"unknown fault setting(s) {sorted(unknown)}")
+            converted = {name: type(getattr(self.shares, name))(value) for name, value in shares.items()}
+            self.shares = replace(self.shares, **converted)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -415,12 +421,6 @@ class ProviderThread:
         self._thread.join(10)
 
 
-@contextlib.contextmanager
-def running_provider(token: str, **kwargs: Any) -> Iterator[ProviderThread]:
-    with ProviderThread(MailProvider(token, **kwargs)) as thread:
-        yield thread
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m outbox.mail_provider",
@@ -429,10 +429,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8025)
-    parser.add_argument("--share-429", type=float, default=0.0)
-    parser.add_argument("--share-5xx", type=float, default=0.0)
-    parser.add_argument("--share-4xx", type=float, default=0.0)
-    parser.add_argument("--share-timeout", type=float, default=0.0)
+    for share in ("429", "5xx", "4xx", "timeout"):
+        parser.add_argument(f"--share-{share}", type=float, default=0.0, help="share of sends, 0 to 1")
     parser.add_argument("--retry-after", default="1", help="Retry-After sent with a 429 (seconds)")
     parser.add_argument("--hang-seconds", type=float, default=30.0, help="how long a timeout hangs")
     parser.add_argument("--seed", type=int, default=0)
@@ -445,17 +443,12 @@ def main(argv: list[str] | None = None) -> None:
     token = secret.get_secret_value() if secret else ""
     if not token:
         parser.error("set MAIL_PROVIDER_TOKEN (the bearer token the provider accepts)")
+    try:
+        faults = FaultShares(**{f.name: getattr(args, f.name) for f in fields(FaultShares)})
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    provider = MailProvider(
-        token,
-        share_429=args.share_429,
-        share_5xx=args.share_5xx,
-        share_4xx=args.share_4xx,
-        share_timeout=args.share_timeout,
-        retry_after=args.retry_after,
-        hang_seconds=args.hang_seconds,
-        seed=args.seed,
-    )
+    provider = MailProvider(token, faults, seed=args.seed)
 
     async def serve() -> None:
         server = await provider.start(args.host, args.port)

@@ -48,7 +48,7 @@ from core.errors import InputError
 from core.failpoints import EXIT_CODE
 from core.queries import load
 from outbox.errors import HeaderInjectionError
-from outbox.mail_provider import MailProvider, ProviderThread, ScriptedFault
+from outbox.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
 from outbox.models import (
     RELAY_OUTBOX_BATCH,
     OutboxRelayInput,
@@ -84,7 +84,7 @@ def token() -> str:
 
 @pytest.fixture
 def provider(token: str) -> Iterator[ProviderThread]:
-    with ProviderThread(MailProvider(token, seed=11, hang_seconds=3)) as served:
+    with ProviderThread(MailProvider(token, FaultShares(hang_seconds=3), seed=11)) as served:
         yield served
 
 

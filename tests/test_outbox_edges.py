@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
@@ -16,7 +19,7 @@ from activities.outbox import OutboxRelayActivities, ProviderAnswer, classify
 from core.codec import new_key, pseudonymize
 from core.config import Settings
 from core.temporal import connect
-from outbox.mail_provider import MailProvider, ProviderThread, ScriptedFault
+from outbox.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
 from outbox.models import FAILURE_TIMEOUT, RELAY_NUDGE_SIGNAL, RELAY_STOP_SIGNAL, OutboxRelayInput
 from outbox.operations import nudge_relays, stop_relays
 from tests.helpers import wait_until
@@ -40,7 +43,7 @@ async def test_a_dead_letter_log_line_shows_the_pseudonym_and_a_short_scrubbed_r
         account,
     )
     reply = f"rejected recipient of {account}\n" + "x" * 400 + tail
-    with ProviderThread(MailProvider(token, seed=3, hang_seconds=3)) as provider:
+    with ProviderThread(MailProvider(token, FaultShares(hang_seconds=3), seed=3)) as provider:
         provider.provider.script("k-echo", ScriptedFault(422, times=-1, body=reply))
         relay = OutboxRelayActivities(pool, provider.url, token)
         relay_id = f"relay-{uuid.uuid4().hex[:8]}"
@@ -76,6 +79,28 @@ def test_plain_http_beyond_loopback_is_refused_unless_allowed(url, monkeypatch):
         OutboxRelayActivities(None, fine, "tok")
 
 
+# -- the local provider's fault settings --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [{"share_5xx": float("nan")}, {"share_429": 1.5}, {"hang_seconds": -1.0}])
+def test_the_provider_refuses_bad_fault_settings_and_keeps_the_ones_it_has(bad):
+    with pytest.raises(ValueError, match="must be between"):
+        FaultShares(**bad)
+    provider = MailProvider("tok", FaultShares(share_4xx=0.25))
+    with pytest.raises(ValueError, match="must be between"):
+        provider.configure(share_timeout=0.5, **bad)
+    assert provider.shares == FaultShares(share_4xx=0.25), "a bad setting changes none"
+    name, value = next(iter(bad.items()))
+    run = subprocess.run(
+        [sys.executable, "-m", "outbox.mail_provider", f"--{name.replace('_', '-')}", str(value)],
+        env=dict(os.environ, MAIL_PROVIDER_TOKEN="tok"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and f"{name} must be between" in run.stderr
+
+
 # -- a 409 after our own timeout ----------------------------------------------------------------------
 
 
@@ -94,7 +119,7 @@ async def test_an_event_whose_request_timed_out_is_delivered_once_not_dead_lette
     )
     # The first request is delivered but answered only after our timeout; meanwhile the provider
     # answers 409 "in progress" to the same key, then 200 "duplicate" once it has finished.
-    provider_state = MailProvider(token, seed=5, hang_seconds=8, conflict_while_processing=True)
+    provider_state = MailProvider(token, FaultShares(hang_seconds=8), seed=5, conflict_while_processing=True)
     provider_state.script("k-slow", ScriptedFault(None, times=1))
     with ProviderThread(provider_state) as provider:
         relay = OutboxRelayActivities(pool, provider.url, token)

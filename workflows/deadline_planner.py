@@ -15,7 +15,7 @@ this module never imports asyncpg (see DEVELOPERS.md).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 _RETRY = CLEANUP_RETRY
+T = TypeVar("T")
 
 
 @workflow.defn(name=PLANNER_WORKFLOW)
@@ -85,60 +86,65 @@ class DeadlinePlannerWorkflow:
                 self._continue_as_new(input)
             await self._sleep()
 
-    def _heartbeat(self) -> timedelta:
-        # Both steps heartbeat while they run: a worker that dies in one is noticed after this long
-        # and the loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
-        return timedelta(seconds=self._input.settings.step_heartbeat_seconds)
+    async def _step(self, activity: str, arg: Any, result_type: type[T], bound: timedelta, summary: str) -> T | None:
+        """Run one step of the loop, bounded by `bound`; None when it failed for good (reported, and
+        the loop goes on)."""
+        try:
+            return await workflow.execute_activity(  # type: ignore[no-any-return]
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=bound,
+                # Both steps heartbeat: a worker that dies in one is noticed after this long and the
+                # loop goes on elsewhere (without it a dead worker's plan step held it 2 minutes).
+                heartbeat_timeout=timedelta(seconds=self._input.settings.step_heartbeat_seconds),
+                retry_policy=_RETRY,
+                summary=summary,
+            )
+        except ActivityError as err:
+            cause = err.cause if err.cause is not None else err
+            self._last_step_error = f"{summary}: {type(cause).__name__}: {cause}"
+            workflow.logger.error("planner step failed for good, the loop goes on: %s", self._last_step_error)
+            return None
 
     async def _plan(self) -> PlanTickResult | None:
         """Ensure the cohort cleanups of the upcoming buckets; None when the step failed for good."""
-        try:
-            plan: PlanTickResult = await workflow.execute_activity(
-                PLAN_DEADLINE_BUCKETS,
-                PlanTickInput(
-                    settings=self._input.settings,
-                    task_queue=workflow.info().task_queue,
-                    lateness_watermark=self._watermark,
-                ),
-                result_type=PlanTickResult,
-                start_to_close_timeout=timedelta(minutes=2),
-                heartbeat_timeout=self._heartbeat(),
-                retry_policy=_RETRY,
-                summary="plan buckets",
-            )
-        except ActivityError as err:
-            self._step_failed("plan buckets", err)
-            return None
-        self._last_plan = plan
-        self._watermark = plan.lateness_watermark
+        plan = await self._step(
+            PLAN_DEADLINE_BUCKETS,
+            PlanTickInput(
+                settings=self._input.settings,
+                task_queue=workflow.info().task_queue,
+                lateness_watermark=self._watermark,
+            ),
+            PlanTickResult,
+            timedelta(minutes=2),
+            "plan buckets",
+        )
+        if plan is not None:
+            self._last_plan = plan
+            self._watermark = plan.lateness_watermark
         return plan
 
     async def _sweep(self) -> SweepResult | None:
         """Release stranded claims and hand overdue accounts to a sweep cleanup; None when the step
         failed for good."""
-        try:
-            sweep: SweepResult = await workflow.execute_activity(
-                SWEEP_OVERDUE_ACCOUNTS,
-                SweepInput(
-                    settings=self._input.settings,
-                    task_queue=workflow.info().task_queue,
-                    previous_sweep_id=self._last_sweep_id,
-                    as_of=workflow.now(),
-                ),
-                result_type=SweepResult,
-                # Bounded work per step (cleanup.planner.RELEASE_SECONDS_PER_STEP): an attempt
-                # that hangs while heartbeating holds the loop this long, not half an hour.
-                start_to_close_timeout=timedelta(minutes=5),
-                heartbeat_timeout=self._heartbeat(),
-                retry_policy=_RETRY,
-                summary="sweep",
-            )
-        except ActivityError as err:
-            self._step_failed("sweep", err)
-            return None
-        self._last_sweep = sweep
-        if sweep.sweep_cleanup_id:
-            self._last_sweep_id = sweep.sweep_cleanup_id
+        sweep = await self._step(
+            SWEEP_OVERDUE_ACCOUNTS,
+            SweepInput(
+                settings=self._input.settings,
+                task_queue=workflow.info().task_queue,
+                previous_sweep_id=self._last_sweep_id,
+                as_of=workflow.now(),
+            ),
+            SweepResult,
+            # Bounded work per step (cleanup.planner.RELEASE_SECONDS_PER_STEP): an attempt that hangs
+            # while heartbeating holds the loop this long, not half an hour.
+            timedelta(minutes=5),
+            "sweep",
+        )
+        if sweep is not None:
+            self._last_sweep = sweep
+            self._last_sweep_id = sweep.sweep_cleanup_id or self._last_sweep_id
         return sweep
 
     def _count(self, plan: PlanTickResult | None, sweep: SweepResult | None) -> None:
@@ -181,11 +187,6 @@ class DeadlinePlannerWorkflow:
             )
         except TimeoutError:
             pass
-
-    def _step_failed(self, step: str, err: ActivityError) -> None:
-        cause = err.cause if err.cause is not None else err
-        self._last_step_error = f"{step}: {type(cause).__name__}: {cause}"
-        workflow.logger.error("planner step failed for good, the loop goes on: %s", self._last_step_error)
 
     def _set_phase(self, phase: PlannerPhase) -> None:
         self._phase = phase

@@ -27,6 +27,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from core import search_attributes as sa
+    from core.heartbeat import LONG_STEP_TIMEOUT
     from ledger.errors import LEDGER_RETRY
     from ledger.models import (
         CHECK_LEDGER_DAY,
@@ -121,7 +122,7 @@ class LedgerReconciliationWorkflow:
                     workflow_id=workflow.info().workflow_id,
                 ),
                 result_type=ShardReport,
-                start_to_close_timeout=timedelta(hours=2),
+                start_to_close_timeout=LONG_STEP_TIMEOUT,
                 heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
                 summary=f"shard {shard}",

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         following_partitions,
     )
     from core import search_attributes as sa
+    from core.heartbeat import LONG_STEP_TIMEOUT
 
 T = TypeVar("T")
 
@@ -151,7 +152,7 @@ class RenewalCleanupWorkflow:
                 streams=self._streams,
             ),
             result_type=ClaimResult,
-            start_to_close_timeout=timedelta(hours=2),
+            start_to_close_timeout=LONG_STEP_TIMEOUT,
             heartbeat_timeout=timedelta(seconds=input.heartbeat_timeout_seconds),
             retry_policy=_RETRY,
             summary="claim" if self._streams == 1 else f"claim stream {stream}",
@@ -200,7 +201,7 @@ class RenewalCleanupWorkflow:
                     claim_streams=self._streams,
                 ),
                 result_type=PartitionReport,
-                start_to_close_timeout=timedelta(hours=2),
+                start_to_close_timeout=LONG_STEP_TIMEOUT,
                 heartbeat_timeout=timedelta(seconds=self._input.heartbeat_timeout_seconds),
                 retry_policy=_RETRY,
                 summary=f"partition {partition_no}",
