@@ -46,7 +46,9 @@ async def build_activities(
     environment, as a test's worker does)."""
     targets_file = settings.cleanup.targets_file if settings else None  # None: load_targets reads it
     cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool)
-    relay = OutboxRelayActivities.from_settings(pool, settings.outbox if settings else None)
+    # The relay's short statements use the connections kept apart: reminders must not queue behind
+    # batches that wait on players' row locks and hold every connection of the main pool.
+    relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox if settings else None)
     return [
         cleanup.claim_cleanup,
         cleanup.check_account_renewed,

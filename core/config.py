@@ -409,12 +409,12 @@ class Settings(BaseSettings):
     pool_max_size: int = setting(
         8, "connections of a worker's pool", env="DB_POOL_MAX_SIZE", section="database", ge=1, le=200
     )
-    # Connections kept apart for cohort claims (one per claim stream): a claim feeds the partitions
-    # that follow it, so it must not queue for a connection behind their batches (it did: a claim
-    # of 20,000 accounts took 2.5 s in the worker against 0.6 s on connections of its own).
+    # Connections kept apart for claims: a cohort's claim streams (a claim feeds the partitions that
+    # follow it) and the outbox relay's batches. Neither may queue for a connection behind batches,
+    # which can all be waiting on players' row locks while they hold the main pool.
     claim_pool_size: int = setting(
         2,
-        "connections kept apart for cohort claims (one per claim stream)",
+        "connections kept apart for claims: a cohort's claim streams and the outbox relay",
         env="DB_CLAIM_POOL_SIZE",
         section="database",
         ge=1,

@@ -594,19 +594,36 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
                 id_prefix=id_prefix,
             )
 
+        # The partition's and the shard's batches wait on their held rows for as long as the rows are
+        # held; the relay starts only then, so its batch is open at the cut however slowly the
+        # machine brought the other two to their locks (a relay started first may have drained).
+        # The waiting batches may hold every connection of the worker's main pool: the relay runs
+        # on the connections kept apart, so reminders are not starved (checked here).
+        async def batches_waiting() -> bool:
+            return await lock_waiters(pool) >= 2
+
+        if not await wait_for(batches_waiting, 90, 0.05):
+            part.violation("the partition batch and the shard batch never waited on their held rows")
+            return part
         await relay_until_drained(f"harness-relay-{events_prefix}-")
 
-        async def batches_open() -> bool:
-            if await lock_waiters(pool) < 2:
-                return False
+        async def relay_batch_open() -> bool:
             leased = await pool.fetchval(
                 "SELECT count(*) FROM outbox WHERE status = 'pending' AND lease_owner LIKE $1 AND leased_until > now()",
                 f"{relay_id}/%",
             )
             return bool(leased)
 
-        if not await wait_for(batches_open, 60, 0.02):
-            part.violation("the partition batch, the shard batch and a relay batch were never open at once")
+        if not await wait_for(relay_batch_open, 60, 0.02):
+            outbox = await pool.fetch(
+                "SELECT status, lease_owner IS NOT NULL AS leased, count(*) FROM outbox"
+                " WHERE lease_owner LIKE $1 OR lease_owner IS NULL GROUP BY 1, 2",
+                f"{relay_id}/%",
+            )
+            part.violation(
+                "no relay batch was open while the partition and shard batches waited (reminders starved): "
+                f"outbox (status, leased, count) {[tuple(r) for r in outbox]}, lock waiters {await lock_waiters(pool)}"
+            )
             return part
         fwd_t.cut()
         cut_at = time.monotonic()
