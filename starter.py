@@ -150,12 +150,30 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The operator CLI: the global options, then each job's commands in the order `--help` lists them."""
     parser = CliParser(
         prog="deadline-cleanup",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    _add_global_flags(parser)
+    commands = Commands(parser.add_subparsers(dest="command", required=True, title="commands"))
+    _add_migrate(commands)
+    cleanup_cli.register(commands)
+    ledger_cli.register(commands)
+    outbox_cli.register(commands)
+    budget_cli.register(commands)
+    demo_cli.register(commands)
+    p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
+    p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
+    _add_demo(commands)
+    _add_processes(commands)
+    return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser) -> None:
+    """Where Temporal and the database are: before the command, each with its environment variable."""
     parser.add_argument(
         "--temporal-address",
         metavar="HOST:PORT",
@@ -170,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the Postgres database (env: DATABASE_URL; default: the embedded Postgres)",
     )
-    commands = Commands(parser.add_subparsers(dest="command", required=True, title="commands"))
 
+
+def _add_migrate(commands: Commands) -> None:
+    """`migrate apply|status`: the database schema."""
     migrate = commands.group(
         "migrate",
         "the database schema: apply it (the default verb: `migrate` is `migrate apply`) or show it",
@@ -185,15 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="then make this existing login a member of the least-privileged role cleanup_worker",
     )
     migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
-    cleanup_cli.register(commands)
-    ledger_cli.register(commands)
-    outbox_cli.register(commands)
-    budget_cli.register(commands)
-    demo_cli.register(commands)
 
-    p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
-    p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
 
+def _add_demo(commands: Commands) -> None:
+    """`demo`: the end-to-end demonstration with its own workers."""
     p = commands.add("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
     p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed (default 3000)")
     p.add_argument(
@@ -216,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="deadlines spread over this window (default 15)",
     )
 
+
+def _add_processes(commands: Commands) -> None:
+    """`dev up|down`, `worker` and `harness`: processes, whose own parsers read `worker`'s and
+    `harness`'s arguments (see main)."""
     dev = commands.group("dev", "the embedded Temporal dev server and Postgres of this checkout")
     dev.add("up", cmd_dev_up, "start them (if not running) and record their addresses for later commands")
     dev.add("down", cmd_dev_down, "stop them and forget their addresses")
@@ -227,7 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
     help = "run the fault-injection harness (`harness --help` for its options)"
     p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
     p.set_defaults(handler=cmd_harness)  # its arguments are parsed by harness.cli (see main)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

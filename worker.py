@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import NamedTuple
 
 import asyncpg
 from temporalio.client import Client
@@ -127,7 +128,11 @@ def build_worker(
     workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
     for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
     On SIGTERM it stops polling and hands its sticky queue back to the server at once, so the next
-    step of an activity that completes meanwhile starts elsewhere (tests/test_worker_shutdown.py)."""
+    step of an activity that completes meanwhile starts elsewhere (tests/test_worker_shutdown.py).
+
+    Ten parameters on purpose: after the client, queue and activities, each is one keyword-only
+    option of the single `Worker` built below, with its default, so a test names only the few it
+    sets; grouping them would only add a model each caller builds and this function unpacks."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
@@ -180,6 +185,16 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
     return runtime
 
 
+class WorkerExtras(NamedTuple):
+    """What a caller adds to the one worker: workflows and activities beside the project's, a
+    callback once it polls, and whether it ensures the deadline planner."""
+
+    workflows: Sequence[type] = ()
+    activities: Sequence[object] = ()
+    on_ready: Callable[[], None] | None = None
+    planner: bool = True
+
+
 async def run_worker(
     settings: Settings,
     stop: asyncio.Event | None = None,
@@ -192,6 +207,7 @@ async def run_worker(
     """The one worker: `python worker.py`, and the harness's and the benchmarks' workers with their
     extra workflows and activities. `planner=False` (or CLEANUP_PLANNER=off) does not ensure the
     deadline planner, for runs that drive cleanups themselves."""
+    extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
@@ -206,7 +222,7 @@ async def run_worker(
     )
     probes = await health.serve(readiness, settings.health_host, settings.health_port) if settings.health_port else None
     try:
-        await _run_worker(settings, stop, readiness, runtime, extra_workflows, extra_activities, on_ready, planner)
+        await _run_worker(settings, stop, readiness, runtime, extras)
     finally:
         if probes is not None:
             probes.close()
@@ -217,11 +233,9 @@ async def _run_worker(
     stop: asyncio.Event | None,
     readiness: health.Readiness,
     runtime: Runtime | None,
-    extra_workflows: Sequence[type],
-    extra_activities: Sequence[object],
-    on_ready: Callable[[], None] | None,
-    planner: bool,
+    extras: WorkerExtras,
 ) -> None:
+    """Open the pools, connect, poll until `stop`, then shut down gracefully and close the pools."""
     assert settings.database_url is not None
     await db.check_schema_url(settings.database_url)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
@@ -234,18 +248,13 @@ async def _run_worker(
     try:
         client = await connect(settings, runtime=runtime)
         readiness.client = client
-        try:
-            added = await ensure_search_attributes(client, settings.temporal_namespace)
-            if added:
-                log.info("registered search attributes %s", added)
-        except RPCError as err:  # e.g. no operator permission on a managed cluster
-            log.warning("could not check search attributes: %s", err.message)
+        await _check_search_attributes(client, settings.temporal_namespace)
         worker = build_worker(
             client,
             settings.task_queue,
-            [*(await build_activities(pool, claim_pool, settings)), *extra_activities],
+            [*(await build_activities(pool, claim_pool, settings)), *extras.activities],
             max_concurrent_activities=settings.max_concurrent_activities,
-            extra_workflows=extra_workflows,
+            extra_workflows=extras.workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
             sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
             pool=pool,
@@ -259,41 +268,17 @@ async def _run_worker(
             "on" if settings.payload_encryption_key else "off",
         )
         async with worker:
-            watchdog: asyncio.Task[None] | None = None
-            # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
-            stalled = (
-                asyncio.create_task(
-                    StalledSessions(settings.database_url, settings.db_idle_in_transaction_timeout_seconds).watch()
-                )
-                if settings.db_idle_in_transaction_timeout_seconds
-                else None
+            tasks = await _start_companions(
+                settings, client, pool, readiness, gauges=runtime is not None, extras=extras
             )
-            readiness.polling = True
-            exporter = asyncio.create_task(health.export_readiness(readiness))
-            gauges = asyncio.create_task(fleet.export(pool)) if runtime is not None else None
-            if planner and settings.planner_enabled:
-                readiness.planner_expected = True
-                if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):
-                    readiness.planner_seen()
-                watchdog = asyncio.create_task(
-                    keep_planner_running(
-                        client,
-                        settings.task_queue,
-                        settings.planner_watchdog_seconds,
-                        readiness.planner_seen,
-                        pool,
-                        settings.planner,
-                    )
-                )
-            if on_ready is not None:
-                on_ready()
+            if extras.on_ready is not None:
+                extras.on_ready()
             try:
                 await (stop or asyncio.Event()).wait()
             finally:
                 readiness.polling = False
-                for task in (watchdog, stalled, exporter, gauges):
-                    if task is not None:
-                        task.cancel()
+                for task in tasks:
+                    task.cancel()
             log.info(
                 "worker shutting down: running activities get %ss to finish or hand their work back",
                 settings.worker_graceful_shutdown_seconds,
@@ -303,6 +288,54 @@ async def _run_worker(
     finally:
         await claim_pool.close()
         await pool.close()
+
+
+async def _check_search_attributes(client: Client, namespace: str) -> None:
+    """Register the project's search attributes if missing; without the permission, only a warning."""
+    try:
+        added = await ensure_search_attributes(client, namespace)
+        if added:
+            log.info("registered search attributes %s", added)
+    except RPCError as err:  # e.g. no operator permission on a managed cluster
+        log.warning("could not check search attributes: %s", err.message)
+
+
+async def _start_companions(
+    settings: Settings,
+    client: Client,
+    pool: asyncpg.Pool,
+    readiness: health.Readiness,
+    *,
+    gauges: bool,
+    extras: WorkerExtras,
+) -> list[asyncio.Task[None]]:
+    """The tasks that run beside a polling worker (cancelled when it stops): the stalled-session
+    watch, the readiness export, the fleet gauges (with metrics on) and the planner's watchdog
+    (after ensuring the planner once, unless the planner is off)."""
+    tasks: list[asyncio.Task[None]] = []
+    if settings.db_idle_in_transaction_timeout_seconds:
+        # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
+        assert settings.database_url is not None
+        stalled = StalledSessions(settings.database_url, settings.db_idle_in_transaction_timeout_seconds)
+        tasks.append(asyncio.create_task(stalled.watch()))
+    readiness.polling = True
+    tasks.append(asyncio.create_task(health.export_readiness(readiness)))
+    if gauges:
+        tasks.append(asyncio.create_task(fleet.export(pool)))
+    if extras.planner and settings.planner_enabled:
+        readiness.planner_expected = True
+        if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):
+            readiness.planner_seen()
+        watchdog = keep_planner_running(
+            client,
+            settings.task_queue,
+            settings.planner_watchdog_seconds,
+            readiness.planner_seen,
+            pool,
+            settings.planner,
+        )
+        tasks.append(asyncio.create_task(watchdog))
+    return tasks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,43 +374,15 @@ def main(
     on_ready: Callable[[], None] | None = None,
     planner: bool = True,
 ) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env(
-            task_queue=args.task_queue,
-            temporal_namespace=args.namespace,
-            temporal_address=args.temporal_address,
-            database_url=args.database_url,
-            metrics_port=args.metrics_port,
-            log_format=args.log_format,
-        )
-    except ValueError as err:  # ConfigError: names the variable, never a secret
-        logs.configure("text")
-        log.error("bad configuration: %s", err)
+    """`python worker.py`: exit 0 once stopped by SIGINT/SIGTERM, 2 on bad configuration, 75 while
+    Temporal or the database is unreachable, 1 on any other error."""
+    settings = _settings(build_parser().parse_args(argv))
+    if settings is None:
         return 2
     configure_logs(settings.log_format, secrets=sorted(settings.secrets()))
-
-    async def _run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def stop_now() -> None:
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop_now)
-        await run_worker(
-            settings,
-            stop,
-            extra_workflows=extra_workflows,
-            extra_activities=extra_activities,
-            on_ready=on_ready,
-            planner=planner,
-        )
-
+    extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
     try:
-        asyncio.run(_run())
+        asyncio.run(_run_until_signalled(settings, extras))
     except InputError as err:  # bad configuration: say what, never echo a secret
         log.error("%s", err)
         return 2
@@ -388,6 +393,43 @@ def main(
         log.exception("worker stopped on an error")
         return 1
     return 0
+
+
+def _settings(args: argparse.Namespace) -> Settings | None:
+    """The settings from the environment and the flags; None (logged) when they are bad."""
+    try:
+        return Settings.from_env(
+            task_queue=args.task_queue,
+            temporal_namespace=args.namespace,
+            temporal_address=args.temporal_address,
+            database_url=args.database_url,
+            metrics_port=args.metrics_port,
+            log_format=args.log_format,
+        )
+    except ValueError as err:  # ConfigError: names the variable, never a secret
+        logs.configure("text")
+        log.error("bad configuration: %s", err)
+        return None
+
+
+async def _run_until_signalled(settings: Settings, extras: WorkerExtras) -> None:
+    """Run the worker until SIGINT or SIGTERM, then let it shut down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stop_now() -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_now)
+    await run_worker(
+        settings,
+        stop,
+        extra_workflows=extras.workflows,
+        extra_activities=extras.activities,
+        on_ready=extras.on_ready,
+        planner=extras.planner,
+    )
 
 
 if __name__ == "__main__":

@@ -355,9 +355,16 @@ CLEANUP_FILTER_HELP = "only this cleanup (workflow ID); default: every cleanup"
 
 def register(commands: Commands) -> None:
     """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
-    command = commands.add
     commands.route_status(CLEANUP_ID_PATTERN, cmd_status)
-    p = command("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+    _add_start(commands)
+    _add_account_verbs(commands)
+    _add_review_verbs(commands)
+    _add_planner(commands)
+
+
+def _add_start(commands: Commands) -> None:
+    """`cleanup`: start the cleanup of a cohort or of one account (one flag per start_cleanup option)."""
+    p = commands.add("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
@@ -391,6 +398,10 @@ def register(commands: Commands) -> None:
         "beyond it the run fails after settling (default: no limit)",
     )
 
+
+def _add_account_verbs(commands: Commands) -> None:
+    """`renew`, `hold`, `account history` and `release`: one account each."""
+    command = commands.add
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
@@ -407,6 +418,10 @@ def register(commands: Commands) -> None:
     p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
     p.add_argument("account_id", help=ACCOUNT_HELP)
 
+
+def _add_review_verbs(commands: Commands) -> None:
+    """`list`, `failed` and `retry-failed`: the cleanups and the accounts whose cleanup failed."""
+    command = commands.add
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
@@ -422,6 +437,9 @@ def register(commands: Commands) -> None:
     )
     p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
 
+
+def _add_planner(commands: Commands) -> None:
+    """`planner status|pause|resume|start`: the deadline planner of this task queue."""
     planner = commands.group("planner", "the deadline planner of this task queue: status, pause, resume, start")
     help = "next deadlines, overdue, held, failed, recovered, lateness, load budget (answers without the database)"
     planner.add("status", cmd_planner_status, help)

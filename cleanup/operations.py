@@ -164,8 +164,10 @@ async def start_cleanup(
 ) -> StartedCleanup:
     """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
 
-    One keyword per CLI flag of `cleanup start` (hence the many parameters); the work is in
-    `resolve_scope`, `cleanup_input` and `start_or_find`.
+    Sixteen parameters on purpose: after the client, pool and queue, each is one keyword-only flag
+    of `cleanup start` with its default, so a caller names only the few it sets. The work is in
+    three steps: `resolve_scope` (what the cleanup covers), `cleanup_input` (the workflow's input,
+    judged) and `start_or_find` (the start, once per business key).
 
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
@@ -176,15 +178,9 @@ async def start_cleanup(
     its outcome, as a cohort started twice does; an account renewed for good is refused (exit 2),
     as there is nothing to clean.
     """
-    if (deadline is None) == (account_id is None):
-        raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
-    if not 1 <= partitions <= MAX_PARTITIONS:
-        raise InputError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
-    if account_id is not None:
-        scope = await account_scope(client, pool, account_id)
-    else:
-        assert deadline is not None
-        scope = await cohort_scope(client, pool, deadline, partitions, allow_empty)
+    scope = await resolve_scope(
+        client, pool, deadline=deadline, account_id=account_id, partitions=partitions, allow_empty=allow_empty
+    )
     if isinstance(scope, StartedCleanup):
         return scope
     input = cleanup_input(
@@ -201,6 +197,27 @@ async def start_cleanup(
     )
     ensure_within_envelope(client, input)
     return await start_or_find(client, task_queue, scope, input)
+
+
+async def resolve_scope(
+    client: Client,
+    pool: asyncpg.Pool,
+    *,
+    deadline: datetime | None,
+    account_id: str | None,
+    partitions: int,
+    allow_empty: bool,
+) -> CleanupScope | StartedCleanup:
+    """The cohort of `deadline` or the one account `account_id` (exactly one of them is given);
+    an account's run if its cleanup already ran."""
+    if (deadline is None) == (account_id is None):
+        raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InputError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    if account_id is not None:
+        return await account_scope(client, pool, account_id)
+    assert deadline is not None
+    return await cohort_scope(client, pool, deadline, partitions, allow_empty)
 
 
 async def account_scope(client: Client, pool: asyncpg.Pool, account_id: str) -> CleanupScope | StartedCleanup:

@@ -68,47 +68,50 @@ log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
 
 
-async def _start_cohort(
-    client: Client,
-    task_queue: str,
-    settings: PlannerSettings,
-    workflow_id: str,
-    start: datetime,
-    until: datetime,
-    summary: str,
-    partitions: int | None = None,
-    wake_early_seconds: float = 0.0,
-) -> bool:
-    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it.
-    `partitions`: the settings' count unless given (a bucket that fits in one batch takes one)."""
+class CohortRange(NamedTuple):
+    """One cohort cleanup the planner starts: its workflow ID, the deadline range [start, until) it
+    covers and its summary. `partitions`: the settings' count unless given (a bucket that fits in
+    one batch takes one)."""
+
+    workflow_id: str
+    start: datetime
+    until: datetime
+    summary: str
+    partitions: int | None = None
+    wake_early_seconds: float = 0.0
+
+
+async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettings, cohort: CohortRange) -> bool:
+    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
     heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
+    partitions = cohort.partitions or settings.partitions
     input = RenewalCleanupInput(
-        cleanup_id=workflow_id,
-        deadline=start,
-        deadline_until=until,
-        partitions=partitions or settings.partitions,
-        max_parallel_partitions=min(settings.max_parallel_partitions, partitions or settings.partitions),
+        cleanup_id=cohort.workflow_id,
+        deadline=cohort.start,
+        deadline_until=cohort.until,
+        partitions=partitions,
+        max_parallel_partitions=min(settings.max_parallel_partitions, partitions),
         batch_size=settings.batch_size,
         claim_chunk_size=settings.claim_chunk_size,
         heartbeat_timeout_seconds=heartbeat_timeout,
         heartbeat_interval_seconds=heartbeat_interval,
         note="started by the deadline planner",
-        wake_early_seconds=wake_early_seconds,
+        wake_early_seconds=cohort.wake_early_seconds,
     )
     # A closed run with this ID is never repeated: one run per bucket.
     _, started = await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
-        workflow_id=workflow_id,
+        workflow_id=cohort.workflow_id,
         task_queue=task_queue,
         result_type=CleanupResult,
         search_attributes=[
-            SearchAttributePair(sa.CLEANUP_DEADLINE, start),
+            SearchAttributePair(sa.CLEANUP_DEADLINE, cohort.start),
             SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
         ],
         memo={"partitions_done": 0, "note": input.note},
-        summary=summary,
+        summary=cohort.summary,
     )
     return started
 
@@ -127,58 +130,74 @@ async def plan_buckets(
     if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
         return PlanTickResult(buckets=0, lateness_watermark=input.lateness_watermark)
     now: datetime = await pool.fetchval(SQL.clock)
-    width = timedelta(seconds=s.bucket_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
     rows = await pool.fetch(
         SQL.upcoming_buckets,
         now - lookback,
         now + timedelta(seconds=s.horizon_seconds),
-        width,
+        timedelta(seconds=s.bucket_seconds),
         s.max_buckets_per_tick,
         s.batch_size + 1,
     )
     starts: list[datetime] = [r["start"] for r in rows]
-    width_ms = max(1, round(s.bucket_seconds * 1000))
-    limit = asyncio.Semaphore(16)
-
-    async def ensure(start: datetime, accounts: int) -> None:
-        async with limit:
-            await _start_cohort(
-                client,
-                input.task_queue,
-                s,
-                bucket_cleanup_id(start, width_ms, input.task_queue),
-                start,
-                start + width,
-                f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
-                # A bucket that fits in one batch is one partition: one activity after the claim
-                # instead of P small ones in P / parallel rounds (the lateness of the bucket).
-                partitions=1 if accounts <= s.batch_size else None,
-                wake_early_seconds=s.wake_early_seconds,
-            )
-
-    known = ensured if ensured is not None else {}
-    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms, input.task_queue) not in known]
-    await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
-    for r in new:
-        known[bucket_cleanup_id(r["start"], width_ms, input.task_queue)] = r["start"]
-    for workflow_id in [w for w, start in known.items() if start < now - lookback]:
-        del known[workflow_id]
-    if new:
-        log.info("planner ensured %d new bucket cleanup(s) of %d upcoming", len(new), len(starts))
-
-    watermark = input.lateness_watermark or now - timedelta(seconds=s.tick_seconds)
-    recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)
-    metrics.record_lateness(r["lateness"] for r in recent)
-    if recent:
-        watermark = recent[-1]["cleaned_at"]
+    await _ensure_buckets(client, input, rows, ensured if ensured is not None else {}, forget_before=now - lookback)
+    watermark, recorded = await _record_lateness(pool, input, now)
     return PlanTickResult(
         buckets=len(starts),
         first_bucket=starts[0] if starts else None,
         last_bucket=starts[-1] if starts else None,
         lateness_watermark=watermark,
-        lateness_recorded=len(recent),
+        lateness_recorded=recorded,
     )
+
+
+async def _ensure_buckets(
+    client: Client,
+    input: PlanTickInput,
+    rows: list[asyncpg.Record],
+    known: dict[str, datetime],
+    forget_before: datetime,
+) -> None:
+    """Ensure the cohort cleanup of each upcoming bucket (`rows`: start, accounts) not in `known`,
+    then add those to `known` and drop the ones older than `forget_before` (never upcoming again)."""
+    s = input.settings
+    width = timedelta(seconds=s.bucket_seconds)
+    width_ms = max(1, round(s.bucket_seconds * 1000))
+    limit = asyncio.Semaphore(16)
+
+    async def ensure(start: datetime, accounts: int) -> None:
+        cohort = CohortRange(
+            bucket_cleanup_id(start, width_ms, input.task_queue),
+            start,
+            start + width,
+            f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+            # A bucket that fits in one batch is one partition: one activity after the claim
+            # instead of P small ones in P / parallel rounds (the lateness of the bucket).
+            partitions=1 if accounts <= s.batch_size else None,
+            wake_early_seconds=s.wake_early_seconds,
+        )
+        async with limit:
+            await _start_cohort(client, input.task_queue, s, cohort)
+
+    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms, input.task_queue) not in known]
+    await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
+    for r in new:
+        known[bucket_cleanup_id(r["start"], width_ms, input.task_queue)] = r["start"]
+    for workflow_id in [w for w, start in known.items() if start < forget_before]:
+        del known[workflow_id]
+    if new:
+        log.info("planner ensured %d new bucket cleanup(s) of %d upcoming", len(new), len(rows))
+
+
+async def _record_lateness(pool: asyncpg.Pool, input: PlanTickInput, now: datetime) -> tuple[datetime, int]:
+    """Record the lateness of the accounts cleaned since the watermark (the last tick's, else one
+    tick ago): the new watermark and how many were recorded."""
+    watermark = input.lateness_watermark or now - timedelta(seconds=input.settings.tick_seconds)
+    recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)
+    metrics.record_lateness(r["lateness"] for r in recent)
+    if recent:
+        watermark = recent[-1]["cleaned_at"]
+    return watermark, len(recent)
 
 
 # One sweep step releases stranded claims for at most this long (a closed cohort of millions takes
@@ -286,7 +305,9 @@ async def sweep_overdue(
         if previous is not None and previous.status == WorkflowExecutionStatus.RUNNING:
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
     workflow_id = sweep_cleanup_id(input.as_of, input.task_queue)
-    await _start_cohort(client, input.task_queue, s, workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
+    await _start_cohort(
+        client, input.task_queue, s, CohortRange(workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
+    )
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)
     log.warning(

@@ -696,15 +696,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         stress=row["stress"],
         last_stress=row["last_stress"],
         stressed_at=row["stressed_at"],
-        observed=BudgetObservation(
-            rows_per_second=row["observed_rows_per_second"],
-            latency_ms_per_1000_rows=row["observed_latency_ms"],
-            lock_waits=row["observed_lock_waits"],
-            replication_lag_seconds=row["observed_replication_lag"],
-            commit_probe_ms=row["observed_probe_ms"],
-            commit_probes=row["observed_probes"],
-            at=row["adjusted_at"],
-        ),
+        observed=_observation(row),
         commit_probe_baseline_ms=row["probe_baseline_ms"],
         commit_probe_baseline_at=row["probe_baseline_at"],
         in_flight=len(slots),
@@ -716,6 +708,19 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         wait_seconds=round(row["wait_seconds"], 3),
         changed_by=row["changed_by"],
         changed_at=row["changed_at"],
+    )
+
+
+def _observation(row: asyncpg.Record) -> BudgetObservation:
+    """The last observation the budget adjusted on, from the budget row."""
+    return BudgetObservation(
+        rows_per_second=row["observed_rows_per_second"],
+        latency_ms_per_1000_rows=row["observed_latency_ms"],
+        lock_waits=row["observed_lock_waits"],
+        replication_lag_seconds=row["observed_replication_lag"],
+        commit_probe_ms=row["observed_probe_ms"],
+        commit_probes=row["observed_probes"],
+        at=row["adjusted_at"],
     )
 
 

@@ -204,6 +204,41 @@ class CodecHandler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m core.codec_server`: serve until interrupted (exit 0); exit 2 on bad configuration
+    (no key, no token beyond loopback, a bad key)."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(log_format=args.log_format)
+    except ConfigError as err:
+        logs.configure("text")
+        log.error("bad configuration: %s", err)
+        return 2
+    logs.configure(settings.log_format, secrets=settings.secrets())
+    configured = _codec_and_token(settings, args.host)
+    if configured is None:
+        return 2
+    codec, token = configured
+    server = CodecServer(
+        (args.host, args.port),
+        codec,
+        token=token,
+        allowed_origins=args.allow_origin or DEFAULT_ORIGINS,
+        allowed_hosts=args.allow_host,
+        request_timeout=args.timeout,
+        max_threads=args.max_threads,
+    )
+    log.info("codec endpoint on %s (bearer token %s)", server.url, "required" if token else "NOT required")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The codec server's options (its keys and token come from the environment only)."""
     parser = argparse.ArgumentParser(prog="python -m core.codec_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback: token required)")
     parser.add_argument("--port", type=bounded_int(1, 65535), default=8081, help="port to listen on (default 8081)")
@@ -229,24 +264,22 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a client may take per read or write",
     )
     parser.add_argument("--log-format", choices=["text", "json"], help="default: $LOG_FORMAT or text")
-    args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env(log_format=args.log_format)
-    except ConfigError as err:
-        logs.configure("text")
-        log.error("bad configuration: %s", err)
-        return 2
-    logs.configure(settings.log_format, secrets=settings.secrets())
+    return parser
+
+
+def _codec_and_token(settings: Settings, host: str) -> tuple[EncryptionCodec, str | None] | None:
+    """The codec of the configured keys and the bearer token; None (logged) without a key, without a
+    token on a host beyond loopback, or with a bad key."""
     key, older, token = (
         s.get_secret_value() if s else None
         for s in (settings.payload_encryption_key, settings.payload_decryption_keys, settings.codec_server_token)
     )
     if not key:
         log.error("PAYLOAD_ENCRYPTION_KEY is not set")
-        return 2
-    if not token and not is_loopback(args.host):
+        return None
+    if not token and not is_loopback(host):
         log.error("CODEC_SERVER_TOKEN is not set: without a token the codec server listens on loopback only")
-        return 2
+        return None
     try:
         codec = EncryptionCodec.from_config(
             key,
@@ -256,24 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except EncryptionKeyError as err:
         log.error("%s", err)
-        return 2
-    server = CodecServer(
-        (args.host, args.port),
-        codec,
-        token=token,
-        allowed_origins=args.allow_origin or DEFAULT_ORIGINS,
-        allowed_hosts=args.allow_host,
-        request_timeout=args.timeout,
-        max_threads=args.max_threads,
-    )
-    log.info("codec endpoint on %s (bearer token %s)", server.url, "required" if token else "NOT required")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+        return None
+    return codec, token
 
 
 if __name__ == "__main__":

@@ -276,6 +276,13 @@ TARGET_HELP = "the business date (YYYY-MM-DD) or a ledger reconciliation's workf
 def register(commands: Commands) -> None:
     """Add `schedule`, `reconcile` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
     commands.route_status(LEDGER_ID_PATTERN, cmd_status)
+    _add_schedule(commands)
+    _add_reconcile(commands)
+    _add_ledger(commands)
+
+
+def _add_schedule(commands: Commands) -> None:
+    """`schedule create|list|describe|update|pause|unpause|trigger|backfill|delete`."""
     schedule = commands.group("schedule", "the nightly ledger-reconciliation schedule (a Temporal Schedule)")
 
     def verb(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
@@ -304,6 +311,9 @@ def register(commands: Commands) -> None:
     p.add_argument("--to", dest="to_date", required=True, metavar="DATE", help="last " + DATE_HELP)
     verb("delete", cmd_schedule_delete, "remove the schedule (its past runs stay in Temporal)")
 
+
+def _add_reconcile(commands: Commands) -> None:
+    """`reconcile`: one business date now (a manual run)."""
     p = commands.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
     p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument(
@@ -314,6 +324,9 @@ def register(commands: Commands) -> None:
     )
     _run_flags(p, shards_default=None)
 
+
+def _add_ledger(commands: Commands) -> None:
+    """`ledger seed|status|review`: a day's data, a date's run and its rows sent to review."""
     ledger = commands.group("ledger", "ledger data and runs: seed a day, status of a date, review rows")
     p = ledger.add("seed", cmd_ledger_seed, "load a synthetic business day: payments, provider report, discrepancies")
     p.add_argument("--date", required=True, help=DATE_HELP)

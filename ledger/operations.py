@@ -81,35 +81,26 @@ async def start_reconciliation(
     shard batches and settlements of one date take turns under advisory locks.
 
     `heartbeat_timeout_seconds` (default LEDGER_HEARTBEAT_TIMEOUT_SECONDS, else 7): a shard or the
-    settlement whose worker died resumes elsewhere after this long without a heartbeat."""
-    if heartbeat_timeout_seconds is None:
-        try:
-            heartbeat_timeout_seconds = heartbeat_timeout_from_env()
-        except ValueError as err:
-            raise InputError(str(err)) from None
-    day = await pool.fetchrow(SQL.ledger_day, business_date)
-    if day is None:
-        raise InputError(
-            f"no ledger data loaded for business date {business_date.isoformat()} "
-            "(load it first, e.g. `starter.py ledger seed --date ...`)"
-        )
-    if shards is not None and shards != day["shards"]:
-        raise InputError(f"business date {business_date.isoformat()} has {day['shards']} shard(s), not {shards}")
-    try:
-        input = LedgerReconciliationInput(
-            business_date=business_date,
-            shards=day["shards"],
-            max_parallel=min(max_parallel, day["shards"]),
-            batch_size=batch_size,
-            tolerance_cents=tolerance_cents,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            recheck=recheck,
-        )
-    except ValidationError as err:
-        raise InputError(validation_message(err)) from None
-    workflow_id = ledger_workflow_id(business_date, id_prefix)
-    if recheck:
-        workflow_id = recheck_workflow_id(business_date, id_prefix, now)
+    settlement whose worker died resumes elsewhere after this long without a heartbeat.
+
+    Twelve parameters on purpose: after the client, pool, queue and date, each is one keyword-only
+    flag of `ledger reconcile` with its default, so a caller names only the few it sets. The work
+    is in three steps: `loaded_day` (the date's data, judged), `reconciliation_input` (the
+    workflow's input, judged) and `start_or_find_reconciliation` (the start, once per ID)."""
+    heartbeat_timeout_seconds = _heartbeat_timeout(heartbeat_timeout_seconds)
+    day = await loaded_day(pool, business_date, shards)
+    input = reconciliation_input(
+        business_date,
+        day["shards"],
+        max_parallel=max_parallel,
+        batch_size=batch_size,
+        tolerance_cents=tolerance_cents,
+        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        recheck=recheck,
+    )
+    workflow_id = (
+        recheck_workflow_id(business_date, id_prefix, now) if recheck else ledger_workflow_id(business_date, id_prefix)
+    )
     found = StartedReconciliation(
         workflow_id=workflow_id,
         run_id=None,
@@ -118,7 +109,63 @@ async def start_reconciliation(
         shards=input.shards,
         payments=day["payments"],
     )
-    existing = await describe_or_none(client, workflow_id)
+    return await start_or_find_reconciliation(client, task_queue, input, found)
+
+
+def _heartbeat_timeout(given: float | None) -> float:
+    """The given heartbeat timeout, else LEDGER_HEARTBEAT_TIMEOUT_SECONDS (a bad value: exit 2)."""
+    if given is not None:
+        return given
+    try:
+        return heartbeat_timeout_from_env()
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
+async def loaded_day(pool: asyncpg.Pool, business_date: date, shards: int | None) -> asyncpg.Record:
+    """The date's loaded ledger (its shards and payments); refused when nothing is loaded for it or
+    when `shards` is given and differs from the loaded count."""
+    day = await pool.fetchrow(SQL.ledger_day, business_date)
+    if day is None:
+        raise InputError(
+            f"no ledger data loaded for business date {business_date.isoformat()} "
+            "(load it first, e.g. `starter.py ledger seed --date ...`)"
+        )
+    if shards is not None and shards != day["shards"]:
+        raise InputError(f"business date {business_date.isoformat()} has {day['shards']} shard(s), not {shards}")
+    return day
+
+
+def reconciliation_input(
+    business_date: date,
+    shards: int,
+    *,
+    max_parallel: int,
+    batch_size: int,
+    tolerance_cents: int,
+    heartbeat_timeout_seconds: float,
+    recheck: bool,
+) -> LedgerReconciliationInput:
+    """The workflow's input for the date's `shards`; bad values refused (exit 2)."""
+    try:
+        return LedgerReconciliationInput(
+            business_date=business_date,
+            shards=shards,
+            max_parallel=min(max_parallel, shards),
+            batch_size=batch_size,
+            tolerance_cents=tolerance_cents,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            recheck=recheck,
+        )
+    except ValidationError as err:
+        raise InputError(validation_message(err)) from None
+
+
+async def start_or_find_reconciliation(
+    client: Client, task_queue: str, input: LedgerReconciliationInput, found: StartedReconciliation
+) -> StartedReconciliation:
+    """Start the run `found` names unless a run with its ID exists; that run otherwise."""
+    existing = await describe_or_none(client, found.workflow_id)
     if existing is not None:
         return found.model_copy(update={"run_id": existing.run_id})
     # A closed run of this date is never repeated; if a scheduled run won the race since the
@@ -127,11 +174,11 @@ async def start_reconciliation(
         client,
         LEDGER_WORKFLOW,
         input,
-        workflow_id=workflow_id,
+        workflow_id=found.workflow_id,
         task_queue=task_queue,
         result_type=LedgerReconciliationResult,
-        search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, business_date.isoformat())],
-        summary=f"ledger {'re-check' if recheck else 'reconciliation'} of {business_date} (manual)",
+        search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, input.business_date.isoformat())],
+        summary=f"ledger {'re-check' if input.recheck else 'reconciliation'} of {input.business_date} (manual)",
     )
     return found.model_copy(update={"run_id": run_id, "started": started})
 

@@ -188,3 +188,30 @@ def test_entry_points_that_talk_to_temporal_leave_without_finalizing() -> None:
         text = (PROJECT_ROOT / name).read_text()
         main_block = text[text.index('if __name__ == "__main__":') :]
         assert "exit_now(" in main_block and "sys.exit(" not in main_block, name
+
+
+PRODUCT = ["core", "cleanup", "ledger", "outbox", "workflows", "activities"]
+MAX_LINES, MAX_PARAMETERS = 60, 8
+# The line a long function's docstring gives: "Twelve parameters on purpose: ...", "Why eleven parameters: ...".
+SAYS_WHY = re.compile(r"(?i)\b\w+ (?:parameters|lines) on purpose\b|\bwhy \w+ (?:parameters|lines)\b")
+
+
+def test_a_long_function_says_why_it_is_long() -> None:
+    """A product function over MAX_LINES lines or MAX_PARAMETERS parameters (self and cls aside) is
+    split into named steps, or its docstring says why the long shape is the honest one."""
+    modules = [p for pkg in PRODUCT for p in (PROJECT_ROOT / pkg).glob("*.py")]
+    modules += [PROJECT_ROOT / "worker.py", PROJECT_ROOT / "starter.py"]
+    offenders = []
+    for module in sorted(modules):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            a = node.args
+            parameters = [p for p in (*a.posonlyargs, *a.args, *a.kwonlyargs) if p.arg not in ("self", "cls")]
+            if (lines > MAX_LINES or len(parameters) > MAX_PARAMETERS) and not SAYS_WHY.search(
+                ast.get_docstring(node) or ""
+            ):
+                where = f"{module.relative_to(PROJECT_ROOT)}:{node.lineno}"
+                offenders.append(f"{where} {node.name}: {lines} lines, {len(parameters)} parameters")
+    assert not offenders, "\n".join(offenders)
