@@ -55,15 +55,25 @@ def address(server: CodecServer) -> tuple[str, int]:
 
 
 def raw_request(server: CodecServer, head: str, body: bytes = b"") -> bytes:
-    """Send `head` (request line and headers, CRLF-joined, no blank line) and return the reply."""
+    """Send `head` (request line and headers, CRLF-joined, no blank line) and return the reply: up to
+    the end of its body (its Content-Length) or until the server closes the connection."""
     with socket.create_connection(address(server), timeout=30) as conn:
         conn.sendall(head.encode() + b"\r\n\r\n" + body)
         reply = b""
         while chunk := conn.recv(65536):
             reply += chunk
-            if b"\r\n\r\n" in reply and b"Connection: close" in reply:
+            if reply_complete(reply):
                 break
         return reply
+
+
+def reply_complete(reply: bytes) -> bool:
+    """A keep-alive reply is complete once its headers and Content-Length bytes of body arrived."""
+    head, sep, body = reply.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    lengths = [line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+    return b"Connection: close" in head or (bool(lengths) and len(body) >= int(lengths[0]))
 
 
 def status_of(reply: bytes) -> int:
