@@ -19,6 +19,8 @@ isolated ones. Shared by the cleanup activity and by `retry-failed` (cleanup.rev
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,12 @@ from core import db, failpoints
 from core.errors import is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
+
+log = logging.getLogger(__name__)
+
+# Attempts of the targets' start-up check when its connection is lost under it (a restarting
+# database, a transaction ended by idle_in_transaction_session_timeout on a starved machine).
+COMPILE_ATTEMPTS = 3
 
 SQL = load(__file__)
 IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's transaction
@@ -78,11 +86,27 @@ class CompiledCleanup:
     async def compile(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CompiledCleanup:
         """Check the declared targets against the live schema, compile them, and run every compiled
         statement once in a rolled-back transaction under this pool's role: what passes here cannot
-        fail alike for every account at the deadline. Raises TargetsRefused naming target and fix."""
+        fail alike for every account at the deadline. Raises TargetsRefused naming target and fix.
+        A lost connection refuses nothing: the check runs again on a new one (a few times, then the
+        loss is raised as it is)."""
         try:
             key_args = anonymize_key_pads() if targets.hashes else ()
         except ValueError as err:
             raise TargetsRefused([str(err)]) from None
+        for attempt in range(1, COMPILE_ATTEMPTS + 1):
+            try:
+                return await cls._compile_on(pool, targets, key_args)
+            except Exception as err:
+                if attempt == COMPILE_ATTEMPTS or not db.connection_lost(err):
+                    raise
+                log.warning("the targets' start-up check lost its database connection (%s); checking again", err)
+                await asyncio.sleep(attempt)
+        raise AssertionError("unreachable")
+
+    @classmethod
+    async def _compile_on(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, key_args: tuple[bytes, ...]
+    ) -> CompiledCleanup:
         async with pool.acquire() as conn:
             plans = plan_targets(targets, await read_catalog(conn, targets))
             batch_sql = compile_partition_batch(targets, plans)
@@ -115,9 +139,12 @@ class CompiledCleanup:
             try:
                 await conn.fetch(sql, *args)
             except asyncpg.PostgresError as err:
+                if db.connection_lost(err):
+                    raise  # the connection's fault, not the target's (compile checks again)
                 raise TargetsRefused([_trial_problem(what, targets, err)]) from None
             finally:
-                await tx.rollback()
+                if not conn.is_closed():
+                    await tx.rollback()
 
     def args(self, *params: object) -> tuple[object, ...]:
         return (*params, *self.key_args)

@@ -132,3 +132,21 @@ def test_a_table_may_appear_in_several_targets_only_with_different_match_columns
     with_targets(friends | {"match_column": "user_a"}, friends | {"match_column": "user_b"})
     with pytest.raises(ValueError, match="different match_columns"):
         with_targets(friends | {"match_column": "user_a"}, friends | {"match_column": "user_a"})
+
+
+async def test_a_connection_lost_during_the_start_up_check_refuses_nothing_and_is_checked_again(pool, monkeypatch):
+    """A connection ended under the trial (a restarting database, an idle-in-transaction timeout on a
+    starved machine) is the connection's fault, not a target's: the check runs again on a new one."""
+    trial = CompiledCleanup._trial
+    ended: list[int] = []
+
+    async def trial_on_a_connection_ended_once(self, conn, targets, preview_sql):
+        if not ended:
+            ended.append(conn.get_server_pid())
+            await pool.execute("SELECT pg_terminate_backend($1)", ended[0])
+        return await trial(self, conn, targets, preview_sql)
+
+    monkeypatch.setattr(CompiledCleanup, "_trial", trial_on_a_connection_ended_once)
+    await create_game_schema(pool)
+    compiled = await CompiledCleanup.compile(pool, game_targets())
+    assert ended and compiled.fingerprint == game_targets().fingerprint
