@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -97,6 +98,11 @@ async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any
     }
 
 
+def progress(line: str) -> None:
+    """Each step as it ends, on stderr (a run at 1,000,000 users lasts an hour): stdout is the result."""
+    print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
+
+
 async def start_game_worker(s: Stack) -> None:
     s.start_worker(CLEANUP_TARGETS_FILE=str(GAME_DIR / "targets.toml"), **{ANONYMIZE_KEY_ENV: KEY})
     await wait_for_worker(s.client, s.settings.task_queue)
@@ -114,16 +120,21 @@ async def run(
         t = time.perf_counter()
         seed_steps = await seed_cohorts(s.pool, [floor_1, pipeline_1, pipeline_2, floor_2], users)
         seed_seconds = time.perf_counter() - t
+        progress(f"seeded 4 x {users} users in {seed_seconds:.0f} s: {seed_steps}")
         await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
         await s.pool.execute(AUTOVACUUM_OFF)
         await start_game_worker(s)
 
         await settle(s.pool)
         floors = [await floor_cleanup(s.pool, floor_1)]
+        progress(f"floor: {floors[0]['seconds']:.1f} s, load {floors[0]['load']}")
         first, lead = await pipeline_cleanup(s, pipeline_1, 10 + users / 2000, partitions, parallel, batch_size)
+        progress(f"pipeline: {first['seconds_from_deadline']:.1f} s from the deadline, load {first['load']}")
         second, _ = await pipeline_cleanup(s, pipeline_2, lead, partitions, parallel, batch_size)
+        progress(f"pipeline: {second['seconds_from_deadline']:.1f} s from the deadline, load {second['load']}")
         await settle(s.pool)
         floors.append(await floor_cleanup(s.pool, floor_2))
+        progress(f"floor: {floors[1]['seconds']:.1f} s, load {floors[1]['load']}")
         left = await s.pool.fetchval(
             "SELECT (SELECT count(*) FROM game_server.inventory) + (SELECT count(*) FROM game_server.characters)"
             " + (SELECT count(*) FROM game_server.matches) + (SELECT count(*) FROM game_server.friends)"
