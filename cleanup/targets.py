@@ -218,17 +218,19 @@ def _action(
     ]
 
 
-def _one_statement(a: CleanupTarget, b: CleanupTarget) -> bool:
-    """Whether two targets of one table apply as one statement: the same action with the same settings."""
-    return a.model_dump(exclude={"match_column"}) == b.model_dump(exclude={"match_column"})
+def _one_statement(a: CleanupTarget, b: CleanupTarget, a_plan: TargetPlan, b_plan: TargetPlan) -> bool:
+    """Whether two targets of one table apply as one statement: the same action with the same
+    settings, keys of one type."""
+    same = a.model_dump(exclude={"match_column"}) == b.model_dump(exclude={"match_column"})
+    return same and a_plan.key_type == b_plan.key_type
 
 
-def _target_groups(targets: CleanupTargets) -> list[list[int]]:
+def _target_groups(targets: CleanupTargets, plans: list[TargetPlan]) -> list[list[int]]:
     """The declared targets in runs of consecutive targets of one table with one action (a friendship
     matched by either side): each run is one statement, in declared order."""
     groups: list[list[int]] = []
     for i, t in enumerate(targets.target):
-        if groups and _one_statement(targets.target[groups[-1][0]], t):
+        if groups and _one_statement(targets.target[groups[-1][0]], t, plans[groups[-1][0]], plans[i]):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -257,7 +259,8 @@ def compile_partition_batch(
     def matched(i: int, column: str) -> str:
         return f"{column} = ANY ({_keys(plans[i].key_type, 'applied')})"
 
-    for group in _target_groups(targets):
+    groups = _target_groups(targets, plans)
+    for group in groups:
         first = group[0]
         t = targets.target[first]
         after = f" AND (SELECT count(*) FROM t{first - 1}) >= 0" if first > 0 else ""  # declared order
@@ -267,34 +270,48 @@ def compile_partition_batch(
             columns = tuple(targets.target[i].match_column for i in group)
             where = "(" + " OR ".join(matched(i, f"t.{q(c)}") for i, c in zip(group, columns, strict=True)) + ")"
             ctes += _action(f"t{first}_rows", t, plans[first], where + after, pads, columns)
-            for j, i in enumerate(group):
-                earlier = "".join(f" AND {_applied(plans[e], f'r.k{k}')} IS NOT TRUE" for k, e in enumerate(group[:j]))
-                own = f"{_applied(plans[i], f'r.k{j}')} IS TRUE{earlier}"
-                ctes.append(f"t{i} AS (SELECT r.k{j} AS key FROM t{first}_rows r WHERE {own})")
+            # Each row once, for the first target whose column holds an applied account.
+            sides = [f"WHEN {_applied(plans[i], f'r.k{j}')} IS TRUE THEN {j}" for j, i in enumerate(group)]
+            side = f"CASE {' '.join(sides)} END"
+            keys = " ".join(f"WHEN {j} THEN r.k{j}" for j in range(len(group)))
+            ctes.append(
+                f"t{first}_keyed AS (SELECT s.side, CASE s.side {keys} END AS key"
+                f" FROM t{first}_rows r, LATERAL (SELECT {side} AS side) s)"
+            )
+            ctes += [f"t{i} AS (SELECT key FROM t{first}_keyed WHERE side = {j})" for j, i in enumerate(group)]
         counts += [f"(SELECT count(*) FROM t{i}) AS rows_t{i}" for i in group]
-    ctes.append(_receipt_cte(targets, plans))
+    ctes.append(_receipt_cte(targets, plans, groups))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
     )
 
 
-def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan]) -> str:
+def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[list[int]]) -> str:
     """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
-    per declared target (in declared order), counted by account once per target (a grouped count
-    joined by the key in its column's type, never a scan of a target's rows per account). Names
-    and counts only."""
-    grouped = " ".join(
-        f"LEFT JOIN (SELECT key, count(*) AS n FROM t{i} GROUP BY key) c{i} ON c{i}.key = a.account_id::{plan.key_type}"
-        for i, plan in enumerate(plans)
-    )
+    per declared target (in declared order), counted by account once per statement (a grouped
+    count joined by the key in its column's type, never a scan of a target's rows per account; the
+    targets of one statement counted by side in one grouping, so one join, whose estimate is the
+    statement's). Names and counts only."""
+    joins: list[str] = []
+    rows: dict[int, str] = {}
+    for group in groups:
+        g = group[0]
+        on = f"c{g}.key = a.account_id::{plans[g].key_type}"
+        if len(group) == 1:
+            joins.append(f"LEFT JOIN (SELECT key, count(*) AS n FROM t{g} GROUP BY key) c{g} ON {on}")
+            rows[g] = f"c{g}.n"
+            continue
+        sides = ", ".join(f"count(*) FILTER (WHERE side = {j}) AS n{j}" for j in range(len(group)))
+        joins.append(f"LEFT JOIN (SELECT key, {sides} FROM t{g}_keyed GROUP BY key) c{g} ON {on}")
+        rows |= {i: f"c{g}.n{j}" for j, i in enumerate(group)}
     entries = ", ".join(
-        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce({rows[i]}, 0))"
         for i, t in enumerate(targets.target)
     )
     return (
         "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
-        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {' '.join(joins)}"
         " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
