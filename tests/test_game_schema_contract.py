@@ -484,9 +484,10 @@ async def test_two_partitions_meeting_the_same_friendships_wait_for_each_other_i
         return row
 
     async def waiting(n: int) -> bool:
-        return n == await game_pool.fetchval(
+        found: int = await game_pool.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
+        return found == n
 
     async with game_pool.acquire() as holder:
         lock = holder.transaction()
