@@ -67,8 +67,15 @@ async def seed_cohorts(pool: asyncpg.Pool, deadlines: list[datetime], users: int
         await pool.execute(f"ALTER TABLE {k['table_name']} DROP CONSTRAINT {q(k['name'])}")
     for i in indexes:
         await pool.execute(f"DROP INDEX {i['name']}")
-    for table in ("users", "accounts", "characters", "inventory", "friends", "matches"):
-        await step(table, getattr(SEED, f"seed_{table}"), deadlines, users)
+    for table, sql in (
+        ("users", SEED.seed_users),
+        ("accounts", SEED.seed_accounts),
+        ("characters", SEED.seed_characters),
+        ("inventory", SEED.seed_inventory),
+        ("friends", SEED.seed_friends),
+        ("matches", SEED.seed_matches),
+    ):
+        await step(table, sql, deadlines, users)
     t = time.perf_counter()
     for k in reversed(keys):
         await pool.execute(
