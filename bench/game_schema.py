@@ -4,9 +4,11 @@ The schema is the tests' game server (tests/game_server: its own schema name, UU
 CASCADE, friends keyed by two user columns, users anonymized with a keyed hash, matches archived
 into a LIKE ... INCLUDING ALL table), cleaned by its declared targets (tests/game_server/targets.toml).
 Four cohorts of the same size are seeded into one fresh database (each user: 2 characters, 4 items,
-3 matches, 2 friendships); their accounts are registered directly (set-based INSERT: a benchmark's
-seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline, floor; each path
-counts by its faster run.
+3 matches, 2 friendships, with the next user of its cohort, so most friendships join two partitions)
+by one INSERT ... SELECT generate_series per table (bench/game_seed.sql), the game schema's keys,
+foreign keys and indexes added after the load; their accounts are registered directly (a
+benchmark's seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline, floor;
+each path counts by its faster run. Partitions and partitions at a time: the planner's defaults.
 
 - *floor*: `game_cleanup_floor` (bench/floor.sql), the same effects as the targets with the same
   guarantees (idempotency record and erasure receipt in the same transaction), one set-based statement per account_id
@@ -16,7 +18,8 @@ counts by its faster run.
   activities, the settlement (accounts/s from the deadline to the settled result).
 
 Printed: each run, `pipeline_over_floor` (accounts/s over accounts/s, this run), the load average
-around every run (the machine may be shared: read the ratio with it).
+around every run (the machine may be shared: read the ratio with it), the backends' CPU of each run
+and the pipeline's activities; each step on stderr as it ends.
 """
 
 from __future__ import annotations
