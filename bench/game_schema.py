@@ -133,6 +133,7 @@ async def run(
         progress(f"seeded 4 x {users} users in {seed_seconds:.0f} s: {seed_steps}")
         await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
         await s.pool.execute(AUTOVACUUM_OFF)
+        await s.pool.execute(SEED.game_autovacuum_off)
         await start_game_worker(s)
 
         await settle(s.pool)

@@ -65,3 +65,16 @@ FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
 WHERE t.relnamespace = $1::regnamespace
   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.contype IN ('p', 'u', 'x'))
 ORDER BY 1;
+
+-- name: game_autovacuum_off
+-- No autovacuum on the game schema's tables either, as on the service's (`AUTOVACUUM_OFF`; the
+-- benchmark vacuums before each run): an autovacuum never lands in the middle of a timed run.
+DO $$
+DECLARE t regclass;
+BEGIN
+    FOR t IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'game_server' AND c.relkind = 'r'
+    LOOP
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', t);
+    END LOOP;
+END $$;
