@@ -4,9 +4,11 @@ The schema is the tests' game server (tests/game_server: its own schema name, UU
 CASCADE, friends keyed by two user columns, users anonymized with a keyed hash, matches archived
 into a LIKE ... INCLUDING ALL table), cleaned by its declared targets (tests/game_server/targets.toml).
 Four cohorts of the same size are seeded into one fresh database (each user: 2 characters, 4 items,
-3 matches, 2 friendships); their accounts are registered directly (set-based INSERT: a benchmark's
-seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline, floor; each path
-counts by its faster run.
+3 matches, 2 friendships, with the next user of its cohort, so most friendships join two partitions)
+by one INSERT ... SELECT generate_series per table (bench/game_seed.sql), the game schema's keys,
+foreign keys and indexes added after the load; their accounts are registered directly (a
+benchmark's seeding, not the game's contract). Order of the runs: floor, pipeline, pipeline, floor;
+each path counts by its faster run. Partitions and partitions at a time: the planner's defaults.
 
 - *floor*: `game_cleanup_floor` (bench/floor.sql), the same effects as the targets with the same
   guarantees (idempotency record and erasure receipt in the same transaction), one set-based statement per account_id
@@ -16,7 +18,8 @@ counts by its faster run.
   activities, the settlement (accounts/s from the deadline to the settled result).
 
 Printed: each run, `pipeline_over_floor` (accounts/s over accounts/s, this run), the load average
-around every run (the machine may be shared: read the ratio with it).
+around every run (the machine may be shared: read the ratio with it), the backends' CPU of each run
+and the pipeline's activities; each step on stderr as it ends.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import argparse
 import asyncio
 import itertools
 import json
+import sys
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,30 +37,58 @@ import asyncpg
 
 import bench
 import bench.floor
-from bench.cohort_cleanup import AUTOVACUUM_OFF, LONG_STATEMENT_SECONDS, pipeline_cleanup, settle
+from bench.cohort_cleanup import AUTOVACUUM_OFF, DEFAULT_PARALLEL, LONG_STATEMENT_SECONDS, pipeline_cleanup, settle
 from bench.common import Stack, load_average, machine, stack, wait_for_worker
-from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads
+from cleanup.planner_models import PlannerSettings
+from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads, q
 from core.config import PROJECT_ROOT
 from core.queries import load
 
 FLOOR = load(bench.__file__, "floor.sql")
+SEED = load(bench.__file__, "game_seed.sql")
+GAME_SCHEMA = "game_server"
 GAME_DIR = PROJECT_ROOT / "tests" / "game_server"
 KEY = "benchmark-anonymize-key-of-the-game-server"
-SEED_CHUNK = 50_000
+# Partitions and partitions at a time: the planner's defaults, as every cohort cleanup nobody starts by hand.
+DEFAULT_PARTITIONS = PlannerSettings().partitions
 
 
-async def seed_users(pool: asyncpg.Pool, deadline: datetime, count: int) -> None:
-    """`count` users with their game data (tests/game_server/seed.sql), registered at `deadline`."""
-    seed = (GAME_DIR / "seed.sql").read_text()
-    for start in range(0, count, SEED_CHUNK):
-        ids = [uuid.uuid4() for _ in range(min(SEED_CHUNK, count - start))]
-        await pool.fetchrow(seed, ids, timeout=LONG_STATEMENT_SECONDS)
+async def seed_cohorts(pool: asyncpg.Pool, deadlines: list[datetime], users: int) -> dict[str, float]:
+    """`users` users per deadline with their game data and their accounts (bench/game_seed.sql): one
+    INSERT ... SELECT per table over every cohort, the game schema's keys, foreign keys and indexes
+    dropped before the load and added back after it. Returns the seconds per step."""
+    steps: dict[str, float] = {}
+
+    async def step(name: str, sql: str, *args: object) -> None:
+        t = time.perf_counter()
+        await pool.execute(sql, *args, timeout=LONG_STATEMENT_SECONDS)
+        steps[name] = round(time.perf_counter() - t, 1)
+
+    keys = await pool.fetch(SEED.game_keys, GAME_SCHEMA)
+    indexes = await pool.fetch(SEED.game_indexes, GAME_SCHEMA)
+    for k in keys:
+        await pool.execute(f"ALTER TABLE {k['table_name']} DROP CONSTRAINT {q(k['name'])}")
+    for i in indexes:
+        await pool.execute(f"DROP INDEX {i['name']}")
+    for table, sql in (
+        ("users", SEED.seed_users),
+        ("accounts", SEED.seed_accounts),
+        ("characters", SEED.seed_characters),
+        ("inventory", SEED.seed_inventory),
+        ("friends", SEED.seed_friends),
+        ("matches", SEED.seed_matches),
+    ):
+        await step(table, sql, deadlines, users)
+    t = time.perf_counter()
+    for k in reversed(keys):
         await pool.execute(
-            "INSERT INTO accounts (account_id, renewal_deadline) SELECT id::text, $2 FROM unnest($1::uuid[]) id",
-            ids,
-            deadline,
+            f"ALTER TABLE {k['table_name']} ADD CONSTRAINT {q(k['name'])} {k['definition']}",
             timeout=LONG_STATEMENT_SECONDS,
         )
+    for i in indexes:
+        await pool.execute(i["definition"], timeout=LONG_STATEMENT_SECONDS)
+    steps["keys_and_indexes"] = round(time.perf_counter() - t, 1)
+    return steps
 
 
 async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any]:
@@ -77,32 +108,44 @@ async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any
     }
 
 
+def progress(line: str) -> None:
+    """Each step as it ends, on stderr (a run at 1,000,000 users lasts an hour): stdout is the result."""
+    print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
+
+
 async def start_game_worker(s: Stack) -> None:
     s.start_worker(CLEANUP_TARGETS_FILE=str(GAME_DIR / "targets.toml"), **{ANONYMIZE_KEY_ENV: KEY})
     await wait_for_worker(s.client, s.settings.task_queue)
     await s.budget_off()
 
 
-async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: int = 1000) -> dict[str, Any]:
+async def run(
+    users: int, partitions: int = DEFAULT_PARTITIONS, parallel: int = DEFAULT_PARALLEL, batch_size: int = 1000
+) -> dict[str, Any]:
     load_before = load_average()
     async with stack(pool_size=bench.floor.STACK_POOL_SIZE) as s:
         await s.pool.execute((GAME_DIR / "schema.sql").read_text())
         base = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
         floor_1, pipeline_1, pipeline_2, floor_2 = (base + timedelta(hours=h) for h in range(4))
         t = time.perf_counter()
-        for deadline in (floor_1, pipeline_1, pipeline_2, floor_2):
-            await seed_users(s.pool, deadline, users)
+        seed_steps = await seed_cohorts(s.pool, [floor_1, pipeline_1, pipeline_2, floor_2], users)
         seed_seconds = time.perf_counter() - t
+        progress(f"seeded 4 x {users} users in {seed_seconds:.0f} s: {seed_steps}")
         await s.pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
         await s.pool.execute(AUTOVACUUM_OFF)
+        await s.pool.execute(SEED.game_autovacuum_off)
         await start_game_worker(s)
 
         await settle(s.pool)
         floors = [await floor_cleanup(s.pool, floor_1)]
+        progress(f"floor: {floors[0]['seconds']:.1f} s, load {floors[0]['load']}")
         first, lead = await pipeline_cleanup(s, pipeline_1, 10 + users / 2000, partitions, parallel, batch_size)
+        progress(f"pipeline: {first['seconds_from_deadline']:.1f} s from the deadline, load {first['load']}")
         second, _ = await pipeline_cleanup(s, pipeline_2, lead, partitions, parallel, batch_size)
+        progress(f"pipeline: {second['seconds_from_deadline']:.1f} s from the deadline, load {second['load']}")
         await settle(s.pool)
         floors.append(await floor_cleanup(s.pool, floor_2))
+        progress(f"floor: {floors[1]['seconds']:.1f} s, load {floors[1]['load']}")
         left = await s.pool.fetchval(
             "SELECT (SELECT count(*) FROM game_server.inventory) + (SELECT count(*) FROM game_server.characters)"
             " + (SELECT count(*) FROM game_server.matches) + (SELECT count(*) FROM game_server.friends)"
@@ -119,6 +162,7 @@ async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: i
         "users_per_cohort": users,
         "machine": machine(),
         "seed_seconds": round(seed_seconds, 1),
+        "seed_steps_seconds": seed_steps,
         "partitions": partitions,
         "parallel": parallel,
         "batch_size": batch_size,
@@ -126,6 +170,10 @@ async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: i
         "floor_runs_seconds": [round(f["seconds"], 2) for f in floors],
         "floor_rows": floor["rows"],
         "pipeline_runs_seconds_from_deadline": [round(p["seconds_from_deadline"], 2) for p in (first, second)],
+        "floor_backend_cpu_s": [f["backend_cpu_s"] for f in floors],
+        "pipeline_backend_cpu_s": [p["backend_cpu_s"] for p in (first, second)],
+        "pipeline_orchestration_cpu_s": pipeline["orchestration_cpu_s"],
+        "pipeline_activities": pipeline["activities"],
         "floor_accounts_per_s": round(floor_rate, 1),
         "pipeline_accounts_per_s": round(pipeline_rate, 1),
         "pipeline_over_floor": round(pipeline_rate / floor_rate, 3),
@@ -141,8 +189,8 @@ async def run(users: int, partitions: int = 16, parallel: int = 4, batch_size: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--users", type=int, default=100_000)
-    parser.add_argument("--partitions", type=int, default=16)
-    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="default: the planner's")
+    parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="default: the planner's")
     parser.add_argument("--batch-size", type=int, default=1000)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args.users, args.partitions, args.parallel, args.batch_size)), indent=2))

@@ -183,28 +183,62 @@ def _keys(key_type: str, source: str) -> str:
     return f"(ARRAY(SELECT account_id FROM {source}))::{key_type}[]"
 
 
+def _applied(plan: TargetPlan, column: str) -> str:
+    """Whether a returned row's `column` is an applied account's key: a lookup in a hash of the
+    batch's keys, built once (an `= ANY` of the array would compare each row with every key)."""
+    return f"({column} IN (SELECT a.account_id::{plan.key_type} FROM applied a))"
+
+
 def _hash(column: str, inner: str, outer: str) -> str:
     value = f"convert_to(t.{q(column)}::text, 'UTF8')"
     return f"encode(sha256({outer} || sha256({inner} || {value})), 'hex')"
 
 
-def _action(i: int, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[str, str]) -> list[str]:
-    """The CTE(s) of one target; `where` selects its rows, already gated on the target before it."""
+def _action(
+    name: str, t: CleanupTarget, plan: TargetPlan, where: str, pads: tuple[str, str], columns: tuple[str, ...] = ()
+) -> list[str]:
+    """The CTE(s) of one target, `name` (and `name`_moved); `where` selects its rows, already gated on
+    the target before it.
+    Its rows come back as `key` (the account each row was matched by: its receipt), or, given
+    `columns` (one statement for several targets of the table), as `k0`, `k1`, ... those columns."""
     table = qualified(t.table)
-    key = f"t.{q(t.match_column)} AS key"  # the account each row was matched by (its receipt)
+    if columns:
+        key = ", ".join(f"t.{q(c)} AS k{j}" for j, c in enumerate(columns))
+        archived_key = ", ".join(f"{q(c)} AS k{j}" for j, c in enumerate(columns))
+    else:
+        key, archived_key = f"t.{q(t.match_column)} AS key", f"{q(t.match_column)} AS key"
     if t.action == "delete":
-        return [f"t{i} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
+        return [f"{name} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
     if t.action == "anonymize":
         sets = [f"{q(c)} = NULL" for c in t.null_columns] + [f"{q(c)} = {_hash(c, *pads)}" for c in t.hash_columns]
-        return [f"t{i} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING {key})"]
+        return [f"{name} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING {key})"]
     assert t.archive_table is not None
     cols = ", ".join(q(c) for c in plan.copy_columns)
     overriding = " OVERRIDING SYSTEM VALUE" if plan.overriding else ""
     return [
-        f"t{i}_moved AS (DELETE FROM {table} t WHERE {where} RETURNING t.*)",
-        f"t{i} AS (INSERT INTO {qualified(t.archive_table)} ({cols}){overriding}"
-        f" SELECT {cols} FROM t{i}_moved RETURNING {q(t.match_column)} AS key)",
+        f"{name}_moved AS (DELETE FROM {table} t WHERE {where} RETURNING t.*)",
+        f"{name} AS (INSERT INTO {qualified(t.archive_table)} ({cols}){overriding}"
+        f" SELECT {cols} FROM {name}_moved RETURNING {archived_key})",
     ]
+
+
+def _one_statement(a: CleanupTarget, b: CleanupTarget, a_plan: TargetPlan, b_plan: TargetPlan) -> bool:
+    """Whether two targets of one table apply as one statement: the same action with the same
+    settings, keys of one type."""
+    same = a.model_dump(exclude={"match_column"}) == b.model_dump(exclude={"match_column"})
+    return same and a_plan.key_type == b_plan.key_type
+
+
+def _target_groups(targets: CleanupTargets, plans: list[TargetPlan]) -> list[list[int]]:
+    """The declared targets in runs of consecutive targets of one table with one action (a friendship
+    matched by either side): each run is one statement, in declared order."""
+    groups: list[list[int]] = []
+    for i, t in enumerate(targets.target):
+        if groups and _one_statement(targets.target[groups[-1][0]], t, plans[groups[-1][0]], plans[i]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def compile_partition_batch(
@@ -214,39 +248,74 @@ def compile_partition_batch(
 
     Each target compares its match column with the applied accounts' keys cast to the column's own
     type, and waits for the target declared before it (its CTE reads that one's count first).
+    Consecutive targets of one table with one action (a friendship matched by either side) are one
+    statement over the rows any of their columns matches, each row counted for the first of them
+    whose column matches (`t{i}` selects its own from `t{first}_rows`). One statement reads the
+    table's rows in one pass, in the order of the table (a bitmap of both indexes), so two
+    partitions that both meet a row shared by their accounts (a friendship of two accounts of one
+    cohort) lock such rows in the same order and wait for each other instead of deadlocking, as
+    two passes, by user_a and then by user_b, do.
     Anonymize hashes use the padded keys as parameters `key_params` (only if a target hashes)."""
     ctes: list[str] = []
     counts: list[str] = []
     pads = (f"${key_params[0]}::bytea", f"${key_params[1]}::bytea")
-    for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True)):
-        where = f"t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'applied')})"
-        if i > 0:
-            where += f" AND (SELECT count(*) FROM t{i - 1}) >= 0"  # declared order: after target i-1
-        ctes += _action(i, t, plan, where, pads)
-        counts.append(f"(SELECT count(*) FROM t{i}) AS rows_t{i}")
-    ctes.append(_receipt_cte(targets, plans))
+
+    def matched(i: int, column: str) -> str:
+        return f"{column} = ANY ({_keys(plans[i].key_type, 'applied')})"
+
+    groups = _target_groups(targets, plans)
+    for group in groups:
+        first = group[0]
+        t = targets.target[first]
+        after = f" AND (SELECT count(*) FROM t{first - 1}) >= 0" if first > 0 else ""  # declared order
+        if len(group) == 1:
+            ctes += _action(f"t{first}", t, plans[first], matched(first, f"t.{q(t.match_column)}") + after, pads)
+        else:
+            columns = tuple(targets.target[i].match_column for i in group)
+            where = "(" + " OR ".join(matched(i, f"t.{q(c)}") for i, c in zip(group, columns, strict=True)) + ")"
+            ctes += _action(f"t{first}_rows", t, plans[first], where + after, pads, columns)
+            # Each row once, for the first target whose column holds an applied account.
+            sides = [f"WHEN {_applied(plans[i], f'r.k{j}')} IS TRUE THEN {j}" for j, i in enumerate(group)]
+            side = f"CASE {' '.join(sides)} END"
+            keys = " ".join(f"WHEN {j} THEN r.k{j}" for j in range(len(group)))
+            ctes.append(
+                f"t{first}_keyed AS (SELECT s.side, CASE s.side {keys} END AS key"
+                f" FROM t{first}_rows r, LATERAL (SELECT {side} AS side) s)"
+            )
+            ctes += [f"t{i} AS (SELECT key FROM t{first}_keyed WHERE side = {j})" for j, i in enumerate(group)]
+        counts += [f"(SELECT count(*) FROM t{i}) AS rows_t{i}" for i in group]
+    ctes.append(_receipt_cte(targets, plans, groups))
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
     )
 
 
-def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan]) -> str:
+def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[list[int]]) -> str:
     """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
-    per declared target (in declared order), counted by account once per target (a grouped count
-    joined by the key in its column's type, never a scan of a target's rows per account). Names
-    and counts only."""
-    grouped = " ".join(
-        f"LEFT JOIN (SELECT key, count(*) AS n FROM t{i} GROUP BY key) c{i} ON c{i}.key = a.account_id::{plan.key_type}"
-        for i, plan in enumerate(plans)
-    )
+    per declared target (in declared order), counted by account once per statement (a grouped
+    count joined by the key in its column's type, never a scan of a target's rows per account; the
+    targets of one statement counted by side in one grouping, so one join, whose estimate is the
+    statement's). Names and counts only."""
+    joins: list[str] = []
+    rows: dict[int, str] = {}
+    for group in groups:
+        g = group[0]
+        on = f"c{g}.key = a.account_id::{plans[g].key_type}"
+        if len(group) == 1:
+            joins.append(f"LEFT JOIN (SELECT key, count(*) AS n FROM t{g} GROUP BY key) c{g} ON {on}")
+            rows[g] = f"c{g}.n"
+            continue
+        sides = ", ".join(f"count(*) FILTER (WHERE side = {j}) AS n{j}" for j in range(len(group)))
+        joins.append(f"LEFT JOIN (SELECT key, {sides} FROM t{g}_keyed GROUP BY key) c{g} ON {on}")
+        rows |= {i: f"c{g}.n{j}" for j, i in enumerate(group)}
     entries = ", ".join(
-        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce(c{i}.n, 0))"
+        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce({rows[i]}, 0))"
         for i, t in enumerate(targets.target)
     )
     return (
         "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
-        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {grouped}"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {' '.join(joins)}"
         " ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
@@ -270,7 +339,7 @@ def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> l
     pads = ("$2::bytea", "$3::bytea")
     for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True)):
         where = f"t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'probed')})"
-        ctes = ", ".join(_action(i, t, plan, where, pads))
+        ctes = ", ".join(_action(f"t{i}", t, plan, where, pads))
         probed = "SELECT $1::text AS account_id" + (
             ", $2::bytea AS inner_pad, $3::bytea AS outer_pad" if targets.hashes else ""
         )

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from core.failpoints import ONCE_DIR_ENV
 from tests.conftest import WorkerProcesses
 from tests.game_schema import (
     ANONYMIZE_KEY,
+    GAME_DIR,
     GAME_TARGETS_FILE,
     PER_USER,
     create_game_schema,
@@ -451,3 +453,52 @@ async def test_two_partitions_recording_the_target_set_at_once_both_read_the_rec
         await wait_until(blocked_on_the_insert, within=30)
         await tx.commit()
         assert (await waiting) is started.compiled
+
+
+async def test_two_partitions_meeting_the_same_friendships_wait_for_each_other_instead_of_deadlocking(game_pool):
+    """Partition 0 cleans a1 and b2, partition 1 cleans a2 and b1; the friendships are (a1, b1) and
+    (a2, b2), so both batches meet both rows. Partition 1 waits behind a lock another transaction
+    holds on (a2, b2), partition 0 starts behind it, then the lock goes: the two friends targets are
+    one pass over the table, in its order, so the second batch waits for the first and finds the rows
+    gone (two passes, by user_a then by user_b, lock them in opposite orders: a deadlock, retried)."""
+    a1, a2, b2, b1 = users = [str(uuid.UUID(int=n)) for n in range(1, 5)]  # in account order
+    await game_pool.fetchrow((GAME_DIR / "seed.sql").read_text(), [uuid.UUID(u) for u in users])
+    await game_pool.execute("DELETE FROM game_server.friends")
+    await game_pool.execute(
+        "INSERT INTO game_server.friends (user_a, user_b) VALUES ($1, $2), ($3, $4)",
+        *(uuid.UUID(u) for u in (a1, b1, a2, b2)),
+    )
+    deadline = deadline_in(-60)
+    await register(game_pool, users, deadline)
+    await claim_one_partition(game_pool, "shared-friends", deadline)
+    await game_pool.execute(
+        "UPDATE cleanup_claims SET partition_no = 1 WHERE cleanup_id = 'shared-friends' AND account_id = ANY($1)",
+        [a2, b1],
+    )
+    compiled = await CompiledCleanup.compile(game_pool, game_targets())
+
+    async def batch(partition_no: int) -> asyncpg.Record:
+        async with game_pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(compiled.batch_sql, *compiled.args("shared-friends", partition_no, "", 1000))
+        assert row is not None
+        return row
+
+    async def waiting(n: int) -> bool:
+        found: int = await game_pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return found == n
+
+    async with game_pool.acquire() as holder:
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("SELECT 1 FROM game_server.friends WHERE user_a = $1 FOR UPDATE", uuid.UUID(a2))
+        second = asyncio.create_task(batch(1))
+        await wait_until(lambda: waiting(1))
+        first = asyncio.create_task(batch(0))
+        await wait_until(lambda: waiting(2))
+        await lock.rollback()
+    rows = await asyncio.gather(second, first)  # a deadlock raises DeadlockDetectedError here
+    assert [r["cleaned"] for r in rows] == [2, 2]
+    assert sum(r["rows_t2"] + r["rows_t3"] for r in rows) == 2  # each friendship once
+    assert await game_rows(game_pool, users) == cleaned_rows(4)
