@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,15 +56,26 @@ def address(server: CodecServer) -> tuple[str, int]:
 
 
 def raw_request(server: CodecServer, head: str, body: bytes = b"") -> bytes:
-    """Send `head` (request line and headers, CRLF-joined, no blank line) and return the reply."""
+    """Send `head` (request line and headers, CRLF-joined, no blank line) and return the reply: its
+    head and the Content-Length bytes of body that follow (a kept-alive connection is not closed by
+    the server until its request timeout, so the reply ends where its length says)."""
     with socket.create_connection(address(server), timeout=30) as conn:
         conn.sendall(head.encode() + b"\r\n\r\n" + body)
         reply = b""
         while chunk := conn.recv(65536):
             reply += chunk
-            if b"\r\n\r\n" in reply and b"Connection: close" in reply:
+            if complete(reply):
                 break
         return reply
+
+
+def complete(reply: bytes) -> bool:
+    """`reply` holds a whole HTTP response: its head and as much body as its Content-Length says."""
+    head, blank, body = reply.partition(b"\r\n\r\n")
+    if not blank:
+        return False
+    length = re.search(rb"^content-length:\s*(\d+)\s*$", head, re.IGNORECASE | re.MULTILINE)
+    return length is not None and len(body) >= int(length[1])
 
 
 def status_of(reply: bytes) -> int:
