@@ -13,6 +13,7 @@ migrated once per session and each test gets its own clone (CREATE DATABASE ... 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
@@ -62,15 +63,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
-POSTGRES_WAS_RUNNING = pytest.StashKey[bool]()
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (`./dev test` runs the suite on several): the controller that started
+    it owns the session's token, stops the embedded Postgres and checks for leftovers."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every process the session starts carries its token (tests.leftovers finds any it left
-    running), and every embedded default it reaches lives in STATE_DIR (stopped at the end)."""
-    os.environ[leftovers.SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    """Every process the run starts carries its token (tests.leftovers finds any it left running),
+    and every embedded default it reaches lives in STATE_DIR (stopped at the end). An xdist worker
+    keeps the token of the controller that started it: the whole run is one session to check."""
+    if not is_xdist_worker(config):
+        os.environ[leftovers.SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.environ["CLEANUP_STATE_DIR"] = str(STATE_DIR)
-    config.stash[POSTGRES_WAS_RUNNING] = embedded.embedded_postgres_pid(STATE_DIR) is not None
     signal.signal(signal.SIGTERM, _interrupted)  # a killed run stops its servers too, like Ctrl-C
 
 
@@ -80,11 +85,17 @@ def _interrupted(signum: int, frame: object) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the runner's own session finish, which tears the fixtures down
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the embedded Postgres if the test session started it; fail the run if a process it
-    started is still running (listed, then killed, so nothing outlives the run either way)."""
-    if not session.config.stash.get(POSTGRES_WAS_RUNNING, True):
+    """Stop the embedded Postgres if this run started it (it carries the run's token: one that ran
+    before, or that an outer run started, does not); fail the run if a process it started is still
+    running (listed, then killed, so nothing outlives the run either way). With xdist, the controller
+    does both once every worker has finished (it tears the workers down before this hook)."""
+    if is_xdist_worker(session.config):
+        return
+    token = os.environ[leftovers.SESSION_ENV]
+    postgres = embedded.embedded_postgres_pid(STATE_DIR)
+    if postgres is not None and postgres in leftovers.carrying(token):
         embedded.stop_embedded_postgres(STATE_DIR)
-    left = leftovers.left_running(os.environ[leftovers.SESSION_ENV])
+    left = leftovers.left_running(token)
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -113,7 +124,11 @@ def admin_db_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
-    return embedded.embedded_postgres_url(STATE_DIR)
+    # xdist workers share the one embedded Postgres: the first to need it starts it, the others wait.
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "postgres.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return embedded.embedded_postgres_url(STATE_DIR)
 
 
 @pytest_asyncio.fixture(scope="session")
