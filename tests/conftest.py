@@ -18,8 +18,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -92,6 +93,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if is_xdist_worker(session.config):
         return
     token = os.environ[leftovers.SESSION_ENV]
+    for path in machine_files(token):
+        path.unlink(missing_ok=True)
     postgres = embedded.embedded_postgres_pid(STATE_DIR)
     if postgres is not None and postgres in leftovers.carrying(token):
         embedded.stop_embedded_postgres(STATE_DIR)
@@ -117,6 +120,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="local",
         help="'local' (dev server), 'time-skipping', or HOST:PORT of an existing Temporal server",
     )
+
+
+def machine_files(token: str) -> tuple[Path, Path]:
+    """The lock a `whole_machine` test holds alone (every other test holds it shared) and the flag it
+    raises while it waits, both of this run only (a killed run's leave the next run alone)."""
+    return STATE_DIR / f"machine-{token}.lock", STATE_DIR / f"machine-{token}.wanted"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: the wait is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Under xdist, a test marked `whole_machine` runs (setup to teardown) while no other test does:
+    its timings are those of the suite run one test at a time. It raises its flag, then takes the lock
+    exclusively once the tests running finish; no test starts while the flag is up (shared holders
+    taking turns could otherwise keep it waiting for good)."""
+    if not is_xdist_worker(item.config):
+        return (yield)
+    lock_path, wanted = machine_files(os.environ[leftovers.SESSION_ENV])
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        if item.get_closest_marker("whole_machine"):
+            wanted.touch()
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return (yield)
+            finally:
+                wanted.unlink(missing_ok=True)
+        while wanted.exists():
+            time.sleep(0.2)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return (yield)
 
 
 @pytest.fixture(scope="session")

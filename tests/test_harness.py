@@ -82,6 +82,7 @@ def failed_rows(done: subprocess.CompletedProcess[str]) -> str:
 SECOND_HALF = ["server-restart", "renewal-order", "zombie", "late-data", "planner-kills"]
 
 
+@pytest.mark.whole_machine  # its scenarios race their own stacks (a zombie's batches open at once)
 def test_quick_profile_passes_every_scenario():
     names = list(registry())
     halves = [[n for n in names if n not in SECOND_HALF], [n for n in names if n in SECOND_HALF]]
