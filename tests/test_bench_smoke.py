@@ -24,6 +24,7 @@ from bench import (
 pytestmark = [pytest.mark.server, pytest.mark.xdist_group("whole_stacks")]
 
 
+@pytest.mark.whole_machine  # the benchmark checks its cohort was moved well inside its lead (5 s)
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     timeline = tmp_path / "timeline.json"
     result = await cohort_cleanup.run(
