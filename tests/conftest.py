@@ -13,12 +13,14 @@ migrated once per session and each test gets its own clone (CREATE DATABASE ... 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -62,15 +64,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
-POSTGRES_WAS_RUNNING = pytest.StashKey[bool]()
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (`./dev test` runs the suite on several): the controller that started
+    it owns the session's token, stops the embedded Postgres and checks for leftovers."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every process the session starts carries its token (tests.leftovers finds any it left
-    running), and every embedded default it reaches lives in STATE_DIR (stopped at the end)."""
-    os.environ[leftovers.SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    """Every process the run starts carries its token (tests.leftovers finds any it left running),
+    and every embedded default it reaches lives in STATE_DIR (stopped at the end). An xdist worker
+    keeps the token of the controller that started it: the whole run is one session to check."""
+    if not is_xdist_worker(config):
+        os.environ[leftovers.SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.environ["CLEANUP_STATE_DIR"] = str(STATE_DIR)
-    config.stash[POSTGRES_WAS_RUNNING] = embedded.embedded_postgres_pid(STATE_DIR) is not None
     signal.signal(signal.SIGTERM, _interrupted)  # a killed run stops its servers too, like Ctrl-C
 
 
@@ -80,11 +86,19 @@ def _interrupted(signum: int, frame: object) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the runner's own session finish, which tears the fixtures down
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the embedded Postgres if the test session started it; fail the run if a process it
-    started is still running (listed, then killed, so nothing outlives the run either way)."""
-    if not session.config.stash.get(POSTGRES_WAS_RUNNING, True):
+    """Stop the embedded Postgres if this run started it (it carries the run's token: one that ran
+    before, or that an outer run started, does not); fail the run if a process it started is still
+    running (listed, then killed, so nothing outlives the run either way). With xdist, the controller
+    does both once every worker has finished (it tears the workers down before this hook)."""
+    if is_xdist_worker(session.config):
+        return
+    token = os.environ[leftovers.SESSION_ENV]
+    for path in machine_files(token):
+        path.unlink(missing_ok=True)
+    postgres = embedded.embedded_postgres_pid(STATE_DIR)
+    if postgres is not None and postgres in leftovers.carrying(token):
         embedded.stop_embedded_postgres(STATE_DIR)
-    left = leftovers.left_running(os.environ[leftovers.SESSION_ENV])
+    left = leftovers.left_running(token)
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -108,12 +122,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def machine_files(token: str) -> tuple[Path, Path]:
+    """The lock a `whole_machine` test holds alone (every other test holds it shared) and the flag it
+    raises while it waits, both of this run only (a killed run's leave the next run alone)."""
+    return STATE_DIR / f"machine-{token}.lock", STATE_DIR / f"machine-{token}.wanted"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: the wait is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Under xdist, a test marked `whole_machine` runs (setup to teardown) while no other test does:
+    its timings are those of the suite run one test at a time. It raises its flag, then takes the lock
+    exclusively once the tests running finish; no test starts while the flag is up (shared holders
+    taking turns could otherwise keep it waiting for good)."""
+    if not is_xdist_worker(item.config):
+        return (yield)
+    lock_path, wanted = machine_files(os.environ[leftovers.SESSION_ENV])
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        if item.get_closest_marker("whole_machine"):
+            wanted.touch()
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return (yield)
+            finally:
+                wanted.unlink(missing_ok=True)
+        while wanted.exists():
+            time.sleep(0.2)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return (yield)
+
+
 @pytest.fixture(scope="session")
 def admin_db_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
-    return embedded.embedded_postgres_url(STATE_DIR)
+    # xdist workers share the one embedded Postgres: the first to need it starts it, the others wait.
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "postgres.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return embedded.embedded_postgres_url(STATE_DIR)
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -19,9 +19,12 @@ from bench import (
     single_accounts,
 )
 
-pytestmark = pytest.mark.server  # each benchmark starts its own stack
+# Each benchmark starts its own stack: under `./dev test` (xdist, `--dist loadgroup`) one worker runs
+# them one at a time, with the harness runs (tests/test_harness.py), while the others run the rest.
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("whole_stacks")]
 
 
+@pytest.mark.whole_machine  # the benchmark checks its cohort was moved well inside its lead (5 s)
 async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     timeline = tmp_path / "timeline.json"
     result = await cohort_cleanup.run(

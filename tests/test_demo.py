@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from core.config import PROJECT_ROOT
 
 
+@pytest.mark.whole_machine  # its renewals must land inside a 4 s lead before their deadlines
 def test_demo_planner_cleans_spread_deadlines_renews_and_delivers_each_reminder_once(
     admin_db_url, temporal_address, tmp_path
 ):

@@ -20,7 +20,9 @@ from core.config import PROJECT_ROOT
 from harness.runner import render_table
 from harness.scenarios import registry
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.server]
+# Each run starts whole stacks of its own: under `./dev test` (xdist, `--dist loadgroup`) one worker
+# runs them one at a time, with the benchmarks (tests/test_bench_smoke.py), while the others run the rest.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.server, pytest.mark.xdist_group("whole_stacks")]
 
 
 def start_harness(*args: str) -> subprocess.Popen[str]:
@@ -80,6 +82,7 @@ def failed_rows(done: subprocess.CompletedProcess[str]) -> str:
 SECOND_HALF = ["server-restart", "renewal-order", "zombie", "late-data", "planner-kills"]
 
 
+@pytest.mark.whole_machine  # its scenarios race their own stacks (a zombie's batches open at once)
 def test_quick_profile_passes_every_scenario():
     names = list(registry())
     halves = [[n for n in names if n not in SECOND_HALF], [n for n in names if n in SECOND_HALF]]

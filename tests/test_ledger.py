@@ -109,6 +109,7 @@ async def test_a_shard_whose_inputs_changed_is_judged_again(client, pool, task_q
     assert await double_postings(pool) == 0
 
 
+@pytest.mark.whole_machine  # which throttled heartbeat reached Temporal before the kill depends on timing
 async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client, pool, task_queue, worker_processes):
     seeded = await seed_day(pool, D, payments=1200, shards=2)
     dying = worker_processes.start(CLEANUP_FAILPOINTS="reconcile_shard.after_commit=exit@3")

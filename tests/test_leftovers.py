@@ -85,7 +85,9 @@ DEFAULT_SIGINT = (
 
 @pytest.mark.server
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupted_session_stops_the_servers_it_started(tmp_path: Path, signum: int) -> None:
+def test_an_interrupted_session_stops_the_servers_it_started(tmp_path: Path, signum: int, admin_db_url: str) -> None:
+    """The probe session finds the suite's embedded Postgres running (`admin_db_url` starts it first)
+    and leaves it to the suite, whose other tests use it meanwhile; its own Temporal server it stops."""
     token_file = tmp_path / "token"
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/leak_probe.py", "-k", "wait"]
     session = subprocess.Popen(

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
@@ -225,6 +226,7 @@ async def test_the_planner_alone_cleans_every_account_once_through_renewals_stra
     assert dict(late_row) == {"outcome": "too_late", "after_deadline": True}
 
 
+@pytest.mark.whole_machine  # it bounds the lateness it measures
 async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue):
     """Accounts whose bucket cleanup is planned ahead are cleaned within L of their deadline."""
     groups = [await seed(pool, deadline_in(5 + 2.5 * i), 20, prefix=f"l{i}{uuid.uuid4().hex[:6]}") for i in range(5)]
