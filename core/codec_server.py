@@ -85,6 +85,15 @@ class CodecServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a closed socket, a timeout) is logged in one line;
+        anything else keeps the standard traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            log.info("client %s went away: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             with contextlib.suppress(OSError):
