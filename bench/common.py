@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,9 +212,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
     database = f"bench_{uuid.uuid4().hex[:10]}"
     url = await db.create_database(admin_url, database, migrate=False)
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        server = embedded.DevServer(Path(tmp), port=None)
-        server.start()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, _dev_server(Path(tmp)) as server:
         settings = base.model_copy(
             update={
                 "temporal_address": server.address,
@@ -247,8 +245,18 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
                     p.wait(timeout=30)
             await claim_backends.close()
             await pool.close()
-            server.stop()
             await db.drop_database(admin_url, database)
+
+
+@contextlib.contextmanager
+def _dev_server(state_dir: Path) -> Iterator[embedded.DevServer]:
+    """A Temporal dev server of the benchmark's own, stopped whatever happens after it started."""
+    server = embedded.DevServer(state_dir, port=None)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 async def wait_for_worker(client: Client, task_queue: str, within: float = 60, pid: int | None = None) -> None:
