@@ -4,10 +4,13 @@ lists and kills what a session left running, and fails that session."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ import pytest
 from core import embedded
 from core.config import PROJECT_ROOT
 from tests import leftovers
+from tests.conftest import STATE_DIR
 
 
 def probe_session(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -59,8 +63,23 @@ def test_this_session_carries_a_token_its_children_inherit() -> None:
     assert child.pid not in leftovers.carrying(token)
 
 
+@pytest.fixture
+def postgres_state_dir() -> Iterator[Path]:
+    """A state dir the embedded Postgres's own user (`pgserver`, when the tests run as root) can
+    reach: not under pytest's tmp_path, whose root pytest keeps at mode 0700 (under xdist a worker
+    can reset it while another worker's server is initializing its data directory)."""
+    state = STATE_DIR / f"dev-down-{uuid.uuid4().hex[:8]}"
+    try:
+        yield state
+    finally:
+        if embedded.embedded_postgres_pid(state) is not None:
+            embedded.stop_embedded_postgres(state)
+        shutil.rmtree(state, ignore_errors=True)
+
+
 @pytest.mark.server
-def test_dev_down_stops_the_embedded_postgres(tmp_path: Path) -> None:
+def test_dev_down_stops_the_embedded_postgres(postgres_state_dir: Path) -> None:
+    tmp_path = postgres_state_dir
     embedded.embedded_postgres_url(tmp_path)
     assert embedded.embedded_postgres_pid(tmp_path) is not None
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
