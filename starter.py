@@ -31,6 +31,7 @@ from core.cli import (
     EXIT_UNAVAILABLE,
     CliParser,
     Commands,
+    add_connection_flags,
     bounded_int,
     emit,
     finite_float,
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    _add_global_flags(parser)
+    add_connection_flags(parser)
     commands = Commands(parser.add_subparsers(dest="command", required=True, title="commands"))
     _add_migrate(commands)
     cleanup_cli.register(commands)
@@ -170,24 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_processes(commands)
     return parser
-
-
-def _add_global_flags(parser: argparse.ArgumentParser) -> None:
-    """Where Temporal and the database are: before the command, each with its environment variable."""
-    parser.add_argument(
-        "--temporal-address",
-        metavar="HOST:PORT",
-        help="the Temporal frontend (env: TEMPORAL_ADDRESS; default: the embedded dev server)",
-    )
-    parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
-    parser.add_argument(
-        "--task-queue", help="the workers' task queue (env: TEMPORAL_TASK_QUEUE; default 'deadline-cleanup')"
-    )
-    parser.add_argument(
-        "--database-url",
-        metavar="URL",
-        help="the Postgres database (env: DATABASE_URL; default: the embedded Postgres)",
-    )
 
 
 def _add_migrate(commands: Commands) -> None:

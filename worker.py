@@ -28,7 +28,7 @@ from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
-from core.cli import bounded_int
+from core.cli import add_connection_flags, bounded_int
 from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
@@ -341,20 +341,7 @@ async def _start_companions(
 def build_parser() -> argparse.ArgumentParser:
     """The worker's options; each has an environment variable, named in its help."""
     parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__, allow_abbrev=False)
-    parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
-    parser.add_argument(
-        "--task-queue", help="the task queue to poll (env: TEMPORAL_TASK_QUEUE; default 'deadline-cleanup')"
-    )
-    parser.add_argument(
-        "--temporal-address",
-        metavar="HOST:PORT",
-        help="the Temporal frontend (env: TEMPORAL_ADDRESS; default: the embedded dev server)",
-    )
-    parser.add_argument(
-        "--database-url",
-        metavar="URL",
-        help="the Postgres database (env: DATABASE_URL; default: the embedded Postgres)",
-    )
+    add_connection_flags(parser)
     parser.add_argument(
         "--metrics-port",
         type=bounded_int(1, 65535),

@@ -204,6 +204,25 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     return _render(t)
 
 
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """Where Temporal and the database are, each with its environment variable. An address has no
+    default: unset, it comes from `dev up`'s env file, else the command exits 2 naming it."""
+    parser.add_argument(
+        "--temporal-address",
+        metavar="HOST:PORT",
+        help="the Temporal frontend (env: TEMPORAL_ADDRESS; unset: the `dev up` stack's, else exit 2)",
+    )
+    parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
+    parser.add_argument(
+        "--task-queue", help="the workers' task queue (env: TEMPORAL_TASK_QUEUE; default 'deadline-cleanup')"
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="the Postgres database (env: DATABASE_URL; unset: the `dev up` stack's, else exit 2)",
+    )
+
+
 def plain(data: Any) -> Any:
     """A result as the CLI prints it: a report with the fields its sources gave (`Report.given`), any
     other model dumped, lists element by element; anything else as it is."""
