@@ -261,11 +261,15 @@ async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue
 
 
 async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(client, pool, task_queue):
-    """In time iff the database judges the renewal before the deadline, a few ms either side."""
-    accounts = await seed(pool, deadline_in(3600), 40)
+    """In time iff the database judges the renewal before the deadline, a few ms either side.
+
+    The rule is checked on what the database recorded (judged_at against the deadline it saw), so
+    a slow machine moves renewals across the boundary without failing the test; the +2 s offsets
+    make sure some renewals are judged before it however loaded the machine is."""
+    accounts = await seed(pool, deadline_in(3600), 44)
     outcomes = []
     for i, account in enumerate(accounts):
-        offset_ms = [-5, -2, 2, 5][i % 4] if i < 20 else [-1, 1][i % 2]
+        offset_ms = [-5, -2, 2, 5][i % 4] if i < 20 else [-1, 1][i % 2] if i < 40 else 2000
         async with pool.acquire() as conn:
             # The deadline is set relative to the database clock, then the renewal runs at once.
             await conn.execute(
@@ -287,12 +291,12 @@ async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(clie
         assert r["status"] == ("renewed" if r["before"] else "active")
     # After the deadline it is always too late (no worker has claimed these accounts).
     assert all(o == "too_late" for ms, o in outcomes if ms < 0)
-    assert any(o == "in_time" for ms, o in outcomes if ms >= 5), outcomes
+    assert all(o == "in_time" for ms, o in outcomes if ms >= 2000), outcomes
 
     # The same rule through the CLI's operation, and the claim agrees with it.
     [early, late] = await seed(pool, deadline_in(3600), 2)
     await pool.execute(
-        "UPDATE accounts SET renewal_deadline = clock_timestamp() + interval '1 second' WHERE account_id = $1", early
+        "UPDATE accounts SET renewal_deadline = clock_timestamp() + interval '10 seconds' WHERE account_id = $1", early
     )
     await pool.execute(
         "UPDATE accounts SET renewal_deadline = clock_timestamp() - interval '3 milliseconds' WHERE account_id = $1",
