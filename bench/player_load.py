@@ -258,8 +258,9 @@ DEFAULT_OBJECTIVES = "default,ratio=1.5,ratio=3"
 # `--objectives` keys: the budget's settings they set (`budget set --probe-ratio / --probe-max-ms`).
 OBJECTIVE_KEYS = {"ratio": "probe_ratio", "max_ms": "probe_max_ms"}
 WINDOW_SECONDS = 10.0
-# Every cohort and the players are seeded up front: keep the database modest, the machine is shared.
-MAX_SEEDED_ACCOUNTS = 500_000
+# Every cohort and the players are seeded up front: keep the database modest, the machine is shared
+# (room for 100,000-account cohorts under three objectives, when 40,000 clean too fast to be judged).
+MAX_SEEDED_ACCOUNTS = 800_000
 
 
 @dataclass(frozen=True)
