@@ -38,7 +38,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "ledger_rerun": ("unchanged re-check / first run, seconds", "python -m bench.ledger_rerun --payments 1000000"),
     "poisoned_cohort": ("poisoned / clean cohort, accounts/s", "python -m bench.poisoned_cohort --accounts 100000"),
     "player_load": (
-        "players' p99 with the default budget / players alone",
+        "players' p99 under the default objective / under the floor paced at the same accounts/s",
         "python -m bench.player_load --accounts 40000 --players 20000",
     ),
     "batch_plan": ("rows processed per key, largest / smallest batch", "python -m bench.batch_plan"),
@@ -53,6 +53,9 @@ SCENARIOS: dict[str, tuple[str, str]] = {
 }
 # A benchmark whose output has no `ratio`: its main figure and that figure's goal.
 MAIN_FIGURE = {"game_schema": ("pipeline_over_floor", ">= 0.6"), "game_schema_1m": ("pipeline_over_floor", ">= 0.6")}
+# A result recorded while its scenario's `ratio` compared something else: the key only the current
+# results have, and what the recorded ratio compares.
+EARLIER_RATIO = {"player_load": ("curve", "players' p99 with the default budget / players alone")}
 SIZE_KEYS = ("accounts", "accounts_per_cohort", "payments", "workflows", "live_players", "poisoned", "users_per_cohort")
 
 
@@ -151,6 +154,66 @@ def load_of(doc: dict[str, Any]) -> str:
     return f"{float(pair[0]):.1f} / {float(pair[1]):.1f}"
 
 
+def ratio_label(scenario: str, doc: dict[str, Any]) -> str:
+    """What the result's `ratio` compares."""
+    key, earlier = EARLIER_RATIO.get(scenario, ("", ""))
+    return earlier if key and key not in doc else SCENARIOS[scenario][0]
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value:,.0f}" if digits == 0 else f"{value:.{digits}f}"
+
+
+def curve_table(doc: dict[str, Any]) -> list[str]:
+    """The load budget's curve of a `player_load` result: one row per objective, after the budget off."""
+    window = doc.get("window_seconds", 10)
+    alone = doc.get("players_alone_p99_ms")
+    off = doc["no_budget"]
+    lines = [
+        f"Players alone: p99 {_number(alone, 1)} ms. Each p99 counts the players' queries scheduled while the",
+        "cleanup ran; `/ alone` divides it by the mean of the players-alone windows right before and after it.",
+        "",
+        "| objective | cleanup accounts/s | / budget off | players' p99 ms | / alone "
+        "| paced floor's p99 ms at the same accounts/s | budget / paced floor (goal <= 1.1) "
+        f"| objective held, {window:g} s windows (goal >= 0.95) |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| budget off | {_number(off['accounts_per_s'], 0)} | 1.000 | {_number(off['players_p99_ms'], 1)} "
+        f"| {_number(off['players_p99_over_alone_bracketed'], 2)} | - | - | - |",
+    ]
+    for p in doc["curve"]:
+        held = p["objective_held_fraction"]
+        held_text = "no window" if held is None else f"{held:.2f} of {p['objective_windows']}"
+        lines.append(
+            f"| {p['objective']}: {p['means']} | {_number(p['accounts_per_s'], 0)} "
+            f"| {_number(p['throughput_over_no_budget'])} | {_number(p['players_p99_ms'], 1)} "
+            f"| {_number(p['players_p99_over_alone_bracketed'], 2)} | {_number(p['paced_floor_players_p99_ms'], 1)} "
+            f"| {_number(p['p99_over_paced_floor'])} | {held_text} |"
+        )
+    return lines
+
+
+def curve_section(stamped: list[dict[str, Any]]) -> list[str]:
+    """The load budget's curve (docs/budget.md): objective, throughput, players' p99, from `player_load`."""
+    lines = ["", "## The load budget's curve", ""]
+    found = [s for s in stamped if s["scenario"] == "player_load" and "curve" in s["result"]]
+    if not found:
+        command = SCENARIOS["player_load"][1]
+        return [*lines, f"No measured curve: `{command} > out.json`, then `record` it."]
+    s = found[0]
+    doc = s["result"]
+    lines += [
+        "What each objective of the load budget ([budget](budget.md)) gives the cleanup and costs the",
+        f"players, measured in one `player_load` run ({size_of(doc)}; {s['date']}, {s['commit']}; load",
+        f"before / after {load_of(doc)}): the players at {_number(doc.get('player_rate_per_s'), 0)} queries/s, each",
+        "objective's cleanup followed by the floor's statement paced at the throughput that cleanup measured.",
+        "",
+        *curve_table(doc),
+    ]
+    return lines
+
+
 def render(results: Path = RESULTS) -> str:
     stamped = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
     lines = [
@@ -168,7 +231,7 @@ def render(results: Path = RESULTS) -> str:
     ]
     machines = sorted({s["machine"] for s in stamped})
     for s in stamped:
-        what = SCENARIOS[s["scenario"]][0]
+        what = ratio_label(s["scenario"], s["result"])
         for f in figures(s["result"], s["scenario"]):
             name = what if f.name == "ratio" else f.name.replace("_over_", " / ").replace("_", " ")
             met = "yes" if f.met else "**no**"
@@ -179,6 +242,7 @@ def render(results: Path = RESULTS) -> str:
     missing = [name for name in SCENARIOS if name not in {s["scenario"] for s in stamped}]
     if missing:
         lines += ["", "No current result: " + ", ".join(f"`{m}`" for m in missing) + "."]
+    lines += curve_section(stamped)
     lines += ["", "## Machine", ""] + [f"- {m}" for m in machines]
     lines += ["", "## How to measure", "", "```bash"]
     lines += [f"{cmd} > out.json  # {name}" for name, (_, cmd) in SCENARIOS.items()]

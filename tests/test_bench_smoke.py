@@ -117,7 +117,8 @@ async def test_poisoned_cohort_benchmark_isolates_the_poisoned_and_measures_a_ra
     assert result["ratio"] > 0
 
 
-async def test_player_load_benchmark_measures_players_alone_and_during_cleanups():
+async def test_player_load_benchmark_measures_the_budgets_curve_beside_the_paced_floor():
+    objectives = player_load.parse_objectives("default,ratio=3")
     result = await player_load.run(
         accounts=300,
         players=200,
@@ -126,24 +127,39 @@ async def test_player_load_benchmark_measures_players_alone_and_during_cleanups(
         partitions=4,
         parallel=2,
         batch_size=50,
-        paced_floor_slice=50,
+        objectives=objectives,
+        floor_slice=50,
+        half_floor=True,
+        window_seconds=0.2,
     )
-    assert result["cleanup_no_budget"]["cleaned"] == result["cleanup_default_budget"]["cleaned"] == 300
-    phases = ["alone", "no_budget", "alone_between", "default_budget", "alone_after"]
-    phases += ["paced_floor_half", "alone_after_floor_half", "paced_floor_budget", "alone_after_floor_budget"]
+    assert result["cohorts"] == 6, "the unbudgeted cohort, a budgeted and a paced one per objective, the half floor's"
+    phases = ["alone", "no_budget", "alone_between", "paced_floor_half", "alone_after_floor_half"]
+    for label in ("default", "ratio=3"):
+        phases += [f"budget[{label}]", f"alone_after[{label}]", f"paced_floor[{label}]", f"alone_after_floor[{label}]"]
+    assert sorted(result["players"]) == sorted(phases)
     for phase in phases:
         assert result["players"][phase]["queries"] > 0 and result["players"][phase]["errors"] == 0
-    # the floor, paced at half the unbudgeted rate and at the budgeted one, cleans its cohorts in full
-    half, budget = result["paced_floor"]["floor_half"], result["paced_floor"]["floor_budget"]
-    assert half["cleaned"] == budget["cleaned"] == 300 and half["slices"] == 6
-    assert half["paced_at_accounts_per_s"] == round(0.5 * result["cleanup_no_budget"]["accounts_per_s"], 1)
+    assert result["cleanup_no_budget"]["cleaned"] == 300
+    assert [p["objective"] for p in result["curve"]] == ["default", "ratio=3"]
+    for point in result["curve"]:
+        measured = result["by_objective"][point["objective"]]
+        # each objective's cohort is cleaned in full, then the floor's at exactly its throughput
+        assert measured["cleanup"]["cleaned"] == measured["paced_floor"]["cleaned"] == 300
+        assert measured["paced_floor"]["paced_at_accounts_per_s"] == point["accounts_per_s"]
+        assert measured["paced_floor"]["slices"] == 6
+        assert point["p99_over_paced_floor"] > 0 and point["probe_baseline_ms"] > 0
+        assert point["objective_windows"] == len(measured["windows"]) > 0
+        assert 0 <= point["objective_held_fraction"] <= 1
+        assert measured["budget_after_run"]["doing"] and measured["budget_after_run"]["limited_by"]
+    assert result["figures_for_objective"] == "default"
+    assert result["ratio"] == result["curve"][0]["p99_over_paced_floor"] and result["target"] == "<= 1.1"
+    half = result["paced_floor_half"]
+    assert half["cleaned"] == 300 and half["paced_at_accounts_per_s"] == round(
+        0.5 * result["cleanup_no_budget"]["accounts_per_s"], 1
+    )
     assert result["p99_ratio_floor_at_half_throughput"] > 0
-    assert result["p99_ratio_no_budget"] > 0 and result["p99_ratio_default_budget"] > 0
-    assert result["throughput_ratio_budget_over_none"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
-    # the default budget has no fixed limit: it says what it did and why
-    after = result["budget_after_default_run"]
-    assert after["peak_in_flight"] >= 1 and after["doing"] and after["limited_by"]
+    assert result["commit_probe_errors"] == 0
 
 
 async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_planner_alone():
