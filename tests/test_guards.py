@@ -97,6 +97,12 @@ def test_budget_limits_reject_non_finite_numbers(name: str, text: str) -> None:
         parse_limit(name, text)
 
 
+@pytest.mark.parametrize(("name", "text", "bound"), [("probe_ratio", "0.5", "> 1"), ("rows_per_second", "0", "> 0")])
+def test_an_out_of_range_budget_limit_names_its_real_bound(name: str, text: str, bound: str) -> None:
+    with pytest.raises(InputError, match=f"must be {bound}, got"):
+        parse_limit(name, text)
+
+
 async def test_the_database_refuses_a_non_finite_budget_limit(pool: asyncpg.Pool) -> None:
     """Postgres sorts NaN above every number, so `CHECK (rows_per_second > 0)` alone let it in."""
     for value in (math.nan, math.inf):
