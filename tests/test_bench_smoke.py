@@ -13,6 +13,7 @@ from bench import (
     game_schema,
     ledger_reconciliation,
     ledger_rerun,
+    planner_cohort,
     planner_lateness,
     player_load,
     poisoned_cohort,
@@ -156,6 +157,25 @@ async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_plann
     assert "other" not in result["cleaned_by"], "cleaned by the planner's cleanups only"
     assert result["lateness_seconds"]["min"] >= 0, "never cleaned before the deadline"
     assert result["temporal_server_peak_rss_mib"] > 0 and result["worker_0_peak_rss_mib"] > 0
+
+
+async def test_planner_cohort_benchmark_cleans_a_registered_cohort_through_the_planner_beside_the_floor():
+    """bench.planner_cohort, one budget mode, tiny: the cohort registered through `set_deadline` is
+    cleaned by one planner bucket (nobody started a cleanup), the floor's cohort by the floor alone,
+    and the timeline orders the bucket's phases after its deadline."""
+    result = await planner_cohort.run(
+        accounts=60, budgets=("off",), workers=1, drain=60, lead=4, planner={"tick_seconds": "1"}
+    )
+    off = result["budget_off"]
+    assert off["registered"] == off["cleaned"] == 60
+    assert result["floor_accounts_per_s"] > 0 and result["blackbox_over_floor"] > 0
+    assert result["ratio"] == result["blackbox_over_floor"] and result["target"] == ">= 0.7"
+    [bucket] = off["timeline"]["cleanups"]
+    assert bucket["cleanup_id"].startswith("cleanup-bucket-") and bucket["accounts"] == 60
+    assert bucket["started_by_planner"] < 0 <= off["timeline"]["first_claimed"], "woken by the planner, not late"
+    assert bucket["claim_started"] <= bucket["claim_done"] <= bucket["last_partition_done"] <= bucket["closed"]
+    assert off["seconds_deadline_to_last_cleaned"] == off["timeline"]["last_cleaned"] > 0
+    assert result["workers_alive_at_end"] == [True]
 
 
 async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
