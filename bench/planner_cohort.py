@@ -1,7 +1,7 @@
 """What a user sees: a cohort due at one instant, cleaned through the planner, against the floor.
 `python -m bench.planner_cohort --accounts 100000` (`--budget off|default`; default: both).
 
-The black-box check of issue 37: nobody starts a cleanup. Worker processes (`python -m worker`, the
+The black-box check: nobody starts a cleanup. Worker processes (`python -m worker`, the
 planner on, its settings as shipped) run; a cohort of N accounts with the shipped game data (2 saves,
 5 items, 5 matches each) is registered the way a game registers it, through the contract function
 `set_deadline` (one statement for the whole cohort, so the planner sees all of it or none), at one
@@ -153,7 +153,7 @@ def _last(values: list[float | None]) -> float | None:
 
 def bucket_timeline(activities: dict[str, list[float | None]]) -> dict[str, Any]:
     """One cleanup's history (`activity_timeline`: [scheduled, started, closed] per activity, in
-    seconds after the deadline) cut into the phases issue 37 asks about: the bucket's wake-up, the
+    seconds after the deadline) cut into the phases where the time goes: the bucket's wake-up, the
     claim, the partitions' start, the last partition's tail, the settlement."""
     claims = {k: v for k, v in activities.items() if k.startswith("claim")}
     parts = {k: v for k, v in activities.items() if k.startswith("partition ")}
