@@ -80,16 +80,23 @@ async def floor_pool(url: str, size: int) -> asyncpg.Pool:
     return pool
 
 
+async def register_cohort(pool: asyncpg.Pool, seeded_at: datetime, accounts: int, lead: float) -> datetime:
+    """The `accounts` seeded at `seeded_at` registered by the game's `set_deadline` at one instant
+    `lead` seconds ahead on the database's clock (whole seconds); returns that instant."""
+    now: datetime = await pool.fetchval(SQL.database_clock)
+    deadline = (now + timedelta(seconds=lead)).replace(microsecond=0)
+    row = await pool.fetchrow(SQL.register_cohort, seeded_at, deadline, timeout=LONG_STATEMENT_SECONDS)
+    assert row is not None and row["moved"] == row["accounts"] == accounts, dict(row or {})
+    return deadline
+
+
 async def through_planner(
     s: Stack, seeded_at: datetime, accounts: int, drain: float, lead: float, tick: float
 ) -> dict[str, Any]:
     """Register the cohort seeded at `seeded_at` at an instant `lead` seconds ahead, wait for every
     account to be cleaned (or `drain` seconds after the deadline), read its times back."""
     await settle(s.pool)
-    now: datetime = await s.pool.fetchval(SQL.database_clock)
-    deadline = (now + timedelta(seconds=lead)).replace(microsecond=0)
-    row = await s.pool.fetchrow(SQL.register_cohort, seeded_at, deadline, timeout=LONG_STATEMENT_SECONDS)
-    assert row is not None and row["moved"] == row["accounts"] == accounts, dict(row or {})
+    deadline = await register_cohort(s.pool, seeded_at, accounts, lead)
     await settle(s.pool)
     ahead = (deadline - await s.pool.fetchval(SQL.database_clock)).total_seconds()
     # Two ticks of the planner before the deadline: it ensures the bucket's cleanup in time.
@@ -122,7 +129,7 @@ async def through_planner(
     return {
         "deadline": deadline.isoformat(),
         "lead_seconds": round(lead, 1),
-        "registered": row["moved"],
+        "registered": accounts,
         "cleaned": times["cleaned"],
         "seconds_deadline_to_last_cleaned": round(last, 3) if last is not None else None,
         "accounts_per_s": round(times["cleaned"] / last, 1) if last else None,

@@ -19,6 +19,7 @@ from bench import (
     poisoned_cohort,
     single_accounts,
 )
+from harness import restart_chaos
 
 # Each benchmark starts its own stack: under `./dev test` (xdist, `--dist loadgroup`) one worker runs
 # them one at a time, with the harness runs (tests/test_harness.py), while the others run the rest.
@@ -176,6 +177,22 @@ async def test_planner_cohort_benchmark_cleans_a_registered_cohort_through_the_p
     assert bucket["claim_started"] <= bucket["claim_done"] <= bucket["last_partition_done"] <= bucket["closed"]
     assert off["seconds_deadline_to_last_cleaned"] == off["timeline"]["last_cleaned"] > 0
     assert result["workers_alive_at_end"] == [True]
+
+
+async def test_restart_chaos_benchmark_runs_the_night_calm_and_under_restarts_with_nothing_lost():
+    """bench.restart_chaos, tiny: both nights clean the cohort, close the ledger date and deliver
+    every reminder; the harness's checks find nothing doubled or lost and no worker died."""
+    chaos = restart_chaos.Chaos(restarts=1, every=(0.5, 1.0), down_max=2.0, seed=3)
+    result = await restart_chaos.run(
+        accounts=50, payments=300, chaos=chaos, within=120, lead=4, planner_env={"PLANNER_TICK_SECONDS": "1"}
+    )
+    for night in (result["calm"], result["under_restarts"]):
+        assert night["cleaned"] == night["reminders"] == 50 and night["reminders_pending"] == 0, night
+        assert night["cohort_closed_s"] > 0 and night["ledger_closed_s"] > 0 and night["last_reminder_s"] > 0
+    assert (result["duplicates"], result["lost"], result["problems"]) == (0, 0, []), result
+    assert result["worker_deaths"] == 0, result["worker_logs"]
+    assert result["chaos"]["restarts_during_the_night"] == len(result["chaos"]["downtime_s"]) <= 1
+    assert result["ratio"] > 0 and result["ledger_closed_ratio"] > 0
 
 
 async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():
