@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -126,6 +127,7 @@ async def through_planner(
             }
         )
     last = times["last_cleaned"]
+    phases = where_the_time_goes(buckets[0], last) if buckets else {}
     return {
         "deadline": deadline.isoformat(),
         "lead_seconds": round(lead, 1),
@@ -133,6 +135,7 @@ async def through_planner(
         "cleaned": times["cleaned"],
         "seconds_deadline_to_last_cleaned": round(last, 3) if last is not None else None,
         "accounts_per_s": round(times["cleaned"] / last, 1) if last else None,
+        "where_the_time_goes_s": phases,
         "timeline": {
             "first_claimed": _r(times["first_claimed"]),
             "last_claimed": _r(times["last_claimed"]),
@@ -182,6 +185,28 @@ def bucket_timeline(activities: dict[str, list[float | None]]) -> dict[str, Any]
     }
 
 
+def where_the_time_goes(bucket: dict[str, Any], last_cleaned: float | None) -> dict[str, float | None]:
+    """The deadline -> last account cleaned of the cohort's main cleanup, cut into consecutive
+    phases (seconds; they add up to `last_cleaned`): the bucket's wake-up and its claim's dispatch
+    (deadline -> claim started), the claim (which waits for the database clock to pass the bucket's
+    end before claiming), claim done -> first partition started (negative: the partitions follow the
+    claim), the partitions' body (first started -> first done), the last partition's tail (first
+    done -> last account cleaned)."""
+    marks = [
+        0.0,
+        bucket["claim_started"],
+        bucket["claim_done"],
+        bucket["first_partition_started"],
+        bucket["first_partition_done"],
+        last_cleaned,
+    ]
+    names = ("wake_and_dispatch", "claim", "claim_to_first_partition", "partitions_body", "last_partition_tail")
+    return {
+        name: round(b - a, 3) if a is not None and b is not None else None
+        for name, (a, b) in zip(names, itertools.pairwise(marks), strict=True)
+    }
+
+
 def human_timeline(mode: str, floor: dict[str, Any], product: dict[str, Any]) -> str:
     """The product's run as lines of `+seconds  what`, sorted, after the floor's time for the same cohort."""
     t = product["timeline"]
@@ -203,6 +228,8 @@ def human_timeline(mode: str, floor: dict[str, Any], product: dict[str, Any]) ->
         f" through the planner {product['seconds_deadline_to_last_cleaned']} s ({product['accounts_per_s']} accounts/s)"
     ]
     lines += [f"  {at:+8.3f} s  {what}" for at, what in sorted(events, key=lambda e: e[0])]
+    cut = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in product["where_the_time_goes_s"].items())
+    lines.append(f"  where the time goes (s): {cut}")
     return "\n".join(lines)
 
 
