@@ -95,9 +95,13 @@ async def crash_repeatedly(pg: PrivatePostgres, chaos: Chaos, crashes: Crashes) 
         await asyncio.sleep(rng.uniform(*chaos.every))
         down = rng.uniform(min(1.0, chaos.down_max), chaos.down_max)
         t = time.monotonic()
-        await asyncio.shield(_crash_once(pg, t + down - START_SECONDS))
-        crashes.downtime.append(round(time.monotonic() - t, 2))
-        crashes.done += 1
+        crash = asyncio.ensure_future(_crash_once(pg, t + down - START_SECONDS))
+        try:
+            await asyncio.shield(crash)
+        finally:
+            await crash  # cancelled or not: the server is up again before the night's figures are read
+            crashes.downtime.append(round(time.monotonic() - t, 2))
+            crashes.done += 1
 
 
 async def _crash_once(pg: PrivatePostgres, start_at: float) -> None:
