@@ -135,11 +135,17 @@ async def floor_cleanup(acts: CleanupActivities, deadline: datetime) -> dict[str
     """The cohort cut into `bench.floor.FLOOR_BACKENDS` account_id ranges of equal size (their
     bounds read by one untimed query), one statement and one transaction per range, each on its own
     backend, all at once; timed together (start of the first to end of the last), counts summed."""
+    return await floor_cleanup_on(acts.pool, deadline)
+
+
+async def floor_cleanup_on(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any]:
+    """`floor_cleanup` on `pool` (bench.planner_cohort: a pool whose clock is ahead, so a cohort due
+    far in the future, out of the planner's sight, is past its deadline for the floor alone)."""
     cleanup_id = f"floor-{deadline:%H%M%S}"
-    bounds = await acts.pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
+    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
     edges: list[str | None] = [None, *(bounds or []), None]
     slices = [(cleanup_id, deadline, lo, hi) for lo, hi in itertools.pairwise(edges)]
-    run = await bench.floor.run_slices(acts.pool, FLOOR.cleanup_floor, slices, LONG_STATEMENT_SECONDS)
+    run = await bench.floor.run_slices(pool, FLOOR.cleanup_floor, slices, LONG_STATEMENT_SECONDS)
     return {
         "seconds": run.seconds,
         "backends": len(slices),

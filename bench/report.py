@@ -50,6 +50,14 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "pipeline / floor on a game server's own schema, accounts/s",
         "python -m bench.game_schema --users 1000000",
     ),
+    "cohort_through_planner": (
+        "through the planner (deadline -> last account cleaned) / floor, budget off, accounts/s",
+        "python -m bench.planner_cohort --accounts 100000",
+    ),
+    "restart_chaos": (
+        "cohort closed after its deadline, 20 database restarts / none, seconds",
+        "python -m harness.restart_chaos --accounts 50000 --payments 200000 --restarts 20",
+    ),
 }
 # A benchmark whose output has no `ratio`: its main figure and that figure's goal.
 MAIN_FIGURE = {"game_schema": ("pipeline_over_floor", ">= 0.6"), "game_schema_1m": ("pipeline_over_floor", ">= 0.6")}

@@ -2,7 +2,8 @@
 
 Full sizes: cohort cleanup 100,000 accounts, ledger reconciliation 1,000,000 payments,
 2,000 single-account cleanups, ledger rerun 1,000,000 payments, the poisoned cohort, players
-during a cleanup, and the batch plans' growth per key (the quadratic-plan guard). `--smoke` runs tiny sizes (what
+during a cleanup, the batch plans' growth per key (the quadratic-plan guard), and a 100,000-account
+cohort through the planner beside the floor. `--smoke` runs tiny sizes (what
 tests/test_bench_smoke.py runs) to check that everything still works. Each scenario starts its
 own Temporal dev server and database; a scenario that fails is reported and the others still run.
 """
@@ -24,6 +25,7 @@ from bench import (
     cohort_cleanup,
     ledger_reconciliation,
     ledger_rerun,
+    planner_cohort,
     player_load,
     poisoned_cohort,
     single_accounts,
@@ -40,6 +42,7 @@ FULL: dict[str, Scenario] = {
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),
     "player_load": lambda: player_load.run(accounts=40_000, players=20_000),
     "batch_plan": lambda: batch_plan.run(accounts=20_000, payments=40_000),
+    "cohort_through_planner": lambda: planner_cohort.run(accounts=100_000),
 }
 SMOKE: dict[str, Scenario] = {
     "cohort_cleanup": lambda: cohort_cleanup.run(accounts=300, partitions=4, parallel=2, batch_size=50),
@@ -51,6 +54,9 @@ SMOKE: dict[str, Scenario] = {
         accounts=300, players=200, rate=50, alone_seconds=1, partitions=4, parallel=2, batch_size=50
     ),
     "batch_plan": lambda: batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000),
+    "cohort_through_planner": lambda: planner_cohort.run(
+        accounts=60, budgets=("off",), workers=1, drain=60, lead=4, planner={"tick_seconds": "1"}
+    ),
 }
 
 

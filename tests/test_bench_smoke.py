@@ -13,11 +13,13 @@ from bench import (
     game_schema,
     ledger_reconciliation,
     ledger_rerun,
+    planner_cohort,
     planner_lateness,
     player_load,
     poisoned_cohort,
     single_accounts,
 )
+from harness import restart_chaos
 
 # Each benchmark starts its own stack: under `./dev test` (xdist, `--dist loadgroup`) one worker runs
 # them one at a time, with the harness runs (tests/test_harness.py), while the others run the rest.
@@ -172,6 +174,43 @@ async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_plann
     assert "other" not in result["cleaned_by"], "cleaned by the planner's cleanups only"
     assert result["lateness_seconds"]["min"] >= 0, "never cleaned before the deadline"
     assert result["temporal_server_peak_rss_mib"] > 0 and result["worker_0_peak_rss_mib"] > 0
+
+
+async def test_planner_cohort_benchmark_cleans_a_registered_cohort_through_the_planner_beside_the_floor():
+    """bench.planner_cohort, one budget mode, tiny: the cohort registered through `set_deadline` is
+    cleaned by one planner bucket (nobody started a cleanup), the floor's cohort by the floor alone,
+    and the timeline orders the bucket's phases after its deadline."""
+    result = await planner_cohort.run(
+        accounts=60, budgets=("off",), workers=1, drain=60, lead=4, planner={"tick_seconds": "1"}
+    )
+    off = result["budget_off"]
+    assert off["registered"] == off["cleaned"] == 60
+    assert result["floor_accounts_per_s"] > 0 and result["blackbox_over_floor"] > 0
+    assert result["ratio"] == result["blackbox_over_floor"] and result["target"] == ">= 0.7"
+    [bucket] = off["timeline"]["cleanups"]
+    assert bucket["cleanup_id"].startswith("cleanup-bucket-") and bucket["accounts"] == 60
+    assert off["timeline"]["first_claimed"] >= 0, "never claimed before the deadline"
+    assert bucket["claim_started"] <= bucket["claim_done"] <= bucket["last_partition_done"] <= bucket["closed"]
+    assert off["seconds_deadline_to_last_cleaned"] == off["timeline"]["last_cleaned"] > 0
+    # the phases are consecutive: together they are the time from the deadline to the last account
+    assert sum(off["where_the_time_goes_s"].values()) == pytest.approx(off["timeline"]["last_cleaned"], abs=0.01)
+    assert result["workers_alive_at_end"] == [True]
+
+
+async def test_restart_chaos_benchmark_runs_the_night_calm_and_under_restarts_with_nothing_lost():
+    """bench.restart_chaos, tiny: both nights clean the cohort, close the ledger date and deliver
+    every reminder; the harness's checks find nothing doubled or lost and no worker died."""
+    chaos = restart_chaos.Chaos(restarts=1, every=(0.5, 1.0), down_max=2.0, seed=3)
+    result = await restart_chaos.run(
+        accounts=50, payments=300, chaos=chaos, within=120, lead=4, planner_env={"PLANNER_TICK_SECONDS": "1"}
+    )
+    for night in (result["calm"], result["under_restarts"]):
+        assert night["cleaned"] == night["reminders"] == 50 and night["reminders_pending"] == 0, night
+        assert night["cohort_closed_s"] > 0 and night["ledger_closed_s"] > 0 and night["last_reminder_s"] > 0
+    assert (result["duplicates"], result["lost"], result["problems"]) == (0, 0, []), result
+    assert result["worker_deaths"] == 0, result["worker_logs"]
+    assert result["chaos"]["restarts_during_the_night"] == len(result["chaos"]["downtime_s"]) <= 1
+    assert result["ratio"] > 0 and result["ledger_closed_ratio"] > 0
 
 
 async def test_batch_plans_process_as_many_rows_per_key_at_both_sizes():

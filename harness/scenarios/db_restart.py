@@ -51,7 +51,7 @@ REMINDER_GOAL_SECONDS = 10.0
 RELAYS = RELAY.model_copy(update={"batch_size": 40, "concurrency": 16})
 
 
-async def _retrying(step: Callable[[], Awaitable[T]], within: float = 60) -> T:
+async def retrying(step: Callable[[], Awaitable[T]], within: float = 60) -> T:
     """The harness's own reads right after a restart may meet a pooled connection that died."""
     deadline = time.monotonic() + within
     while True:
@@ -63,13 +63,13 @@ async def _retrying(step: Callable[[], Awaitable[T]], within: float = 60) -> T:
             await asyncio.sleep(0.2)
 
 
-def _read_from(path: Path, offset: int) -> str:
+def read_from(path: Path, offset: int) -> str:
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read().decode(errors="replace")
 
 
-def _log_counts(text: str) -> dict[str, int]:
+def log_counts(text: str) -> dict[str, int]:
     return {
         "tracebacks": text.count("Traceback (most recent call last)"),
         "warnings": len(re.findall(r"^\S+ \S+ WARNING ", text, re.M)),
@@ -129,7 +129,7 @@ async def run(ctx: Ctx) -> Row:
                 running_at_crash[job] += desc.status == WorkflowExecutionStatus.RUNNING
             if last:  # reminders written just before the last outage: pending across it
                 late_events, late_prefix = 60, ctx.ids.prefix("drl")
-                await _retrying(functools.partial(seed_events, pool, late_prefix, late_events))
+                await retrying(functools.partial(seed_events, pool, late_prefix, late_events))
             await asyncio.to_thread(pg.crash)
             t_down = time.monotonic()
             if i == 0:  # an operator asks while the database is down: Temporal answers
@@ -144,8 +144,8 @@ async def run(ctx: Ctx) -> Row:
             if not last:
                 await asyncio.sleep(rng.uniform(1.0, 2.0))
         t_restart = time.monotonic()
-        restart_at = await _retrying(lambda: pool.fetchval("SELECT pg_postmaster_start_time()"))
-        pending_at_restart = await _retrying(
+        restart_at = await retrying(lambda: pool.fetchval("SELECT pg_postmaster_start_time()"))
+        pending_at_restart = await retrying(
             lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")
         )
 
@@ -158,7 +158,7 @@ async def run(ctx: Ctx) -> Row:
         )
 
         async def pending() -> int:
-            return int(await _retrying(lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")))
+            return int(await retrying(lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE status = 'pending'")))
 
         async def drained() -> bool:
             return not await pending()
@@ -206,8 +206,8 @@ async def run(ctx: Ctx) -> Row:
         row.dead_letters += effects.dead_letters
         row.violations += effects.problems()
 
-        text = "".join(_read_from(s.log_path, offsets.get(s.name, 0)) for s in lane.slots)
-        counts = _log_counts(text)
+        text = "".join(read_from(s.log_path, offsets.get(s.name, 0)) for s in lane.slots)
+        counts = log_counts(text)
         processes = len(lane.slots) + sum(len(s.deaths) for s in lane.slots)
         if counts["rollback_hid_cause"]:
             row.violations.append(f"{counts['rollback_hid_cause']} rollback errors hid the real error")
