@@ -28,7 +28,7 @@ from core.config import PROJECT_ROOT, Settings
 from core.queries import load
 from core.temporal import describe_or_none
 from demo.fixture import seed_accounts
-from outbox.mail_provider import FaultShares, MailProvider, ProviderThread
+from demo.mail_provider import FaultShares, MailProvider, ProviderThread
 from outbox.models import RelayBatchSettings
 from outbox.operations import start_relays, stop_and_wait_for_relays
 
