@@ -42,10 +42,6 @@ RELAY_ID_PREFIX = "outbox-relay-"
 _EVENT_KEY = re.compile(r"^\S{1,500}$")
 
 
-def relay_workflow_id(n: int) -> str:
-    return f"{RELAY_ID_PREFIX}{n}"
-
-
 def check_event_key(value: str) -> str:
     if not _EVENT_KEY.match(value):
         raise InputError(
@@ -219,10 +215,3 @@ async def stop_relays(client: Client, task_queue: str) -> list[str]:
             await client.get_workflow_handle(relay.workflow_id).signal(RELAY_STOP_SIGNAL)
             stopped.append(relay.workflow_id)
     return stopped
-
-
-async def stop_and_wait_for_relays(client: Client, workflow_ids: list[str]) -> list[RelayTotals]:
-    """Ask the given relays to stop after their batch, then wait for their totals."""
-    for workflow_id in workflow_ids:
-        await client.get_workflow_handle(workflow_id).signal(RELAY_STOP_SIGNAL)
-    return [await client.get_workflow_handle(w, result_type=RelayTotals).result() for w in workflow_ids]
