@@ -30,14 +30,12 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from core.errors import InputError
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
@@ -331,16 +329,13 @@ class OutboxSettings(Section):
     )
 
 
-_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("settings_environment", default=None)
-
-
-class Settings(BaseSettings):
+class Settings(BaseModel):
     """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
     core.embedded.resolve), the worker's knobs, and one section per job and per platform part."""
 
     # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
-    # EnvironmentSource under the names declared here.
-    model_config = SettingsConfigDict(allow_inf_nan=False, extra="forbid", validate_default=False)
+    # from_env under the names declared here.
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     # Temporal (read through temporalio.envconfig as well: a temporal.toml profile)
     temporal_address: str | None = setting(
@@ -570,29 +565,18 @@ class Settings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """`Settings(...)` takes its arguments only; `from_env` adds the environment under them."""
-        env = _ENVIRONMENT.get()
-        return (init_settings,) if env is None else (init_settings, EnvironmentSource(settings_cls, env))
-
-    @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Every variable, read once (a secret's `NAME_FILE` and the dev env file included); `overrides`
-        (the command's flags) win over them. ConfigError names what is wrong."""
-        token = _ENVIRONMENT.set(environment(os.environ))
+        """Every variable, read once (a secret's `NAME_FILE` and the dev env file included), and the
+        Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names);
+        `overrides` (the command's flags) win over them. ConfigError names what is wrong."""
+        env = environment(os.environ)
+        values = _raw(env, cls)
+        values.update(temporal_profile(dict(env)))
+        values.update({k: v for k, v in overrides.items() if v is not None})
         try:
-            return cls.model_validate({k: v for k, v in overrides.items() if v is not None})
+            return cls.model_validate(values)
         except ValidationError as err:
             raise _config_error(err, cls) from None
-        finally:
-            _ENVIRONMENT.reset(token)
 
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
@@ -734,23 +718,6 @@ def _raw(env: Mapping[str, str], model: type[BaseModel]) -> dict[str, Any]:
                 node = node.setdefault(key, {})
             node[var.path[-1]] = raw
     return values
-
-
-class EnvironmentSource(PydanticBaseSettingsSource):
-    """The tree's values from the environment: each field under its declared variable, and the
-    Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self.env = env
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # __call__ reads the whole tree at once
-
-    def __call__(self) -> dict[str, Any]:
-        values = _raw(self.env, self.settings_cls)
-        values.update(temporal_profile(dict(self.env)))
-        return values
 
 
 S = TypeVar("S", bound=BaseModel)
