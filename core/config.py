@@ -221,10 +221,6 @@ class PlannerSettings(Model):
         10.0, "the plan and sweep steps heartbeat; a worker that dies in one is noticed after this long", ge=1, le=600
     )
 
-    @classmethod
-    def from_env(cls) -> PlannerSettings:
-        return read(cls)
-
 
 class BudgetSettings(Section):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
@@ -273,11 +269,6 @@ class BudgetSettings(Section):
         "without budget statements before it asks again",
         ge=0,
     )
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> BudgetSettings:
-        found = read(cls)
-        return found.model_copy(update={k: v for k, v in overrides.items() if v is not None}) if overrides else found
 
 
 class CleanupSettings(Section):
