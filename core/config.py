@@ -18,7 +18,7 @@ so the commands run in that checkout find the stack; a variable that is set alwa
 Temporal connection is read as the SDK and the `temporal` CLI read it (temporalio.envconfig).
 
 Secrets are `SecretStr` (and the password in `database_url` is masked whenever settings are shown:
-`repr`, `str`, `safe_dict()`), so printing a `Settings` never leaks them. Each secret can also be
+`repr`, `str`), so printing a `Settings` never leaks them. Each secret can also be
 given as a file, `NAME_FILE=/path` (Docker and Kubernetes secrets): setting both is an error.
 """
 
@@ -564,12 +564,6 @@ class Settings(BaseModel):
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
         yield "database_url", mask_url(self.database_url)
-
-    def safe_dict(self) -> dict[str, Any]:
-        """Everything, with secrets masked: what may be printed or logged."""
-        data = self.model_dump(mode="json")
-        data["database_url"] = mask_url(self.database_url)
-        return data
 
     def secrets(self) -> list[str]:
         """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
