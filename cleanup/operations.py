@@ -38,18 +38,13 @@ from cleanup.models import (
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
-from core.errors import InputError, parse_instant, validation_message
+from core.errors import InputError, validation_message
 from core.model import Model, Report
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
-
-
-def parse_deadline(text: str) -> datetime:
-    """A deadline: an ISO-8601 instant with an explicit offset (core.errors.parse_instant)."""
-    return parse_instant(text)
 
 
 def public_account_id(client: Client, account_id: str) -> str:

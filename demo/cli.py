@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import re
 
-from cleanup.operations import parse_deadline
 from core import embedded
 from core.cli import Commands, Progress, database_pool, emit, key_values
 from core.config import Settings
-from core.errors import InputError
+from core.errors import InputError, parse_instant
 from demo.fixture import create_game_schema, seed_accounts
 
 
 async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
-    deadline = parse_deadline(args.deadline)
+    deadline = parse_instant(args.deadline)
     if not 1 <= args.accounts <= 10_000_000:
         raise InputError(f"--accounts must be between 1 and 10,000,000, got {args.accounts}")
     prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"

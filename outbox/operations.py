@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 import outbox
 from core import db
-from core.errors import InputError, parse_instant
+from core.errors import InputError
 from core.queries import load
 from core.temporal import start_idempotently
 from outbox.models import (
@@ -49,10 +49,6 @@ def check_event_key(value: str) -> str:
             "e.g. renewal-reminder:acct_123:v1"
         )
     return value
-
-
-def parse_dead_since(text: str) -> datetime:
-    return parse_instant(text, "--dead-since")
 
 
 def _task_queue_filter(task_queue: str | None) -> str:
