@@ -268,10 +268,7 @@ def cleanup_input(
 ) -> RenewalCleanupInput:
     """The workflow's input: defaults from the environment filled in, bad values refused (exit 2).
     `options`: the input's fields taken as given (batch_size, step_timeout_seconds, note)."""
-    try:
-        env_timeout, env_interval = heartbeat_from_env()
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    env_timeout, env_interval = heartbeat_from_env()  # ConfigError (an InputError) names a bad variable
     max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
     try:
         return RenewalCleanupInput(

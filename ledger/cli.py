@@ -134,18 +134,13 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
-    except ValueError as err:  # LEDGER_HEARTBEAT_TIMEOUT_SECONDS
-        raise InputError(str(err)) from None
 
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     business_date = parse_business_date(args.date)
     heartbeat_timeout = args.heartbeat_timeout
     if heartbeat_timeout is None:  # checked before connecting, like every other input
-        try:
-            heartbeat_timeout = heartbeat_timeout_from_env()
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        heartbeat_timeout = heartbeat_timeout_from_env()
     async with CliContext(settings) as ctx:
         started = await start_reconciliation(
             ctx.client,

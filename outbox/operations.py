@@ -173,10 +173,7 @@ async def start_relays(
         raise InputError(f"--relays must be between 1 and 64, got {relays}")
     settings = settings or RelayBatchSettings()
     if settings.heartbeat_timeout_seconds is None:
-        try:
-            settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
     started: list[StartedRelay] = []
     for n in range(1, relays + 1):
         workflow_id = f"{id_prefix}{n}"
