@@ -16,7 +16,6 @@ import importlib.metadata
 import os
 import sys
 import traceback
-import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,9 +31,7 @@ from core.cli import (
     CliParser,
     Commands,
     add_connection_flags,
-    bounded_int,
     emit,
-    finite_float,
     key_values,
     reject_non_finite,
     report_error,
@@ -43,7 +40,6 @@ from core.cli import (
 from core.config import Settings, dev_env_file, mask_url
 from core.errors import InputError, Unavailable
 from core.process import exit_now
-from core.temporal import connect
 from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
@@ -80,35 +76,6 @@ def _migrated_text(d: dict[str, Any]) -> str:
     if d["missing"]:
         text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
     return text
-
-
-async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
-    """Runs in a database and on a task queue of its own, so it never mixes with real work."""
-    from demo.fixture import create_game_schema
-    from demo.run import run_demo
-
-    resolved = embedded.resolve(settings)
-    assert resolved.database_url is not None
-    demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
-    await create_game_schema(demo_url)
-    # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
-    demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
-    pool = await db.create_pool(demo_url, max_size=4)
-    try:
-        client = await connect(demo)
-        result = await run_demo(
-            demo,
-            pool,
-            client,
-            accounts=args.accounts,
-            renew_share=args.renew_share,
-            workers=args.workers,
-            lead_seconds=args.lead_seconds,
-            spread_seconds=args.spread_seconds,
-        )
-    finally:
-        await pool.close()
-    emit(args, result, lambda d: str(d.pop("report")))
 
 
 async def cmd_dev_up(args: argparse.Namespace, settings: Settings) -> None:
@@ -168,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.register(commands)
     p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
-    _add_demo(commands)
+    demo_cli.register_demo(commands)
     _add_processes(commands)
     return parser
 
@@ -188,31 +155,6 @@ def _add_migrate(commands: Commands) -> None:
         help="then make this existing login a member of the least-privileged role cleanup_worker",
     )
     migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
-
-
-def _add_demo(commands: Commands) -> None:
-    """`demo`: the end-to-end demonstration with its own workers."""
-    p = commands.add("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
-    p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed (default 3000)")
-    p.add_argument(
-        "--renew-share",
-        type=finite_float(0, 1),
-        default=0.1,
-        help="share of accounts renewed before the deadline (default 0.1)",
-    )
-    p.add_argument("--workers", type=bounded_int(1, 64), default=2, help="worker processes to run (default 2)")
-    p.add_argument(
-        "--lead-seconds",
-        type=finite_float(0, 86_400),
-        default=10.0,
-        help="how far ahead the first deadline is (default 10)",
-    )
-    p.add_argument(
-        "--spread-seconds",
-        type=finite_float(0, 86_400),
-        default=15.0,
-        help="deadlines spread over this window (default 15)",
-    )
 
 
 def _add_processes(commands: Commands) -> None:

@@ -4,7 +4,7 @@ A batch is one transaction over up to `batch_size` accounts: the set-based batch
 at most `STATEMENT_ACCOUNTS` of them at a time, then one COMMIT. When it fails:
 
 - transiently (connection lost, serialization failure, deadlock, lock or statement timeout,
-  shutdown: core.errors.is_transient), the error propagates and Temporal retries the activity as
+  shutdown: not core.errors.is_deterministic), the error propagates and Temporal retries the activity as
   before; every committed batch is absorbed by the idempotency record on the retry;
 - deterministically (a constraint, a trigger that raises, a value the archive table refuses:
   core.errors.is_deterministic), the batch is bisected: each half runs as the same set-based

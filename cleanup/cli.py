@@ -22,7 +22,6 @@ from cleanup.operations import (
     cleanup_status,
     hold_account,
     list_cleanups,
-    parse_deadline,
     parse_failed_tolerance,
     release_account,
     renew,
@@ -41,6 +40,7 @@ from core.cli import (
     table,
 )
 from core.config import Settings
+from core.errors import parse_instant
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -48,7 +48,7 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
         await cmd_cleanup_dry_run(args, settings)
         return
     parse_failed_tolerance(args.max_failed)  # bad input: exit 2 before anything starts
-    deadline = parse_deadline(args.deadline) if args.deadline else None
+    deadline = parse_instant(args.deadline) if args.deadline else None
     async with CliContext(settings) as ctx:
         started = await start_cleanup(
             ctx.client,
@@ -114,7 +114,7 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
 
 
 async def cmd_renew(args: argparse.Namespace, settings: Settings) -> None:
-    until = parse_deadline(args.until) if args.until else None
+    until = parse_instant(args.until) if args.until else None
     async with CliContext(settings) as ctx:
         outcome = await renew(
             ctx.client, ctx.pool, ctx.settings.task_queue, args.account_id, until, allow_earlier=args.allow_earlier
@@ -254,7 +254,7 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `renew` fast to start
     from cleanup.targets import load_targets
 
-    deadline = parse_deadline(args.deadline) if args.deadline else None
+    deadline = parse_instant(args.deadline) if args.deadline else None
     targets = load_targets()
     async with database_pool(settings, migrate=False) as pool:
         data = (await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)).model_dump()

@@ -38,18 +38,13 @@ from cleanup.models import (
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
-from core.errors import InputError, parse_instant, validation_message
+from core.errors import InputError, validation_message
 from core.model import Model, Report
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
-
-
-def parse_deadline(text: str) -> datetime:
-    """A deadline: an ISO-8601 instant with an explicit offset (core.errors.parse_instant)."""
-    return parse_instant(text)
 
 
 def public_account_id(client: Client, account_id: str) -> str:
@@ -273,10 +268,7 @@ def cleanup_input(
 ) -> RenewalCleanupInput:
     """The workflow's input: defaults from the environment filled in, bad values refused (exit 2).
     `options`: the input's fields taken as given (batch_size, step_timeout_seconds, note)."""
-    try:
-        env_timeout, env_interval = heartbeat_from_env()
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    env_timeout, env_interval = heartbeat_from_env()  # ConfigError (an InputError) names a bad variable
     max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
     try:
         return RenewalCleanupInput(

@@ -60,6 +60,7 @@ from cleanup.planner_models import (
 from core import db, metrics
 from core import search_attributes as sa
 from core.budget import BudgetStatus, budget_status
+from core.config import read
 from core.model import Model, Report
 from core.queries import load
 from core.temporal import describe_or_none, start_idempotently
@@ -337,7 +338,7 @@ async def ensure_planner(
         client,
         PLANNER_WORKFLOW,
         PlannerInput(
-            settings=settings or PlannerSettings.from_env(),
+            settings=settings or read(PlannerSettings),
             paused=pause is not None,
             pause_reason=pause["reason"] if pause else "",
         ),
@@ -517,7 +518,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
     live: PlannerStatus | None = None
     if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
         live = await client.get_workflow_handle(workflow_id).query(STATUS_QUERY, result_type=PlannerStatus)
-    settings = live.settings if live else PlannerSettings.from_env()
+    settings = live.settings if live else read(PlannerSettings)
     out["phase"] = live.phase if live else None
     out["paused"] = live.paused if live else None
     if live and live.pause_reason:

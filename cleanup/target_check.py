@@ -28,7 +28,6 @@ WIDENING = {
     "real": {"double precision"},
     "character varying": {"text"},
 }
-HASH_TYPES = ("text", "character varying")
 HEX_HASH_CHARS = 64
 _VARCHAR = re.compile(r"^character varying(?:\((\d+)\))?$")
 _CREATE_TABLE = re.compile(r"CREATE TABLE (?:IF NOT EXISTS )?(?:\w+\.)?(\w+)", re.IGNORECASE)

@@ -52,6 +52,7 @@ import asyncpg
 
 from core import db, metrics
 from core.config import BudgetSettings as BudgetSettings  # declared with every other setting
+from core.config import read
 from core.model import Model
 from core.queries import load
 
@@ -104,7 +105,7 @@ class LoadBudget:
 
     def __init__(self, pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> None:
         self.pool = pool
-        self.settings = settings or BudgetSettings.from_env()
+        self.settings = settings or read(BudgetSettings)
         self.holder = _holder()
         self._active = 0  # batches of this process waiting for the budget or in flight
         self._prober: asyncio.Future[None] | None = None
@@ -659,7 +660,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     """What `budget show` and `planner status` print: what the budget does now and why (the rate and
     in-flight limits in force, what sets them, the objective and the last observation against it),
     the operator's caps (and where they come from), what is in flight now, and the counters."""
-    s = settings or BudgetSettings.from_env()
+    s = settings or read(BudgetSettings)
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
     slots = [BudgetSlot(**r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]

@@ -91,10 +91,6 @@ class EncryptionCodec(PayloadCodec):
         self.require_encryption = require_encryption
 
     @classmethod
-    def from_key(cls, key_b64: str, key_id: str = "default") -> EncryptionCodec:
-        return cls({key_id: parse_key(key_b64)}, key_id)
-
-    @classmethod
     def from_config(
         cls,
         key_b64: str,
@@ -108,10 +104,6 @@ class EncryptionCodec(PayloadCodec):
         keys = parse_keyring(decryption_keys or "")
         keys[key_id] = parse_key(key_b64)
         return cls(keys, key_id, pseudonym_key_id=pseudonym_key_id, require_encryption=require_encryption)
-
-    @property
-    def key_ids(self) -> list[str]:
-        return sorted(self._ciphers)
 
     @property
     def key_id(self) -> str:

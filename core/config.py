@@ -7,7 +7,7 @@ started from Python reads its heartbeat defaults when it starts). `Settings(...)
 nothing: it is a value, built from its arguments.
 
 Every variable's name, section, type, default and meaning is declared on its field; the reference
-docs/configuration.md is generated from them (`python -m core.config render`). Numbers are finite
+docs/configuration.md is generated from them (`python -m tests.test_configuration`). Numbers are finite
 and in range, or the error names the variable (ConfigError: exit 2).
 
 The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
@@ -18,7 +18,7 @@ so the commands run in that checkout find the stack; a variable that is set alwa
 Temporal connection is read as the SDK and the `temporal` CLI read it (temporalio.envconfig).
 
 Secrets are `SecretStr` (and the password in `database_url` is masked whenever settings are shown:
-`repr`, `str`, `safe_dict()`), so printing a `Settings` never leaks them. Each secret can also be
+`repr`, `str`), so printing a `Settings` never leaks them. Each secret can also be
 given as a file, `NAME_FILE=/path` (Docker and Kubernetes secrets): setting both is an error.
 """
 
@@ -28,23 +28,19 @@ import functools
 import logging
 import os
 import re
-import sys
 from collections.abc import Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from core.errors import InputError
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DOCS_FILE = PROJECT_ROOT / "docs" / "configuration.md"
 
 DEFAULT_TASK_QUEUE = "deadline-cleanup"
 DEFAULT_NAMESPACE = "default"
@@ -160,7 +156,6 @@ def setting(
     env: str | None = None,
     section: str | None = None,
     secret: bool = False,
-    deprecated: tuple[str, ...] = (),
     **constraints: Any,
 ) -> Any:
     """A field read from the environment: variable `env` (default: the section's prefix and the
@@ -172,8 +167,6 @@ def setting(
         extra["section"] = section
     if secret:
         extra["secret"] = True
-    if deprecated:
-        extra["deprecated"] = list(deprecated)
     return Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
@@ -223,10 +216,6 @@ class PlannerSettings(Model):
         10.0, "the plan and sweep steps heartbeat; a worker that dies in one is noticed after this long", ge=1, le=600
     )
 
-    @classmethod
-    def from_env(cls) -> PlannerSettings:
-        return read(cls)
-
 
 class BudgetSettings(Section):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
@@ -275,11 +264,6 @@ class BudgetSettings(Section):
         "without budget statements before it asks again",
         ge=0,
     )
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> BudgetSettings:
-        found = read(cls)
-        return found.model_copy(update={k: v for k, v in overrides.items() if v is not None}) if overrides else found
 
 
 class CleanupSettings(Section):
@@ -331,16 +315,13 @@ class OutboxSettings(Section):
     )
 
 
-_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("settings_environment", default=None)
-
-
-class Settings(BaseSettings):
+class Settings(BaseModel):
     """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
     core.embedded.resolve), the worker's knobs, and one section per job and per platform part."""
 
     # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
-    # EnvironmentSource under the names declared here.
-    model_config = SettingsConfigDict(allow_inf_nan=False, extra="forbid", validate_default=False)
+    # from_env under the names declared here.
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     # Temporal (read through temporalio.envconfig as well: a temporal.toml profile)
     temporal_address: str | None = setting(
@@ -364,21 +345,18 @@ class Settings(BaseSettings):
         "client certificate (mTLS)",
         env="TEMPORAL_TLS_CLIENT_CERT_PATH",
         section="temporal",
-        deprecated=("TEMPORAL_TLS_CERT",),
     )
     temporal_tls_key: Path | None = setting(
         None,
         "client private key (mTLS)",
         env="TEMPORAL_TLS_CLIENT_KEY_PATH",
         section="temporal",
-        deprecated=("TEMPORAL_TLS_KEY",),
     )
     temporal_tls_ca: Path | None = setting(
         None,
         "CA of the server's certificate",
         env="TEMPORAL_TLS_SERVER_CA_CERT_PATH",
         section="temporal",
-        deprecated=("TEMPORAL_TLS_CA",),
     )
     temporal_tls_server_name: str | None = setting(
         None, "the server name TLS checks", env="TEMPORAL_TLS_SERVER_NAME", section="temporal"
@@ -570,39 +548,22 @@ class Settings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """`Settings(...)` takes its arguments only; `from_env` adds the environment under them."""
-        env = _ENVIRONMENT.get()
-        return (init_settings,) if env is None else (init_settings, EnvironmentSource(settings_cls, env))
-
-    @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Every variable, read once (a secret's `NAME_FILE` and the dev env file included); `overrides`
-        (the command's flags) win over them. ConfigError names what is wrong."""
-        token = _ENVIRONMENT.set(environment(os.environ))
+        """Every variable, read once (a secret's `NAME_FILE` and the dev env file included), and the
+        Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names);
+        `overrides` (the command's flags) win over them. ConfigError names what is wrong."""
+        env = environment(os.environ)
+        values = _raw(env, cls)
+        values.update(temporal_profile(dict(env)))
+        values.update({k: v for k, v in overrides.items() if v is not None})
         try:
-            return cls.model_validate({k: v for k, v in overrides.items() if v is not None})
+            return cls.model_validate(values)
         except ValidationError as err:
             raise _config_error(err, cls) from None
-        finally:
-            _ENVIRONMENT.reset(token)
 
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
         yield "database_url", mask_url(self.database_url)
-
-    def safe_dict(self) -> dict[str, Any]:
-        """Everything, with secrets masked: what may be printed or logged."""
-        data = self.model_dump(mode="json")
-        data["database_url"] = mask_url(self.database_url)
-        return data
 
     def secrets(self) -> list[str]:
         """The secret values themselves, so log output can be scrubbed of them (core.logs)."""
@@ -646,11 +607,6 @@ class Variable:
     path: tuple[str, ...]
     field: FieldInfo
     secret: bool
-    deprecated: tuple[str, ...] = ()
-
-    @property
-    def type_name(self) -> str:
-        return _type_name(self.field.annotation)
 
     @property
     def default(self) -> object:
@@ -692,7 +648,6 @@ def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable,
                 path=(*path, name),
                 field=field,
                 secret=bool(extra.get("secret")) or _is_secret(field.annotation),
-                deprecated=tuple(str(d) for d in extra.get("deprecated") or ()),  # type: ignore[union-attr]
             )
         )
     return tuple(found)
@@ -734,23 +689,6 @@ def _raw(env: Mapping[str, str], model: type[BaseModel]) -> dict[str, Any]:
                 node = node.setdefault(key, {})
             node[var.path[-1]] = raw
     return values
-
-
-class EnvironmentSource(PydanticBaseSettingsSource):
-    """The tree's values from the environment: each field under its declared variable, and the
-    Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self.env = env
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # __call__ reads the whole tree at once
-
-    def __call__(self) -> dict[str, Any]:
-        values = _raw(self.env, self.settings_cls)
-        values.update(temporal_profile(dict(self.env)))
-        return values
 
 
 S = TypeVar("S", bound=BaseModel)
@@ -795,134 +733,3 @@ def _config_error(err: ValidationError, model: type[BaseModel]) -> ConfigError:
         path = tuple(str(p) for p in error.get("loc", ()))
         lines.append(_explain(by_path.get(path), error, ".".join(path)))
     return ConfigError("; ".join(lines))
-
-
-# Variables read by others than the tree: temporalio.envconfig's profile, the OpenTelemetry SDK, and
-# the development and test tooling (never needed in a deployment).
-OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
-    ("TEMPORAL_CONFIG_FILE", "temporal", "a temporal.toml with connection profiles (temporalio.envconfig)"),
-    ("TEMPORAL_PROFILE", "temporal", "the profile of that file to use (default: `default`)"),
-    ("OTEL_EXPORTER_OTLP_ENDPOINT", "observability", "where traces go (the OpenTelemetry SDK's variable)"),
-    ("OTEL_SERVICE_NAME", "observability", "the service name on traces (the OpenTelemetry SDK's variable)"),
-    ("CLEANUP_EMBEDDED", "development", "`1`: start the embedded Temporal and Postgres when no address is set"),
-    ("CLEANUP_FAILPOINTS", "development", "failpoints to arm (tests and the fault harness: core/failpoints.py)"),
-    ("CLEANUP_FAILPOINTS_ENABLED", "development", "`1`: failpoints may be armed at all"),
-    ("CLEANUP_FAILPOINTS_FILE", "development", "failpoints shared by the processes of a run"),
-    ("CLEANUP_FAILPOINTS_ONCE_DIR", "development", "where a failpoint armed once records that it fired"),
-    ("CLEANUP_DEBUG", "development", "print the traceback of an unexpected error"),
-    ("PROGRESS", "development", "`1`: progress bars even when stderr is not a terminal"),
-)
-SECTIONS = (
-    "temporal", "database", "worker", "planner", "cleanup", "ledger", "outbox", "budget", "observability", "codec",
-    "development",
-)  # fmt: skip
-
-
-def _type_name(annotation: object) -> str:
-    args = [a for a in get_args(annotation) if a is not type(None)]
-    if get_origin(annotation) is Annotated:
-        return _type_name(args[0])
-    if get_origin(annotation) is Literal:
-        return " \\| ".join(f"`{a}`" for a in get_args(annotation))
-    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType", Union)):
-        return " \\| ".join(_type_name(a) for a in args)
-    if annotation is bool:
-        return "on/off"
-    if annotation is SecretStr:
-        return "str"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _default_text(var: Variable) -> str:
-    value = var.default
-    if value is None:
-        return "unset"
-    if isinstance(value, bool):
-        return "`on`" if value else "`off`"
-    if isinstance(value, Path):
-        return f"`{value.relative_to(PROJECT_ROOT)}`" if value.is_relative_to(PROJECT_ROOT) else f"`{value}`"
-    return f"`{value}`"
-
-
-def _internal_fields(section: str) -> list[tuple[str, FieldInfo]]:
-    """The fields of a section's model that no variable sets (`internal`)."""
-    found: list[tuple[str, FieldInfo]] = []
-    for model in (PlannerSettings, CleanupSettings, LedgerSettings, OutboxSettings, BudgetSettings):
-        if model.SECTION != section:
-            continue
-        for name, field in model.model_fields.items():
-            extra = field.json_schema_extra
-            if isinstance(extra, dict) and extra.get("internal"):
-                found.append((name, field))
-    return found
-
-
-def render() -> str:
-    """docs/configuration.md: every variable of the tree by section, then those read by others."""
-    lines = [
-        "# Configuration",
-        "",
-        "<!-- Generated from core/config.py by `python -m core.config render`: edit the settings, not this page. -->",
-        "",
-        "Every setting is an environment variable, read once at start-up (`core.config.Settings.from_env`)",
-        "into one tree with a section per concern. A malformed, non-finite or out-of-range value stops the",
-        "command or worker with exit 2 and a message naming the variable. An empty variable is unset.",
-        "",
-        "Secrets can also be given as files, the Docker and Kubernetes secrets convention: `NAME_FILE=/path`",
-        "reads the secret from that file (surrounding whitespace removed). Setting both `NAME` and",
-        "`NAME_FILE` is an error, and so is a file that is missing, unreadable or empty. Printed settings",
-        "and logs never show a secret.",
-        "",
-        "After `deadline-cleanup dev up`, TEMPORAL_ADDRESS, DATABASE_URL and TEMPORAL_UI_URL that are unset",
-        "are read from the file it wrote (`<CLEANUP_STATE_DIR>/dev/env`); a variable that is set always wins.",
-        "",
-    ]
-    others: dict[str, list[tuple[str, str]]] = {}
-    for name, section, description in OTHER_VARIABLES:
-        others.setdefault(section, []).append((name, description))
-    tree = variables()
-    for section in SECTIONS:
-        rows = [v for v in tree if v.section == section]
-        if not rows and section not in others:
-            continue
-        lines += [f"## {section}", ""]
-        if rows:
-            lines += ["| variable | type | default | secret | meaning |", "| --- | --- | --- | --- | --- |"]
-            for var in rows:
-                secret = f"yes, or `{var.name}{FILE_SUFFIX}`" if var.secret else "no"
-                meaning = (var.field.description or "").replace("|", "\\|")
-                if var.deprecated:
-                    meaning += f"; deprecated name: {', '.join(f'`{d}`' for d in var.deprecated)}"
-                lines.append(f"| `{var.name}` | {var.type_name} | {_default_text(var)} | {secret} | {meaning} |")
-            lines.append("")
-        constants = _internal_fields(section)
-        if constants:
-            lines += ["Constants (no variable sets them; tests and benchmarks set them in Python):", ""]
-            lines += [f"- `{n}` = `{f.default}`: {f.description}" for n, f in constants]
-            lines.append("")
-        if section in others:
-            lines += ["Read by others than the settings:", ""]
-            lines += [f"- `{name}`: {description}" for name, description in others[section]]
-            lines.append("")
-    lines.append(f"{len(tree)} settings, {sum(v.secret for v in tree)} of them secrets.")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m core.config render [--check]`: write docs/configuration.md (or fail when it is stale)."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] != "render" or args[1:] not in ([], ["--check"]):
-        print("usage: python -m core.config render [--check]", file=sys.stderr)
-        return 2
-    text = render()
-    if args[1:] == ["--check"]:
-        if not DOCS_FILE.is_file() or DOCS_FILE.read_text(encoding="utf-8") != text:
-            print(f"{DOCS_FILE.relative_to(PROJECT_ROOT)} is stale: run python -m core.config render", file=sys.stderr)
-            return 1
-        return 0
-    DOCS_FILE.write_text(text, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -138,12 +138,6 @@ def is_schema_error(exc: BaseException) -> bool:
     return state is not None and state[:2] == "42"
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Connection lost, serialization failure, deadlock, lock or statement timeout, shutdown, ...:
-    retrying the same work later can succeed. Everything that is not deterministic."""
-    return not is_deterministic(exc)
-
-
 def parse_instant(text: str, flag: str | None = None) -> datetime:
     """An ISO-8601 instant with an explicit offset, in UTC: a naive time is ambiguous, so it is
     refused. `flag` names the option it came from in the message."""

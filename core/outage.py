@@ -70,18 +70,12 @@ class Outage:
         self._clock = clock
         self.down_since: float | None = None
         self.retried = 0  # retried errors logged below WARNING (or dropped) during this outage
-        self.outages = 0
-
-    @property
-    def down(self) -> bool:
-        return self.down_since is not None
 
     def lost(self, err: BaseException) -> None:
         if self.down_since is not None:
             return
         self.down_since = self._clock()
         self.retried = 0
-        self.outages += 1
         at = datetime.now(UTC).strftime("%H:%M:%S")
         _process_wide(log.warning, "database unavailable at %s (%s), retrying", at, describe(err))
 

@@ -28,9 +28,9 @@ from core.config import PROJECT_ROOT, Settings
 from core.queries import load
 from core.temporal import describe_or_none
 from demo.fixture import seed_accounts
-from outbox.mail_provider import FaultShares, MailProvider, ProviderThread
-from outbox.models import RelayBatchSettings
-from outbox.operations import start_relays, stop_and_wait_for_relays
+from demo.mail_provider import FaultShares, MailProvider, ProviderThread
+from outbox.models import RELAY_STOP_SIGNAL, RelayBatchSettings, RelayTotals
+from outbox.operations import start_relays
 
 SQL = load(__file__)
 COUNTS = ("claimed", "cleaned", "skipped_renewed", "skipped_stale", "already_applied", "reminders")
@@ -39,6 +39,13 @@ COUNTS = ("claimed", "cleaned", "skipped_renewed", "skipped_stale", "already_app
 def say(text: str) -> None:
     """Progress goes to stderr, so `--json` output on stdout stays parseable."""
     print(text, file=sys.stderr, flush=True)
+
+
+async def stop_and_wait_for_relays(client: Client, workflow_ids: list[str]) -> list[RelayTotals]:
+    """Ask the given relays to stop after their batch, then wait for their totals."""
+    for workflow_id in workflow_ids:
+        await client.get_workflow_handle(workflow_id).signal(RELAY_STOP_SIGNAL)
+    return [await client.get_workflow_handle(w, result_type=RelayTotals).result() for w in workflow_ids]
 
 
 def hms(at: datetime) -> str:

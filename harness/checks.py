@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from core.queries import load
-from outbox.mail_provider import MailProvider
+from demo.mail_provider import MailProvider
 
 SQL = load(__file__)
 

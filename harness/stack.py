@@ -30,9 +30,9 @@ from core.config import PROJECT_ROOT
 from core.failpoints import SHARED_FILE_ENV
 from core.temporal import connect
 from demo.fixture import create_game_schema
+from demo.mail_provider import FaultShares, MailProvider, ProviderThread
 from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
-from outbox.mail_provider import FaultShares, MailProvider, ProviderThread
 
 WORKER_MODULE = "harness.worker"
 HARNESS_APP = "harness"  # application_name of the harness's own connections (never terminated by faults)

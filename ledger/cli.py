@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck-\d{8}T\d{12}Z)?"
 
 
-def _business_date(text: str) -> date:
-    return parse_business_date(text)
-
-
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
     resolved = embedded.resolve(settings)
     return await connect(resolved), resolved.task_queue
@@ -114,7 +110,7 @@ async def cmd_schedule_trigger(args: argparse.Namespace, settings: Settings) -> 
 async def cmd_schedule_backfill(args: argparse.Namespace, settings: Settings) -> None:
     from ledger import schedule as ls  # lazy: keeps `starter.py --help` fast to start
 
-    first, last = _business_date(args.from_date), _business_date(args.to_date)
+    first, last = parse_business_date(args.from_date), parse_business_date(args.to_date)
     ls.backfill_range(first, last)  # validate before connecting
     client, _ = await _schedule_client(settings)
     emit(args, await ls.backfill_schedule(client, first, last, args.schedule_id))
@@ -138,18 +134,13 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
-    except ValueError as err:  # LEDGER_HEARTBEAT_TIMEOUT_SECONDS
-        raise InputError(str(err)) from None
 
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
-    business_date = _business_date(args.date)
+    business_date = parse_business_date(args.date)
     heartbeat_timeout = args.heartbeat_timeout
     if heartbeat_timeout is None:  # checked before connecting, like every other input
-        try:
-            heartbeat_timeout = heartbeat_timeout_from_env()
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        heartbeat_timeout = heartbeat_timeout_from_env()
     async with CliContext(settings) as ctx:
         started = await start_reconciliation(
             ctx.client,
@@ -180,7 +171,7 @@ async def cmd_ledger_seed(args: argparse.Namespace, settings: Settings) -> None:
     from ledger.seed import seed_ledger_day, seed_spec  # lazy: keeps `starter.py --help` fast to start
 
     spec = seed_spec(
-        business_date=_business_date(args.date),
+        business_date=parse_business_date(args.date),
         payments=args.payments,
         shards=args.shards,
         refund_rate=args.refund_rate,

@@ -113,13 +113,8 @@ async def start_reconciliation(
 
 
 def _heartbeat_timeout(given: float | None) -> float:
-    """The given heartbeat timeout, else LEDGER_HEARTBEAT_TIMEOUT_SECONDS (a bad value: exit 2)."""
-    if given is not None:
-        return given
-    try:
-        return heartbeat_timeout_from_env()
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    """The given heartbeat timeout, else LEDGER_HEARTBEAT_TIMEOUT_SECONDS (a bad value: ConfigError, exit 2)."""
+    return heartbeat_timeout_from_env() if given is None else given
 
 
 async def loaded_day(pool: asyncpg.Pool, business_date: date, shards: int | None) -> asyncpg.Record:

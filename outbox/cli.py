@@ -17,12 +17,11 @@ from pydantic import ValidationError
 
 from core.cli import CliContext, Commands, count_argument, emit, finite_float
 from core.config import Settings
-from core.errors import InputError, validation_message
+from core.errors import InputError, parse_instant, validation_message
 from outbox.models import RelayBatchSettings
 from outbox.operations import (
     check_event_key,
     outbox_status,
-    parse_dead_since,
     redeliver_dead,
     redeliver_event,
     start_relays,
@@ -62,7 +61,7 @@ def _human_redelivery(d: dict[str, Any]) -> str:
 
 async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> None:
     if args.event_key is None:
-        dead_since = parse_dead_since(args.dead_since) if args.dead_since else None
+        dead_since = parse_instant(args.dead_since, "--dead-since") if args.dead_since else None
         async with CliContext(settings) as ctx:
             found = await redeliver_dead(
                 ctx.pool,

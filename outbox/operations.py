@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 import outbox
 from core import db
-from core.errors import InputError, parse_instant
+from core.errors import InputError
 from core.queries import load
 from core.temporal import start_idempotently
 from outbox.models import (
@@ -42,10 +42,6 @@ RELAY_ID_PREFIX = "outbox-relay-"
 _EVENT_KEY = re.compile(r"^\S{1,500}$")
 
 
-def relay_workflow_id(n: int) -> str:
-    return f"{RELAY_ID_PREFIX}{n}"
-
-
 def check_event_key(value: str) -> str:
     if not _EVENT_KEY.match(value):
         raise InputError(
@@ -53,10 +49,6 @@ def check_event_key(value: str) -> str:
             "e.g. renewal-reminder:acct_123:v1"
         )
     return value
-
-
-def parse_dead_since(text: str) -> datetime:
-    return parse_instant(text, "--dead-since")
 
 
 def _task_queue_filter(task_queue: str | None) -> str:
@@ -181,10 +173,7 @@ async def start_relays(
         raise InputError(f"--relays must be between 1 and 64, got {relays}")
     settings = settings or RelayBatchSettings()
     if settings.heartbeat_timeout_seconds is None:
-        try:
-            settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
     started: list[StartedRelay] = []
     for n in range(1, relays + 1):
         workflow_id = f"{id_prefix}{n}"
@@ -219,10 +208,3 @@ async def stop_relays(client: Client, task_queue: str) -> list[str]:
             await client.get_workflow_handle(relay.workflow_id).signal(RELAY_STOP_SIGNAL)
             stopped.append(relay.workflow_id)
     return stopped
-
-
-async def stop_and_wait_for_relays(client: Client, workflow_ids: list[str]) -> list[RelayTotals]:
-    """Ask the given relays to stop after their batch, then wait for their totals."""
-    for workflow_id in workflow_ids:
-        await client.get_workflow_handle(workflow_id).signal(RELAY_STOP_SIGNAL)
-    return [await client.get_workflow_handle(w, result_type=RelayTotals).result() for w in workflow_ids]

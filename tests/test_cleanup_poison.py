@@ -23,7 +23,7 @@ from cleanup.models import CleanupResult, cohort_cleanup_id
 from cleanup.operations import cleanup_status, parse_failed_tolerance, renew, start_cleanup
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
-from core.errors import is_deterministic, is_transient
+from core.errors import is_deterministic
 from tests.helpers import deadline_in, effect_counts, seed
 from tests.test_cleanup_input import run_cli
 from workflows import ALL_WORKFLOWS
@@ -312,10 +312,10 @@ def test_tolerance_and_error_classification():
             self.sqlstate = sqlstate
 
     for state in ("23505", "23503", "23514", "P0001", "22001", "22P02"):
-        assert is_deterministic(Pg(state)) and not is_transient(Pg(state)), state
+        assert is_deterministic(Pg(state)), state
     for state in ("40001", "40P01", "55P03", "57014", "57P01", "08006", "53300", "42501"):
-        assert is_transient(Pg(state)) and not is_deterministic(Pg(state)), state
-    assert is_transient(ConnectionResetError()) and is_transient(OSError())
+        assert not is_deterministic(Pg(state)), state
+    assert not is_deterministic(ConnectionResetError()) and not is_deterministic(OSError())
 
 
 async def table_digests(pool: asyncpg.Pool) -> dict[str, tuple[int, str | None]]:

@@ -1,22 +1,37 @@
 """The settings tree (core/config.py): every variable declared once and read by one source; each
 secret also from `NAME_FILE`; numbers finite and in range or an error naming the variable; the
-reference page generated from the declarations and current. No server needed."""
+reference page generated from the declarations and current (`python -m tests.test_configuration`
+writes it). No server needed."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import pytest
 from pydantic import SecretStr
+from pydantic.fields import FieldInfo
 
 import starter
 import worker
 from cleanup.targets import anonymize_key_pads
 from core import config
-from core.config import FILE_SUFFIX, ConfigError, Settings, Variable, variables
+from core.config import (
+    FILE_SUFFIX,
+    PROJECT_ROOT,
+    BudgetSettings,
+    CleanupSettings,
+    ConfigError,
+    LedgerSettings,
+    OutboxSettings,
+    PlannerSettings,
+    Settings,
+    Variable,
+    variables,
+)
 
+PAGE = PROJECT_ROOT / "docs" / "configuration.md"
 SECRETS = [v for v in variables() if v.secret]
 NUMBERS = [v for v in variables() if {int, float} & {v.field.annotation, *get_args(v.field.annotation)}]
 
@@ -28,6 +43,123 @@ def _value(settings: Settings, var: Variable) -> Any:
     return found.get_secret_value() if isinstance(found, SecretStr) else found
 
 
+# Variables read by others than the tree: temporalio.envconfig's profile, the OpenTelemetry SDK, and
+# the development and test tooling (never needed in a deployment).
+OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("TEMPORAL_CONFIG_FILE", "temporal", "a temporal.toml with connection profiles (temporalio.envconfig)"),
+    ("TEMPORAL_PROFILE", "temporal", "the profile of that file to use (default: `default`)"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "observability", "where traces go (the OpenTelemetry SDK's variable)"),
+    ("OTEL_SERVICE_NAME", "observability", "the service name on traces (the OpenTelemetry SDK's variable)"),
+    ("CLEANUP_EMBEDDED", "development", "`1`: start the embedded Temporal and Postgres when no address is set"),
+    ("CLEANUP_FAILPOINTS", "development", "failpoints to arm (tests and the fault harness: core/failpoints.py)"),
+    ("CLEANUP_FAILPOINTS_ENABLED", "development", "`1`: failpoints may be armed at all"),
+    ("CLEANUP_FAILPOINTS_FILE", "development", "failpoints shared by the processes of a run"),
+    ("CLEANUP_FAILPOINTS_ONCE_DIR", "development", "where a failpoint armed once records that it fired"),
+    ("CLEANUP_DEBUG", "development", "print the traceback of an unexpected error"),
+    ("PROGRESS", "development", "`1`: progress bars even when stderr is not a terminal"),
+)
+SECTIONS = (
+    "temporal", "database", "worker", "planner", "cleanup", "ledger", "outbox", "budget", "observability", "codec",
+    "development",
+)  # fmt: skip
+
+
+def _type_name(annotation: object) -> str:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Annotated:
+        return _type_name(args[0])
+    if get_origin(annotation) is Literal:
+        return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType", Union)):
+        return " \\| ".join(_type_name(a) for a in args)
+    if annotation is bool:
+        return "on/off"
+    if annotation is SecretStr:
+        return "str"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default_text(var: Variable) -> str:
+    value = var.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "`on`" if value else "`off`"
+    if isinstance(value, Path):
+        return f"`{value.relative_to(PROJECT_ROOT)}`" if value.is_relative_to(PROJECT_ROOT) else f"`{value}`"
+    return f"`{value}`"
+
+
+def _internal_fields(section: str) -> list[tuple[str, FieldInfo]]:
+    """The fields of a section's model that no variable sets (`internal`)."""
+    found: list[tuple[str, FieldInfo]] = []
+    for model in (PlannerSettings, CleanupSettings, LedgerSettings, OutboxSettings, BudgetSettings):
+        if model.SECTION != section:
+            continue
+        for name, field in model.model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and extra.get("internal"):
+                found.append((name, field))
+    return found
+
+
+# The old names temporal_profile still reads, by the name that replaced them.
+DEPRECATED_NAMES = {new: old for old, new in config.DEPRECATED_TEMPORAL_NAMES.items()}
+
+
+def render() -> str:
+    """docs/configuration.md: every variable of the tree by section, then those read by others."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated from core/config.py by `python -m tests.test_configuration`: "
+        "edit the settings, not this page. -->",
+        "",
+        "Every setting is an environment variable, read once at start-up (`core.config.Settings.from_env`)",
+        "into one tree with a section per concern. A malformed, non-finite or out-of-range value stops the",
+        "command or worker with exit 2 and a message naming the variable. An empty variable is unset.",
+        "",
+        "Secrets can also be given as files, the Docker and Kubernetes secrets convention: `NAME_FILE=/path`",
+        "reads the secret from that file (surrounding whitespace removed). Setting both `NAME` and",
+        "`NAME_FILE` is an error, and so is a file that is missing, unreadable or empty. Printed settings",
+        "and logs never show a secret.",
+        "",
+        "After `deadline-cleanup dev up`, TEMPORAL_ADDRESS, DATABASE_URL and TEMPORAL_UI_URL that are unset",
+        "are read from the file it wrote (`<CLEANUP_STATE_DIR>/dev/env`); a variable that is set always wins.",
+        "",
+    ]
+    others: dict[str, list[tuple[str, str]]] = {}
+    for name, section, description in OTHER_VARIABLES:
+        others.setdefault(section, []).append((name, description))
+    tree = variables()
+    for section in SECTIONS:
+        rows = [v for v in tree if v.section == section]
+        if not rows and section not in others:
+            continue
+        lines += [f"## {section}", ""]
+        if rows:
+            lines += ["| variable | type | default | secret | meaning |", "| --- | --- | --- | --- | --- |"]
+            for var in rows:
+                secret = f"yes, or `{var.name}{FILE_SUFFIX}`" if var.secret else "no"
+                meaning = (var.field.description or "").replace("|", "\\|")
+                if var.name in DEPRECATED_NAMES:
+                    meaning += f"; deprecated name: `{DEPRECATED_NAMES[var.name]}`"
+                type_name = _type_name(var.field.annotation)
+                lines.append(f"| `{var.name}` | {type_name} | {_default_text(var)} | {secret} | {meaning} |")
+            lines.append("")
+        constants = _internal_fields(section)
+        if constants:
+            lines += ["Constants (no variable sets them; tests and benchmarks set them in Python):", ""]
+            lines += [f"- `{n}` = `{f.default}`: {f.description}" for n, f in constants]
+            lines.append("")
+        if section in others:
+            lines += ["Read by others than the settings:", ""]
+            lines += [f"- `{name}`: {description}" for name, description in others[section]]
+            lines.append("")
+    lines.append(f"{len(tree)} settings, {sum(v.secret for v in tree)} of them secrets.")
+    return "\n".join(lines) + "\n"
+
+
 @pytest.fixture(autouse=True)
 def no_dev_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A state dir of its own: no `dev up` file fills in an unset address."""
@@ -35,11 +167,10 @@ def no_dev_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_reference_page_is_generated_from_the_settings_and_current() -> None:
-    assert config.DOCS_FILE.read_text(encoding="utf-8") == config.render(), (
-        "docs/configuration.md is stale: run .venv/bin/python -m core.config render"
+    page = render()
+    assert PAGE.read_text(encoding="utf-8") == page, (
+        "docs/configuration.md is stale: run .venv/bin/python -m tests.test_configuration"
     )
-    assert config.main(["render", "--check"]) == 0
-    page = config.render()
     for var in variables():
         assert f"`{var.name}`" in page, f"{var.name} is missing from the reference"
     for var in SECRETS:
@@ -78,7 +209,7 @@ def test_every_secret_is_read_from_its_file(var: Variable, tmp_path: Path, monke
     monkeypatch.setenv(var.name + FILE_SUFFIX, str(path))
     settings = Settings.from_env()
     assert _value(settings, var) == secret
-    assert "fr0m-a-file" not in repr(settings) and "fr0m-a-file" not in str(settings.safe_dict())
+    assert "fr0m-a-file" not in repr(settings)
     assert "fr0m-a-file" in " ".join(settings.secrets()), "logs are scrubbed of it"
 
 
@@ -177,3 +308,8 @@ def test_one_variable_is_read_as_its_field(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", bad)
         with pytest.raises(ConfigError, match="DATABASE_CONNECT_TIMEOUT_SECONDS"):
             config.read_value("DATABASE_CONNECT_TIMEOUT_SECONDS")
+
+
+if __name__ == "__main__":
+    PAGE.write_text(render(), encoding="utf-8")
+    print(f"wrote {PAGE}")

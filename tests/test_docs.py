@@ -46,10 +46,11 @@ def _page_id(page: Path) -> str:
 
 def _product_text() -> str:
     """The product's code, plus every variable of the settings tree (a section's variables are
-    named by its prefix and the field's name) and each secret's `_FILE` form."""
+    named by its prefix and the field's name) and each secret's `_FILE` form; the deprecated names
+    stand in core/config.py."""
     from core.config import FILE_SUFFIX, variables
 
-    derived = [name for v in variables() for name in (v.name, *v.deprecated)]
+    derived = [v.name for v in variables()]
     derived += [v.name + FILE_SUFFIX for v in variables() if v.secret]
     files = [ROOT / p for p in PRODUCT + READERS if (ROOT / p).is_file()]
     for p in PRODUCT + READERS:

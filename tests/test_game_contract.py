@@ -19,7 +19,7 @@ from cleanup.operations import hold_account, release_account, set_deadline, star
 from cleanup.planner import planner_status, sweep_overdue
 from cleanup.planner_models import PlannerSettings, SweepInput
 from core.db import service_schema
-from outbox.mail_provider import MailProvider, ProviderThread
+from demo.mail_provider import MailProvider, ProviderThread
 from outbox.operations import start_relays
 from tests.helpers import wait_until
 from tests.test_cleanup_input import run_cli

@@ -22,7 +22,7 @@ from core import failpoints
 from core.budget import BudgetSettings, set_budget
 from core.budget_cli import LIMITS, parse_limit
 from core.cli import reject_non_finite
-from core.config import PROJECT_ROOT, ConfigError, Settings
+from core.config import PROJECT_ROOT, ConfigError, Settings, read
 from core.errors import InputError
 
 NOT_FINITE = ["nan", "NaN", "inf", "-inf", "Infinity"]
@@ -136,13 +136,13 @@ def test_settings_reject_non_finite_and_out_of_range(
 def test_budget_settings_reject_infinity(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(variable, "inf")
     with pytest.raises(ConfigError, match=variable):
-        BudgetSettings.from_env()
+        read(BudgetSettings)
 
 
 def test_planner_settings_and_heartbeat_seconds_reject_non_finite(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLANNER_SWEEP_GRACE_SECONDS", "nan")
     with pytest.raises(ConfigError, match="PLANNER_SWEEP_GRACE_SECONDS"):
-        PlannerSettings.from_env()
+        read(PlannerSettings)
     for name in ("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "LEDGER_HEARTBEAT_TIMEOUT_SECONDS"):
         monkeypatch.setenv(name, "inf")
         with pytest.raises(ConfigError, match=name):

@@ -1,4 +1,4 @@
-"""The outbox relay against real Postgres, a real HTTP provider (outbox.mail_provider) and real Temporal.
+"""The outbox relay against real Postgres, a real HTTP provider (demo.mail_provider) and real Temporal.
 
 1. 10,000 events, three relays, one relay process killed between sending and recording: nothing is
    lost, the provider saw every key at least once and absorbed the resends by key, the customer got
@@ -47,8 +47,8 @@ from core.db import service_settings
 from core.errors import InputError
 from core.failpoints import EXIT_CODE
 from core.queries import load
+from demo.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
 from outbox.errors import HeaderInjectionError
-from outbox.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
 from outbox.models import (
     RELAY_OUTBOX_BATCH,
     OutboxRelayInput,

@@ -19,7 +19,7 @@ from activities.outbox import OutboxRelayActivities, ProviderAnswer, classify
 from core.codec import new_key, pseudonymize
 from core.config import Settings
 from core.temporal import connect
-from outbox.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
+from demo.mail_provider import FaultShares, MailProvider, ProviderThread, ScriptedFault
 from outbox.models import FAILURE_TIMEOUT, RELAY_NUDGE_SIGNAL, RELAY_STOP_SIGNAL, OutboxRelayInput
 from outbox.operations import nudge_relays, stop_relays
 from tests.helpers import wait_until
@@ -92,7 +92,7 @@ def test_the_provider_refuses_bad_fault_settings_and_keeps_the_ones_it_has(bad):
     assert provider.shares == FaultShares(share_4xx=0.25), "a bad setting changes none"
     name, value = next(iter(bad.items()))
     run = subprocess.run(
-        [sys.executable, "-m", "outbox.mail_provider", f"--{name.replace('_', '-')}", str(value)],
+        [sys.executable, "-m", "demo.mail_provider", f"--{name.replace('_', '-')}", str(value)],
         env=dict(os.environ, MAIL_PROVIDER_TOKEN="tok"),
         capture_output=True,
         text=True,

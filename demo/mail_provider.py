@@ -1,7 +1,7 @@
 """A small local mail provider: a real HTTP/1.1 server for the demo and the tests.
 
-    python -m outbox.mail_provider --port 8025            # token from $MAIL_PROVIDER_TOKEN
-    python -m outbox.mail_provider --port 8025 --share-5xx 0.1 --share-429 0.05 --seed 7
+    python -m demo.mail_provider --port 8025            # token from $MAIL_PROVIDER_TOKEN
+    python -m demo.mail_provider --port 8025 --share-5xx 0.1 --share-429 0.05 --seed 7
 
 Endpoints:
   POST /v1/messages   send one message. Needs `Authorization: Bearer <token>` and an
@@ -423,7 +423,7 @@ class ProviderThread:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m outbox.mail_provider",
+        prog="python -m demo.mail_provider",
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,
     )
