@@ -64,6 +64,7 @@ from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core import db
 from core.budget import BudgetSettings, Observed, StressLimits, budget_status, set_budget, stress_reasons
+from core.config import read
 from core.queries import load
 from demo.fixture import seed_accounts
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -500,7 +501,7 @@ def curve_point(
     m: Measured, ph: Phases, probe: CommitProbe, off: dict[str, Any], window_seconds: float
 ) -> dict[str, Any]:
     """One objective's point of the curve, and the windows its `objective_held_fraction` counts."""
-    settings = BudgetSettings.from_env()
+    settings = read(BudgetSettings)
     label, limits = m.objective.label, m.objective.limits(settings)
     budget_p99, floor_p99 = ph.p99(m.phase), ph.p99(f"paced_floor[{label}]")
     baseline = probe.mean_ms(*ph.spans[m.before])
@@ -576,7 +577,7 @@ async def run(
         )
         assert player_pool is not None
         crowd = Players(player_pool, live, rate)
-        probe = CommitProbe(url, BudgetSettings.from_env().probe_interval_seconds)
+        probe = CommitProbe(url, read(BudgetSettings).probe_interval_seconds)
         observer = Observer(
             url,
             {

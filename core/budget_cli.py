@@ -41,7 +41,9 @@ def parse_limit(name: str, text: str) -> int | float | None:
         raise InputError(f"--{name.replace('_', '-')} is out of range, got {text!r}")
     low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
     if value < low or (name == "max_in_flight" and value > 256):
-        bounds = "0-256" if name == "max_in_flight" else ">= 0" if low == 0 else "> 1" if name == "probe_ratio" else "> 0"
+        bounds = (
+            "0-256" if name == "max_in_flight" else ">= 0" if low == 0 else "> 1" if name == "probe_ratio" else "> 0"
+        )
         raise InputError(f"--{name.replace('_', '-')} must be {bounds}, got {text!r}")
     return value
 
