@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import starter
 from cleanup.operations import start_cleanup
 from core.cli import EXIT_UNAVAILABLE
 from core.config import PROJECT_ROOT
@@ -66,16 +65,6 @@ async def test_cli_rejects_bad_input_clearly_and_starts_nothing(client, pool, se
     assert await workflow_ids(client, task_queue) == []
     assert await pool.fetchval("SELECT count(*) FROM renewals") == 0
     assert await pool.fetchval("SELECT count(*) FROM accounts WHERE cleanup_version <> 1") == 0
-
-
-@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "demo", "migrate", "dev"])
-def test_cli_help_exists_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """In-process (argparse prints the help and exits before any setting is read; the process
-    entry point itself, `python starter.py`, is run by tests/test_exit_codes.py)."""
-    with pytest.raises(SystemExit) as exited:
-        starter.main([command, "--help"])
-    assert exited.value.code == 0
-    assert "usage:" in capsys.readouterr().out
 
 
 async def test_input_over_the_256_kib_envelope_is_rejected_before_temporal(client, pool, task_queue):
