@@ -47,8 +47,9 @@ os.environ.setdefault("CLEANUP_FAILPOINTS_ENABLED", "1")
 
 
 # A test that uses one of these fixtures (directly or through another) reaches a server, Temporal or
-# Postgres; every other test is in the fast tier (`./dev test --fast`, `-m "not server"`) unless its
-# module says `pytestmark = pytest.mark.server` (it starts servers or subprocesses of its own).
+# Postgres; every other test is in the fast tier (`./dev test --fast`, `-m "not server"`) unless it
+# (or its module, `pytestmark`) is marked `server` or `dev_server`: it starts a Temporal or a Postgres
+# of its own. Processes that start no server (the CLI against a refused port, a pytest probe) are fast.
 SERVER_FIXTURES = frozenset({"env", "time_skipping_env", "admin_db_url"})
 
 

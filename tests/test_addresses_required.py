@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import starter
 from core.config import PROJECT_ROOT, Settings, dev_env_file
 
 COMMANDS = [
@@ -23,27 +24,56 @@ COMMANDS = [
 ]
 
 
+UNSET = ("TEMPORAL_ADDRESS", "DATABASE_URL", "CLEANUP_EMBEDDED")
+
+
 def bare_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL", "CLEANUP_EMBEDDED")}
+    env = {k: v for k, v in os.environ.items() if k not in UNSET}
     return {**env, "CLEANUP_STATE_DIR": str(state_dir), **extra}
 
 
-def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *cmd], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+def run(
+    cmd: list[str], state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], **env: str
+) -> tuple[int | str | None, str, str]:
+    """Exit code, stdout and stderr of `python *cmd` with neither address set but those in `env`.
+    starter.py's commands run in this process (starter.main reads the environment on each call;
+    tests/test_exit_codes.py runs its process): a start-up each was most of this module's time.
+    worker.py, the process a deployment runs, runs as one."""
+    if cmd[0] == "worker.py":
+        done = subprocess.run(
+            [sys.executable, *cmd],
+            cwd=PROJECT_ROOT,
+            env=bare_env(state_dir, **env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done.returncode, done.stdout, done.stderr
+    with monkeypatch.context() as patch:
+        for name in UNSET:
+            patch.delenv(name, raising=False)
+        for name, value in {"CLEANUP_STATE_DIR": str(state_dir), **env}.items():
+            patch.setenv(name, value)
+        try:
+            code: int | str | None = starter.main(cmd[1:])
+        except SystemExit as exited:
+            code = exited.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
-def test_missing_addresses_exit_2_naming_them_and_start_nothing(cmd: list[str], tmp_path: Path) -> None:
+def test_missing_addresses_exit_2_naming_them_and_start_nothing(
+    cmd: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "state"
-    result = run(cmd, bare_env(state, TEMPORAL_ADDRESS="127.0.0.1:1"))
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "DATABASE_URL" in result.stderr and "Traceback" not in result.stderr
-    result = run(cmd, bare_env(state, DATABASE_URL="postgresql://nobody@127.0.0.1:1/none"))
+    code, out, err = run(cmd, state, monkeypatch, capsys, TEMPORAL_ADDRESS="127.0.0.1:1")
+    assert code == 2, out + err
+    assert "DATABASE_URL" in err and "Traceback" not in err
+    code, out, err = run(cmd, state, monkeypatch, capsys, DATABASE_URL="postgresql://nobody@127.0.0.1:1/none")
     if cmd[1:] not in (["budget", "show"], ["migrate"]):  # database-only commands never need Temporal
-        assert result.returncode == 2, result.stdout + result.stderr
-        assert "TEMPORAL_ADDRESS" in result.stderr and "Traceback" not in result.stderr
+        assert code == 2, out + err
+        assert "TEMPORAL_ADDRESS" in err and "Traceback" not in err
     assert not state.exists() or not any(state.rglob("*")), "something was started or written"
 
 

@@ -285,6 +285,7 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
             await p.close()
 
 
+@pytest.mark.server  # a Postgres of its own (harness.private_pg), crashed and restarted
 async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stress() -> None:
     """A real crash and restart of the database: the slot held before it is free at once, and the
     slow commit probes of the restarted server make a new baseline instead of shrinking the budget

@@ -49,6 +49,7 @@ def test_dev_down_leaves_a_process_named_by_a_stale_pid_file_alone(tmp_path):
         stranger.wait()
 
 
+@pytest.mark.dev_server  # starts one
 def test_dev_down_stops_the_server_it_started(tmp_path):
     server = DevServer(tmp_path, port=None)
     server.start()

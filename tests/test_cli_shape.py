@@ -176,6 +176,16 @@ def test_a_flag_of_another_verb_is_a_usage_error_one_json_object_under_json(argv
     assert "\n" not in err
 
 
+@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "demo", "migrate", "dev"])
+def test_cli_help_exists_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process: argparse prints the help and exits before any setting is read (the process entry
+    point itself, `python starter.py`, is run by tests/test_exit_codes.py)."""
+    with pytest.raises(SystemExit) as exited:
+        starter.main([command, "--help"])
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
 def test_migrate_alone_applies_and_its_flags_follow_it() -> None:
     parsed = PARSER.parse_args(["migrate", "--demo-game", "--json"])
     assert parsed.handler is starter.cmd_migrate and parsed.demo_game and parsed.json

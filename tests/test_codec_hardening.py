@@ -41,7 +41,9 @@ from tests.key_rotation_workflow import KeyRotationProbe
 @contextmanager
 def serving(**options: Any) -> Iterator[CodecServer]:
     server = CodecServer(("127.0.0.1", 0), EncryptionCodec.from_config(new_key()), **options)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() returns once serve_forever next polls: at its default 0.5 s interval, that is most
+    # of each test's time.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server

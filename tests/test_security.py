@@ -162,7 +162,8 @@ def codec() -> EncryptionCodec:
 class _Server:
     def __init__(self, codec: EncryptionCodec, token: str | None) -> None:
         self.server = CodecServer(("127.0.0.1", 0), codec, token=token)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll (0.5 s at its default interval).
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
 
 def codec_server(codec: EncryptionCodec, token: str | None = None) -> Any:
