@@ -4,6 +4,10 @@
   active accounts within the look-ahead horizon and ensures one sleeping cohort cleanup
   (RenewalCleanupWorkflow over the range [start, start + width)) per bucket, with a workflow ID
   derived from the bucket, so ensuring it again is harmless. The durable timer does the rest.
+  A bucket whose accounts share one deadline gets a cleanup of that instant instead (its ID names
+  the instant): it wakes at the deadline, not at the bucket's end, and its partitions clean while
+  it claims. Should the bucket later hold other deadlines too, the range's cleanup is ensured for
+  them; the claim gives each account to one cleanup only.
 - overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
   bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
 - stranded claims: accounts left in 'cleaning' by a cleanup that Temporal reports closed
@@ -33,6 +37,7 @@ import cleanup
 from cleanup.models import (
     BUCKET_ID_PREFIX,
     CLEANUP_WORKFLOW,
+    DEFAULT_CLAIM_STREAMS,
     OVERDUE_COUNT_CAP,
     PLANNER_PAUSE_SIGNAL,
     PLANNER_RESUME_SIGNAL,
@@ -71,12 +76,12 @@ SQL = load(cleanup.__file__, "planner.sql")
 
 class CohortRange(NamedTuple):
     """One cohort cleanup the planner starts: its workflow ID, the deadline range [start, until) it
-    covers and its summary. `partitions`: the settings' count unless given (a bucket that fits in
-    one batch takes one)."""
+    covers (or the instant `start`) and its summary. `partitions`: the settings' count unless given
+    (a bucket that fits in one batch takes one)."""
 
     workflow_id: str
     start: datetime
-    until: datetime
+    until: datetime | None  # None: the one instant `start`
     summary: str
     partitions: int | None = None
     wake_early_seconds: float = 0.0
@@ -98,6 +103,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         heartbeat_interval_seconds=heartbeat_interval,
         note="started by the deadline planner",
         wake_early_seconds=cohort.wake_early_seconds,
+        claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
     )
     # A closed run with this ID is never repeated: one run per bucket.
     _, started = await start_idempotently(
@@ -159,31 +165,45 @@ async def _ensure_buckets(
     known: dict[str, datetime],
     forget_before: datetime,
 ) -> None:
-    """Ensure the cohort cleanup of each upcoming bucket (`rows`: start, accounts) not in `known`,
-    then add those to `known` and drop the ones older than `forget_before` (never upcoming again)."""
+    """Ensure the cohort cleanup of each upcoming bucket (`rows`: start, first, last, accounts) not
+    in `known`, then add those to `known` and drop the ones older than `forget_before` (never
+    upcoming again)."""
     s = input.settings
     width = timedelta(seconds=s.bucket_seconds)
     width_ms = max(1, round(s.bucket_seconds * 1000))
     limit = asyncio.Semaphore(16)
 
-    async def ensure(start: datetime, accounts: int) -> None:
-        cohort = CohortRange(
+    def cohort(row: asyncpg.Record) -> CohortRange:
+        # A bucket that fits in one batch is one partition: one activity after the claim
+        # instead of P small ones in P / parallel rounds (the lateness of the bucket).
+        partitions = 1 if row["accounts"] <= s.batch_size else None
+        if row["first"] == row["last"]:
+            instant = row["first"]
+            return CohortRange(
+                bucket_cleanup_id(instant, 0, input.task_queue),
+                instant,
+                None,
+                f"deadline {instant.isoformat()} (one instant)",
+                partitions=partitions,
+            )
+        start = row["start"]
+        return CohortRange(
             bucket_cleanup_id(start, width_ms, input.task_queue),
             start,
             start + width,
             f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
-            # A bucket that fits in one batch is one partition: one activity after the claim
-            # instead of P small ones in P / parallel rounds (the lateness of the bucket).
-            partitions=1 if accounts <= s.batch_size else None,
+            partitions=partitions,
             wake_early_seconds=s.wake_early_seconds,
         )
+
+    async def ensure(cohort: CohortRange) -> None:
         async with limit:
             await _start_cohort(client, input.task_queue, s, cohort)
 
-    new = [r for r in rows if bucket_cleanup_id(r["start"], width_ms, input.task_queue) not in known]
-    await asyncio.gather(*(ensure(r["start"], r["accounts"]) for r in new))
-    for r in new:
-        known[bucket_cleanup_id(r["start"], width_ms, input.task_queue)] = r["start"]
+    new = [c for c in map(cohort, rows) if c.workflow_id not in known]
+    await asyncio.gather(*(ensure(c) for c in new))
+    for c in new:
+        known[c.workflow_id] = c.start
     for workflow_id in [w for w, start in known.items() if start < forget_before]:
         del known[workflow_id]
     if new:

@@ -8,7 +8,8 @@ SELECT cleanup_clock();
 -- Deadline buckets of width $3 holding active accounts with a deadline in [$1, $2), at most $4:
 -- a skip scan (one index probe per bucket, accounts_active_due_idx), however many accounts each holds.
 -- `accounts` counts each bucket's active accounts up to $5 only (an index-only scan of at most $5
--- entries per bucket), enough to tell a bucket that fits in one batch from a bigger one.
+-- entries per bucket), enough to tell a bucket that fits in one batch from a bigger one. `first` and
+-- `last`: its earliest and latest deadline (two index probes), equal when it holds one instant.
 WITH RECURSIVE buckets(start, n) AS (
     SELECT date_bin($3::interval, f.d, 'epoch'::timestamptz), 1
     FROM (SELECT min(renewal_deadline) AS d FROM accounts
@@ -22,12 +23,16 @@ WITH RECURSIVE buckets(start, n) AS (
                           AND renewal_deadline < $2) f
     WHERE f.d IS NOT NULL AND b.n < $4
 )
-SELECT b.start,
+SELECT b.start, d.first, d.last,
        (SELECT count(*) FROM (SELECT 1 FROM accounts a
                               WHERE a.status = 'active' AND a.renewal_deadline >= b.start
                                 AND a.renewal_deadline < b.start + $3::interval
                               LIMIT $5) c)::int AS accounts
-FROM buckets b ORDER BY b.start;
+FROM buckets b
+CROSS JOIN LATERAL (SELECT min(a.renewal_deadline) AS first, max(a.renewal_deadline) AS last FROM accounts a
+                    WHERE a.status = 'active' AND a.renewal_deadline >= b.start
+                      AND a.renewal_deadline < b.start + $3::interval) d
+ORDER BY b.start;
 
 -- name: claiming_workflows
 -- The distinct workflows of namespace $1 holding accounts in 'cleaning' (a skip scan over

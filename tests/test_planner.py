@@ -35,6 +35,7 @@ from cleanup.models import (
     ClaimChunkedInput,
     CleanupPartitionInput,
     PartitionReport,
+    bucket_cleanup_id,
     planner_workflow_id,
 )
 from cleanup.operations import renew, start_cleanup
@@ -228,8 +229,13 @@ async def test_the_planner_alone_cleans_every_account_once_through_renewals_stra
 
 @pytest.mark.whole_machine  # it bounds the lateness it measures
 async def test_lateness_of_bucketed_cleanups_is_bounded(client, pool, task_queue):
-    """Accounts whose bucket cleanup is planned ahead are cleaned within L of their deadline."""
-    groups = [await seed(pool, deadline_in(5 + 2.5 * i), 20, prefix=f"l{i}{uuid.uuid4().hex[:6]}") for i in range(5)]
+    """Accounts whose bucket cleanup is planned ahead are cleaned within L of their deadline. Each
+    bucket holds two deadlines, so each is a range's cleanup that wakes early."""
+    groups = []
+    for i in range(5):
+        d = deadline_in(5 + 2.5 * i)
+        for k, deadline in enumerate((d, other_instant_of_its_bucket(d))):
+            groups.append(await seed(pool, deadline, 10, prefix=f"l{i}{k}{uuid.uuid4().hex[:6]}"))
     everyone = [a for g in groups for a in g]
     # A long sweep grace: whatever the load, these are cleaned by their buckets, not by the sweep.
     async with planner_worker(client, pool, task_queue, FAST.model_copy(update={"sweep_grace_seconds": 60.0})):
@@ -472,15 +478,19 @@ async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_on
 async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     """Ensuring a bucket again changes nothing, so a worker asks the server once per bucket; a
     process that has not seen it (another worker, a restart) asks once more. A bucket that fits in
-    one batch is one partition, and its run wakes early."""
+    one batch is one partition. A bucket of one instant is a cleanup of that instant (it wakes at
+    it); a bucket of several deadlines is the range's, which wakes early."""
     small = FAST.model_copy(update={"batch_size": 3})
-    await seed(pool, deadline_in(20), 3)
-    await seed(pool, deadline_in(30), 4)  # more than one batch: the settings' partitions
-    starts: list[tuple[str, int, float]] = []
+    instant = deadline_in(20)
+    await seed(pool, instant, 3)
+    mixed = deadline_in(30)
+    await seed(pool, mixed, 2)  # more than one batch, two deadlines in one bucket: the settings' partitions
+    await seed(pool, other_instant_of_its_bucket(mixed), 2)
+    starts: list[tuple[str, int, float, datetime | None]] = []
 
     class RecordingClient:
         async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
-            starts.append((id, input.partitions, input.wake_early_seconds))
+            starts.append((id, input.partitions, input.wake_early_seconds, input.deadline_until))
             return SimpleNamespace(result_run_id=f"run-{len(starts)}")
 
     tick = PlanTickInput(settings=small, task_queue="q")
@@ -488,13 +498,62 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     for _ in range(3):
         result = await plan_buckets(pool, RecordingClient(), tick, ensured)  # type: ignore[arg-type]
         assert result.buckets == 2
-    assert [(p, w) for _, p, w in starts] == [
-        (1, small.wake_early_seconds),
-        (small.partitions, small.wake_early_seconds),
+    assert [(i, p, w, u is None) for i, p, w, u in starts] == [
+        (bucket_cleanup_id(instant, 0, "q"), 1, 0.0, True),
+        (bucket_cleanup_id(mixed.replace(microsecond=0), 1000, "q"), small.partitions, small.wake_early_seconds, False),
     ]
-    assert len({i for i, _, _ in starts}) == 2 and set(ensured) == {i for i, _, _ in starts}
+    assert set(ensured) == {i for i, *_ in starts}
     await plan_buckets(pool, RecordingClient(), tick, {})  # type: ignore[arg-type]
     assert len(starts) == 4
+
+
+def other_instant_of_its_bucket(deadline: datetime) -> datetime:
+    """Another deadline in the same 1 s bucket."""
+    return deadline.replace(microsecond=(deadline.microsecond + 500_000) % 1_000_000 or 1)
+
+
+async def test_a_bucket_of_one_instant_cleans_while_it_claims_and_a_later_deadline_in_it_is_not_missed(
+    client, pool, task_queue
+):
+    """The instant's cleanup claims at the deadline and its partitions follow the claim; accounts
+    registered later in the same bucket with another deadline get the range's cleanup. Each account
+    is cleaned once, by one of them, never before its deadline."""
+    instant = deadline_in(12)
+    first = await seed(pool, instant, 150)
+    instant_id = bucket_cleanup_id(instant, 0, task_queue)
+    async with planner_worker(client, pool, task_queue, FAST.model_copy(update={"sweep_grace_seconds": 60.0})):
+        await wait_until(lambda: _started(client, instant_id), within=60)
+        later = await seed(pool, other_instant_of_its_bucket(instant), 5)
+        await wait_until(lambda: all_settled(pool, first + later), within=120, interval=0.5)
+        await client.get_workflow_handle(planner_workflow_id(task_queue)).terminate(reason="test over")
+    by_cleanup = {
+        r["cleanup_id"]: r["n"]
+        for r in await pool.fetch(
+            "SELECT cleanup_id, count(*) AS n FROM cleanup_applied WHERE account_id = ANY($1::text[]) GROUP BY 1",
+            first + later,
+        )
+    }
+    assert sum(by_cleanup.values()) == len(first) + len(later), by_cleanup  # once each (the key is unique)
+    # The instant's cleanup cleaned its cohort (a slow timer may leave some to the range's); the
+    # range's, or the later instant's, the rest. None was left to the sweep.
+    assert by_cleanup.get(instant_id, 0) > 0 and len(by_cleanup) >= 2, by_cleanup
+    assert all(c.startswith("cleanup-bucket-") for c in by_cleanup), by_cleanup
+    payload = json.loads(
+        (await client.get_workflow_handle(instant_id).fetch_history())
+        .events[0]
+        .workflow_execution_started_event_attributes.input.payloads[0]
+        .data
+    )
+    assert payload["deadline_until"] is None and payload["partitions"] == FAST.partitions, payload
+    early = await pool.fetchval(
+        "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND claimed_at < renewal_deadline",
+        first + later,
+    )
+    assert early == 0
+
+
+async def _started(client: Client, workflow_id: str) -> bool:
+    return await describe_or_none(client, workflow_id) is not None
 
 
 async def test_a_planner_step_that_fails_for_good_is_reported_and_the_loop_goes_on(client, pool, task_queue):

@@ -4,7 +4,7 @@ and `--hold-scheduled` also holds the bucket cleanups already scheduled, until r
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -70,8 +70,7 @@ async def test_a_pause_survives_the_planner_started_again_by_the_watchdog(client
 async def test_hold_scheduled_holds_bucket_cleanups_already_scheduled_until_resumed(client, pool, task_queue):
     deadline = deadline_in(20)  # time for the planner to schedule its bucket on a loaded machine
     accounts = await seed(pool, deadline, 4)
-    start = datetime.fromtimestamp(int(deadline.timestamp()), UTC)  # the 1 s bucket holding it
-    bucket_id = bucket_cleanup_id(start, int(FAST.bucket_seconds * 1000), task_queue)
+    bucket_id = bucket_cleanup_id(deadline, 0, task_queue)  # a bucket of one instant: that instant's cleanup
     async with planner_worker(client, pool, task_queue):
         await wait_until(lambda: _exists(client, bucket_id))  # scheduled: its timer sleeps
         await signal_planner(client, task_queue, "pause", "incident", pool=pool, hold_scheduled=True)
