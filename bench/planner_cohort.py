@@ -187,20 +187,27 @@ def bucket_timeline(activities: dict[str, list[float | None]]) -> dict[str, Any]
 
 def where_the_time_goes(bucket: dict[str, Any], last_cleaned: float | None) -> dict[str, float | None]:
     """The deadline -> last account cleaned of the cohort's main cleanup, cut into consecutive
-    phases (seconds; they add up to `last_cleaned`): the bucket's wake-up and its claim's dispatch
-    (deadline -> claim started), the claim (which waits for the database clock to pass the bucket's
-    end before claiming), claim done -> first partition started (negative: the partitions follow the
-    claim), the partitions' body (first started -> first done), the last partition's tail (first
-    done -> last account cleaned)."""
-    marks = [
-        0.0,
-        bucket["claim_started"],
-        bucket["claim_done"],
-        bucket["first_partition_started"],
-        bucket["first_partition_done"],
-        last_cleaned,
-    ]
-    names = ("wake_and_dispatch", "claim", "claim_to_first_partition", "partitions_body", "last_partition_tail")
+    phases (seconds; they add up to `last_cleaned`). A range's cleanup claims, then cleans: the
+    bucket's wake-up and its claim's dispatch (deadline -> claim started), the claim (which waits for
+    the database clock to pass the bucket's end), claim done -> first partition started, the
+    partitions' body (first started -> first done), the last partition's tail (first done -> last
+    account cleaned). An instant's cleanup cleans while it claims: wake-up and dispatch (deadline ->
+    the first of its claim and partitions started), the claim with the partitions following it,
+    cleaning after the claim (claim done -> first partition done), the last partition's tail."""
+    claim_done, first_started = bucket["claim_done"], bucket["first_partition_started"]
+    overlapped = claim_done is not None and first_started is not None and first_started < claim_done
+    if overlapped:
+        starts = [m for m in (bucket["claim_started"], first_started) if m is not None]
+        marks = [0.0, min(starts), claim_done, bucket["first_partition_done"], last_cleaned]
+        names: tuple[str, ...] = (
+            "wake_and_dispatch",
+            "claim_while_cleaning",
+            "cleaning_after_claim",
+            "last_partition_tail",
+        )
+    else:
+        marks = [0.0, bucket["claim_started"], claim_done, first_started, bucket["first_partition_done"], last_cleaned]
+        names = ("wake_and_dispatch", "claim", "claim_to_first_partition", "partitions_body", "last_partition_tail")
     return {
         name: round(b - a, 3) if a is not None and b is not None else None
         for name, (a, b) in zip(names, itertools.pairwise(marks), strict=True)
