@@ -234,10 +234,13 @@ def render(results: Path = RESULTS) -> str:
         "",
         "## Results",
         "",
-        "| scenario | size | figure | value | goal | met | load before / after | date | commit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | size | figure | value | goal | met | load before / after | machine | date | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     machines = sorted({s["machine"] for s in stamped})
+    # Ratios move with the hardware (a faster CPU speeds the floor's one statement more than the
+    # orchestration around the batches), so each row names its machine.
+    tag = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
     for s in stamped:
         what = ratio_label(s["scenario"], s["result"])
         for f in figures(s["result"], s["scenario"]):
@@ -245,13 +248,13 @@ def render(results: Path = RESULTS) -> str:
             met = "yes" if f.met else "**no**"
             lines.append(
                 f"| {s['scenario']} | {size_of(s['result'])} | {name} | {f.value:.3f} | {f.goal} | {met} "
-                f"| {load_of(s['result'])} | {s['date']} | {s['commit']} |"
+                f"| {load_of(s['result'])} | {tag[s['machine']]} | {s['date']} | {s['commit']} |"
             )
     missing = [name for name in SCENARIOS if name not in {s["scenario"] for s in stamped}]
     if missing:
         lines += ["", "No current result: " + ", ".join(f"`{m}`" for m in missing) + "."]
     lines += curve_section(stamped)
-    lines += ["", "## Machine", ""] + [f"- {m}" for m in machines]
+    lines += ["", "## Machines", ""] + [f"- {tag[m]}: {m}" for m in machines]
     lines += ["", "## How to measure", "", "```bash"]
     lines += [f"{cmd} > out.json  # {name}" for name, (_, cmd) in SCENARIOS.items()]
     lines += [
