@@ -26,7 +26,8 @@ WHERE renewal_deadline = $1 AND status = 'active';
 -- One slice of a cohort ($2 = its deadline; account_id >= $3 and < $4, NULL = unbounded) cleaned
 -- by one statement under cleanup ID $1: every active account of the slice past its deadline
 -- marked cleaned, its idempotency record, the shipped game data deleted (saves, items) or
--- archived (matches), its renewal reminder in the outbox. The slices are disjoint, so they touch
+-- archived (matches), its erasure receipt (rows per target, as the batches write it), its
+-- renewal reminder in the outbox. The slices are disjoint, so they touch
 -- disjoint rows; a range fits the index accounts_active_due_idx (deadline, account_id).
 WITH cleaned AS (
     UPDATE accounts
@@ -43,10 +44,12 @@ applied AS (
     RETURNING account_id, cleanup_version
 ),
 saves AS (
-    DELETE FROM demo_game.cloud_saves t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.cloud_saves t USING applied p WHERE t.account_id = p.account_id
+    RETURNING t.account_id AS key
 ),
 items AS (
-    DELETE FROM demo_game.inventory_items t USING applied p WHERE t.account_id = p.account_id RETURNING 1
+    DELETE FROM demo_game.inventory_items t USING applied p WHERE t.account_id = p.account_id
+    RETURNING t.account_id AS key
 ),
 moved AS (
     DELETE FROM demo_game.match_history t USING applied p WHERE t.account_id = p.account_id RETURNING t.*
@@ -54,6 +57,18 @@ moved AS (
 archived AS (
     INSERT INTO demo_game.match_history_archive (match_id, account_id, played_at, mode, result, score)
     SELECT match_id, account_id, played_at, mode, result, score FROM moved
+    RETURNING account_id AS key
+),
+receipts AS (
+    INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)
+    SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array(
+        jsonb_build_object('target', 'demo_game.cloud_saves', 'action', 'delete', 'rows', coalesce(s.n, 0)),
+        jsonb_build_object('target', 'demo_game.inventory_items', 'action', 'delete', 'rows', coalesce(i.n, 0)),
+        jsonb_build_object('target', 'demo_game.match_history', 'action', 'archive', 'rows', coalesce(m.n, 0)))
+    FROM applied a
+    LEFT JOIN (SELECT key, count(*) AS n FROM saves GROUP BY key) s ON s.key = a.account_id
+    LEFT JOIN (SELECT key, count(*) AS n FROM items GROUP BY key) i ON i.key = a.account_id
+    LEFT JOIN (SELECT key, count(*) AS n FROM archived GROUP BY key) m ON m.key = a.account_id
     RETURNING 1
 ),
 reminders AS (
@@ -70,7 +85,8 @@ SELECT (SELECT count(*) FROM applied)::int AS cleaned,
        (SELECT count(*) FROM saves)::int AS cloud_saves,
        (SELECT count(*) FROM items)::int AS inventory_items,
        (SELECT count(*) FROM archived)::int AS match_history,
-       (SELECT count(*) FROM reminders)::int AS reminders;
+       (SELECT count(*) FROM reminders)::int AS reminders,
+       (SELECT count(*) FROM receipts)::int AS receipts;
 
 -- name: ledger_floor_slices
 -- Untimed, before the floor: the shards of the date ($1) dealt to $2 slices, slice k taking every

@@ -51,6 +51,7 @@ async def test_cohort_cleanup_benchmark_runs_and_measures_a_ratio(tmp_path):
     assert all(0 <= r["batches_machine_busy"] <= 1 for r in by_size["sizes"])
     assert [t["batch_size"] for t in json.loads(timeline.read_text())] == [25, 100, 100, 25]
     assert result["floor_cleaned"] == [300, 300]
+    assert result["floor_receipts"] == [300, 300]  # the same effects as the batches, receipts included
     assert result["compare_parallel_partitions"] == 1 and result["compare_direct_cleaned"] == [300, 300]
     assert result["direct_over_compare_parallel"] > 0
     assert result["direct_over_floor"] > 0 and result["pipeline_over_floor"] > 0
