@@ -515,31 +515,35 @@ def other_instant_of_its_bucket(deadline: datetime) -> datetime:
 async def test_a_bucket_of_one_instant_cleans_while_it_claims_and_a_later_deadline_in_it_is_not_missed(
     client, pool, task_queue
 ):
-    """The instant's cleanup claims at the deadline and its partitions follow the claim; accounts
-    registered later in the same bucket with another deadline get the range's cleanup. Each account
-    is cleaned once, by one of them, never before its deadline."""
-    instant = deadline_in(12)
-    first = await seed(pool, instant, 150)
-    instant_id = bucket_cleanup_id(instant, 0, task_queue)
+    """A bucket that only ever holds one instant is cleaned by that instant's cleanup alone, whose
+    partitions follow its claim. A bucket that gets another deadline after its instant's cleanup was
+    ensured gets the range's cleanup too; the claim gives each account to one of them. Every account
+    is cleaned once, never before its deadline, none by the sweep."""
+    alone_at = deadline_in(12)
+    alone = await seed(pool, alone_at, 150)
+    shared_at = deadline_in(24)
+    shared = await seed(pool, shared_at, 20)
+    alone_id, shared_id = bucket_cleanup_id(alone_at, 0, task_queue), bucket_cleanup_id(shared_at, 0, task_queue)
+    range_id = bucket_cleanup_id(shared_at.replace(microsecond=0), 1000, task_queue)
     async with planner_worker(client, pool, task_queue, FAST.model_copy(update={"sweep_grace_seconds": 60.0})):
-        await wait_until(lambda: _started(client, instant_id), within=60)
-        later = await seed(pool, other_instant_of_its_bucket(instant), 5)
-        await wait_until(lambda: all_settled(pool, first + later), within=120, interval=0.5)
+        await wait_until(lambda: _started(client, shared_id), within=60)
+        later_at = other_instant_of_its_bucket(shared_at)
+        later = await seed(pool, later_at, 5)  # the bucket now holds two deadlines
+        await wait_until(lambda: _started(client, range_id), within=60)
+        await wait_until(lambda: all_settled(pool, alone + shared + later), within=120, interval=0.5)
         await client.get_workflow_handle(planner_workflow_id(task_queue)).terminate(reason="test over")
     by_cleanup = {
         r["cleanup_id"]: r["n"]
         for r in await pool.fetch(
             "SELECT cleanup_id, count(*) AS n FROM cleanup_applied WHERE account_id = ANY($1::text[]) GROUP BY 1",
-            first + later,
+            alone + shared + later,
         )
     }
-    assert sum(by_cleanup.values()) == len(first) + len(later), by_cleanup  # once each (the key is unique)
-    # The instant's cleanup cleaned its cohort (a slow timer may leave some to the range's); the
-    # range's, or the later instant's, the rest. None was left to the sweep.
-    assert by_cleanup.get(instant_id, 0) > 0 and len(by_cleanup) >= 2, by_cleanup
-    assert all(c.startswith("cleanup-bucket-") for c in by_cleanup), by_cleanup
+    assert sum(by_cleanup.values()) == len(alone) + len(shared) + len(later), by_cleanup  # once each
+    assert by_cleanup[alone_id] == len(alone), by_cleanup
+    assert set(by_cleanup) - {alone_id} <= {shared_id, range_id, bucket_cleanup_id(later_at, 0, task_queue)}
     payload = json.loads(
-        (await client.get_workflow_handle(instant_id).fetch_history())
+        (await client.get_workflow_handle(alone_id).fetch_history())
         .events[0]
         .workflow_execution_started_event_attributes.input.payloads[0]
         .data
@@ -547,7 +551,7 @@ async def test_a_bucket_of_one_instant_cleans_while_it_claims_and_a_later_deadli
     assert payload["deadline_until"] is None and payload["partitions"] == FAST.partitions, payload
     early = await pool.fetchval(
         "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND claimed_at < renewal_deadline",
-        first + later,
+        alone + shared + later,
     )
     assert early == 0
 
