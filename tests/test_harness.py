@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,10 +42,21 @@ def finish(run: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
     try:
         stdout, stderr = run.communicate(timeout=580)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
+        stop(run)
     return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+
+
+def stop(run: subprocess.Popen[str]) -> None:
+    """Interrupt a harness still running (SIGINT: its stack stops its Temporal server and workers,
+    which run in sessions of their own and would outlive a SIGKILL), then kill it if it hangs."""
+    if run.poll() is not None:
+        return
+    run.send_signal(signal.SIGINT)
+    try:
+        run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.communicate()
 
 
 def harness(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,9 +70,7 @@ def injected_runs() -> Iterator[dict[str, subprocess.Popen[str]]]:
     runs = {flag: start_harness("--scenarios", "replay", flag, "--json") for flag in INJECTIONS}
     yield runs
     for run in runs.values():
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
+        stop(run)
 
 
 INJECTIONS = ("--inject-violation", "--inject-ordering-violation")
