@@ -117,3 +117,18 @@ def test_a_player_load_result_without_a_curve_keeps_what_its_ratio_compared(tmp_
     page = report.render(tmp_path)
     assert "| players' p99 with the default budget / players alone | 1.300 | <= 1.2 | **no** |" in page
     assert "No measured curve" in page
+
+
+def test_a_nested_figure_is_read_by_its_path_and_judged_by_its_goal(tmp_path: Path) -> None:
+    doc = {
+        "scenario": "planner_lateness",
+        "accounts": 100000,
+        "lateness_seconds": {"p50": 0.6, "p99": 1.2, "max": 5.5},
+        "load_average_1m": {"before": 0.3, "after": 0.9},
+        "machine": "m",
+    }
+    report.record(doc, tmp_path, commit="abc1234")
+    got = [(f.name, f.value, f.goal, f.met) for f in report.figures(doc, "planner_lateness")]
+    assert got == [("ratio", 1.2, "<= 2", True), ("lateness_seconds.max", 5.5, "<= 5", False)]
+    page = report.render(tmp_path)
+    assert "| lateness seconds max | 5.500 | <= 5 | **no** | 0.3 / 0.9 |" in page
