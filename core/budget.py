@@ -23,6 +23,11 @@ One budget for every job together, across all worker processes and nodes, kept i
   write that commits, as a player's commit would, every `probe_interval_seconds`; probes taken
   while no slot is held anywhere make the baseline (and when there were none for
   `baseline_seconds`, nothing is granted for `quiet_seconds` so that there are).
+- **players present**: with each probe (outside its timing), the process samples whether a session
+  of the database other than this service's (by application_name) is active. The commit probe's
+  objective holds the work back only while players are present (seen within
+  `players_memory_seconds`): on a database nobody else uses, the work's own load on the probe is
+  not stress. The other signals apply either way.
 - **a batch blocked on a lock** (a session of this role waiting on a row lock for
   `blocked_after_seconds`) does not count against `max_in_flight`: it uses neither CPU nor WAL.
 - The budget's own writes commit without waiting for the WAL flush (core/budget.sql).
@@ -154,12 +159,16 @@ class LoadBudget:
                 async with self._session_lock:
                     conn = await self._open_session()
                     try:
+                        # Whether players are present, sampled outside the probe's timing: the probe
+                        # times a player's commit, not this look at pg_stat_activity.
+                        players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
                         started = time.perf_counter()
                         quiet = await conn.fetchval(
                             SQL.probe,
                             self._probe_key,
                             previous[0] if previous else None,
                             previous[1] if previous else None,
+                            players,
                         )
                     except Exception:
                         if not _usable(conn):
@@ -368,6 +377,7 @@ class LoadBudget:
         window = await self._observe(claimed)
         limits = StressLimits.of(claimed, s)
         reasons = stress_reasons(window.seen, limits)
+        players_present = window.seen.players_present
         verdict = judge(
             reasons,
             rate_limit=claimed["rate_limit"],
@@ -376,6 +386,7 @@ class LoadBudget:
             observed_peak_in_flight=claimed["window_peak_in_flight"],
             min_rows_per_second=s.min_rows_per_second,
             grow_factor=s.grow_factor,
+            players_present=players_present,
         )
         await self._bookkeeping(
             SQL.apply_adjustment,
@@ -392,16 +403,25 @@ class LoadBudget:
             verdict["in_flight_limit"],
             verdict["limited_by"],
             window.rows_per_second,
+            players_present,
         )
         probe_bound = limits.probe_bound_ms(window.seen.probe_baseline_ms)
-        metrics.set_budget_verdict(verdict["rate_limit"] is not None, reasons, window.seen.probe_ms, probe_bound)
+        metrics.set_budget_verdict(
+            verdict["rate_limit"] is not None,
+            holding_back(reasons, players_present),
+            window.seen.probe_ms,
+            probe_bound,
+            players_present,
+        )
         if verdict["stress"]:
             log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
         return verdict
 
     async def _observe(self, claimed: asyncpg.Record) -> _Window:
         """What the window that `claimed` closed saw: the batches' latency and rows per second, the
-        database's lock waits and replication lag, the commit probes and their quiet baseline."""
+        database's lock waits and replication lag, the commit probes and their quiet baseline, and
+        whether players were present (a probe saw them in the window or within
+        `players_memory_seconds`)."""
         stress = await self.pool.fetchrow(SQL.sample_stress)
         collected = await self.pool.fetchrow(SQL.collect_probes)
         assert stress is not None and collected is not None
@@ -423,6 +443,8 @@ class LoadBudget:
             weight = min(1.0, probes["quiet_n"] / 5)  # a few quiet probes replace the old baseline
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
+        seen_ago = probes["players_seen_seconds_ago"]
+        horizon = max(self.settings.players_memory_seconds, claimed["window_seconds"] or 0.0)
         return _Window(
             seen=Observed(
                 latency_ms=latency_ms,
@@ -430,6 +452,7 @@ class LoadBudget:
                 replication_lag=stress["replication_lag"],
                 probe_ms=busy_ms,
                 probe_baseline_ms=baseline,
+                players_present=seen_ago is not None and seen_ago <= horizon,
             ),
             probes=probes["busy_n"],
             new_baseline=new_baseline,
@@ -477,6 +500,7 @@ class Observed:
     replication_lag: float | None  # seconds, when a standby streams from the server
     probe_ms: float | None = None  # the commit probe's mean while work ran
     probe_baseline_ms: float | None = None  # ... and while none ran (its quiet baseline)
+    players_present: bool = True  # a session not this service's was active (the objective applies)
 
 
 @dataclass(frozen=True)
@@ -553,6 +577,17 @@ def stress_reasons(seen: Observed, limits: StressLimits) -> dict[str, str]:
     return reasons
 
 
+# The players' objective: it holds the work back only while players are present.
+PLAYER_SIGNALS = ("commit_probe", "commit_probe_ms")
+PLAYERS_ABSENT = "no other session active (players absent): the commit probe does not hold the work back"
+
+
+def holding_back(reasons: dict[str, str], players_present: bool) -> dict[str, str]:
+    """The stress that holds the work back: every signal's while players are present; without them
+    the commit probe's objective protects nobody, and only the database's own signals count."""
+    return {k: v for k, v in reasons.items() if players_present or k not in PLAYER_SIGNALS}
+
+
 def judge(
     reasons: dict[str, str],
     *,
@@ -562,11 +597,14 @@ def judge(
     observed_peak_in_flight: int,
     min_rows_per_second: float,
     grow_factor: float,
+    players_present: bool = True,
 ) -> dict[str, Any]:
     """The next adaptive limits (None: unthrottled). Stressed: half of the limit, or of what the work
     did in the window when it was unthrottled (never below `min_rows_per_second`; one batch at
     least). Healthy: the rate grows by `grow_factor` and the in-flight limit by one; a rate limit
-    the work did not use half of is lifted, and the in-flight limit with it."""
+    the work did not use half of is lifted, and the in-flight limit with it. With players absent,
+    the commit probe's reasons are not stress (`holding_back`)."""
+    reasons = holding_back(reasons, players_present)
     if reasons:
         seen = [x for x in (rate_limit, observed_rows_per_second) if x]
         rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
@@ -604,6 +642,7 @@ class BudgetObservation(Model):
     replication_lag_seconds: float | None
     commit_probe_ms: float | None
     commit_probes: int | None
+    players_present: bool | None  # a session not this service's was active: the commit probe's objective applied
     at: datetime | None
 
 
@@ -721,6 +760,7 @@ def _observation(row: asyncpg.Record) -> BudgetObservation:
         replication_lag_seconds=row["observed_replication_lag"],
         commit_probe_ms=row["observed_probe_ms"],
         commit_probes=row["observed_probes"],
+        players_present=row["observed_players_present"],
         at=row["adjusted_at"],
     )
 
@@ -744,20 +784,28 @@ def _doing(enabled: bool, n: int | None, r: float | None, rate_limit: float | No
 
 
 def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:
-    """The signal (or cap) that sets the limits now."""
+    """The signal (or cap) that sets the limits now, and that the commit probe does not when the last
+    adjustment found players absent."""
     if not enabled:
         return "nothing (the budget is off)"
+    absent = row["observed_players_present"] is False
+    also = f"; {PLAYERS_ABSENT}" if absent else ""
     if row["rate_limit"] is not None or row["in_flight_limit"] is not None:
         if row["stress"] is None and row["last_stress"]:
-            return f"{row['limited_by'] or 'growing back'}, after: {row['last_stress']}"
-        return row["limited_by"] or row["stress"] or "stress"
+            return f"{row['limited_by'] or 'growing back'}, after: {row['last_stress']}{also}"
+        return (row["limited_by"] or row["stress"] or "stress") + also
     caps = [f"max_in_flight {cap_n}" if cap_n is not None else "", f"rows_per_second {cap_r:g}" if cap_r else ""]
     caps = [c for c in caps if c]
-    return "the operator's cap: " + ", ".join(caps) if caps else "nothing: no stress signal, no cap"
+    if caps:
+        return "the operator's cap: " + ", ".join(caps) + also
+    return f"nothing: {PLAYERS_ABSENT}" if absent else "nothing: no stress signal, no cap"
 
 
 def _objective(limits: StressLimits, baseline_ms: float | None) -> str:
-    text = f"a player's commit (the commit probe, mean per window) at most {limits.probe_ratio:g} x its quiet baseline"
+    text = (
+        "while players are present, a player's commit (the commit probe, mean per window)"
+        f" at most {limits.probe_ratio:g} x its quiet baseline"
+    )
     if baseline_ms is not None:
         text += f" ({baseline_ms:.1f} ms)"
     if limits.probe_max_ms is not None:

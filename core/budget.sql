@@ -148,20 +148,39 @@ RETURNING l.rate_limit, l.in_flight_limit, l.rows_per_second, l.max_in_flight, l
           extract(epoch FROM clock_timestamp() - l.quiet_until)::float8 AS since_quiet_seconds,
           l.probe_baseline_server_start IS DISTINCT FROM pg_postmaster_start_time() AS server_restarted;
 
+-- name: sample_players
+-- Whether players are present now: a client session of this database that is not this service's
+-- (by application_name, whatever the login: $1 is the prefix of this service's, core.db.APPLICATION_NAME)
+-- and not idle. Another role's session shows no state (nor backend type) unless this role has
+-- pg_read_all_stats: it counts, so without the grant the players' objective always applies.
+-- The function rather than the view pg_stat_activity: half the cost (the view's joins are planned
+-- at every execution). Run before each probe, outside its timing: the probe times a player's commit.
+SELECT EXISTS (
+    SELECT 1 FROM pg_stat_get_activity(NULL) a
+    WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+      AND a.pid <> pg_backend_pid()
+      AND coalesce(a.backend_type, 'client backend') = 'client backend'
+      AND left(coalesce(a.application_name, ''), length($1::text)) <> $1::text
+      AND a.state IS DISTINCT FROM 'idle'
+) AS players;
+
 -- name: probe
 -- The commit probe: a one-row write that commits, timed by the caller. $1 holder, $2 the latency in
--- ms of this holder's previous probe (NULL: none yet), $3 whether that one was quiet. Returns
--- whether this one is quiet: no budget slot held anywhere while it ran.
-INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n)
+-- ms of this holder's previous probe (NULL: none yet), $3 whether that one was quiet, $4 whether the
+-- sample taken just before saw players (players_seen_at keeps the last sighting). Returns whether
+-- this one is quiet: no budget slot held anywhere while it ran.
+INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, players_seen_at)
 VALUES ($1, clock_timestamp(),
         CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN $2::float8 ELSE 0 END,
         CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN 1 ELSE 0 END,
         CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN $2::float8 ELSE 0 END,
-        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN 1 ELSE 0 END)
+        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN 1 ELSE 0 END,
+        CASE WHEN $4::boolean THEN clock_timestamp() END)
 ON CONFLICT (holder) DO UPDATE
 SET probed_at = excluded.probed_at,
     busy_ms_sum = p.busy_ms_sum + excluded.busy_ms_sum, busy_n = p.busy_n + excluded.busy_n,
-    quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n
+    quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n,
+    players_seen_at = coalesce(excluded.players_seen_at, p.players_seen_at)
 RETURNING NOT EXISTS (
     SELECT 1 FROM load_budget_slots s
     WHERE s.expires_at > clock_timestamp()
@@ -171,9 +190,11 @@ RETURNING NOT EXISTS (
 ) AS quiet;
 
 -- name: collect_probes
--- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day).
+-- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day),
+-- and how long ago any probe last saw players (NULL: never).
 WITH old AS (
-    SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at FROM load_budget_probes FOR UPDATE
+    SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at, players_seen_at
+    FROM load_budget_probes FOR UPDATE
 ),
 taken AS (
     UPDATE load_budget_probes p SET busy_ms_sum = 0, busy_n = 0, quiet_ms_sum = 0, quiet_n = 0
@@ -185,7 +206,9 @@ gone AS (
     WHERE p.holder = old.holder AND old.probed_at < clock_timestamp() - interval '1 day'
 )
 SELECT coalesce(sum(busy_ms_sum), 0)::float8 AS busy_ms_sum, coalesce(sum(busy_n), 0)::int AS busy_n,
-       coalesce(sum(quiet_ms_sum), 0)::float8 AS quiet_ms_sum, coalesce(sum(quiet_n), 0)::int AS quiet_n
+       coalesce(sum(quiet_ms_sum), 0)::float8 AS quiet_ms_sum, coalesce(sum(quiet_n), 0)::int AS quiet_n,
+       (SELECT extract(epoch FROM clock_timestamp() - max(players_seen_at))::float8 FROM old)
+           AS players_seen_seconds_ago
 FROM taken;
 
 -- name: sample_stress
@@ -202,10 +225,11 @@ SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 -- $6 mean busy probe ms (NULL: none), $7 busy probes, $8 new baseline ms (NULL: unchanged),
 -- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none), $10 forget the
 -- baseline (the server restarted since it was measured; $8 may be the new one already)
--- $11 new in-flight limit (NULL: unthrottled), $12 what limits the rate now, $13 rows/s done in the window
+-- $11 new in-flight limit (NULL: unthrottled), $12 what limits the rate now, $13 rows/s done in the window,
+-- $14 whether players were present (the commit probe's objective applied)
 UPDATE load_budget
 SET rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
-    observed_rows_per_second = $13::float8, stress = $2::text,
+    observed_rows_per_second = $13::float8, stress = $2::text, observed_players_present = $14::boolean,
     stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
     last_stress = coalesce($2::text, last_stress),
     observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8,

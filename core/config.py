@@ -249,6 +249,11 @@ class BudgetSettings(Section):
     # a busy probe mean above `probe_max_ms` (None: no absolute bound).
     probe_ratio: float = setting(2.0, "the objective: commit probe / its quiet baseline that means stress", gt=1)
     probe_max_ms: float | None = setting(None, "the objective in absolute terms, in ms (unset: none)", gt=0)
+    # The players' objective holds the work back only while players are present: a probe saw a session
+    # of the database not this service's and not idle, at most this long ago.
+    players_memory_seconds: float = setting(
+        60.0, "players count as present this long after a probe last saw a session not this service's", ge=0
+    )
     probe_min_ms: float = internal(
         1.0, "a busy probe must also exceed its baseline by this many ms (sub-ms jitter is not stress)", ge=0
     )

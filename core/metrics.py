@@ -32,6 +32,8 @@ Counters (names as scraped; docs/observability.md):
                                       (commit_probe, commit_probe_ms, batch_latency, lock_waits, replication_lag)
   load_budget_commit_probe_ms         gauge, at each adjustment: the busy commit probe's mean (the objective's measure)
   load_budget_commit_probe_objective_ms  gauge, at each adjustment: the most it may be (ratio x baseline, or the bound)
+  load_budget_players_present         gauge, at each adjustment: 1 when a session not this service's was active
+                                      (the commit probe's objective applies), 0 when none was
   load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
   load_budget_wait_seconds            histogram: time a batch waited for the budget
   held_accounts, cleanups_in_flight   gauges (core/fleet.py): accounts in 'cleaning', the claims holding them
@@ -78,6 +80,8 @@ DESCRIPTIONS: dict[str, str] = {
     "load_budget_stress": "1 for each signal that showed stress at the load budget's last adjustment",
     "load_budget_commit_probe_ms": "the busy commit probe's mean at the load budget's last adjustment",
     "load_budget_commit_probe_objective_ms": "the most the commit probe's mean may be (the players' objective)",
+    "load_budget_players_present": "1 when a session not this service's was active at the load budget's last "
+    "adjustment (the commit probe's objective applies), else 0",
     "load_budget_rows": "rows done by batches under the load budget",
     "load_budget_wait_seconds": "seconds a batch waited for the load budget",
     "held_accounts": "accounts in 'cleaning' now: claimed by a cleanup that has not settled them yet",
@@ -272,11 +276,17 @@ def set_budget(in_flight_limit: int | None, rows_per_second: float | None) -> No
 
 
 def set_budget_verdict(
-    throttled: bool, signals: Iterable[str], probe_ms: float | None, objective_ms: float | None
+    throttled: bool,
+    signals: Iterable[str],
+    probe_ms: float | None,
+    objective_ms: float | None,
+    players_present: bool,
 ) -> None:
-    """What the budget's last adjustment decided and why: the signals that showed stress, the commit
-    probe against its objective."""
+    """What the budget's last adjustment decided and why: the signals whose stress held the work
+    back, the commit probe against its objective, whether players were present (without them the
+    commit probe holds nothing back)."""
     set_count_gauge("load_budget_throttled", int(throttled))
+    set_count_gauge("load_budget_players_present", int(players_present))
     stressed = set(signals)
     for signal in STRESS_SIGNALS:
         set_count_gauge("load_budget_stress", int(signal in stressed), {"signal": signal})

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import date
 from typing import Any
 
 import asyncpg
 import pytest
+import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 
 from cleanup.models import CleanupResult
@@ -297,6 +300,7 @@ async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stre
     await db.migrate_url(pg.admin_url)
     pools = [await db.create_pool(pg.admin_url, max_size=4)]
     budgets = [LoadBudget(pools[0], ONE_SLOT_FOR_AN_HOUR)]
+    player: asyncpg.Connection | None = None
     try:
         assert (await budgets[0].acquire("before the crash", 1)).slot == 0
         await pools[0].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)
@@ -308,16 +312,21 @@ async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stre
         grant = await asyncio.wait_for(after.acquire("after the restart", 1), 60)
         assert grant.slot == 0, "the slot held before the crash is free"
 
+        player = await a_session_in_a_transaction(pg.admin_url, "game")  # the players are on it
         await pools[1].execute(SLOW_BUSY_PROBES)
+        await probe_once(pools[1])
         verdict = await after.maybe_adjust()
         assert verdict is not None and verdict["stress"] is None and verdict["rate_limit"] is None
         assert await pools[1].fetchval("SELECT probe_baseline_ms FROM load_budget") is None, "learned again"
 
         await pools[1].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)  # the same probes, no restart between
         await pools[1].execute(SLOW_BUSY_PROBES)
+        await probe_once(pools[1])
         verdict = await after.maybe_adjust()
         assert verdict is not None and "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
     finally:
+        if player is not None:
+            player.terminate()
         for b in budgets:
             await b.close()
         for p in pools:
@@ -334,6 +343,36 @@ SLOW_BUSY_PROBES = """
 INSERT INTO load_budget_probes (holder, probed_at, busy_ms_sum, busy_n) VALUES ('slow', clock_timestamp(), 1000, 5)
 ON CONFLICT (holder) DO UPDATE SET busy_ms_sum = 1000, busy_n = 5
 """
+
+
+async def probe_once(pool: asyncpg.Pool, holder: str = "one probe") -> None:
+    """One commit probe as a worker's prober takes it, with its sample of whether players are present
+    (it records nothing else: no previous probe is given)."""
+    async with pool.acquire() as conn:
+        players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+        await conn.fetchval(SQL.probe, holder, None, None, players)
+
+
+async def a_session_in_a_transaction(url: str, application_name: str) -> asyncpg.Connection:
+    """A session named `application_name` (a player's, unless it has this service's prefix) that is
+    inside a transaction, hence not idle, until it is closed."""
+    conn = await asyncpg.connect(url, server_settings={"application_name": application_name})
+    await conn.execute("BEGIN")
+    return conn
+
+
+@pytest_asyncio.fixture
+async def other_session(db_url: str) -> AsyncIterator[Callable[[str], Awaitable[asyncpg.Connection]]]:
+    """Opens `a_session_in_a_transaction` on the test's database; each is closed after the test."""
+    opened: list[asyncpg.Connection] = []
+
+    async def open_one(application_name: str) -> asyncpg.Connection:
+        opened.append(await a_session_in_a_transaction(db_url, application_name))
+        return opened[-1]
+
+    yield open_one
+    for conn in opened:
+        conn.terminate()
 
 
 async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per_batch(pool):
@@ -416,6 +455,8 @@ async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, poo
     status = await budget_status(pool, budget.settings)
     assert status.throttled and status.effective_in_flight == 1 and "batch latency" in str(status.stress)
     assert status.doing.startswith("throttled") and "batch latency" in status.limited_by
+    # Nobody else uses this database: the batches' own latency still holds the work back.
+    assert status.observed.players_present is False and "players absent" in status.limited_by
     assert status.effective_rows_per_second == budget.settings.min_rows_per_second
 
     planner = await planner_status(client, pool, task_queue)
@@ -464,9 +505,9 @@ CREATE TRIGGER slow_probe BEFORE UPDATE ON load_budget_probes FOR EACH ROW EXECU
 """
 
 
-async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget(pool, db_url):
+async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget(pool, other_session):
     """The players' view: with no baseline yet, the budget grants nothing for a moment so the
-    probes measure one; probes that are slow while batches run then mean stress."""
+    probes measure one; probes that are slow while batches run then mean stress (players present)."""
     await pool.execute(SLOW_WHILE_BATCHES_RUN)
     await set_budget(pool, max_in_flight=4)
     settings = BudgetSettings(
@@ -478,6 +519,7 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
         quiet_seconds=1.0,
     )
     budget = LoadBudget(pool, settings)
+    await other_session("game")  # the players are on the database all along
 
     async def probes(column: str, n: int) -> bool:
         return bool(await pool.fetchval(f"SELECT coalesce(sum({column}), 0) >= $1 FROM load_budget_probes", n))
@@ -509,6 +551,100 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     assert probe is not None and probe >= 500 and baseline is not None and baseline < 500
     assert "commit probe" in str(status.stress) and status.throttled and "commit probe" in status.limited_by
     assert status.effective_in_flight == 1, "half of the one batch it ran at a time, and at least one"
+    assert status.observed.players_present is True and "players absent" not in status.limited_by
+
+
+@pytest.mark.parametrize(
+    ("application_name", "players"),
+    [(None, False), (f"{db.APPLICATION_NAME} another worker", False), ("game", True)],
+    ids=["nobody-else", "only-this-service", "a-player"],
+)
+async def test_the_commit_probe_holds_the_work_back_only_while_players_are_present(
+    pool, other_session, application_name, players
+):
+    """The work's own load slows the commit probe far past its objective (every probe is slowed
+    while a slot is held). With nobody but this service on the database, however busy its own
+    sessions are, that protects nobody: the budget does not throttle and `budget show` says the
+    players are absent. With a player's session inside a transaction, the same probes throttle it."""
+    await pool.execute(SLOW_WHILE_BATCHES_RUN)
+    await pool.execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)
+    settings = BudgetSettings(latency_ms=1e6, adjust_seconds=0.001, probe_interval_seconds=0.05, quiet_seconds=0)
+    budget = LoadBudget(pool, settings)
+    if application_name is not None:
+        await other_session(application_name)
+
+    async with budget.batch("test", 10) as grant:
+        await wait_until(
+            lambda: pool.fetchval("SELECT coalesce(sum(busy_n), 0) >= 2 FROM load_budget_probes"), within=60
+        )
+        grant.rows_done = 10
+    verdict = await budget.maybe_adjust()
+    assert verdict is not None
+    status = await budget_status(pool, settings)
+    probe, baseline = status.observed.commit_probe_ms, status.commit_probe_baseline_ms
+    assert probe is not None and baseline is not None and probe > 10 * baseline, "far past the objective"
+    assert status.observed.players_present is players
+    if players:
+        assert "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
+        assert status.throttled and "commit probe" in status.limited_by
+    else:
+        assert verdict["stress"] is None and verdict["rate_limit"] is None and verdict["in_flight_limit"] is None
+        assert not status.throttled and status.doing.startswith("full speed")
+        assert status.limited_by.startswith("nothing") and "players absent" in status.limited_by
+
+
+async def test_a_session_whose_state_the_worker_role_cannot_see_counts_as_a_player(pool, db_url):
+    """PostgreSQL hides the state of another role's sessions: an idle game session counts as a
+    player for a worker role without pg_read_all_stats (the objective applies, as it always did),
+    and no longer once the role is granted it and sees that the session is idle."""
+    game = await asyncpg.connect(db_url, server_settings={"application_name": "game"})  # idle, another role
+    role = f"budget_worker_{uuid.uuid4().hex[:8]}"
+    await pool.execute(f"CREATE ROLE {role} LOGIN IN ROLE {db.WORKER_ROLE}")
+    try:
+        for granted in (False, True):
+            if granted:
+                await pool.execute(f"GRANT pg_read_all_stats TO {role}")
+            worker = await asyncpg.connect(
+                db_url,
+                user=role,
+                server_settings={"application_name": db.APPLICATION_NAME, **db.service_settings()},
+            )
+            try:
+                seen = await worker.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+            finally:
+                await worker.close()
+            assert seen is not granted, "hidden: a player; visible: an idle session, not one"
+    finally:
+        await game.close()
+        await pool.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_without_players_the_commit_probe_does_not_hold_the_work_back() -> None:
+    def step(reasons: dict[str, str], rate: float | None, n: int | None, did: float, peak: int, players: bool) -> Any:
+        return judge(
+            reasons,
+            rate_limit=rate,
+            in_flight_limit=n,
+            observed_rows_per_second=did,
+            observed_peak_in_flight=peak,
+            min_rows_per_second=2000.0,
+            grow_factor=1.5,
+            players_present=players,
+        )
+
+    probe = {
+        "commit_probe": "commit probe 5.8 ms > 2 x baseline 2.5 ms",
+        "commit_probe_ms": "commit probe 5.8 ms > 5 ms",
+    }
+    present = step(probe, None, None, 14_000.0, 4, players=True)
+    assert (present["rate_limit"], present["in_flight_limit"]) == (7000.0, 2) and "5.8 ms" in present["stress"]
+    absent = step(probe, None, None, 14_000.0, 4, players=False)
+    assert (absent["rate_limit"], absent["in_flight_limit"], absent["stress"]) == (None, None, None)
+    grows = step(probe, 2000.0, 1, 1990.0, 1, players=False)
+    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 2, None), "as when healthy"
+    locks = step({**probe, "lock_waits": "9 lock waits > 4"}, None, None, 10_000.0, 8, players=False)
+    assert (locks["rate_limit"], locks["in_flight_limit"]) == (5000.0, 4), "the database's own signals still count"
+    assert locks["stress"] == "9 lock waits > 4"
 
 
 async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
