@@ -42,6 +42,12 @@ revisions AS (
     FROM ledger_settlement_revisions
     WINDOW w AS (PARTITION BY business_date ORDER BY revision)
 ),
+-- Accounts with a reminder of another version than their own: one pass over the outbox (it has no
+-- index by account, so a probe per account would read it whole each time).
+stale_reminder AS (
+    SELECT o.account_id FROM outbox o JOIN accounts a USING (account_id)
+    WHERE o.kind = 'renewal_reminder' AND (o.payload ->> 'cleanup_version')::int <> a.cleanup_version
+),
 corrections AS (
     SELECT game, payment_id, version_before, version_after,
            lag(version_after, 1, 1) OVER w AS previous_after,
@@ -74,9 +80,7 @@ SELECT
                            AND e.cleanup_version <> a.cleanup_version)
               OR (l.account_id IS NOT NULL AND l.new_deadline IS NULL)
               OR (l.new_deadline IS NOT NULL AND a.renewal_deadline <> l.new_deadline)
-              OR EXISTS (SELECT 1 FROM outbox o WHERE o.account_id = a.account_id
-                           AND o.kind = 'renewal_reminder'
-                           AND (o.payload ->> 'cleanup_version')::int <> a.cleanup_version)))
+              OR a.account_id IN (SELECT account_id FROM stale_reminder)))
         OR (a.status = 'renewed' AND (l.account_id IS NULL OR l.new_deadline IS NOT NULL)))::int
       AS ord_terminal_state,
   -- a cleanup settled before one of its partitions reported (or reported again)
