@@ -34,6 +34,7 @@ import logging
 import random
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -210,6 +211,10 @@ async def run(
                     "load_average_1m_before_and_after": [load_before, load_average()],
                     "machine": machine(),
                 }
+            except BaseException:
+                # Printed before the lane's closing checks, which may fail in turn and hide it.
+                traceback.print_exc()
+                raise
             finally:
                 await h.close_lane(lane)
     finally:
