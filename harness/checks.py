@@ -65,9 +65,11 @@ SELECT
       EXISTS (SELECT 1 FROM demo_game.cloud_saves s WHERE s.account_id = a.account_id)
       OR EXISTS (SELECT 1 FROM demo_game.inventory_items i WHERE i.account_id = a.account_id)
       OR EXISTS (SELECT 1 FROM demo_game.match_history m WHERE m.account_id = a.account_id)))::int AS lost_data_left,
-  (SELECT count(*) FROM a WHERE status = 'cleaned' AND (
-      SELECT count(*) FROM demo_game.match_history_archive h WHERE h.account_id = a.account_id) < $2)::int
-      AS lost_archive,
+  -- the archive has no index by account: counted in one grouped pass, not read whole per account
+  (SELECT count(*) FROM a LEFT JOIN (
+      SELECT account_id, count(*) AS n FROM demo_game.match_history_archive WHERE account_id LIKE $1
+      GROUP BY account_id) h USING (account_id)
+     WHERE a.status = 'cleaned' AND coalesce(h.n, 0) < $2)::int AS lost_archive,
   (SELECT count(*) FROM a WHERE status = 'renewed' AND NOT EXISTS (
       SELECT 1 FROM demo_game.cloud_saves s WHERE s.account_id = a.account_id))::int AS lost_renewed_data
 """
