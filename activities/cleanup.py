@@ -254,14 +254,19 @@ class PartitionRun:
         """One keyset batch after `checkpoint`, under the load budget, heartbeating while it runs."""
         await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
         waiting: Waiting = functools.partial(self.progress.waiting_for_budget, checkpoint)
-        async with under_budget(self.budget, "cleanup", self.input.batch_size, waiting) as grant:
+        size = self.input.batch_size if self.budget is None else self.budget.batch_rows(self.input.batch_size)
+        async with under_budget(self.budget, "cleanup", size, waiting) as grant:
+            if self.budget is not None and grant.slot is not None:
+                # The grant read the limits in force now: a rate limit makes the batch small (the
+                # unused part of what was charged is refunded at release).
+                size = self.budget.batch_rows(self.input.batch_size)
             result = await run_keyset_batch(
                 self.pool,
                 self.compiled,
                 self.input.cleanup_id,
                 self.input.partition_no,
                 checkpoint.last_account_id,
-                self.input.batch_size,
+                size,
                 pulse=Pulse(functools.partial(self.progress.still_working, checkpoint), self.progress.wait_interval),
                 schema_errors_final=self.schema_errors_final,
             )
@@ -331,7 +336,7 @@ async def clean_partition_batches(run: PartitionRun, checkpoint: PartitionCheckp
                 batches=checkpoint.batches + 1,
             )
             run.progress.batch_committed(checkpoint)
-        if result.batch_rows < run.input.batch_size and follower.ends_at_short_batch():
+        if result.batch_rows < result.batch_size and follower.ends_at_short_batch():
             return checkpoint
 
 

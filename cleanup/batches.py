@@ -174,8 +174,12 @@ class Pulse:
 
 @dataclass
 class BatchResult:
+    """One keyset batch: `batch_rows` accounts of the `batch_size` it asked for (fewer: the
+    partition's last accounts so far)."""
+
     counts: PartitionCounts
     batch_rows: int
+    batch_size: int
     last_account_id: str
     failures: list[AccountCleanupFailed] = field(default_factory=list)
 
@@ -240,10 +244,10 @@ async def run_keyset_batch(
             failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, None)
             failures += failed
             counts = PartitionCounts(failed=len(failed))
-            return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
+            return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
         counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, pulse.beat)
-        return BatchResult(counts=counts, batch_rows=len(ids), last_account_id=ids[-1], failures=failures)
-    return BatchResult(counts=counts, batch_rows=rows, last_account_id=last)
+        return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
+    return BatchResult(counts, rows, batch_size, last)
 
 
 async def run_subset(

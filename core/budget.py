@@ -123,7 +123,7 @@ class LoadBudget:
         self._session_id: tuple[int, Any] | None = None
         self._session_lock = asyncio.Lock()
         self._grants = 0  # slots granted to this process and not yet released
-        self.throttled = False  # the last acquire found a rate limit (the claim then takes smaller chunks)
+        self.throttled = False  # the last acquire found a rate limit (claims and batches then take fewer rows)
         # Until then (time.monotonic()), the operator's row said "off": no statements per batch. Two per
         # batch on one hot row otherwise, serialized by the budget's lock, for a budget that limits nothing.
         self._off_until = 0.0
@@ -225,6 +225,12 @@ class LoadBudget:
         """Accounts per statement of a cohort's claim: the cohort's own chunk while the work runs
         unthrottled, at most `max_claim_rows` while a rate limit applies (smaller bursts of WAL)."""
         return min(chunk_size, self.settings.max_claim_rows) if self.throttled else chunk_size
+
+    def batch_rows(self, batch_size: int) -> int:
+        """Accounts per cleanup batch: the partition's own batch size while the work runs
+        unthrottled, at most `throttled_batch_rows` while a rate limit applies: paced work in short
+        statements and small commits, as the players' objective is met at the least cost to them."""
+        return min(batch_size, self.settings.throttled_batch_rows) if self.throttled else batch_size
 
     @contextlib.asynccontextmanager
     async def batch(self, job: str, rows: int, while_waiting: Waiting | None = None) -> AsyncIterator[Grant]:

@@ -262,6 +262,9 @@ class BudgetSettings(Section):
         1.0, "a stale baseline is measured by granting nothing for this long (0: never)", ge=0
     )
     max_claim_rows: int = setting(2000, "accounts per statement of a cohort's claim while a rate limit applies", ge=1)
+    throttled_batch_rows: int = setting(
+        250, "accounts per cleanup batch while a rate limit applies (the partition's batch size otherwise)", ge=1
+    )
     blocked_after_seconds: float = internal(1.0, "a batch blocked on a lock this long stops counting", ge=0)
     off_recheck_seconds: float = internal(
         1.0,

@@ -19,9 +19,12 @@ import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 
-from cleanup.models import CleanupResult
+from activities.cleanup import PartitionRun, clean_partition_batches
+from cleanup.batches import CompiledCleanup
+from cleanup.models import CleanupPartitionInput, CleanupResult, PartitionCheckpoint
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
+from cleanup.targets import load_targets
 from core import db
 from core.budget import (
     SQL,
@@ -37,7 +40,7 @@ from core.budget import (
 )
 from core.config import PROJECT_ROOT
 from ledger.operations import start_reconciliation
-from tests.helpers import deadline_in, effect_counts, seed, wait_until
+from tests.helpers import claim_one_partition, deadline_in, effect_counts, seed, wait_until
 from tests.ledger_helpers import double_postings, id_prefix, seed_day
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -695,3 +698,27 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
     result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.settlement is not None and result.settlement.cleaned == 200
     assert (await budget_status(pool)).peak_in_flight == 1, "never two batches running at once"
+
+
+@pytest.mark.parametrize(("rows_per_second", "batches"), [(None, 2), (1e6, 4)])
+async def test_under_a_rate_limit_a_partition_cleans_in_batches_of_the_throttled_size(pool, rows_per_second, batches):
+    """While a rate limit applies (here the operator's cap), each batch takes at most
+    `throttled_batch_rows` accounts (short statements and small commits, as paced work makes them);
+    a batch that short is not the partition's last: every account is cleaned, once. Unthrottled,
+    the partition's own batch size."""
+    deadline = deadline_in(-60)
+    cleanup_id = f"throttled-{uuid.uuid4().hex[:8]}"
+    await seed(pool, deadline, 10)
+    await claim_one_partition(pool, cleanup_id, deadline)
+    settings = BudgetSettings(rows_per_second=rows_per_second, throttled_batch_rows=3, quiet_seconds=0)
+    budget = LoadBudget(pool, settings)
+    try:
+        compiled = await CompiledCleanup.compile(pool, load_targets())
+        partition = CleanupPartitionInput(cleanup_id=cleanup_id, partition_no=0, batch_size=5)
+        run = PartitionRun(pool, compiled, partition, budget=budget)
+        done = await clean_partition_batches(run, PartitionCheckpoint())
+    finally:
+        await budget.close()
+    assert (done.counts.cleaned, done.batches) == (10, batches)
+    counts = await effect_counts(pool)
+    assert counts["applied"] == counts["reminders"] == counts["cleaned_accounts"] == 10
