@@ -416,18 +416,23 @@ def test_each_signal_shows_stress_against_its_threshold() -> None:
     assert stress_reasons(replace(calm, probe_ms=20.0), bounded) == {}
 
 
-def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> None:
-    def step(reasons: dict[str, str], rate: float | None, n: int | None, did: float | None, peak: int) -> Any:
-        return judge(
-            reasons,
-            rate_limit=rate,
-            in_flight_limit=n,
-            observed_rows_per_second=did,
-            observed_peak_in_flight=peak,
-            min_rows_per_second=2000.0,
-            grow_factor=1.5,
-        )
+def step(
+    reasons: dict[str, str], rate: float | None, n: int | None, did: float | None, peak: int, players: bool = True
+) -> Any:
+    """One adjustment's verdict under the shipped back-off (2,000 rows/s at least, growth 1.5x)."""
+    return judge(
+        reasons,
+        rate_limit=rate,
+        in_flight_limit=n,
+        observed_rows_per_second=did,
+        observed_peak_in_flight=peak,
+        min_rows_per_second=2000.0,
+        grow_factor=1.5,
+        players_present=players,
+    )
 
+
+def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> None:
     stress = {"lock_waits": "9 lock waits > 4"}
     # Unthrottled, the work did 10,000 rows/s with 8 batches at once: stress halves what it did.
     first = step(stress, None, None, 10_000.0, 8)
@@ -623,18 +628,6 @@ async def test_a_session_whose_state_the_worker_role_cannot_see_counts_as_a_play
 
 
 def test_without_players_the_commit_probe_does_not_hold_the_work_back() -> None:
-    def step(reasons: dict[str, str], rate: float | None, n: int | None, did: float, peak: int, players: bool) -> Any:
-        return judge(
-            reasons,
-            rate_limit=rate,
-            in_flight_limit=n,
-            observed_rows_per_second=did,
-            observed_peak_in_flight=peak,
-            min_rows_per_second=2000.0,
-            grow_factor=1.5,
-            players_present=players,
-        )
-
     probe = {
         "commit_probe": "commit probe 5.8 ms > 2 x baseline 2.5 ms",
         "commit_probe_ms": "commit probe 5.8 ms > 5 ms",
