@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 
-from activities.cleanup import PartitionRun, clean_partition_batches
+from activities.cleanup import CleanupActivities, PartitionRun, clean_partition_batches
 from cleanup.batches import CompiledCleanup
 from cleanup.models import CleanupPartitionInput, CleanupResult, PartitionCheckpoint
 from cleanup.operations import start_cleanup
@@ -38,10 +38,11 @@ from core.budget import (
     set_budget,
     stress_reasons,
 )
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, read
 from ledger.operations import start_reconciliation
 from tests.helpers import claim_one_partition, deadline_in, effect_counts, seed, wait_until
 from tests.ledger_helpers import double_postings, id_prefix, seed_day
+from worker import build_worker
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -643,54 +644,59 @@ def test_without_players_the_commit_probe_does_not_hold_the_work_back() -> None:
     assert locks["stress"] == "9 lock waits > 4"
 
 
-async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue, worker):
+async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot(client, pool, task_queue):
     """One batch in flight (the default on two cores): a player's open transaction holds a row the
     first partition's batch must delete; that batch waits on the lock, and after
     `blocked_after_seconds` its slot no longer counts, so the other partition runs meanwhile."""
-    await set_budget(pool, max_in_flight=1, rows_per_second=1e6, latency_ms=1e6)
-    deadline = deadline_in(2)
-    accounts = await seed(pool, deadline, 200)
-    async with pool.acquire() as player:
-        tx = player.transaction()
-        await tx.start()
-        try:
-            # the first account in key order goes to partition 0
-            await player.execute(
-                "SELECT 1 FROM demo_game.inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0]
-            )
-            started = await start_cleanup(
-                client,
-                pool,
-                task_queue,
-                deadline=deadline,
-                partitions=2,
-                max_parallel_partitions=2,
-                batch_size=50,
-                claim_streams=1,  # one stream: partitions take runs of accounts round-robin in key order
-            )
-
-            async def other_partition_done() -> bool:
-                return bool(
-                    await pool.fetchval("SELECT count(*) FROM cleanup_partition_reports WHERE partition_no = 1")
+    # An hour's lease: a renewal late on a loaded machine must not make the blocked batch's slot look
+    # dead (the next acquire takes a lapsed slot over); here only its session's end may free it.
+    cleanup = await CleanupActivities.create(pool, load_targets())
+    cleanup.budget = LoadBudget(pool, read(BudgetSettings).model_copy(update={"lease_seconds": 3600.0}))
+    activities = [cleanup.claim_cleanup_in_chunks, cleanup.cleanup_partition, cleanup.settle_cleanup]
+    async with build_worker(client, task_queue, activities):
+        await set_budget(pool, max_in_flight=1, rows_per_second=1e6, latency_ms=1e6)
+        deadline = deadline_in(2)
+        accounts = await seed(pool, deadline, 200)
+        async with pool.acquire() as player:
+            tx = player.transaction()
+            await tx.start()
+            try:
+                # the first account in key order goes to partition 0
+                await player.execute(
+                    "SELECT 1 FROM demo_game.inventory_items WHERE account_id = $1 FOR UPDATE", accounts[0]
+                )
+                started = await start_cleanup(
+                    client,
+                    pool,
+                    task_queue,
+                    deadline=deadline,
+                    partitions=2,
+                    max_parallel_partitions=2,
+                    batch_size=50,
+                    claim_streams=1,  # one stream: partitions take runs of accounts round-robin in key order
                 )
 
-            await wait_until(other_partition_done, within=120)
-            # runs of CLAIM_RUN_ACCOUNTS (64): partition 0 has accounts 0-63 and 128-191, partition 1 the rest
-            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 1") == 72
-            assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 0") == 0
-            # The blocked batch still holds its slot: the slot belongs to its live session (a lease
-            # renewed late on a loaded machine may have lapsed meanwhile; the session has not).
-            held = await pool.fetchval(
-                "SELECT count(*) FROM load_budget_slots s JOIN pg_stat_activity a"
-                " ON a.pid = s.backend_pid AND a.backend_start = s.backend_start"
-            )
-            assert held == 1
-        finally:
-            await tx.rollback()
-    handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
-    result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
-    assert result.settlement is not None and result.settlement.cleaned == 200
-    assert (await budget_status(pool)).peak_in_flight == 1, "never two batches running at once"
+                async def other_partition_done() -> bool:
+                    return bool(
+                        await pool.fetchval("SELECT count(*) FROM cleanup_partition_reports WHERE partition_no = 1")
+                    )
+
+                await wait_until(other_partition_done, within=120)
+                # runs of CLAIM_RUN_ACCOUNTS (64): partition 0 has accounts 0-63 and 128-191, partition 1 the rest
+                assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 1") == 72
+                assert await pool.fetchval("SELECT count(*) FROM cleanup_applied WHERE partition_no = 0") == 0
+                # The blocked batch still holds its slot, tied to its live session.
+                held = await pool.fetchval(
+                    "SELECT count(*) FROM load_budget_slots s JOIN pg_stat_activity a"
+                    " ON a.pid = s.backend_pid AND a.backend_start = s.backend_start"
+                )
+                assert held == 1
+            finally:
+                await tx.rollback()
+        handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
+        result: CleanupResult = await asyncio.wait_for(handle.result(), timeout=120)
+        assert result.settlement is not None and result.settlement.cleaned == 200
+        assert (await budget_status(pool)).peak_in_flight == 1, "never two batches running at once"
 
 
 @pytest.mark.parametrize(("rows_per_second", "batches"), [(None, 2), (1e6, 4)])
