@@ -400,6 +400,23 @@ def held_fraction(windows: Sequence[dict[str, Any]]) -> float | None:
     return round(sum(w["held"] for w in windows) / len(windows), 3) if windows else None
 
 
+BUDGET_TRACE = """
+SELECT extract(epoch FROM clock_timestamp())::float8 AS at, rate_limit, in_flight_limit, observed_probe_ms,
+       probe_baseline_ms, observed_rows_per_second, observed_latency_ms, stress,
+       (SELECT count(*) FROM load_budget_slots s WHERE s.expires_at > clock_timestamp())::int AS in_flight
+FROM load_budget WHERE name = 'database'
+"""
+
+
+async def trace_budget(pool: asyncpg.Pool, into: list[dict[str, Any]], interval: float = 1.0) -> None:
+    """The budget row every `interval` seconds (until cancelled): how the controller moved."""
+    while True:
+        row = await pool.fetchrow(BUDGET_TRACE)
+        if row is not None:
+            into.append({k: round(v, 2) if isinstance(v, float) else v for k, v in dict(row).items()})
+        await asyncio.sleep(interval)
+
+
 def with_application_name(url: str, name: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}application_name={name}"
 
@@ -609,7 +626,14 @@ async def run(
                     max_in_flight=(caps or {}).get("max_in_flight"),  # None: the workers' default
                     rows_per_second=(caps or {}).get("rows_per_second"),
                 )
-                on = await ph.run(f"budget[{label}]", functools.partial(clean, seeds[f"budget_{i}"]))
+                trace: list[dict[str, Any]] = []
+                tracing = asyncio.ensure_future(trace_budget(s.pool, trace))
+                try:
+                    on = await ph.run(f"budget[{label}]", functools.partial(clean, seeds[f"budget_{i}"]))
+                finally:
+                    tracing.cancel()
+                    await asyncio.gather(tracing, return_exceptions=True)
+                on["budget_trace"] = [{**t, "at": round(t["at"] - on["ran"][0], 1)} for t in trace]
                 status = (await budget_status(s.pool)).model_dump()
                 await ph.alone(f"alone_after[{label}]")
                 pace = functools.partial(

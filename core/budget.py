@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -151,6 +152,7 @@ class LoadBudget:
 
     async def _probe_while_busy(self) -> None:
         previous: tuple[float, bool] | None = None
+        warm: Any = None  # the session whose probes count: the first on a session only warms it up
         while True:
             if not self._busy():
                 self._prober = None  # before any await: a batch starting now starts a new loop
@@ -174,7 +176,9 @@ class LoadBudget:
                         if not _usable(conn):
                             await self._discard_session()
                         raise
-                previous = ((time.perf_counter() - started) * 1000, bool(quiet))
+                # A session's first probe plans the statement and fills its caches: not a commit's time.
+                previous = ((time.perf_counter() - started) * 1000, bool(quiet)) if conn is warm else None
+                warm = conn
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
@@ -387,9 +391,8 @@ class LoadBudget:
         verdict = judge(
             reasons,
             rate_limit=claimed["rate_limit"],
-            in_flight_limit=claimed["in_flight_limit"],
             observed_rows_per_second=window.rows_per_second,
-            observed_peak_in_flight=claimed["window_peak_in_flight"],
+            observed_latency_ms=window.seen.latency_ms,
             min_rows_per_second=s.min_rows_per_second,
             grow_factor=s.grow_factor,
             players_present=players_present,
@@ -446,7 +449,10 @@ class LoadBudget:
         new_baseline = None
         if probes["quiet_n"]:
             quiet_ms = probes["quiet_ms_sum"] / probes["quiet_n"]
-            weight = min(1.0, probes["quiet_n"] / 5)  # a few quiet probes replace the old baseline
+            # A few quiet probes replace a higher baseline; a lower one rises slowly. Probes between
+            # batches still carry the work's after-effects (WAL flushes, checkpoints, the vacuum of
+            # what it deleted): the work must not loosen its own objective by raising the baseline.
+            weight = min(1.0, probes["quiet_n"] / 5) * (1.0 if baseline is None or quiet_ms < baseline else 0.1)
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
         seen_ago = probes["players_seen_seconds_ago"]
@@ -598,36 +604,52 @@ def judge(
     reasons: dict[str, str],
     *,
     rate_limit: float | None,
-    in_flight_limit: int | None,
     observed_rows_per_second: float | None,
-    observed_peak_in_flight: int,
+    observed_latency_ms: float | None,
     min_rows_per_second: float,
     grow_factor: float,
     players_present: bool = True,
 ) -> dict[str, Any]:
-    """The next adaptive limits (None: unthrottled). Stressed: half of the limit, or of what the work
-    did in the window when it was unthrottled (never below `min_rows_per_second`; one batch at
-    least). Healthy: the rate grows by `grow_factor` and the in-flight limit by one; a rate limit
-    the work did not use half of is lifted, and the in-flight limit with it. With players absent,
-    the commit probe's reasons are not stress (`holding_back`)."""
+    """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
+    work did in the window when it was unthrottled (never below `min_rows_per_second`). Healthy: a
+    rate limit the work uses grows by `grow_factor`; one it does not use half of is lifted, but not
+    while players are present (the work that comes next starts from it, not at full speed). Under a
+    rate limit, the in-flight limit is what delivers that rate at the batches' latency
+    (`in_flight_for`): the rate is met by one short batch after another, not by a crowd of them
+    competing with the players for the cores. With players absent, the commit probe's reasons are
+    not stress (`holding_back`)."""
     reasons = holding_back(reasons, players_present)
     if reasons:
         seen = [x for x in (rate_limit, observed_rows_per_second) if x]
         rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
-        n_base = min(in_flight_limit or observed_peak_in_flight, observed_peak_in_flight or in_flight_limit or 1)
-        return {
-            "rate_limit": rate,
-            "in_flight_limit": max(1, n_base // 2),
-            "stress": "; ".join(reasons.values()),
-            "limited_by": "; ".join(reasons.values()),
-        }
-    if rate_limit is None or (observed_rows_per_second or 0) < rate_limit / 2:
+        why = "; ".join(reasons.values())
+        return _limits(rate, observed_latency_ms, stress=why, limited_by=why)
+    if rate_limit is None:
         return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
+    if (observed_rows_per_second or 0) < rate_limit / 2:
+        if not players_present:
+            return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
+        kept = f"kept while players are present ({_rate_text(rate_limit)}, the work used less than half)"
+        return _limits(rate_limit, observed_latency_ms, stress=None, limited_by=kept)
+    grown = rate_limit * grow_factor
+    growing = f"growing back after stress ({_rate_text(grown)})"
+    return _limits(grown, observed_latency_ms, stress=None, limited_by=growing)
+
+
+def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
+    """Batches at once that deliver `rate` rows/s at the batches' latency (Little's law), at least
+    one; 1 when the latency is unknown (no batch finished in the window)."""
+    if latency_ms_per_1000_rows is None:
+        return 1
+    return max(1, math.ceil(rate * latency_ms_per_1000_rows / 1_000_000))
+
+
+def _limits(rate: float, latency_ms: float | None, *, stress: str | None, limited_by: str) -> dict[str, Any]:
     return {
-        "rate_limit": rate_limit * grow_factor,
-        "in_flight_limit": None if in_flight_limit is None else in_flight_limit + 1,
-        "stress": None,
-        "limited_by": f"growing back after stress ({_rate_text(rate_limit * grow_factor)})",
+        "rate_limit": rate,
+        "in_flight_limit": in_flight_for(rate, latency_ms),
+        "stress": stress,
+        "limited_by": limited_by,
     }
 
 

@@ -34,6 +34,7 @@ from core.budget import (
     Observed,
     StressLimits,
     budget_status,
+    in_flight_for,
     judge,
     set_budget,
     stress_reasons,
@@ -418,15 +419,14 @@ def test_each_signal_shows_stress_against_its_threshold() -> None:
 
 
 def step(
-    reasons: dict[str, str], rate: float | None, n: int | None, did: float | None, peak: int, players: bool = True
+    reasons: dict[str, str], rate: float | None, did: float | None, latency_ms: float | None, players: bool = True
 ) -> Any:
     """One adjustment's verdict under the shipped back-off (2,000 rows/s at least, growth 1.5x)."""
     return judge(
         reasons,
         rate_limit=rate,
-        in_flight_limit=n,
         observed_rows_per_second=did,
-        observed_peak_in_flight=peak,
+        observed_latency_ms=latency_ms,
         min_rows_per_second=2000.0,
         grow_factor=1.5,
         players_present=players,
@@ -435,20 +435,31 @@ def step(
 
 def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> None:
     stress = {"lock_waits": "9 lock waits > 4"}
-    # Unthrottled, the work did 10,000 rows/s with 8 batches at once: stress halves what it did.
-    first = step(stress, None, None, 10_000.0, 8)
-    assert (first["rate_limit"], first["in_flight_limit"]) == (5000.0, 4) and first["stress"] == "9 lock waits > 4"
-    again = step(stress, 5000.0, 4, 4900.0, 4)
-    assert (again["rate_limit"], again["in_flight_limit"]) == (2450.0, 2)
-    floor = step(stress, 2450.0, 2, 2400.0, 2)
+    # Unthrottled, the work did 10,000 rows/s at 600 ms per 1,000 rows: stress halves what it did,
+    # with the batches at once that deliver that at that latency (5,000 x 0.6 s / 1,000 = 3).
+    first = step(stress, None, 10_000.0, 600.0)
+    assert (first["rate_limit"], first["in_flight_limit"]) == (5000.0, 3) and first["stress"] == "9 lock waits > 4"
+    again = step(stress, 5000.0, 4900.0, 150.0)
+    assert (again["rate_limit"], again["in_flight_limit"]) == (2450.0, 1), "short batches: one at a time"
+    floor = step(stress, 2450.0, 2400.0, None)
     assert (floor["rate_limit"], floor["in_flight_limit"]) == (2000.0, 1), "never below the deadlines' rate"
-    # Healthy: a limit the work uses grows; one it does not use half of is lifted.
-    grows = step({}, 2000.0, 1, 1990.0, 1)
-    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 2, None)
-    lifted = step({}, 3000.0, 2, 900.0, 2)
+    # Healthy: a limit the work uses grows; one it does not use half of is lifted (no players).
+    grows = step({}, 2000.0, 1990.0, 700.0)
+    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 3, None)
+    lifted = step({}, 3000.0, 900.0, 100.0, players=False)
     assert (lifted["rate_limit"], lifted["in_flight_limit"]) == (None, None)
-    idle = step({}, None, None, None, 0)
+    kept = step({}, 3000.0, 900.0, 100.0, players=True)
+    assert (kept["rate_limit"], kept["in_flight_limit"]) == (3000.0, 1), "players present: kept, not lifted"
+    assert "kept while players are present" in kept["limited_by"]
+    idle = step({}, None, None, None)
     assert (idle["rate_limit"], idle["in_flight_limit"]) == (None, None), "no stress, no limit"
+
+
+def test_the_in_flight_limit_delivers_the_rate_at_the_batches_latency() -> None:
+    assert in_flight_for(4000.0, None) == 1, "no batch finished: one at a time"
+    assert in_flight_for(4000.0, 100.0) == 1  # 0.4 batches' worth of work at once
+    assert in_flight_for(4000.0, 500.0) == 2
+    assert in_flight_for(20_000.0, 400.0) == 8
 
 
 async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, pool, db_url, task_queue):
@@ -633,14 +644,14 @@ def test_without_players_the_commit_probe_does_not_hold_the_work_back() -> None:
         "commit_probe": "commit probe 5.8 ms > 2 x baseline 2.5 ms",
         "commit_probe_ms": "commit probe 5.8 ms > 5 ms",
     }
-    present = step(probe, None, None, 14_000.0, 4, players=True)
-    assert (present["rate_limit"], present["in_flight_limit"]) == (7000.0, 2) and "5.8 ms" in present["stress"]
-    absent = step(probe, None, None, 14_000.0, 4, players=False)
+    present = step(probe, None, 14_000.0, 300.0, players=True)
+    assert (present["rate_limit"], present["in_flight_limit"]) == (7000.0, 3) and "5.8 ms" in present["stress"]
+    absent = step(probe, None, 14_000.0, 300.0, players=False)
     assert (absent["rate_limit"], absent["in_flight_limit"], absent["stress"]) == (None, None, None)
-    grows = step(probe, 2000.0, 1, 1990.0, 1, players=False)
-    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 2, None), "as when healthy"
-    locks = step({**probe, "lock_waits": "9 lock waits > 4"}, None, None, 10_000.0, 8, players=False)
-    assert (locks["rate_limit"], locks["in_flight_limit"]) == (5000.0, 4), "the database's own signals still count"
+    grows = step(probe, 2000.0, 1990.0, 100.0, players=False)
+    assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 1, None), "as when healthy"
+    locks = step({**probe, "lock_waits": "9 lock waits > 4"}, None, 10_000.0, 300.0, players=False)
+    assert (locks["rate_limit"], locks["in_flight_limit"]) == (5000.0, 2), "the database's own signals still count"
     assert locks["stress"] == "9 lock waits > 4"
 
 
