@@ -28,6 +28,7 @@ from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
+from core.budget import LoadBudget
 from core.cli import add_connection_flags, bounded_int
 from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable
@@ -41,12 +42,16 @@ log = logging.getLogger("worker")
 
 
 async def build_activities(
-    pool: asyncpg.Pool, claim_pool: asyncpg.Pool | None = None, settings: Settings | None = None
+    pool: asyncpg.Pool,
+    claim_pool: asyncpg.Pool | None = None,
+    settings: Settings | None = None,
+    budget: LoadBudget | None = None,
 ) -> list[object]:
     """The activities of every job. `settings`: the worker's (None: the sections are read from the
-    environment, as a test's worker does)."""
+    environment, as a test's worker does); `budget`: the process's load budget (None: one of their
+    own for the cleanup and for the ledger)."""
     targets_file = settings.cleanup.targets_file if settings else None  # None: load_targets reads it
-    cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool)
+    cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool, budget=budget)
     # The relay's short statements use the connections kept apart: reminders must not queue behind
     # batches that wait on players' row locks and hold every connection of the main pool.
     relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox if settings else None)
@@ -58,7 +63,7 @@ async def build_activities(
         cleanup.claim_cleanup_in_chunks,
         relay.relay_outbox_batch,
         *planner_activities(pool),
-        *ledger_activities(pool),
+        *ledger_activities(pool, budget),
     ]
 
 
@@ -102,8 +107,8 @@ async def keep_planner_running(
             log.warning("could not look at the deadline planner: %s", err.message)
 
 
-def ledger_activities(pool: asyncpg.Pool) -> list[object]:
-    ledger = LedgerActivities(pool)
+def ledger_activities(pool: asyncpg.Pool, budget: LoadBudget | None = None) -> list[object]:
+    ledger = LedgerActivities(pool, budget)
     return [ledger.check_ledger_day, ledger.reconcile_shard, ledger.settle_ledger_date]
 
 
@@ -249,10 +254,11 @@ async def _run_worker(
         client = await connect(settings, runtime=runtime)
         readiness.client = client
         await _check_search_attributes(client, settings.temporal_namespace)
+        budget = LoadBudget(pool)  # one per process: its batches, its probes, its idle baseline
         worker = build_worker(
             client,
             settings.task_queue,
-            [*(await build_activities(pool, claim_pool, settings)), *extras.activities],
+            [*(await build_activities(pool, claim_pool, settings, budget)), *extras.activities],
             max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extras.workflows,
             graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
@@ -271,6 +277,7 @@ async def _run_worker(
             tasks = await _start_companions(
                 settings, client, pool, readiness, gauges=runtime is not None, extras=extras
             )
+            tasks.append(asyncio.create_task(budget.watch()))
             if extras.on_ready is not None:
                 extras.on_ready()
             try:

@@ -412,12 +412,16 @@ class CleanupActivities:
 
     @classmethod
     async def create(
-        cls, pool: asyncpg.Pool, targets: CleanupTargets, claim_pool: asyncpg.Pool | None = None
+        cls,
+        pool: asyncpg.Pool,
+        targets: CleanupTargets,
+        claim_pool: asyncpg.Pool | None = None,
+        budget: LoadBudget | None = None,
     ) -> CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
         await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
-        return cls(pool, compiled.batch_sql, compiled, claim_pool=claim_pool)
+        return cls(pool, compiled.batch_sql, compiled, budget=budget, claim_pool=claim_pool)
 
     async def _hold_if_paused(self, cleanup_id: str) -> None:
         """A planner paused with --hold-scheduled holds its bucket cleanups here, before any claim:

@@ -66,6 +66,8 @@ SQL = load(__file__, "budget.sql")
 log = logging.getLogger("budget")
 
 Waiting = Callable[[dict[str, Any]], None]
+# How far one idle probe moves the baseline toward its own latency (about the last five count).
+IDLE_BASELINE_WEIGHT = 0.2
 
 
 @dataclass
@@ -182,6 +184,32 @@ class LoadBudget:
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
+
+    async def watch(self) -> None:
+        """While this process has no budgeted work, a commit probe every `idle_probe_seconds` (the
+        worker runs this beside its polling): the players alone, measured when none of the work
+        runs, is the baseline the work starts from. Probes taken at a batch's start would carry
+        whatever else the work's start does (its plans, its first statements)."""
+        while True:
+            await asyncio.sleep(self.settings.idle_probe_seconds * random.uniform(0.8, 1.2))
+            if self._busy() or not self.settings.enabled or time.monotonic() < self._off_until:
+                continue
+            try:
+                await self._idle_probe()
+            except Exception:  # an observation: the next one may succeed
+                log.debug("load budget idle probe failed", exc_info=True)
+
+    async def _idle_probe(self) -> None:
+        """One commit probe on a pooled connection (the first run of the statement on it only plans
+        it); quiet (no slot held anywhere), it moves the baseline."""
+        async with self.pool.acquire() as conn:
+            players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+            await conn.fetchval(SQL.probe, self._probe_key, None, None, players)
+            started = time.perf_counter()
+            quiet = await conn.fetchval(SQL.probe, self._probe_key, None, None, players)
+            ms = (time.perf_counter() - started) * 1000
+        if quiet:
+            await self._bookkeeping(SQL.learn_idle_baseline, ms, IDLE_BASELINE_WEIGHT)
 
     async def _open_session(self) -> Any:
         """The budget session (caller holds `_session_lock`): the one open, or a new one."""

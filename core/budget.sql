@@ -189,6 +189,18 @@ RETURNING NOT EXISTS (
                       WHERE a.backend_start = s.backend_start OR a.backend_start IS NULL))
 ) AS quiet;
 
+-- name: learn_idle_baseline
+-- A quiet probe taken while the worker had no budgeted work: the baseline moves $2 of the way to its
+-- latency $1 (ms); a baseline of an earlier run of the server is replaced (a restart is not load).
+UPDATE load_budget
+SET probe_baseline_ms = CASE
+        WHEN probe_baseline_ms IS NULL OR probe_baseline_server_start IS DISTINCT FROM pg_postmaster_start_time()
+        THEN $1::float8
+        ELSE probe_baseline_ms + $2::float8 * ($1::float8 - probe_baseline_ms) END,
+    probe_baseline_at = clock_timestamp(),
+    probe_baseline_server_start = pg_postmaster_start_time()
+WHERE name = 'database' AND enabled;
+
 -- name: collect_probes
 -- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day),
 -- and how long ago any probe last saw players (NULL: never).

@@ -245,6 +245,9 @@ class BudgetSettings(Section):
     grow_factor: float = internal(1.5, "a throttle in use grows by this per healthy adjustment", gt=1)
     max_poll_seconds: float = internal(0.5, "longest sleep of a waiting batch between tries", gt=0)
     probe_interval_seconds: float = internal(0.2, "how often a worker with budgeted work probes", gt=0)
+    idle_probe_seconds: float = internal(
+        5.0, "how often a worker with no budgeted work probes (its baseline: the players alone)", gt=0
+    )
     # The players' objective: busy probe mean / quiet baseline above this means stress, and so does
     # a busy probe mean above `probe_max_ms` (None: no absolute bound).
     probe_ratio: float = setting(2.0, "the objective: commit probe / its quiet baseline that means stress", gt=1)
