@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from temporalio.client import Client
@@ -281,3 +282,22 @@ async def wait_for_worker(client: Client, task_queue: str, within: float = 60, p
             return
         await asyncio.sleep(0.2)
     raise RuntimeError("no worker polled the task queue in time")
+
+
+BUDGET_TRACE = """
+SELECT extract(epoch FROM clock_timestamp())::float8 AS at, rate_limit, in_flight_limit, observed_probe_ms,
+       probe_baseline_ms, observed_rows_per_second, observed_latency_ms, stress,
+       (SELECT count(*) FROM load_budget_slots s WHERE s.expires_at > clock_timestamp())::int AS in_flight
+FROM load_budget WHERE name = 'database'
+"""
+
+
+async def trace_budget(pool: asyncpg.Pool, into: list[dict[str, Any]], interval: float = 1.0) -> None:
+    """The budget row every `interval` seconds (until cancelled): how the controller moved. A read
+    that fails (the database restarting) is skipped."""
+    while True:
+        with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+            row = await pool.fetchrow(BUDGET_TRACE)
+            if row is not None:
+                into.append({k: round(v, 2) if isinstance(v, float) else v for k, v in dict(row).items()})
+        await asyncio.sleep(interval)

@@ -58,7 +58,7 @@ import asyncpg
 
 import bench
 from bench import report
-from bench.common import Stack, machine, stack, wait_for_worker
+from bench.common import Stack, machine, stack, trace_budget, wait_for_worker
 from bench.observe import Observer
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
@@ -398,23 +398,6 @@ def objective_windows(
 def held_fraction(windows: Sequence[dict[str, Any]]) -> float | None:
     """The share of the windows in which the objective held (None: no window to judge)."""
     return round(sum(w["held"] for w in windows) / len(windows), 3) if windows else None
-
-
-BUDGET_TRACE = """
-SELECT extract(epoch FROM clock_timestamp())::float8 AS at, rate_limit, in_flight_limit, observed_probe_ms,
-       probe_baseline_ms, observed_rows_per_second, observed_latency_ms, stress,
-       (SELECT count(*) FROM load_budget_slots s WHERE s.expires_at > clock_timestamp())::int AS in_flight
-FROM load_budget WHERE name = 'database'
-"""
-
-
-async def trace_budget(pool: asyncpg.Pool, into: list[dict[str, Any]], interval: float = 1.0) -> None:
-    """The budget row every `interval` seconds (until cancelled): how the controller moved."""
-    while True:
-        row = await pool.fetchrow(BUDGET_TRACE)
-        if row is not None:
-            into.append({k: round(v, 2) if isinstance(v, float) else v for k, v in dict(row).items()})
-        await asyncio.sleep(interval)
 
 
 def with_application_name(url: str, name: str) -> str:

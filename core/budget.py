@@ -424,6 +424,7 @@ class LoadBudget:
             min_rows_per_second=s.min_rows_per_second,
             grow_factor=s.grow_factor,
             players_present=players_present,
+            near_objective=limits.near(window.seen),
         )
         await self._bookkeeping(
             SQL.apply_adjustment,
@@ -568,6 +569,24 @@ class StressLimits:
             probe_max_ms=row["probe_max_ms"] or s.probe_max_ms,
         )
 
+    def near(self, seen: Observed) -> str | None:
+        """Whether the commit probe is past its set point (halfway from its baseline to the bound
+        where it means stress, or 3/4 of `probe_max_ms` without a baseline), as the operator reads
+        it: the controller stops growing there (None: below it, or nothing to judge)."""
+        probe, baseline = seen.probe_ms, seen.probe_baseline_ms
+        if probe is None:
+            return None
+        bounds = [self.probe_max_ms] if self.probe_max_ms is not None else []
+        if baseline is not None:
+            bounds.append(max(baseline * self.probe_ratio, baseline + self.probe_min_ms))
+        if not bounds:
+            return None
+        bound = min(bounds)
+        set_point = (baseline + bound) / 2 if baseline is not None else bound * 3 / 4
+        if probe <= set_point:
+            return None
+        return f"commit probe {probe:.1f} ms past its set point {set_point:.1f} ms (stress above {bound:.1f} ms)"
+
     def probe_bound_ms(self, baseline_ms: float | None) -> float | None:
         """The commit probe's mean above which it shows stress (None: no bound known yet)."""
         bounds = [
@@ -637,31 +656,40 @@ def judge(
     min_rows_per_second: float,
     grow_factor: float,
     players_present: bool = True,
+    near_objective: str | None = None,
 ) -> dict[str, Any]:
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
-    work did in the window when it was unthrottled (never below `min_rows_per_second`). Healthy: a
-    rate limit the work uses grows by `grow_factor`; one it does not use half of is lifted, but not
-    while players are present (the work that comes next starts from it, not at full speed). Under a
-    rate limit, the in-flight limit is what delivers that rate at the batches' latency
-    (`in_flight_for`): the rate is met by one short batch after another, not by a crowd of them
-    competing with the players for the cores. With players absent, the commit probe's reasons are
-    not stress (`holding_back`)."""
+    work did in the window when it was unthrottled (never below `min_rows_per_second`).
+
+    Healthy, with players absent: a rate limit the work uses grows by `grow_factor`; one it does not
+    use half of is lifted. With players present the work is never unthrottled: the limit follows it,
+    at most `grow_factor` x what it did (a start begins at `min_rows_per_second`, not at full speed),
+    and holds while the commit probe is past its set point (`near_objective`, StressLimits.near): an
+    objective to hold in every window is approached, not overshot and halved.
+
+    Under a rate limit the in-flight limit is what delivers that rate at the batches' latency
+    (`in_flight_for`): one short batch after another, not a crowd of them competing with the players
+    for the cores. With players absent the commit probe's reasons are not stress (`holding_back`)."""
     reasons = holding_back(reasons, players_present)
     if reasons:
         seen = [x for x in (rate_limit, observed_rows_per_second) if x]
         rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
         why = "; ".join(reasons.values())
         return _limits(rate, observed_latency_ms, stress=why, limited_by=why)
-    if rate_limit is None:
-        return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
-    if (observed_rows_per_second or 0) < rate_limit / 2:
-        if not players_present:
+    did = observed_rows_per_second or 0.0
+    if not players_present:
+        if rate_limit is None or did < rate_limit / 2:
             return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
-        kept = f"kept while players are present ({_rate_text(rate_limit)}, the work used less than half)"
-        return _limits(rate_limit, observed_latency_ms, stress=None, limited_by=kept)
-    grown = rate_limit * grow_factor
-    growing = f"growing back after stress ({_rate_text(grown)})"
-    return _limits(grown, observed_latency_ms, stress=None, limited_by=growing)
+        grown = rate_limit * grow_factor
+        return _limits(
+            grown, observed_latency_ms, stress=None, limited_by=f"growing back after stress ({_rate_text(grown)})"
+        )
+    if near_objective is not None:
+        held = rate_limit if rate_limit is not None else max(min_rows_per_second, did)
+        return _limits(held, observed_latency_ms, stress=None, limited_by=f"holding its rate: {near_objective}")
+    rate = max(min_rows_per_second, grow_factor * (did if rate_limit is None else min(rate_limit, did)))
+    following = f"players present: at most {grow_factor:g} x what the work did while the objective holds"
+    return _limits(rate, observed_latency_ms, stress=None, limited_by=f"{following} ({_rate_text(rate)})")
 
 
 def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:

@@ -43,7 +43,7 @@ import asyncpg
 
 import bench
 import harness
-from bench.common import load_average, machine
+from bench.common import load_average, machine, trace_budget
 from bench.planner_cohort import FAR, lead_for, register_cohort
 from core.queries import load
 from demo.fixture import seed_accounts
@@ -180,6 +180,16 @@ async def night_times(h: Harness, lane: Lane, deadline: datetime, business_date:
     }
 
 
+def budget_changes(trace: list[dict[str, Any]], since: float) -> list[dict[str, Any]]:
+    """The budget's limits as they changed in the night (seconds after `since`)."""
+    changes: list[dict[str, Any]] = []
+    keys = ("rate_limit", "in_flight_limit", "stress")
+    for t in trace:
+        if not changes or any(t[k] != changes[-1][k] for k in keys):
+            changes.append({"at": round(t["at"] - since, 1), **{k: t[k] for k in keys}})
+    return changes
+
+
 def _ratio(chaos: float | None, calm: float | None) -> float | None:
     return round(chaos / calm, 3) if chaos is not None and calm else None
 
@@ -237,10 +247,14 @@ async def _nights(
     for name, business_date in dates.items():
         planned = await night(h, lane, name, sizes, business_date, lead)
         crashing = asyncio.ensure_future(crash_repeatedly(pg, chaos, crashes)) if name == "chaos" else None
+        trace: list[dict[str, Any]] = []
+        tracing = asyncio.ensure_future(trace_budget(lane.pool, trace))
         t = time.monotonic()
         try:
             await wait_night(h, lane, planned["deadline"], business_date, within)
         finally:
+            tracing.cancel()
+            await asyncio.gather(tracing, return_exceptions=True)
             if crashing is not None:
                 crashing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -248,6 +262,7 @@ async def _nights(
         nights[name] = {"wall_s": round(time.monotonic() - t, 1)} | await night_times(
             h, lane, planned["deadline"], business_date
         )
+        nights[name]["budget_changes"] = budget_changes(trace, planned["deadline"].timestamp())
         print(f"{name}: {json.dumps(nights[name])}", file=sys.stderr, flush=True)
         seeded = planned["seeded"]
         checked = await cleanup_effects(lane.pool, name, matches_per_account=MATCHES, expect_cleaned=accounts)

@@ -35,7 +35,9 @@ from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
 
 WORKER_MODULE = "harness.worker"
-HARNESS_APP = "harness"  # application_name of the harness's own connections (never terminated by faults)
+# application_name of the harness's own connections: never terminated by faults, and with the service's
+# prefix, so that the budget does not take the harness's observing queries for players' sessions.
+HARNESS_APP = f"{db.APPLICATION_NAME} harness"
 
 
 @dataclass

@@ -419,7 +419,12 @@ def test_each_signal_shows_stress_against_its_threshold() -> None:
 
 
 def step(
-    reasons: dict[str, str], rate: float | None, did: float | None, latency_ms: float | None, players: bool = True
+    reasons: dict[str, str],
+    rate: float | None,
+    did: float | None,
+    latency_ms: float | None,
+    players: bool = True,
+    near: str | None = None,
 ) -> Any:
     """One adjustment's verdict under the shipped back-off (2,000 rows/s at least, growth 1.5x)."""
     return judge(
@@ -430,6 +435,7 @@ def step(
         min_rows_per_second=2000.0,
         grow_factor=1.5,
         players_present=players,
+        near_objective=near,
     )
 
 
@@ -437,22 +443,49 @@ def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> N
     stress = {"lock_waits": "9 lock waits > 4"}
     # Unthrottled, the work did 10,000 rows/s at 600 ms per 1,000 rows: stress halves what it did,
     # with the batches at once that deliver that at that latency (5,000 x 0.6 s / 1,000 = 3).
-    first = step(stress, None, 10_000.0, 600.0)
+    first = step(stress, None, 10_000.0, 600.0, players=False)
     assert (first["rate_limit"], first["in_flight_limit"]) == (5000.0, 3) and first["stress"] == "9 lock waits > 4"
-    again = step(stress, 5000.0, 4900.0, 150.0)
+    again = step(stress, 5000.0, 4900.0, 150.0, players=False)
     assert (again["rate_limit"], again["in_flight_limit"]) == (2450.0, 1), "short batches: one at a time"
-    floor = step(stress, 2450.0, 2400.0, None)
+    floor = step(stress, 2450.0, 2400.0, None, players=False)
     assert (floor["rate_limit"], floor["in_flight_limit"]) == (2000.0, 1), "never below the deadlines' rate"
-    # Healthy: a limit the work uses grows; one it does not use half of is lifted (no players).
-    grows = step({}, 2000.0, 1990.0, 700.0)
+    # Healthy, nobody else on the database: a limit the work uses grows; one it does not use half of is lifted.
+    grows = step({}, 2000.0, 1990.0, 700.0, players=False)
     assert (grows["rate_limit"], grows["in_flight_limit"], grows["stress"]) == (3000.0, 3, None)
     lifted = step({}, 3000.0, 900.0, 100.0, players=False)
     assert (lifted["rate_limit"], lifted["in_flight_limit"]) == (None, None)
-    kept = step({}, 3000.0, 900.0, 100.0, players=True)
-    assert (kept["rate_limit"], kept["in_flight_limit"]) == (3000.0, 1), "players present: kept, not lifted"
-    assert "kept while players are present" in kept["limited_by"]
-    idle = step({}, None, None, None)
+    idle = step({}, None, None, None, players=False)
     assert (idle["rate_limit"], idle["in_flight_limit"]) == (None, None), "no stress, no limit"
+
+
+def test_with_players_present_the_limit_follows_the_work_and_holds_near_the_objective() -> None:
+    start = step({}, None, 0.0, None)
+    assert (start["rate_limit"], start["in_flight_limit"]) == (2000.0, 1), "a start is slow, not at full speed"
+    grows = step({}, 2000.0, 1990.0, 100.0)
+    assert (grows["rate_limit"], grows["in_flight_limit"]) == (2985.0, 1), "1.5 x what the work did"
+    unused = step({}, 12_000.0, 3000.0, 100.0)
+    assert unused["rate_limit"] == 4500.0, "a limit the work does not use falls back toward what it does"
+    ended = step({}, 12_000.0, 0.0, 100.0)
+    assert ended["rate_limit"] == 2000.0, "the next work starts slowly again"
+    unthrottled = step({}, None, 9000.0, 300.0)
+    assert (unthrottled["rate_limit"], unthrottled["in_flight_limit"]) == (13_500.0, 5), "never unthrottled"
+    near = "commit probe 1.6 ms past its set point 1.5 ms (stress above 2.0 ms)"
+    held = step({}, 4000.0, 3900.0, 100.0, near=near)
+    assert held["rate_limit"] == 4000.0 and near in held["limited_by"] and held["stress"] is None
+    absent = step({}, 4000.0, 3900.0, 100.0, players=False, near=near)
+    assert absent["rate_limit"] == 6000.0, "the set point is the players' objective's: absent, it grows"
+
+
+def test_the_commit_probe_s_set_point_is_halfway_to_its_bound() -> None:
+    limits = StressLimits(latency_ms=1000.0, max_lock_waits=4, max_lag=10.0, probe_ratio=2.0, probe_min_ms=1.0)
+    seen = Observed(latency_ms=None, lock_waits=0, replication_lag=None, probe_baseline_ms=4.0)
+    assert limits.near(replace(seen, probe_ms=5.9)) is None  # bound 8 ms, set point 6 ms
+    assert "set point 6.0 ms" in str(limits.near(replace(seen, probe_ms=6.5)))
+    small = replace(seen, probe_baseline_ms=0.5)  # bound 1.5 ms (baseline + 1 ms), set point 1.0 ms
+    assert limits.near(replace(small, probe_ms=0.9)) is None and limits.near(replace(small, probe_ms=1.1))
+    absolute = replace(limits, probe_max_ms=20.0)
+    assert limits.near(replace(seen, probe_ms=9.0, probe_baseline_ms=None)) is None, "nothing to judge"
+    assert absolute.near(replace(seen, probe_ms=16.0, probe_baseline_ms=None)), "3/4 of the absolute bound"
 
 
 def test_the_in_flight_limit_delivers_the_rate_at_the_batches_latency() -> None:
