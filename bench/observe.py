@@ -89,9 +89,9 @@ class Observer:
         self.timeline = timeline
 
     async def observe(self, during: Any) -> tuple[dict[str, Any], Any]:
-        conn = await asyncpg.connect(
-            self.url, server_settings={"application_name": "observer", **db.service_settings()}
-        )
+        # The service's prefix: the load budget must not take the observer's sampling for a player.
+        name = f"{db.APPLICATION_NAME} observer"
+        conn = await asyncpg.connect(self.url, server_settings={"application_name": name, **db.service_settings()})
         try:
             waits: dict[str, Counter[str]] = {}
             pids: dict[int, str] = {}

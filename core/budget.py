@@ -465,7 +465,11 @@ class LoadBudget:
         assert stress is not None and collected is not None
         probes = dict(collected)
         latency_ms = claimed["window_ms_sum"] / claimed["window_batches"] if claimed["window_batches"] else None
-        busy_ms = probes["busy_ms_sum"] / probes["busy_n"] if probes["busy_n"] else None
+        # What the players saw while the work ran: every probe of the window, between batches too, as
+        # a player's commits are spread over time (the probes while a batch held a slot alone would
+        # judge paced work by its worst moments). None: no batch ran in the window.
+        taken = probes["busy_n"] + probes["quiet_n"]
+        busy_ms = (probes["busy_ms_sum"] + probes["quiet_ms_sum"]) / taken if probes["busy_n"] else None
         baseline = claimed["probe_baseline_ms"]
         # A baseline of an earlier run of the server says nothing of this one (cold caches, a
         # recovery's checkpoint), and neither do this window's observations, taken across the
@@ -495,7 +499,7 @@ class LoadBudget:
                 probe_baseline_ms=baseline,
                 players_present=seen_ago is not None and seen_ago <= horizon,
             ),
-            probes=probes["busy_n"],
+            probes=taken if busy_ms is not None else 0,
             new_baseline=new_baseline,
             quiet_seconds=self._quiet_seconds(claimed, busy_ms is not None and new_baseline is None),
             restarted=restarted,

@@ -264,7 +264,7 @@ class BudgetSettings(Section):
     quiet_seconds: float = internal(
         1.0, "a stale baseline is measured by granting nothing for this long (0: never)", ge=0
     )
-    max_claim_rows: int = setting(2000, "accounts per statement of a cohort's claim while a rate limit applies", ge=1)
+    max_claim_rows: int = setting(500, "accounts per statement of a cohort's claim while a rate limit applies", ge=1)
     throttled_batch_rows: int = setting(
         250, "accounts per cleanup batch while a rate limit applies (the partition's batch size otherwise)", ge=1
     )
