@@ -242,7 +242,7 @@ class BudgetSettings(Section):
     # The adaptive limits: halved on stress (never below `min_rows_per_second`, which keeps the
     # deadlines), multiplied by `grow_factor` per healthy adjustment, lifted when they no longer bind.
     min_rows_per_second: float = setting(2000.0, "the least the back-off leaves (the deadlines' share)", gt=0)
-    grow_factor: float = internal(1.5, "a throttle in use grows by this per healthy adjustment", gt=1)
+    grow_factor: float = internal(1.25, "a throttle in use grows by this per healthy adjustment", gt=1)
     max_poll_seconds: float = internal(0.5, "longest sleep of a waiting batch between tries", gt=0)
     probe_interval_seconds: float = internal(0.2, "how often a worker with budgeted work probes", gt=0)
     idle_probe_seconds: float = internal(

@@ -426,7 +426,7 @@ def step(
     players: bool = True,
     near: str | None = None,
 ) -> Any:
-    """One adjustment's verdict under the shipped back-off (2,000 rows/s at least, growth 1.5x)."""
+    """One adjustment's verdict with 2,000 rows/s at least and growth 1.5x."""
     return judge(
         reasons,
         rate_limit=rate,
