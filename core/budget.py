@@ -425,6 +425,7 @@ class LoadBudget:
             grow_factor=s.grow_factor,
             players_present=players_present,
             near_objective=limits.near(window.seen),
+            observed_peak_in_flight=claimed["window_peak_in_flight"],
         )
         await self._bookkeeping(
             SQL.apply_adjustment,
@@ -661,6 +662,7 @@ def judge(
     grow_factor: float,
     players_present: bool = True,
     near_objective: str | None = None,
+    observed_peak_in_flight: int = 0,
 ) -> dict[str, Any]:
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
     work did in the window when it was unthrottled (never below `min_rows_per_second`).
@@ -673,27 +675,31 @@ def judge(
 
     Under a rate limit the in-flight limit is what delivers that rate at the batches' latency
     (`in_flight_for`): one short batch after another, not a crowd of them competing with the players
-    for the cores. With players absent the commit probe's reasons are not stress (`holding_back`)."""
+    for the cores; never more than half of the most that ran at once in the window when stressed,
+    nor more than one beyond it when not. With players absent the commit probe's reasons are not
+    stress (`holding_back`)."""
     reasons = holding_back(reasons, players_present)
+    peak = observed_peak_in_flight
     if reasons:
         seen = [x for x in (rate_limit, observed_rows_per_second) if x]
         rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
         why = "; ".join(reasons.values())
-        return _limits(rate, observed_latency_ms, stress=why, limited_by=why)
+        return _limits(rate, observed_latency_ms, max(1, peak // 2), stress=why, limited_by=why)
     did = observed_rows_per_second or 0.0
     if not players_present:
         if rate_limit is None or did < rate_limit / 2:
             return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
         grown = rate_limit * grow_factor
-        return _limits(
-            grown, observed_latency_ms, stress=None, limited_by=f"growing back after stress ({_rate_text(grown)})"
-        )
+        growing = f"growing back after stress ({_rate_text(grown)})"
+        return _limits(grown, observed_latency_ms, peak + 1, stress=None, limited_by=growing)
     if near_objective is not None:
         held = rate_limit if rate_limit is not None else max(min_rows_per_second, did)
-        return _limits(held, observed_latency_ms, stress=None, limited_by=f"holding its rate: {near_objective}")
+        return _limits(
+            held, observed_latency_ms, peak + 1, stress=None, limited_by=f"holding its rate: {near_objective}"
+        )
     rate = max(min_rows_per_second, grow_factor * (did if rate_limit is None else min(rate_limit, did)))
     following = f"players present: at most {grow_factor:g} x what the work did while the objective holds"
-    return _limits(rate, observed_latency_ms, stress=None, limited_by=f"{following} ({_rate_text(rate)})")
+    return _limits(rate, observed_latency_ms, peak + 1, stress=None, limited_by=f"{following} ({_rate_text(rate)})")
 
 
 def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
@@ -704,10 +710,10 @@ def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
     return max(1, math.ceil(rate * latency_ms_per_1000_rows / 1_000_000))
 
 
-def _limits(rate: float, latency_ms: float | None, *, stress: str | None, limited_by: str) -> dict[str, Any]:
+def _limits(rate: float, latency_ms: float | None, most: int, *, stress: str | None, limited_by: str) -> dict[str, Any]:
     return {
         "rate_limit": rate,
-        "in_flight_limit": in_flight_for(rate, latency_ms),
+        "in_flight_limit": min(most, in_flight_for(rate, latency_ms)),
         "stress": stress,
         "limited_by": limited_by,
     }

@@ -425,6 +425,7 @@ def step(
     latency_ms: float | None,
     players: bool = True,
     near: str | None = None,
+    peak: int = 8,
 ) -> Any:
     """One adjustment's verdict with 2,000 rows/s at least and growth 1.5x."""
     return judge(
@@ -436,6 +437,7 @@ def step(
         grow_factor=1.5,
         players_present=players,
         near_objective=near,
+        observed_peak_in_flight=peak,
     )
 
 
@@ -447,6 +449,8 @@ def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> N
     assert (first["rate_limit"], first["in_flight_limit"]) == (5000.0, 3) and first["stress"] == "9 lock waits > 4"
     again = step(stress, 5000.0, 4900.0, 150.0, players=False)
     assert (again["rate_limit"], again["in_flight_limit"]) == (2450.0, 1), "short batches: one at a time"
+    slow = step(stress, None, 100.0, 200_000.0, players=False, peak=3)
+    assert slow["in_flight_limit"] == 1, "never more than half of what ran at once"
     floor = step(stress, 2450.0, 2400.0, None, players=False)
     assert (floor["rate_limit"], floor["in_flight_limit"]) == (2000.0, 1), "never below the deadlines' rate"
     # Healthy, nobody else on the database: a limit the work uses grows; one it does not use half of is lifted.
@@ -459,7 +463,7 @@ def test_the_budget_throttles_on_stress_and_grows_back_until_it_is_lifted() -> N
 
 
 def test_with_players_present_the_limit_follows_the_work_and_holds_near_the_objective() -> None:
-    start = step({}, None, 0.0, None)
+    start = step({}, None, 0.0, 100.0, peak=0)
     assert (start["rate_limit"], start["in_flight_limit"]) == (2000.0, 1), "a start is slow, not at full speed"
     grows = step({}, 2000.0, 1990.0, 100.0)
     assert (grows["rate_limit"], grows["in_flight_limit"]) == (2985.0, 1), "1.5 x what the work did"
@@ -765,3 +769,33 @@ async def test_under_a_rate_limit_a_partition_cleans_in_batches_of_the_throttled
     assert (done.counts.cleaned, done.batches) == (10, batches)
     counts = await effect_counts(pool)
     assert counts["applied"] == counts["reminders"] == counts["cleaned_accounts"] == 10
+
+
+async def test_a_worker_with_no_work_learns_the_baseline_from_its_idle_probes(pool, other_session):
+    """The baseline the work starts from is the players alone: a worker with no budgeted work
+    probes every `idle_probe_seconds`, and its quiet probes set the baseline (a stale one of an
+    earlier server run is replaced) and say whether players are present."""
+    await pool.execute("UPDATE load_budget SET probe_baseline_ms = 500, probe_baseline_server_start = NULL")
+    await other_session("game")
+    budget = LoadBudget(pool, BudgetSettings(idle_probe_seconds=0.05))
+    watching = asyncio.ensure_future(budget.watch())
+    try:
+        await wait_until(lambda: pool.fetchval("SELECT probe_baseline_ms < 100 FROM load_budget"), within=60)
+        players_seen = await pool.fetchval("SELECT count(*) FROM load_budget_probes WHERE players_seen_at IS NOT NULL")
+        assert players_seen >= 1, "an idle probe samples the players too"
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+    row = await pool.fetchrow(
+        "SELECT probe_baseline_at > clock_timestamp() - interval '1 minute' AS fresh,"
+        " probe_baseline_server_start = pg_postmaster_start_time() AS this_run FROM load_budget"
+    )
+    assert row["fresh"] and row["this_run"], "the baseline is of this server run, and fresh"
+
+    # With a slot held anywhere, a probe is not quiet: the baseline does not move.
+    await pool.execute("UPDATE load_budget SET probe_baseline_ms = 0.001")
+    await pool.execute(
+        "INSERT INTO load_budget_slots VALUES (3, 'other', 'other', 'other host', 10, now(), now() + interval '1 hour')"
+    )
+    await budget._idle_probe()
+    assert await pool.fetchval("SELECT probe_baseline_ms FROM load_budget") == 0.001
