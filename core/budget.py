@@ -41,6 +41,7 @@ with it, so waiting is neither a failure nor a dead worker). Platform code: no j
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -118,7 +119,10 @@ class LoadBudget:
         self._active = 0  # batches of this process waiting for the budget or in flight
         self._prober: asyncio.Future[None] | None = None
         self._probe_key = f"{self.holder} {uuid.uuid4().hex[:8]}"
-        self._released = asyncio.Event()  # wakes this process's waiting batches when one of its slots frees
+        # This process's batches waiting for the budget, in order: only the first asks the database
+        # (a crowd of them asking at once, each refused but one, would load the players' database
+        # with refusals); it is woken when a slot of this process frees, and the next when it leaves.
+        self._queue: collections.deque[asyncio.Event] = collections.deque()
         # The session this process's slots are tied to: a pool connection held while it has budgeted
         # work (the probes run on it), with its backend pid and start time. The database ends it with
         # the process (or the server), and every slot recorded with it is free at once.
@@ -314,36 +318,60 @@ class LoadBudget:
                 if grant.slot is not None:
                     self._grants -= 1
             metrics.record_budget_rows(done)
-            # The slot is free now: this process's waiters try at once instead of at their next poll
-            # (waiters in other processes still poll, within max_poll_seconds).
-            self._released.set()
-            self._released = asyncio.Event()
+            # The slot is free now: this process's first waiter tries at once instead of at its next
+            # poll (waiters in other processes still poll, within max_poll_seconds).
+            self._wake_first()
 
     async def acquire(self, job: str, rows: int, while_waiting: Waiting | None = None) -> Grant:
-        """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait)."""
+        """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait). The
+        batches of this process ask in turn: the first in the queue asks the database, the others
+        wait for their turn (still calling `while_waiting`, so their activities heartbeat)."""
         lease = uuid.uuid4().hex
         started = time.perf_counter()
-        while True:
-            await self.maybe_adjust()
-            waited = time.perf_counter() - started
-            row = await self._try_acquire(lease, job, rows, waited)
-            if row is None:
-                continue
-            if row["granted"]:
-                metrics.record_budget_wait(waited)
-                if row["slot"] is not None:
-                    self._grants += 1
-                return Grant(
-                    lease=lease,
-                    slot=row["slot"],
-                    rows=rows,
-                    waited_seconds=waited,
-                    in_flight_limit=row["in_flight_limit"],
-                    rows_per_second=row["rows_per_second"],
-                )
-            if while_waiting is not None:
-                while_waiting(_waiting_details(row, waited))
-            await self._wait_to_retry(row)
+        turn = asyncio.Event()
+        self._queue.append(turn)
+        try:
+            while True:
+                if self._queue[0] is not turn:
+                    await self._wait_for_turn(turn, started, while_waiting)
+                    continue
+                await self.maybe_adjust()
+                waited = time.perf_counter() - started
+                row = await self._try_acquire(lease, job, rows, waited)
+                if row is None:
+                    continue
+                if row["granted"]:
+                    metrics.record_budget_wait(waited)
+                    if row["slot"] is not None:
+                        self._grants += 1
+                    return Grant(
+                        lease=lease,
+                        slot=row["slot"],
+                        rows=rows,
+                        waited_seconds=waited,
+                        in_flight_limit=row["in_flight_limit"],
+                        rows_per_second=row["rows_per_second"],
+                    )
+                if while_waiting is not None:
+                    while_waiting(_waiting_details(row, waited))
+                await self._wait_to_retry(row, turn)
+        finally:
+            self._queue.remove(turn)
+            self._wake_first()
+
+    def _wake_first(self) -> None:
+        if self._queue:
+            self._queue[0].set()
+
+    async def _wait_for_turn(self, turn: asyncio.Event, started: float, while_waiting: Waiting | None) -> None:
+        """Behind another batch of this process: until woken, at most twice `max_poll_seconds`."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(turn.wait(), 2 * self.settings.max_poll_seconds)
+        turn.clear()
+        if while_waiting is not None:
+            ahead = next(i for i, t in enumerate(self._queue) if t is turn)
+            waited = round(time.perf_counter() - started, 1)
+            while_waiting({"waiting_for_load_budget_s": waited, "behind_batches_of_this_worker": ahead})
 
     async def _try_acquire(self, lease: str, job: str, rows: int, waited: float) -> asyncpg.Record | None:
         """One try for a slot and `rows` rows under the budget's lock: the budget row's verdict (granted
@@ -380,16 +408,16 @@ class LoadBudget:
         self.throttled = row["rows_per_second"] is not None
         return row
 
-    async def _wait_to_retry(self, row: asyncpg.Record) -> None:
+    async def _wait_to_retry(self, row: asyncpg.Record, turn: asyncio.Event) -> None:
         """Until the next try after a refusal: until the rows refill (or the quiet moment ends), at
         most `max_poll_seconds` (jittered), or at once when a slot of this process is released."""
         s = self.settings
         pause = row["refill_seconds"] if row["refill_seconds"] is not None else s.max_poll_seconds / 2
         if row["quiet_seconds"] is not None:
             pause = max(pause, row["quiet_seconds"])
-        released = self._released
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(released.wait(), min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
+            await asyncio.wait_for(turn.wait(), min(s.max_poll_seconds, pause) * random.uniform(0.8, 1.2))
+        turn.clear()
 
     async def _bookkeeping(self, statement: str, *args: object) -> asyncpg.Record | None:
         """One of the budget's own writes, committed without waiting for the WAL flush (budget.sql)."""

@@ -213,7 +213,7 @@ async def test_slots_hold_across_separate_pools_and_a_dead_holder_s_slot_expires
     """Two pools (as two processes would have) with many batches each: never more than N at once;
     a holder that never releases (a killed worker) stops renewing and its slot comes back."""
     pools = [
-        await asyncpg.create_pool(db_url, min_size=1, max_size=6, server_settings=db.service_settings())
+        await db.create_pool(db_url, min_size=1, max_size=6)  # two worker processes of the service
         for _ in range(2)
     ]
     try:
@@ -262,7 +262,7 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
     connection broke): a batch waiting in another worker gets the slot, though its lease has an
     hour to run; the holder, asking again, ties its next slot to a new session."""
     pools = [
-        await asyncpg.create_pool(db_url, min_size=1, max_size=4, server_settings=db.service_settings())
+        await db.create_pool(db_url, min_size=1, max_size=4)
         for _ in range(2)
     ]
     holder, other = (LoadBudget(p, ONE_SLOT_FOR_AN_HOUR) for p in pools)
@@ -321,7 +321,7 @@ async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stre
         await pools[1].execute(SLOW_BUSY_PROBES)
         await probe_once(pools[1])
         verdict = await after.maybe_adjust()
-        assert verdict is not None and verdict["stress"] is None and verdict["rate_limit"] is None
+        assert verdict is not None and verdict["stress"] is None, "not stress: the baseline is learned again"
         assert await pools[1].fetchval("SELECT probe_baseline_ms FROM load_budget") is None, "learned again"
 
         await pools[1].execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)  # the same probes, no restart between
@@ -605,7 +605,8 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     assert verdict is not None and "commit probe" in verdict["stress"] and verdict["rate_limit"] is not None
     status = await budget_status(pool, settings)
     probe, baseline = status.observed.commit_probe_ms, status.commit_probe_baseline_ms
-    assert probe is not None and probe >= 500 and baseline is not None and baseline < 500
+    # the window's mean of every probe, between the batches too: most of them slowed by 500 ms
+    assert probe is not None and baseline is not None and probe > 100 * baseline
     assert "commit probe" in str(status.stress) and status.throttled and "commit probe" in status.limited_by
     assert status.effective_in_flight == 1, "half of the one batch it ran at a time, and at least one"
     assert status.observed.players_present is True and "players absent" not in status.limited_by
