@@ -261,10 +261,7 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
     """The database session of the worker holding the only slot ends (the worker died, its
     connection broke): a batch waiting in another worker gets the slot, though its lease has an
     hour to run; the holder, asking again, ties its next slot to a new session."""
-    pools = [
-        await db.create_pool(db_url, min_size=1, max_size=4)
-        for _ in range(2)
-    ]
+    pools = [await db.create_pool(db_url, min_size=1, max_size=4) for _ in range(2)]
     holder, other = (LoadBudget(p, ONE_SLOT_FOR_AN_HOUR) for p in pools)
     try:
         assert (await holder.acquire("holder", 1)).slot == 0
