@@ -39,7 +39,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "poisoned_cohort": ("poisoned / clean cohort, accounts/s", "python -m bench.poisoned_cohort --accounts 100000"),
     "player_load": (
         "players' p99 under the default objective / under the floor paced at the same accounts/s",
-        "python -m bench.player_load --accounts 40000 --players 20000",
+        "python -m bench.player_load --accounts 100000 --players 20000",
     ),
     "batch_plan": ("rows processed per key, largest / smallest batch", "python -m bench.batch_plan"),
     "game_schema": (
