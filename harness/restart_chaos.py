@@ -20,7 +20,8 @@ is over (how many hit it is printed).
 Printed for each night, in seconds: the cohort closed (the last of its cleanups closed, Temporal's
 clock) and its last account cleaned (the database's) after the deadline, the ledger closed after its
 start, the last reminder of the cohort delivered after the deadline. Then the ratios chaos / calm
-(goal <= 2.0), duplicates and lost work (the harness's database checks, 0), the worker processes
+(goal <= 2.0) and how many restarts came before each job closed (a job shorter than the first
+interval met none), duplicates and lost work (the harness's database checks, 0), the worker processes
 that died and the tracebacks and outage lines in their logs.
 """
 
@@ -86,16 +87,23 @@ class Chaos:
 class Crashes:
     done: int = 0
     downtime: list[float] = field(default_factory=list)
+    at: list[float] = field(default_factory=list)  # seconds after the chaos began, each crash
+
+    def during(self, seconds: float | None) -> int:
+        """The crashes in the first `seconds` of the night (a job that closed then met these)."""
+        return sum(1 for t in self.at if seconds is not None and t < seconds)
 
 
 async def crash_repeatedly(pg: PrivatePostgres, chaos: Chaos, crashes: Crashes) -> None:
     """Crash and restart `pg` as `chaos` says; cancelled between two crashes once the night is over
     (a crash in progress always ends with the server started again)."""
     rng = random.Random(chaos.seed)
+    began = time.monotonic()
     for _ in range(chaos.restarts):
         await asyncio.sleep(rng.uniform(*chaos.every))
         down = rng.uniform(min(1.0, chaos.down_max), chaos.down_max)
         t = time.monotonic()
+        crashes.at.append(round(t - began, 2))
         crash = asyncio.ensure_future(_crash_once(pg, t + down - START_SECONDS))
         try:
             await asyncio.shield(crash)
@@ -295,7 +303,11 @@ async def _nights(
             "every_s": list(chaos.every),
             "down_max_s": chaos.down_max,
             "downtime_s": crashes.downtime,
+            "crashed_at_s": crashes.at,
             "seed": chaos.seed,
+            # a job that closed before the first crash met none: its ratio says nothing of restarts
+            "restarts_before_the_cohort_closed": crashes.during(hit["cohort_closed_s"]),
+            "restarts_before_the_ledger_closed": crashes.during(hit["ledger_closed_s"]),
         },
         "calm": calm,
         "under_restarts": hit,
