@@ -323,16 +323,16 @@ class LoadBudget:
             self._wake_first()
 
     async def acquire(self, job: str, rows: int, while_waiting: Waiting | None = None) -> Grant:
-        """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait). The
-        batches of this process ask in turn: the first in the queue asks the database, the others
-        wait for their turn (still calling `while_waiting`, so their activities heartbeat)."""
+        """Wait until a slot and `rows` rows are free (`while_waiting` is called on each wait). A
+        batch asks at once while no batch of this process waits; once one is refused, they ask in
+        turn: the first in the queue asks the database, the others wait for their turn (still
+        calling `while_waiting`, so their activities heartbeat)."""
         lease = uuid.uuid4().hex
         started = time.perf_counter()
-        turn = asyncio.Event()
-        self._queue.append(turn)
+        turn = self._join_queue() if self._queue else None
         try:
             while True:
-                if self._queue[0] is not turn:
+                if turn is not None and self._queue[0] is not turn:
                     await self._wait_for_turn(turn, started, while_waiting)
                     continue
                 await self.maybe_adjust()
@@ -352,12 +352,20 @@ class LoadBudget:
                         in_flight_limit=row["in_flight_limit"],
                         rows_per_second=row["rows_per_second"],
                     )
+                turn = turn or self._join_queue()
                 if while_waiting is not None:
                     while_waiting(_waiting_details(row, waited))
-                await self._wait_to_retry(row, turn)
+                if self._queue[0] is turn:
+                    await self._wait_to_retry(row, turn)
         finally:
-            self._queue.remove(turn)
-            self._wake_first()
+            if turn is not None:
+                self._queue.remove(turn)
+                self._wake_first()
+
+    def _join_queue(self) -> asyncio.Event:
+        turn = asyncio.Event()
+        self._queue.append(turn)
+        return turn
 
     def _wake_first(self) -> None:
         if self._queue:

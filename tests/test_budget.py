@@ -573,7 +573,6 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
         quiet_seconds=1.0,
     )
     budget = LoadBudget(pool, settings)
-    await other_session("game")  # the players are on the database all along
 
     async def probes(column: str, n: int) -> bool:
         return bool(await pool.fetchval(f"SELECT coalesce(sum({column}), 0) >= $1 FROM load_budget_probes", n))
@@ -590,6 +589,9 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     row = await pool.fetchrow("SELECT quiet_until > clock_timestamp() AS quiet, probe_baseline_ms FROM load_budget")
     assert row["quiet"] and row["probe_baseline_ms"] is None, "a quiet moment is asked for"
     await pool.execute("DELETE FROM load_budget_slots WHERE lease = 'other'")
+    # The players come now: while they are present a start runs one batch at a time, and the other
+    # worker's slot, held for an hour above, would have held this one's first batch back all along.
+    await other_session("game")
 
     waits: list[dict[str, Any]] = []
     async with budget.batch("test", 10, waits.append) as grant:  # waits out the quiet moment, probing
