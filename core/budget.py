@@ -527,6 +527,10 @@ class LoadBudget:
             baseline = new_baseline
         seen_ago = probes["players_seen_seconds_ago"]
         horizon = max(self.settings.players_memory_seconds, claimed["window_seconds"] or 0.0)
+        players_present = seen_ago is not None and seen_ago <= horizon
+        # The baseline serves only the players' objective: with nobody else on the database a quiet
+        # moment would stall the work for nothing.
+        wants_quiet = players_present and busy_ms is not None and new_baseline is None
         return _Window(
             seen=Observed(
                 latency_ms=latency_ms,
@@ -534,11 +538,11 @@ class LoadBudget:
                 replication_lag=stress["replication_lag"],
                 probe_ms=busy_ms,
                 probe_baseline_ms=baseline,
-                players_present=seen_ago is not None and seen_ago <= horizon,
+                players_present=players_present,
             ),
             probes=taken if busy_ms is not None else 0,
             new_baseline=new_baseline,
-            quiet_seconds=self._quiet_seconds(claimed, busy_ms is not None and new_baseline is None),
+            quiet_seconds=self._quiet_seconds(claimed, wants_quiet),
             restarted=restarted,
             rows_per_second=(
                 claimed["window_rows"] / claimed["window_seconds"]
@@ -549,8 +553,8 @@ class LoadBudget:
 
     def _quiet_seconds(self, claimed: asyncpg.Record, busy_without_quiet_probe: bool) -> float | None:
         """How long nothing is granted so that quiet probes measure the baseline again (None: no
-        such moment): when work is running and no quiet probe was seen for a while, at most once per
-        `baseline_seconds`, even when that moment found no quiet probe either."""
+        such moment): when work is running with players present and no quiet probe was seen for a
+        while, at most once per `baseline_seconds`, even when that moment found no quiet probe."""
         s = self.settings
         stale = [claimed["baseline_age_seconds"], claimed["since_quiet_seconds"]]
         if (

@@ -561,7 +561,8 @@ CREATE TRIGGER slow_probe BEFORE UPDATE ON load_budget_probes FOR EACH ROW EXECU
 
 async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget(pool, other_session):
     """The players' view: with no baseline yet, the budget grants nothing for a moment so the
-    probes measure one; probes that are slow while batches run then mean stress (players present)."""
+    probes measure one; probes that are slow while batches run then mean stress (players present).
+    With nobody else on the database, no such moment: it would stall the work for nothing."""
     await pool.execute(SLOW_WHILE_BATCHES_RUN)
     await set_budget(pool, max_in_flight=4)
     settings = BudgetSettings(
@@ -577,21 +578,22 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     async def probes(column: str, n: int) -> bool:
         return bool(await pool.fetchval(f"SELECT coalesce(sum({column}), 0) >= $1 FROM load_budget_probes", n))
 
-    # Another worker's batch is in flight all along: every probe of this one's batch is busy.
-    await pool.execute(
-        "INSERT INTO load_budget_slots VALUES (3, 'other', 'other', 'other host', 10, now(), now() + interval '1 hour')"
-    )
-    async with budget.batch("test", 10) as grant:
-        await wait_until(lambda: probes("busy_n", 2), within=60)
-        grant.rows_done = 10
-    verdict = await budget.maybe_adjust()
-    assert verdict is not None and verdict["stress"] is None, "no baseline: no verdict from the probe"
-    row = await pool.fetchrow("SELECT quiet_until > clock_timestamp() AS quiet, probe_baseline_ms FROM load_budget")
-    assert row["quiet"] and row["probe_baseline_ms"] is None, "a quiet moment is asked for"
-    await pool.execute("DELETE FROM load_budget_slots WHERE lease = 'other'")
-    # The players come now: while they are present a start runs one batch at a time, and the other
-    # worker's slot, held for an hour above, would have held this one's first batch back all along.
-    await other_session("game")
+    async def quiet_moment_asked() -> bool:
+        return bool(await pool.fetchval("SELECT coalesce(quiet_until > clock_timestamp(), false) FROM load_budget"))
+
+    # Another worker's probes, all taken while a batch held a slot, and no baseline yet.
+    for players_seen in (None, "clock_timestamp()"):
+        await pool.execute(
+            "INSERT INTO load_budget_probes (holder, probed_at, busy_ms_sum, busy_n, players_seen_at)"
+            f" VALUES ('other', clock_timestamp(), 1000, 2, {players_seen or 'NULL'})"
+            " ON CONFLICT (holder) DO UPDATE"
+            " SET busy_ms_sum = 1000, busy_n = 2, players_seen_at = excluded.players_seen_at"
+        )
+        verdict = await budget.maybe_adjust()
+        assert verdict is not None and verdict["stress"] is None, "no baseline: no verdict from the probe"
+        assert await quiet_moment_asked() is (players_seen is not None), "a quiet moment only for players"
+    assert await pool.fetchval("SELECT probe_baseline_ms FROM load_budget") is None
+    await other_session("game")  # the players are on the database from now on
 
     waits: list[dict[str, Any]] = []
     async with budget.batch("test", 10, waits.append) as grant:  # waits out the quiet moment, probing
