@@ -251,8 +251,7 @@ async def _run_worker(
         settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
     )
     try:
-        client = await connect(settings, runtime=runtime)
-        readiness.client = client
+        readiness.client = client = await connect(settings, runtime=runtime)
         await _check_search_attributes(client, settings.temporal_namespace)
         budget = LoadBudget(pool)  # one per process: its batches, its probes, its idle baseline
         worker = build_worker(
@@ -275,9 +274,8 @@ async def _run_worker(
         )
         async with worker:
             tasks = await _start_companions(
-                settings, client, pool, readiness, gauges=runtime is not None, extras=extras
+                settings, client, pool, readiness, gauges=runtime is not None, extras=extras, budget=budget
             )
-            tasks.append(asyncio.create_task(budget.watch()))
             if extras.on_ready is not None:
                 extras.on_ready()
             try:
@@ -315,11 +313,12 @@ async def _start_companions(
     *,
     gauges: bool,
     extras: WorkerExtras,
+    budget: LoadBudget,
 ) -> list[asyncio.Task[None]]:
-    """The tasks that run beside a polling worker (cancelled when it stops): the stalled-session
-    watch, the readiness export, the fleet gauges (with metrics on) and the planner's watchdog
-    (after ensuring the planner once, unless the planner is off)."""
-    tasks: list[asyncio.Task[None]] = []
+    """The tasks that run beside a polling worker (cancelled when it stops): the load budget's idle
+    probe, the stalled-session watch, the readiness export, the fleet gauges (with metrics on) and
+    the planner's watchdog (after ensuring the planner once, unless the planner is off)."""
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(budget.watch())]
     if settings.db_idle_in_transaction_timeout_seconds:
         # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
         assert settings.database_url is not None

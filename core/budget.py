@@ -457,8 +457,7 @@ class LoadBudget:
             rate_limit=claimed["rate_limit"],
             observed_rows_per_second=window.rows_per_second,
             observed_latency_ms=window.seen.latency_ms,
-            min_rows_per_second=s.min_rows_per_second,
-            grow_factor=s.grow_factor,
+            settings=s,
             players_present=players_present,
             near_objective=limits.near(window.seen),
             observed_peak_in_flight=claimed["window_peak_in_flight"],
@@ -698,8 +697,7 @@ def judge(
     rate_limit: float | None,
     observed_rows_per_second: float | None,
     observed_latency_ms: float | None,
-    min_rows_per_second: float,
-    grow_factor: float,
+    settings: BudgetSettings,
     players_present: bool = True,
     near_objective: str | None = None,
     observed_peak_in_flight: int = 0,
@@ -707,7 +705,8 @@ def judge(
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
     work did in the window when it was unthrottled (never below `min_rows_per_second`).
 
-    Healthy, with players absent: a rate limit the work uses grows by `grow_factor`; one it does not
+    Healthy, with players absent: a rate limit the work uses grows by `grow_factor` (of `settings`,
+    as `min_rows_per_second`); one it does not
     use half of is lifted. With players present the work is never unthrottled: the limit follows it,
     at most `grow_factor` x what it did (a start begins at `min_rows_per_second`, not at full speed),
     and holds while the commit probe is past its set point (`near_objective`, StressLimits.near): an
@@ -719,7 +718,7 @@ def judge(
     nor more than one beyond it when not. With players absent the commit probe's reasons are not
     stress (`holding_back`)."""
     reasons = holding_back(reasons, players_present)
-    peak = observed_peak_in_flight
+    peak, min_rows_per_second, grow_factor = observed_peak_in_flight, settings.min_rows_per_second, settings.grow_factor
     if reasons:
         seen = [x for x in (rate_limit, observed_rows_per_second) if x]
         rate = max(min_rows_per_second, min(seen) / 2) if seen else min_rows_per_second
