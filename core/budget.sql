@@ -140,7 +140,7 @@ FROM (SELECT window_ms_sum, window_batches, rows_done - window_rows_done AS wind
       FROM load_budget WHERE name = 'database') old
 WHERE l.name = 'database' AND l.enabled
   AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => $1::float8))
-RETURNING l.rate_limit, l.in_flight_limit, l.rows_per_second, l.max_in_flight, l.probe_max_ms,
+RETURNING l.rate_limit, l.probe_max_ms,
           old.window_rows, old.window_seconds, old.window_peak_in_flight,
           old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
           l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms,
