@@ -36,7 +36,7 @@ from core.codec_server import CodecServer
 from core.config import PROJECT_ROOT, Settings
 from core.errors import InputError
 from core.temporal import connect, tls_config
-from tests.helpers import deadline_in, effect_counts, seed
+from tests.helpers import deadline_in, effect_counts, seed, wait_until
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -327,7 +327,14 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
         result = await asyncio.wait_for(enc.get_workflow_handle(started.workflow_id).result(), 60)
         assert result["outcome"] == "cleaned" if isinstance(result, dict) else result.outcome == "cleaned"
         # A client without the key still lists the run (from its search attributes), marked unreadable.
-        listed = {r.workflow_id: r for r in await list_cleanups(client, limit=1000)}
+        # The listing reads visibility, which records the close a moment after the result is out.
+        listed: dict[str, Any] = {}
+
+        async def listed_closed() -> bool:
+            listed.update({r.workflow_id: r for r in await list_cleanups(client, limit=1000)})
+            return started.workflow_id in listed and listed[started.workflow_id].status != "RUNNING"
+
+        await wait_until(listed_closed, within=30)
         assert listed[started.workflow_id].outcome == UNREADABLE
     finally:
         proc.terminate()
