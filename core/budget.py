@@ -588,6 +588,10 @@ class Observed:
     players_present: bool = True  # a session not this service's was active (the objective applies)
 
 
+# Where the controller stops growing: this share of the way from the commit probe's baseline to its bound.
+SET_POINT_SHARE = 1 / 3
+
+
 @dataclass(frozen=True)
 class StressLimits:
     """Above these the database is stressed; the commit probe's are the players' objective: its mean
@@ -614,9 +618,12 @@ class StressLimits:
         )
 
     def near(self, seen: Observed) -> str | None:
-        """Whether the commit probe is past its set point (halfway from its baseline to the bound
-        where it means stress, or 3/4 of `probe_max_ms` without a baseline), as the operator reads
-        it: the controller stops growing there (None: below it, or nothing to judge)."""
+        """Whether the commit probe is past its set point (a third of the way from its baseline to
+        the bound where it means stress, or 3/4 of `probe_max_ms` without a baseline), as the
+        operator reads it: the controller stops growing there (None: below it, or nothing to judge).
+        A third, not half: the objective is judged on every player's commit in a 10-s window, and
+        the few probes of a 2-s adjustment miss the outliers (a checkpoint, a vacuum) that lift a
+        window's mean."""
         probe, baseline = seen.probe_ms, seen.probe_baseline_ms
         if probe is None:
             return None
@@ -626,7 +633,7 @@ class StressLimits:
         if not bounds:
             return None
         bound = min(bounds)
-        set_point = (baseline + bound) / 2 if baseline is not None else bound * 3 / 4
+        set_point = baseline + (bound - baseline) * SET_POINT_SHARE if baseline is not None else bound * 3 / 4
         if probe <= set_point:
             return None
         return f"commit probe {probe:.1f} ms past its set point {set_point:.1f} ms (stress above {bound:.1f} ms)"

@@ -476,13 +476,13 @@ def test_with_players_present_the_limit_follows_the_work_and_holds_near_the_obje
     assert absent["rate_limit"] == 6000.0, "the set point is the players' objective's: absent, it grows"
 
 
-def test_the_commit_probe_s_set_point_is_halfway_to_its_bound() -> None:
+def test_the_commit_probe_s_set_point_is_a_third_of_the_way_to_its_bound() -> None:
     limits = StressLimits(latency_ms=1000.0, max_lock_waits=4, max_lag=10.0, probe_ratio=2.0, probe_min_ms=1.0)
-    seen = Observed(latency_ms=None, lock_waits=0, replication_lag=None, probe_baseline_ms=4.0)
-    assert limits.near(replace(seen, probe_ms=5.9)) is None  # bound 8 ms, set point 6 ms
-    assert "set point 6.0 ms" in str(limits.near(replace(seen, probe_ms=6.5)))
-    small = replace(seen, probe_baseline_ms=0.5)  # bound 1.5 ms (baseline + 1 ms), set point 1.0 ms
-    assert limits.near(replace(small, probe_ms=0.9)) is None and limits.near(replace(small, probe_ms=1.1))
+    seen = Observed(latency_ms=None, lock_waits=0, replication_lag=None, probe_baseline_ms=3.0)
+    assert limits.near(replace(seen, probe_ms=3.9)) is None  # bound 6 ms, set point 4 ms
+    assert "set point 4.0 ms" in str(limits.near(replace(seen, probe_ms=4.5)))
+    small = replace(seen, probe_baseline_ms=0.6)  # bound 1.6 ms (baseline + 1 ms), set point 0.93 ms
+    assert limits.near(replace(small, probe_ms=0.9)) is None and limits.near(replace(small, probe_ms=1.0))
     absolute = replace(limits, probe_max_ms=20.0)
     assert limits.near(replace(seen, probe_ms=9.0, probe_baseline_ms=None)) is None, "nothing to judge"
     assert absolute.near(replace(seen, probe_ms=16.0, probe_baseline_ms=None)), "3/4 of the absolute bound"
