@@ -858,7 +858,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     enabled = row["enabled"] and s.enabled
     return BudgetStatus(
         enabled=enabled,
-        doing=_doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r),
+        doing=_doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r, len(slots)),
         limited_by=_limited_by(enabled, row, cap_n, cap_r),
         objective=_objective(StressLimits.of(row, s), row["probe_baseline_ms"]),
         max_in_flight=limit("max_in_flight"),
@@ -911,7 +911,10 @@ def _least(*values: Any) -> Any:
     return min(given) if given else None
 
 
-def _doing(enabled: bool, n: int | None, r: float | None, rate_limit: float | None, cap_n: Any, cap_r: Any) -> str:
+def _doing(
+    enabled: bool, n: int | None, r: float | None, rate_limit: float | None, cap_n: Any, cap_r: Any, in_flight: int
+) -> str:
+    """The limits in force; a throttle kept while no batch runs is the one the next work starts under."""
     if not enabled:
         return "off: batches run without any limit"
     if n == 0:
@@ -920,7 +923,8 @@ def _doing(enabled: bool, n: int | None, r: float | None, rate_limit: float | No
     batches = "any number of batches" if n is None else f"at most {n} batch{'es' if n != 1 else ''} in flight"
     capped = cap_n is not None or cap_r is not None
     how = "throttled" if rate_limit is not None else ("capped" if capped else "full speed")
-    return f"{how}: {batches}, {rate}"
+    idle = " (idle: the next work starts under this limit)" if rate_limit is not None and not in_flight else ""
+    return f"{how}: {batches}, {rate}{idle}"
 
 
 def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:

@@ -508,6 +508,7 @@ async def test_stress_throttles_the_budget_and_budget_show_tells_why(client, poo
     status = await budget_status(pool, budget.settings)
     assert status.throttled and status.effective_in_flight == 1 and "batch latency" in str(status.stress)
     assert status.doing.startswith("throttled") and "batch latency" in status.limited_by
+    assert status.doing.endswith("(idle: the next work starts under this limit)"), "no batch in flight now"
     # Nobody else uses this database: the batches' own latency still holds the work back.
     assert status.observed.players_present is False and "players absent" in status.limited_by
     assert status.effective_rows_per_second == budget.settings.min_rows_per_second
