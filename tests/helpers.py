@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -74,6 +75,20 @@ async def redeliver(client: Client, task_queue: str, activity: str, arg: BaseMod
 
 async def workflow_ids(client: Client, task_queue: str) -> list[str]:
     return [wf.id async for wf in client.list_workflows(f"TaskQueue = '{task_queue}'")]
+
+
+async def listed_workflow_ids(client: Client, task_queue: str, expected: list[str], within: float = 10) -> list[str]:
+    """The task queue's workflows as the listing shows them, once it shows `expected` (visibility
+    records a start a moment after it), or as it shows them after `within` seconds."""
+    ids: list[str] = []
+
+    async def shown() -> bool:
+        ids[:] = await workflow_ids(client, task_queue)
+        return sorted(ids) == sorted(expected)
+
+    with contextlib.suppress(AssertionError):
+        await wait_until(shown, within=within)
+    return ids
 
 
 def activity_timeline(history: WorkflowHistory) -> list[tuple[int, str, str]]:

@@ -30,7 +30,15 @@ from cleanup.targets import load_targets
 from core import db
 from core.budget import BudgetSettings, LoadBudget
 from core.queries import load
-from tests.helpers import activity_timeline, deadline_in, effect_counts, redeliver, seed, wait_until, workflow_ids
+from tests.helpers import (
+    activity_timeline,
+    deadline_in,
+    effect_counts,
+    listed_workflow_ids,
+    redeliver,
+    seed,
+    wait_until,
+)
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 
@@ -103,7 +111,8 @@ async def test_starting_the_same_cleanup_twice_gives_one_run(client, pool, task_
     assert first.started and not second.started
     assert first.run_id == second.run_id
     assert single_1.started and not single_2.started and single_1.run_id == single_2.run_id
-    assert sorted(await workflow_ids(client, task_queue)) == sorted([first.workflow_id, single_1.workflow_id])
+    expected = [first.workflow_id, single_1.workflow_id]
+    assert sorted(await listed_workflow_ids(client, task_queue, expected)) == sorted(expected)
     for wf in (first.workflow_id, single_1.workflow_id):
         await client.get_workflow_handle(wf).terminate("test over")
 
@@ -117,7 +126,7 @@ async def test_a_completed_cleanup_is_not_started_again(client, pool, task_queue
     again = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
 
     assert not again.started and again.run_id == first.run_id
-    assert len(await workflow_ids(client, task_queue)) == 1
+    assert await listed_workflow_ids(client, task_queue, [first.workflow_id]) == [first.workflow_id]
     assert (await effect_counts(pool))["applied"] == 20
 
 

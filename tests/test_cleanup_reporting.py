@@ -27,7 +27,7 @@ from cleanup.operations import CleanupListing, list_cleanups, renew, start_clean
 from core import search_attributes as sa
 from core.config import Settings
 from core.errors import InputError
-from tests.helpers import deadline_in, effect_counts, redeliver, seed, wait_until, workflow_ids
+from tests.helpers import deadline_in, effect_counts, listed_workflow_ids, redeliver, seed, wait_until, workflow_ids
 from tests.test_cleanup_input import run_cli
 
 
@@ -119,7 +119,8 @@ async def test_cleanup_of_an_account_whose_cleanup_finished_returns_that_run_and
     by_cohort = await start_cleanup(client, pool, task_queue, account_id=accounts[1])
     assert not by_cohort.started and by_cohort.workflow_id == cohort.workflow_id
     assert by_cohort.outcome == "cleaned"
-    assert sorted(await workflow_ids(client, task_queue)) == sorted([first.workflow_id, cohort.workflow_id])
+    expected = [first.workflow_id, cohort.workflow_id]
+    assert sorted(await listed_workflow_ids(client, task_queue, expected)) == sorted(expected)
     assert (await effect_counts(pool))["applied"] == 2
 
 
