@@ -712,9 +712,8 @@ def judge(
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
     work did in the window when it was unthrottled (never below `min_rows_per_second`).
 
-    Healthy, with players absent: a rate limit the work uses grows by `grow_factor` (of `settings`,
-    as `min_rows_per_second`); one it does not
-    use half of is lifted. With players present the work is never unthrottled: the limit follows it,
+    Healthy, with players absent: a rate limit the work uses grows by `settings.grow_factor`; one it
+    does not use half of is lifted. With players present the work is never unthrottled: the limit follows it,
     at most `grow_factor` x what it did (a start begins at `min_rows_per_second`, not at full speed),
     and holds while the commit probe is past its set point (`near_objective`, StressLimits.near): an
     objective to hold in every window is approached, not overshot and halved.
