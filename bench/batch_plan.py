@@ -43,10 +43,11 @@ import asyncpg
 
 import ledger
 from activities.cleanup import claim_in_chunks
+from bench.common import admin_database_url
 from cleanup.batches import CompiledCleanup
 from cleanup.models import ClaimChunkedInput
 from cleanup.targets import load_targets
-from core import db, embedded
+from core import db
 from core.config import Settings
 from core.queries import load
 from demo.fixture import create_game_schema, seed_accounts
@@ -64,15 +65,14 @@ REMOVED = ("Rows Removed by Filter", "Rows Removed by Join Filter", "Rows Remove
 @contextlib.asynccontextmanager
 async def fresh_database_url() -> AsyncIterator[str]:
     """A fresh, migrated database in the embedded Postgres (or $DATABASE_URL's server); no Temporal."""
-    base = Settings.from_env()
-    admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    url = await db.create_database(admin_url, name, migrate=True)
-    await create_game_schema(url)
-    try:
-        yield url
-    finally:
-        await db.drop_database(admin_url, name)
+    with admin_database_url(Settings.from_env()) as admin_url:
+        name = f"bench_{uuid.uuid4().hex[:10]}"
+        url = await db.create_database(admin_url, name, migrate=True)
+        await create_game_schema(url)
+        try:
+            yield url
+        finally:
+            await db.drop_database(admin_url, name)
 
 
 @contextlib.asynccontextmanager

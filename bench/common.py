@@ -210,10 +210,12 @@ def snapshot_code(target: Path) -> Path:
 @contextlib.asynccontextmanager
 async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     base = Settings.from_env()
-    admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
-    database = f"bench_{uuid.uuid4().hex[:10]}"
-    url = await db.create_database(admin_url, database, migrate=False)
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, _dev_server(Path(tmp)) as server:
+    with contextlib.ExitStack() as servers:
+        admin_url = servers.enter_context(admin_database_url(base))
+        database = f"bench_{uuid.uuid4().hex[:10]}"
+        url = await db.create_database(admin_url, database, migrate=False)
+        tmp = servers.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+        server = servers.enter_context(_dev_server(Path(tmp)))
         settings = base.model_copy(
             update={
                 "temporal_address": server.address,
@@ -247,6 +249,21 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             await claim_backends.close()
             await pool.close()
             await db.drop_database(admin_url, database)
+
+
+@contextlib.contextmanager
+def admin_database_url(base: Settings) -> Iterator[str]:
+    """$DATABASE_URL's server, or the embedded Postgres. An embedded Postgres this call started is
+    stopped when the block ends: a benchmark leaves no server of its own running."""
+    if base.database_url is not None:
+        yield base.database_url
+        return
+    was_running = embedded.embedded_postgres_pid(base.state_dir) is not None
+    try:
+        yield embedded.embedded_postgres_url(base.state_dir)
+    finally:
+        if not was_running:
+            embedded.stop_embedded_postgres(base.state_dir)
 
 
 @contextlib.contextmanager
