@@ -56,7 +56,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     ),
     "restart_chaos": (
         "cohort closed after its deadline, 20 database restarts / none, seconds",
-        "python -m harness.restart_chaos --accounts 50000 --payments 200000 --restarts 20",
+        "python -m harness.restart_chaos --accounts 200000 --payments 1000000 --restarts 20",
     ),
     "planner_lateness": (
         "lateness p99 (deadline -> cleaned, deadlines spread over 10 minutes), seconds",
