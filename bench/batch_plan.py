@@ -30,7 +30,6 @@ Generic plans are real ones (`PREPARE`, `EXECUTE` under `force_generic_plan`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -43,11 +42,11 @@ import asyncpg
 
 import ledger
 from activities.cleanup import claim_in_chunks
-from bench.common import admin_database_url
+from bench.common import run_benchmark
 from cleanup.batches import CompiledCleanup
 from cleanup.models import ClaimChunkedInput
 from cleanup.targets import load_targets
-from core import db
+from core import db, embedded
 from core.config import Settings
 from core.queries import load
 from demo.fixture import create_game_schema, seed_accounts
@@ -65,14 +64,15 @@ REMOVED = ("Rows Removed by Filter", "Rows Removed by Join Filter", "Rows Remove
 @contextlib.asynccontextmanager
 async def fresh_database_url() -> AsyncIterator[str]:
     """A fresh, migrated database in the embedded Postgres (or $DATABASE_URL's server); no Temporal."""
-    with admin_database_url(Settings.from_env()) as admin_url:
-        name = f"bench_{uuid.uuid4().hex[:10]}"
-        url = await db.create_database(admin_url, name, migrate=True)
-        await create_game_schema(url)
-        try:
-            yield url
-        finally:
-            await db.drop_database(admin_url, name)
+    base = Settings.from_env()
+    admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    url = await db.create_database(admin_url, name, migrate=True)
+    await create_game_schema(url)
+    try:
+        yield url
+    finally:
+        await db.drop_database(admin_url, name)
 
 
 @contextlib.asynccontextmanager
@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--payments", type=int, default=40_000, help="0: skip the ledger")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, tuple(args.sizes), args.repeat, args.payments)), indent=2))
+    print(json.dumps(run_benchmark(run(args.accounts, tuple(args.sizes), args.repeat, args.payments)), indent=2))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from bench.cohort_cleanup import (
     seed_cohort,
     settle,
 )
-from bench.common import load_average, machine
+from bench.common import load_average, machine, run_benchmark
 from bench.observe import schedstat
 from cleanup.batches import CompiledCleanup, run_keyset_batch
 from cleanup.models import DEFAULT_CLAIM_STREAMS
@@ -409,7 +409,7 @@ def main() -> None:
         help="all partitions on one size at once, N accounts each per phase, then the next size together",
     )
     args = parser.parse_args()
-    result = asyncio.run(run(args.accounts, tuple(args.sizes), args.parallel, args.statements, args.together))
+    result = run_benchmark(run(args.accounts, tuple(args.sizes), args.parallel, args.statements, args.together))
     print(json.dumps(result, indent=2))
 
 

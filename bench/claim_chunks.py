@@ -32,7 +32,7 @@ import asyncpg
 import bench
 import cleanup
 from activities.cleanup import claim_in_chunks
-from bench.common import machine
+from bench.common import machine, run_benchmark
 from cleanup.models import CLAIM_RUN_ACCOUNTS, DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
 from core import db
 from core.queries import load
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=10_000)
     parser.add_argument("--streams", type=int, default=DEFAULT_CLAIM_STREAMS, help="claim streams at once")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.accounts, args.chunk, args.streams)), indent=2, default=str))
+    print(json.dumps(run_benchmark(run(args.accounts, args.chunk, args.streams)), indent=2, default=str))
 
 
 if __name__ == "__main__":

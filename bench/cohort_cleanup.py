@@ -61,6 +61,7 @@ from bench.common import (
     database_cpu_seconds,
     load_average,
     machine,
+    run_benchmark,
     stack,
     wait_for_worker,
 )
@@ -738,7 +739,7 @@ def main() -> None:
         "--timeline", metavar="FILE", help="write each sweep run's timeline here (cores busy, backends waiting)"
     )
     args = parser.parse_args()
-    result = asyncio.run(
+    result = run_benchmark(
         run(
             args.accounts,
             args.partitions,

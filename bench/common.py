@@ -12,10 +12,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from temporalio.client import Client
@@ -26,6 +26,8 @@ from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
+
+T = TypeVar("T")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -210,12 +212,10 @@ def snapshot_code(target: Path) -> Path:
 @contextlib.asynccontextmanager
 async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
     base = Settings.from_env()
-    with contextlib.ExitStack() as servers:
-        admin_url = servers.enter_context(admin_database_url(base))
-        database = f"bench_{uuid.uuid4().hex[:10]}"
-        url = await db.create_database(admin_url, database, migrate=False)
-        tmp = servers.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
-        server = servers.enter_context(_dev_server(Path(tmp)))
+    admin_url = base.database_url or embedded.embedded_postgres_url(base.state_dir)
+    database = f"bench_{uuid.uuid4().hex[:10]}"
+    url = await db.create_database(admin_url, database, migrate=False)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, _dev_server(Path(tmp)) as server:
         settings = base.model_copy(
             update={
                 "temporal_address": server.address,
@@ -251,18 +251,17 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
             await db.drop_database(admin_url, database)
 
 
-@contextlib.contextmanager
-def admin_database_url(base: Settings) -> Iterator[str]:
-    """$DATABASE_URL's server, or the embedded Postgres. An embedded Postgres this call started is
-    stopped when the block ends: a benchmark leaves no server of its own running."""
-    if base.database_url is not None:
-        yield base.database_url
-        return
-    was_running = embedded.embedded_postgres_pid(base.state_dir) is not None
+def run_benchmark(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` for a benchmark's command line. Without DATABASE_URL a benchmark uses the
+    embedded Postgres; one this run started is stopped when it ends, so no server of the benchmark's
+    outlives it to share the cores with the next. The tests call the benchmarks' `run` inside their
+    session instead, which owns the embedded Postgres its workers share."""
+    base = Settings.from_env()
+    started_here = base.database_url is None and embedded.embedded_postgres_pid(base.state_dir) is None
     try:
-        yield embedded.embedded_postgres_url(base.state_dir)
+        return asyncio.run(main)
     finally:
-        if not was_running:
+        if started_here:
             embedded.stop_embedded_postgres(base.state_dir)
 
 

@@ -25,7 +25,6 @@ and the pipeline's activities; each step on stderr as it ends.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import sys
@@ -38,7 +37,7 @@ import asyncpg
 import bench
 import bench.floor
 from bench.cohort_cleanup import AUTOVACUUM_OFF, DEFAULT_PARALLEL, LONG_STATEMENT_SECONDS, pipeline_cleanup, settle
-from bench.common import Stack, load_average, machine, stack, wait_for_worker
+from bench.common import Stack, load_average, machine, run_benchmark, stack, wait_for_worker
 from cleanup.planner_models import PlannerSettings
 from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads, q
 from core.config import PROJECT_ROOT
@@ -193,7 +192,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="default: the planner's")
     parser.add_argument("--batch-size", type=int, default=1000)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.users, args.partitions, args.parallel, args.batch_size)), indent=2))
+    print(json.dumps(run_benchmark(run(args.users, args.partitions, args.parallel, args.batch_size)), indent=2))
 
 
 if __name__ == "__main__":

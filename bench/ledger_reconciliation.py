@@ -47,7 +47,7 @@ import asyncpg
 
 import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
-from bench.common import cpu_used, database_cpu_seconds, load_average, machine, stack, wait_for_worker
+from bench.common import cpu_used, database_cpu_seconds, load_average, machine, run_benchmark, stack, wait_for_worker
 from bench.floor import FLOOR_BACKENDS, STACK_POOL_SIZE, run_slice_sequences
 from core.budget import LoadBudget, budget_status
 from core.queries import load
@@ -380,7 +380,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         json.dumps(
-            asyncio.run(run(args.payments, args.shards, args.parallel, args.batch_size, args.budget)),
+            run_benchmark(run(args.payments, args.shards, args.parallel, args.batch_size, args.budget)),
             indent=2,
             default=str,
         )

@@ -42,7 +42,7 @@ from typing import Any
 import asyncpg
 
 import bench
-from bench.common import Stack, machine, peak_rss_mib, stack, wait_for_worker
+from bench.common import Stack, machine, peak_rss_mib, run_benchmark, stack, wait_for_worker
 from bench.ledger_reconciliation import (
     business_dates,
     direct_reconciliation,
@@ -333,7 +333,7 @@ def main() -> None:
         "--no-budget", action="store_true", help="turn the database load budget off (it bounds runs that judge keys)"
     )
     args = parser.parse_args()
-    result = asyncio.run(
+    result = run_benchmark(
         run(
             args.payments,
             args.shards,

@@ -45,7 +45,7 @@ from bench.cohort_cleanup import (
     seed_cohort,
     settle,
 )
-from bench.common import Stack, load_average, machine, stack
+from bench.common import Stack, load_average, machine, run_benchmark, stack
 from bench.planner_lateness import parse_overrides, start_planner_workers
 from core import db
 from core.budget import budget_status, set_budget
@@ -352,7 +352,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     budgets = BUDGETS if args.budget == "both" else (args.budget,)
-    result = asyncio.run(
+    result = run_benchmark(
         run(args.accounts, budgets, args.workers, args.drain, args.lead, parse_overrides(args.planner))
     )
     print(json.dumps(result, indent=2, default=str))

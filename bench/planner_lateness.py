@@ -31,7 +31,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 import bench
-from bench.common import LoadSampler, Stack, machine, stack, wait_for_worker
+from bench.common import LoadSampler, Stack, machine, run_benchmark, stack, wait_for_worker
 from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION, STATUS_QUERY, planner_workflow_id
 from core.budget import budget_status
 from core.queries import load
@@ -340,7 +340,7 @@ def main() -> None:
         help="a PlannerSettings field, e.g. tick_seconds=2",
     )
     args = parser.parse_args()
-    result = asyncio.run(
+    result = run_benchmark(
         run(args.accounts, args.spread, args.lead, args.workers, parse_overrides(args.planner), args.drain)
     )
     print(json.dumps(result, indent=2, default=str))

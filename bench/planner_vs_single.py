@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import bench
-from bench.common import LoadSampler, Stack, machine, stack, wait_for_worker
+from bench.common import LoadSampler, Stack, machine, run_benchmark, stack, wait_for_worker
 from bench.planner_lateness import (
     database_now,
     lateness_report,
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--start-parallel", type=int, default=32, help="single-account starts in flight")
     parser.add_argument("--drain", type=float, default=600.0, help="give up this long after the last deadline")
     args = parser.parse_args()
-    result = asyncio.run(run(args.accounts, args.spread, args.lead, args.workers, args.start_parallel, args.drain))
+    result = run_benchmark(run(args.accounts, args.spread, args.lead, args.workers, args.start_parallel, args.drain))
     print(json.dumps(result, indent=2, default=str))
 
 

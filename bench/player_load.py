@@ -58,7 +58,7 @@ import asyncpg
 
 import bench
 from bench import report
-from bench.common import Stack, machine, stack, trace_budget, wait_for_worker
+from bench.common import Stack, machine, run_benchmark, stack, trace_budget, wait_for_worker
 from bench.observe import Observer
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
@@ -764,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     caps = {k: v for k, v in {"max_in_flight": args.max_in_flight, "rows_per_second": args.rows_per_second}.items()}
-    result = asyncio.run(
+    result = run_benchmark(
         run(
             args.accounts,
             args.players,

@@ -12,14 +12,13 @@ parallelism, no Temporal). The ratio is accounts/s of the poisoned run over that
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from activities.cleanup import CleanupActivities
 from bench.cohort_cleanup import direct_cleanup
-from bench.common import machine, stack
+from bench.common import machine, run_benchmark, stack
 from cleanup.targets import load_targets
 from demo.fixture import seed_accounts
 
@@ -94,7 +93,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=1000)
     args = parser.parse_args()
-    result = asyncio.run(run(args.accounts, args.poisoned, args.partitions, args.parallel, args.batch_size))
+    result = run_benchmark(run(args.accounts, args.poisoned, args.partitions, args.parallel, args.batch_size))
     print(json.dumps(result, indent=2))
 
 

@@ -11,7 +11,6 @@ own Temporal dev server and database; a scenario that fails is reported and the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -30,7 +29,7 @@ from bench import (
     poisoned_cohort,
     single_accounts,
 )
-from bench.common import machine
+from bench.common import machine, run_benchmark
 
 Scenario = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -105,7 +104,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every scenario runs")
     parser.add_argument("--only", action="append", choices=list(FULL), help="run only this scenario (repeatable)")
     args = parser.parse_args()
-    document = asyncio.run(run_all(args.smoke, args.only))
+    document = run_benchmark(run_all(args.smoke, args.only))
     print(json.dumps(document, indent=2))
     return 1 if any("error" in s for s in document["summary"]) else 0
 

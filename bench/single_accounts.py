@@ -18,7 +18,7 @@ from typing import Any
 from temporalio.client import Client
 
 from bench.bare_workflow import BareDeadlineWorkflow
-from bench.common import machine, stack, wait_for_worker
+from bench.common import machine, run_benchmark, stack, wait_for_worker
 from cleanup.operations import start_cleanup
 from demo.fixture import seed_accounts
 
@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workflows", type=int, default=2000)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.workflows)), indent=2))
+    print(json.dumps(run_benchmark(run(args.workflows)), indent=2))
 
 
 if __name__ == "__main__":
