@@ -5,6 +5,7 @@ writes it). No server needed."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -246,8 +247,16 @@ def test_a_bad_secret_file_exits_2_from_the_worker_and_the_commands(
 ) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("DATABASE_URL_FILE", str(tmp_path / "nowhere"))
-    assert worker.main([]) == 2
-    assert starter.main(["failed"]) == 2
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert worker.main([]) == 2
+        assert starter.main(["failed"]) == 2
+    finally:
+        # The worker's main configured logging onto the stderr captured for this test: a handler
+        # left there fails every later record of this process once the capture is closed.
+        root.handlers[:] = handlers
+        root.setLevel(level)
     assert "DATABASE_URL_FILE" in capsys.readouterr().err
 
 
