@@ -247,6 +247,11 @@ async def _run_worker(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )
     readiness.ping_db = functools.partial(db.ping, pool)
+    try:
+        await db.refuse_clock_offset(pool)
+    except BaseException:
+        await pool.close()
+        raise
     claim_pool = await open_pool(
         settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
     )

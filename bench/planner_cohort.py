@@ -11,8 +11,9 @@ the deadline to the last account cleaned (`max(cleaned_at)`).
 
 Beside it, in the same run, the floor (bench/floor.sql, the statement bench.cohort_cleanup divides
 by): a cohort of the same size, seeded at a deadline far beyond the planner's horizon, cleaned by the
-floor's slices on a pool whose `cleanup.clock_offset` puts it past that deadline, so the planner
-never sees the floor's cohort and the floor never sees the planner's.
+floor's slices on a pool whose `cleanup_clock()` (the benchmark's own, first on its search path)
+puts it past that deadline, so the planner never sees the floor's cohort and the floor never sees
+the planner's.
 
 For each budget mode (default first on the fresh database, exactly as shipped; then off): the floor,
 then the cohort through the planner. Printed: each floor's accounts/s, the product's accounts/s
@@ -69,12 +70,24 @@ def lead_for(accounts: int) -> float:
     return 20.0 + accounts / 2000
 
 
+FLOOR_CLOCK_SCHEMA = "bench_floor_clock"
+
+
 async def floor_pool(url: str, size: int) -> asyncpg.Pool:
-    """A pool like the stack's whose `cleanup_clock()` is `FLOOR_CLOCK_OFFSET` ahead."""
+    """A pool like the stack's whose `cleanup_clock()` is `FLOOR_CLOCK_OFFSET` ahead: its search path
+    finds a `cleanup_clock()` of the benchmark's own schema first (the service's has no offset)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            f"CREATE SCHEMA IF NOT EXISTS {FLOOR_CLOCK_SCHEMA};"
+            f" CREATE OR REPLACE FUNCTION {FLOOR_CLOCK_SCHEMA}.cleanup_clock() RETURNS timestamptz"
+            f" LANGUAGE sql VOLATILE AS $$ SELECT clock_timestamp() + interval '{FLOOR_CLOCK_OFFSET}' $$"
+        )
+    finally:
+        await conn.close()
     settings = {
         "plan_cache_mode": "force_custom_plan",
-        "cleanup.clock_offset": FLOOR_CLOCK_OFFSET,
-        **db.service_settings(),
+        "search_path": f"{FLOOR_CLOCK_SCHEMA}, {db.service_schema()}",
     }
     pool = await asyncpg.create_pool(url, min_size=1, max_size=size, server_settings=settings)
     assert pool is not None

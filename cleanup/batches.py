@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.anonymize_key import store_key
 from cleanup.errors import AccountCleanupFailed
 from cleanup.models import PartitionCounts
 from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
@@ -36,6 +37,7 @@ from cleanup.targets import (
     compile_partition_batch,
     compile_preview,
     compile_target_probes,
+    configured_anonymize_key,
     subset_statement,
 )
 from core import db, failpoints
@@ -57,24 +59,18 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # changes the number of COMMITs only (docs/decisions/statement-size.md).
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
-# Values of the row that was to be deleted, as PostgreSQL quotes them in a message.
-_FAILING_ROW = re.compile(r"\s*Failing row contains \(.*", re.DOTALL)
-_KEY_VALUES = re.compile(r"Key \(([^)]*)\)=\(.*?\)")
-_TRAILING_VALUE = re.compile(r':\s*"[^"]*"\s*$')
 
 
 @dataclass(frozen=True)
 class CompiledCleanup:
     """The declared targets compiled against the live schema, once per process.
 
-    `key_args`: the anonymize hash's padded keys, bound after each statement's own parameters
-    (empty when no target hashes); `fingerprint`: the target set's (None: compiled without targets)."""
+    `fingerprint`: the target set's (None: compiled without targets)."""
 
     batch_sql: str
     subset_sql: str
     probes: tuple[tuple[str, str], ...] = ()
     tables: frozenset[str] = field(default_factory=frozenset)
-    key_args: tuple[bytes, ...] = ()
     fingerprint: str | None = None
 
     @classmethod
@@ -89,13 +85,15 @@ class CompiledCleanup:
         fail alike for every account at the deadline. Raises TargetsRefused naming target and fix.
         A lost connection refuses nothing: the check runs again on a new one (a few times, then the
         loss is raised as it is)."""
+        key = configured_anonymize_key() if targets.hashes else None
         try:
-            key_args = anonymize_key_pads() if targets.hashes else ()
+            if key is not None:
+                anonymize_key_pads(key)
         except ValueError as err:
             raise TargetsRefused([str(err)]) from None
         for attempt in range(1, COMPILE_ATTEMPTS + 1):
             try:
-                return await cls._compile_on(pool, targets, key_args)
+                return await cls._compile_on(pool, targets, key)
             except Exception as err:
                 if attempt == COMPILE_ATTEMPTS or not db.connection_lost(err):
                     raise
@@ -104,10 +102,10 @@ class CompiledCleanup:
         raise AssertionError("unreachable")
 
     @classmethod
-    async def _compile_on(
-        cls, pool: asyncpg.Pool, targets: CleanupTargets, key_args: tuple[bytes, ...]
-    ) -> CompiledCleanup:
+    async def _compile_on(cls, pool: asyncpg.Pool, targets: CleanupTargets, key: str | None) -> CompiledCleanup:
         async with pool.acquire() as conn:
+            if key is not None:
+                await store_key(conn, key)  # before the trial: the statements read it from the table
             plans = plan_targets(targets, await read_catalog(conn, targets))
             batch_sql = compile_partition_batch(targets, plans)
             compiled = cls(
@@ -116,7 +114,6 @@ class CompiledCleanup:
                 probes=tuple(compile_target_probes(targets, plans)),
                 tables=frozenset(t.table for t in targets.target)
                 | frozenset(t.archive_table for t in targets.target if t.archive_table),
-                key_args=key_args,
                 fingerprint=targets.fingerprint,
             )
             await compiled._trial(conn, targets, compile_preview(targets, plans, "account"))
@@ -126,13 +123,13 @@ class CompiledCleanup:
         """Run each statement on no account (an unknown cleanup), then roll back: its types, columns
         and this role's privileges are checked as at the deadline."""
         runs: list[tuple[str, str, tuple[object, ...]]] = [
-            ("the batch statement", self.batch_sql, ("", 0, "", 1, *self.key_args)),
-            ("the subset statement", self.subset_sql, ("", 0, [], 0, *self.key_args)),
+            ("the batch statement", self.batch_sql, ("", 0, "", 1)),
+            ("the subset statement", self.subset_sql, ("", 0, [], 0)),
             ("the dry-run statement", preview_sql, ("",)),
         ]
         # A probe's key is cast to its column's type, which no placeholder account fits: EXPLAIN
         # parses, plans and checks privileges without running it.
-        runs += [(f"target {table}", "EXPLAIN " + sql, ("", *self.key_args)) for table, sql in self.probes]
+        runs += [(f"target {table}", "EXPLAIN " + sql, ("",)) for table, sql in self.probes]
         for what, sql, args in runs:
             tx = conn.transaction()
             await tx.start()
@@ -147,7 +144,7 @@ class CompiledCleanup:
                     await tx.rollback()
 
     def args(self, *params: object) -> tuple[object, ...]:
-        return (*params, *self.key_args)
+        return params
 
 
 def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresError) -> str:
@@ -344,13 +341,10 @@ async def _record_failures(
 
 
 def failure_reason(error: BaseException) -> tuple[str, str | None]:
-    """What an isolated account's failure keeps: the database's message with any value of the row
-    withheld, and the constraint, table and column it names. Never the error's DETAIL: "Failing row
-    contains (...)" and "Key (...)=(...)" hold the data the cleanup was to delete."""
-    message = str(getattr(error, "message", None) or error)
-    message = _FAILING_ROW.sub("", message)
-    message = _KEY_VALUES.sub(r"Key (\1)=(withheld)", message)
-    message = _TRAILING_VALUE.sub(": (value withheld)", message)
+    """What an isolated account's failure keeps: the error's condition (from its SQLSTATE, e.g.
+    "foreign key violation") and the constraint, table and column it names. Never its message or
+    DETAIL: a game's trigger can raise any text (an e-mail), and "Failing row contains (...)" or
+    "Key (...)=(...)" hold the data the cleanup was to delete."""
     names = [
         f'{kind} "{value}"'
         for kind, value in (
@@ -360,7 +354,17 @@ def failure_reason(error: BaseException) -> tuple[str, str | None]:
         )
         if value
     ]
-    return message, "; ".join(names) or None
+    return condition_name(error), "; ".join(names) or None
+
+
+def condition_name(error: BaseException) -> str:
+    """The error's condition in words, from its class (asyncpg names one per SQLSTATE), never its text."""
+    if not isinstance(error, asyncpg.PostgresError):
+        return "error"
+    if error.sqlstate == "P0001":
+        return "raised by a trigger or function"
+    name = type(error).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
 
 
 def _target_from_error(error: BaseException, compiled: CompiledCleanup) -> str | None:

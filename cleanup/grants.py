@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncpg
 
 from cleanup.targets import CleanupTargets, q, qualified, split_name
-from core.db import WORKER_ROLE, connect_timeout, service_settings
+from core.db import connect_timeout, service_settings
 from core.queries import load
+from core.roles import service_roles
 
 SQL = load(__file__, "grants.sql")
 
@@ -37,13 +38,14 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
     tables = list(dict.fromkeys(t for t, _ in needed))
     existing = {r["name"] for r in await conn.fetch(SQL.existing_tables, tables)}
     granted: list[str] = []
+    worker = service_roles().worker
     for table in tables:
         if table not in existing:
             continue
         if "." in table:
-            await conn.execute(f"GRANT USAGE ON SCHEMA {q(table.split('.')[0])} TO {WORKER_ROLE}")
+            await conn.execute(f"GRANT USAGE ON SCHEMA {q(table.split('.')[0])} TO {worker}")
         privileges = ", ".join(p for t, p in needed if t == table)
-        await conn.execute(f"GRANT {privileges} ON TABLE {qualified(table)} TO {WORKER_ROLE}")
+        await conn.execute(f"GRANT {privileges} ON TABLE {qualified(table)} TO {worker}")
         granted.append(f"{privileges} on {table}")
     return {"granted": granted, "missing": [t for t in tables if t not in existing]}
 
@@ -52,7 +54,7 @@ async def grant_targets_url(url: str, targets: CleanupTargets) -> dict[str, list
     """`grant_targets` on a connection of its own (the owner's), if the worker role exists."""
     conn = await asyncpg.connect(url, timeout=connect_timeout(), server_settings=service_settings())
     try:
-        if not await conn.fetchval(SQL.role_exists, WORKER_ROLE):
+        if not await conn.fetchval(SQL.role_exists, service_roles().worker):
             return {"granted": [], "missing": []}
         return await grant_targets(conn, targets)
     finally:

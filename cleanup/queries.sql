@@ -64,7 +64,7 @@ WITH batch AS (
 -- size), so the plan is a nested loop over it with an index probe per account at every size; the
 -- targets and `marked` reach their tables by `= ANY` of the applied accounts for the same reason.
 locked AS (
-    SELECT a.account_id, b.claimed_version, a.status, a.cleanup_version, a.claimed_by
+    SELECT a.account_id, b.claimed_version, a.status, a.cleanup_version, a.claimed_by, a.held_since
     FROM unnest(ARRAY(SELECT account_id FROM batch), ARRAY(SELECT claimed_version FROM batch))
         AS b (account_id, claimed_version)
     JOIN accounts a ON a.account_id = b.account_id
@@ -78,6 +78,7 @@ verdicts AS (
             WHEN l.status = 'cleaned' AND l.cleanup_version = l.claimed_version THEN 'already_applied'
             WHEN l.cleanup_version <> l.claimed_version THEN 'stale'
             WHEN l.status = 'renewed' THEN 'renewed'
+            WHEN l.status = 'cleanup_failed' AND l.held_since IS NOT NULL THEN 'held'  -- a hold after it failed
             WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = $1 THEN 'apply'
             ELSE 'stale'
         END AS verdict
@@ -106,6 +107,7 @@ resolved AS (
         END
     FROM verdicts v
     WHERE f.account_id = v.account_id AND f.cleanup_version = v.claimed_version AND f.resolved_at IS NULL
+      AND v.verdict <> 'held'
       -- by primary key: never a scan of every pending failure per judged account
       AND f.account_id = ANY (ARRAY(SELECT account_id FROM verdicts))
     RETURNING 1
@@ -179,10 +181,13 @@ marked AS (
 SELECT account_id FROM marked ORDER BY account_id;
 
 -- name: failed_reasons
-SELECT account_id || ': [' || sqlstate || '] ' || left(message, 200) AS reason
+-- Why a cleanup's accounts still fail, as codes and counts (a Temporal payload: no account, no text
+-- of the game's). $1 cleanup ID, $2 at most this many reasons.
+SELECT count(*) || ' account(s): [' || sqlstate || '] ' || message || coalesce(' in ' || target, '') AS reason
 FROM cleanup_failed
 WHERE cleanup_id = $1 AND resolved_at IS NULL
-ORDER BY failed_at, account_id
+GROUP BY sqlstate, message, target
+ORDER BY count(*) DESC, sqlstate, target
 LIMIT $2;
 
 -- name: list_failed
@@ -194,9 +199,11 @@ ORDER BY cleanup_id, account_id
 LIMIT $3;
 
 -- name: failed_to_retry
+-- A held account is not retried while it is held (the batch's verdict re-checks it on the locked row).
 SELECT cleanup_id, partition_no, array_agg(account_id ORDER BY account_id) AS account_ids
-FROM cleanup_failed
+FROM cleanup_failed f
 WHERE resolved_at IS NULL AND ($1::text IS NULL OR cleanup_id = $1)
+  AND NOT EXISTS (SELECT 1 FROM accounts a WHERE a.account_id = f.account_id AND a.held_since IS NOT NULL)
 GROUP BY cleanup_id, partition_no
 ORDER BY cleanup_id, partition_no;
 

@@ -140,14 +140,17 @@ def targets_from_json(data: str) -> CleanupTargets:
     return CleanupTargets.model_validate_json(data)
 
 
+def configured_anonymize_key() -> str:
+    """CLEANUP_ANONYMIZE_KEY (or CLEANUP_ANONYMIZE_KEY_FILE); empty when unset."""
+    secret = read(CleanupSettings).anonymize_key
+    return secret.get_secret_value() if secret else ""
+
+
 def anonymize_key_pads(key: str | None = None) -> tuple[bytes, bytes]:
     """The HMAC-SHA256 inner and outer padded keys of the anonymize key (CLEANUP_ANONYMIZE_KEY).
 
     Raises ValueError (naming the setting, never the value) when it is unset or too short."""
-    if key is None:
-        secret = read(CleanupSettings).anonymize_key  # or CLEANUP_ANONYMIZE_KEY_FILE
-        key = secret.get_secret_value() if secret else ""
-    raw = key.encode()
+    raw = (configured_anonymize_key() if key is None else key).encode()
     if len(raw) < MIN_ANONYMIZE_KEY_BYTES:
         raise ValueError(
             f"targets hash columns: set {ANONYMIZE_KEY_ENV} to a secret of at least "
@@ -241,9 +244,12 @@ def _target_groups(targets: CleanupTargets, plans: list[TargetPlan]) -> list[lis
     return groups
 
 
-def compile_partition_batch(
-    targets: CleanupTargets, plans: list[TargetPlan], key_params: tuple[int, int] = (5, 6)
-) -> str:
+# The anonymize hash reads the key's pads from the service's table (cleanup.anonymize_key) inside
+# the statement: the key is never a parameter or a literal that the server could log.
+PADS = ("(SELECT inner_pad FROM anonymize_key)", "(SELECT outer_pad FROM anonymize_key)")
+
+
+def compile_partition_batch(targets: CleanupTargets, plans: list[TargetPlan]) -> str:
     """Build the partition batch statement: claim check, idempotency record, every target, outbox.
 
     Each target compares its match column with the applied accounts' keys cast to the column's own
@@ -255,10 +261,10 @@ def compile_partition_batch(
     partitions that both meet a row shared by their accounts (a friendship of two accounts of one
     cohort) lock such rows in the same order and wait for each other instead of deadlocking, as
     two passes, by user_a and then by user_b, do.
-    Anonymize hashes use the padded keys as parameters `key_params` (only if a target hashes)."""
+    Anonymize hashes read the key's pads from the service's table (PADS)."""
     ctes: list[str] = []
     counts: list[str] = []
-    pads = (f"${key_params[0]}::bytea", f"${key_params[1]}::bytea")
+    pads = PADS
 
     def matched(i: int, column: str) -> str:
         return f"{column} = ANY ({_keys(plans[i].key_type, 'applied')})"
@@ -332,18 +338,13 @@ def subset_statement(batch_sql: str) -> str:
 
 
 def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> list[tuple[str, str]]:
-    """Per target, its action for one account ($1; $2, $3 the hash pads when any target hashes): run
-    (and rolled back) only for an account already isolated as failing, to tell which declared target
-    its error comes from."""
+    """Per target, its action for one account ($1): run (and rolled back) only for an account already
+    isolated as failing, to tell which declared target its error comes from."""
     probes: list[tuple[str, str]] = []
-    pads = ("$2::bytea", "$3::bytea")
     for i, (t, plan) in enumerate(zip(targets.target, plans, strict=True)):
         where = f"t.{q(t.match_column)} = ANY ({_keys(plan.key_type, 'probed')})"
-        ctes = ", ".join(_action(f"t{i}", t, plan, where, pads))
-        probed = "SELECT $1::text AS account_id" + (
-            ", $2::bytea AS inner_pad, $3::bytea AS outer_pad" if targets.hashes else ""
-        )
-        probes.append((t.table, f"WITH probed AS ({probed}), {ctes} SELECT count(*) FROM t{i}"))
+        ctes = ", ".join(_action(f"t{i}", t, plan, where, PADS))
+        probes.append((t.table, f"WITH probed AS (SELECT $1::text AS account_id), {ctes} SELECT count(*) FROM t{i}"))
     return probes
 
 

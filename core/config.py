@@ -387,6 +387,14 @@ class Settings(BaseModel):
     database_schema: str = setting(
         DEFAULT_SCHEMA, "the schema of the service's tables and functions", env="CLEANUP_SCHEMA", section="database"
     )
+    database_role_prefix: str = setting(
+        "cleanup",
+        "the service's roles in this database: PREFIX_owner, _worker, _game, _compliance (one prefix per database"
+        " of a cluster: roles are cluster-wide)",
+        env="CLEANUP_ROLE_PREFIX",
+        section="database",
+        pattern=r"^[a-z_][a-z0-9_]{0,40}$",
+    )
     database_connect_timeout_seconds: float = setting(
         10.0,
         "seconds to wait for a database connection (a Postgres that never answers fails a command clearly)",

@@ -20,6 +20,7 @@ from core.errors import (
     InputError,
 )
 from core.queries import MIGRATIONS_DIR
+from core.roles import ensure_roles, give_to_owner, grant, service_roles
 
 # Any constant works; it only has to be the same for every process that migrates this database.
 _MIGRATION_LOCK = 7_261_002
@@ -283,6 +284,7 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
     try:
+        await ensure_roles(conn, service_roles())
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         await conn.execute(f"SET search_path TO {schema}")
         await conn.execute(
@@ -303,31 +305,12 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     return applied_now
 
 
-# Table by table, never ON ALL TABLES / DEFAULT PRIVILEGES: the worker reaches what exists now in
-# the service schema (rows only; the migration ledger read-only), and its sequences and functions.
-_SERVICE_OBJECTS = """
-SELECT c.relname::text AS name, c.relkind::text AS kind FROM pg_class c
-WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'S')
-UNION ALL
-SELECT p.oid::regprocedure::text, 'f' FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
-"""
-
-
 async def grant_service_tables(conn: asyncpg.Connection) -> None:
-    """Grant the worker role what it needs on each object of the service schema (if the role exists)."""
-    if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", WORKER_ROLE):
-        return
-    schema = service_schema()
-    for row in await conn.fetch(_SERVICE_OBJECTS, schema):
-        name, kind = row["name"], row["kind"]
-        if kind == "f":  # regprocedure prints the schema-qualified signature as needed
-            await conn.execute(f"GRANT EXECUTE ON FUNCTION {schema}.{name} TO {WORKER_ROLE}")
-        elif kind == "S":
-            await conn.execute(f'GRANT USAGE, SELECT ON SEQUENCE {schema}."{name}" TO {WORKER_ROLE}')
-        elif name == "schema_migrations":
-            await conn.execute(f'GRANT SELECT ON TABLE {schema}."{name}" TO {WORKER_ROLE}')
-        else:
-            await conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {schema}."{name}" TO {WORKER_ROLE}')
+    """The owner role owns the service schema and everything in it; each role gets its privileges
+    (core/roles.py). Runs after every migration run, with the service schema as the search path."""
+    schema, roles = service_schema(), service_roles()
+    await give_to_owner(conn, schema, roles)
+    await grant(conn, schema, roles)
 
 
 def _statements(text: str) -> list[str]:
@@ -372,6 +355,34 @@ async def migrate_url(url: str) -> list[str]:
         return await migrate(conn)
     finally:
         await conn.close()
+
+
+# A session setting that once moved the renewal rule's clock (cleanup_clock() no longer reads it):
+# found anywhere a worker can see, it means a configuration that expects deletions to run early.
+CLOCK_OFFSET_SETTING = "cleanup.clock_offset"
+_CLOCK_OFFSETS = """
+SELECT 'this session' AS place FROM (SELECT current_setting($1, true) AS v) s WHERE coalesce(s.v, '') <> ''
+UNION ALL
+SELECT CASE WHEN d.setdatabase = 0 THEN 'role ' || r.rolname::text
+            WHEN d.setrole = 0 THEN 'database ' || db.datname::text
+            ELSE 'role ' || r.rolname::text || ' in database ' || db.datname::text END
+FROM pg_db_role_setting d
+LEFT JOIN pg_roles r ON r.oid = d.setrole
+LEFT JOIN pg_database db ON db.oid = d.setdatabase
+WHERE EXISTS (SELECT 1 FROM unnest(d.setconfig) c WHERE c LIKE $1 || '=%')
+  AND (d.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())))
+"""
+
+
+async def refuse_clock_offset(pool: asyncpg.Pool) -> None:
+    """A worker does not start where a clock offset is set (its DSN, its role, its database):
+    InputError (exit 2) naming where. The clock that decides deletions is the database's."""
+    places = [r["place"] for r in await pool.fetch(_CLOCK_OFFSETS, CLOCK_OFFSET_SETTING)]
+    if places:
+        raise InputError(
+            f"{CLOCK_OFFSET_SETTING} is set ({', '.join(places)}): the deletion clock is the database's own;"
+            f" remove it (RESET {CLOCK_OFFSET_SETTING}, or the option in DATABASE_URL)"
+        )
 
 
 async def check_schema_url(url: str) -> None:
@@ -430,18 +441,27 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.close()
 
 
+# The worker role's name with the default CLEANUP_ROLE_PREFIX (tests and the demo use the default).
 WORKER_ROLE = "cleanup_worker"
 
 
 async def grant_worker_role(url: str, login: str) -> str:
-    """Make `login` a member of the worker role (created by migration 004): rows only, no DDL."""
+    """Make `login` a member of this database's worker role: rows only, no DDL. Needs CREATEROLE or
+    the worker role's ADMIN OPTION: InputError (exit 2) says which otherwise."""
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", login):
         raise InputError(f"not a role name: {login!r} (lower-case letters, digits and _)")
+    worker = service_roles().worker
     conn = await asyncpg.connect(url)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
             raise InputError(f"no database role named {login!r}; create the login first")
-        await conn.execute(f'GRANT {WORKER_ROLE} TO "{login}"')
+        try:
+            await conn.execute(f'GRANT {worker} TO "{login}"')
+        except asyncpg.InsufficientPrivilegeError:
+            raise InputError(
+                f"granting {worker} needs CREATEROLE or its ADMIN OPTION; as an administrator run:"
+                f" GRANT {worker} TO {login}"
+            ) from None
     finally:
         await conn.close()
     return login

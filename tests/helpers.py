@@ -122,3 +122,14 @@ async def claim_one_partition(pool: asyncpg.Pool, cleanup_id: str, deadline: dat
             partitions=1,
         ),
     )
+
+
+async def shift_database_clock(pool: asyncpg.Pool, offset: str | None) -> None:
+    """Move this test database's renewal clock (`cleanup_clock()`) by `offset` (an interval; None:
+    back to the database's clock). The production function has no such hook: a test replaces it in
+    its own database, as the time-skipping server cannot skip the database's clock."""
+    shifted = f"clock_timestamp() + interval '{offset}'" if offset else "clock_timestamp()"
+    await pool.execute(
+        "CREATE OR REPLACE FUNCTION cleanup_clock() RETURNS timestamptz LANGUAGE sql VOLATILE"
+        f" AS $$ SELECT {shifted} $$"
+    )

@@ -12,7 +12,7 @@ from cleanup.operations import start_cleanup
 from core.config import Settings
 from core.embedded import DevServer
 from core.temporal import connect
-from tests.helpers import deadline_in, effect_counts, seed
+from tests.helpers import deadline_in, effect_counts, seed, shift_database_clock
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -30,11 +30,7 @@ async def test_deadline_days_away_fires_on_the_time_skipping_server(time_skippin
 
         # The time-skipping server skips Temporal's clock, not the database's, and the claim follows
         # the renewal rule's clock (cleanup_clock()): skip the database's clock by the same amount.
-        await pool.execute(
-            f"ALTER DATABASE {await pool.fetchval('SELECT current_database()')}"
-            " SET cleanup.clock_offset = '3 days 1 minute'"
-        )
-        await pool.expire_connections()
+        await shift_database_clock(pool, "3 days 1 minute")
         await env.sleep(timedelta(days=3, minutes=1))
         result: CleanupResult = await handle.result()
 

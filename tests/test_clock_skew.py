@@ -8,7 +8,7 @@ import logging
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
-from tests.helpers import deadline_in, seed, wait_until
+from tests.helpers import deadline_in, seed, shift_database_clock, wait_until
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -18,9 +18,7 @@ BEHIND = 120  # seconds the database clock is set behind: far more than a claim 
 async def test_a_database_clock_far_behind_is_reported_and_waited_for_not_ended_stale(client, pool, task_queue, caplog):
     caplog.set_level(logging.WARNING)
     [account] = await seed(pool, deadline_in(-2), 1)  # due by every clock but the skewed database's
-    database = await pool.fetchval("SELECT current_database()")
-    await pool.execute(f"ALTER DATABASE {database} SET cleanup.clock_offset = '-{BEHIND} seconds'")
-    await pool.expire_connections()
+    await shift_database_clock(pool, f"-{BEHIND} seconds")
     async with build_worker(client, task_queue, await build_activities(pool)):
         started = await start_cleanup(client, pool, task_queue, account_id=account)
 
@@ -33,8 +31,7 @@ async def test_a_database_clock_far_behind_is_reported_and_waited_for_not_ended_
         assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", account) == "active"
 
         # The database clock catches up: the same run claims and cleans the account.
-        await pool.execute(f"ALTER DATABASE {database} RESET cleanup.clock_offset")
-        await pool.expire_connections()
+        await shift_database_clock(pool, None)
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         result: CleanupResult = await handle.result()
     assert result.outcome == "cleaned", result
