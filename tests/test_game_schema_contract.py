@@ -287,7 +287,7 @@ async def test_a_privilege_lost_after_start_up_is_retried_a_few_times_then_surfa
                 await asyncio.wait_for(
                     run_cohort(client, game_pool, task_queue, deadline, partitions=1, max_failed=0), 300
                 )
-    assert "permission denied for table characters" in str(failed.value.cause)
+    assert "12 account(s): [42501] insufficient privilege" in str(failed.value.cause)
     statuses = await game_pool.fetch("SELECT status, count(*) AS n FROM accounts GROUP BY status")
     assert {r["status"]: r["n"] for r in statuses} == {"cleanup_failed": 12}
     recorded = await list_failed(game_pool)
