@@ -5,6 +5,10 @@ what that credential must not do; the legitimate calls still work."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +25,7 @@ from cleanup.review import list_failed, retry_failed
 from cleanup.target_check import TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads, load_targets
 from core import db
+from core.config import PROJECT_ROOT
 from core.errors import InputError
 from core.queries import load
 from core.roles import ServiceRoles
@@ -307,3 +312,30 @@ async def server_log(pool: asyncpg.Pool) -> Path:
     if not path.exists():
         pytest.skip(f"the server's log is not a file here ({path}); the embedded Postgres writes one")
     return path
+
+
+@pytest.mark.parametrize("where", ["dsn", "database"])
+async def test_a_worker_refuses_to_start_where_a_clock_offset_is_set(pool, db_url, where):
+    """The deletion clock is the database's: a DSN parameter or a database setting that would move
+    it makes the worker exit 2 naming it, before it polls anything."""
+    url = db_url
+    database = await pool.fetchval("SELECT current_database()")
+    if where == "dsn":
+        url = f"{db_url}{'&' if '?' in db_url else '?'}cleanup.clock_offset=7%20days"
+    else:
+        await pool.execute(f"ALTER DATABASE {database} SET cleanup.clock_offset = '7 days'")
+    env = {**os.environ, "DATABASE_URL": url, "TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "worker.py"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        await pool.execute(f"ALTER DATABASE {database} RESET cleanup.clock_offset")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cleanup.clock_offset is set" in done.stderr and "Traceback" not in done.stderr
