@@ -242,16 +242,11 @@ async def _run_worker(
 ) -> None:
     """Open the pools, connect, poll until `stop`, then shut down gracefully and close the pools."""
     assert settings.database_url is not None
-    await db.check_schema_url(settings.database_url)  # never DDL at start-up: `migrate` does it
+    await db.check_worker_database(settings.database_url)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
     )
     readiness.ping_db = functools.partial(db.ping, pool)
-    try:
-        await db.refuse_clock_offset(pool)
-    except BaseException:
-        await pool.close()
-        raise
     claim_pool = await open_pool(
         settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
     )

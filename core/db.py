@@ -361,7 +361,7 @@ async def migrate_url(url: str) -> list[str]:
 # found anywhere a worker can see, it means a configuration that expects deletions to run early.
 CLOCK_OFFSET_SETTING = "cleanup.clock_offset"
 _CLOCK_OFFSETS = """
-SELECT 'this session' AS place FROM (SELECT current_setting($1, true) AS v) s WHERE coalesce(s.v, '') <> ''
+SELECT 'the connection' AS place FROM (SELECT current_setting($1, true) AS v) s WHERE coalesce(s.v, '') <> ''
 UNION ALL
 SELECT CASE WHEN d.setdatabase = 0 THEN 'role ' || r.rolname::text
             WHEN d.setrole = 0 THEN 'database ' || db.datname::text
@@ -374,10 +374,16 @@ WHERE EXISTS (SELECT 1 FROM unnest(d.setconfig) c WHERE c LIKE $1 || '=%')
 """
 
 
-async def refuse_clock_offset(pool: asyncpg.Pool) -> None:
-    """A worker does not start where a clock offset is set (its DSN, its role, its database):
-    InputError (exit 2) naming where. The clock that decides deletions is the database's."""
-    places = [r["place"] for r in await pool.fetch(_CLOCK_OFFSETS, CLOCK_OFFSET_SETTING)]
+async def check_worker_database(url: str) -> None:
+    """A worker's start-up: the schema is current (check_schema_url), and no clock offset is set
+    where the worker's sessions would see it (its DSN, its role, its database): InputError (exit 2)
+    naming where. The clock that decides deletions is the database's."""
+    await check_schema_url(url)
+    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    try:
+        places = [r["place"] for r in await conn.fetch(_CLOCK_OFFSETS, CLOCK_OFFSET_SETTING)]
+    finally:
+        await conn.close()
     if places:
         raise InputError(
             f"{CLOCK_OFFSET_SETTING} is set ({', '.join(places)}): the deletion clock is the database's own;"
