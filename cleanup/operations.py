@@ -405,12 +405,18 @@ async def renew(
 
 @asynccontextmanager
 async def refused_as_input() -> AsyncIterator[None]:
-    """The service's SQL functions refuse bad arguments with 22023 (and an unknown account with
-    P0002): the caller's input, reported as such (exit 2), with the database's message."""
+    """The service's SQL functions refuse bad arguments with 22023, a deadline against the renewal's
+    rules or a key the key type cannot hold with DC001-DC004 (docs/security.md), and an unknown
+    account with P0002: the caller's input, reported as such (exit 2), with the database's message."""
     try:
         yield
     except (asyncpg.exceptions.InvalidParameterValueError, asyncpg.exceptions.NoDataFoundError) as err:
         raise InputError(err.args[0] if err.args else str(err)) from err
+    except asyncpg.PostgresError as err:
+        if not str(err.sqlstate).startswith("DC"):
+            raise
+        hint = err.as_dict().get("hint")
+        raise InputError(f"{err.args[0] if err.args else err}" + (f" ({hint})" if hint else "")) from err
 
 
 class AccountChange(Model):

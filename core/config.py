@@ -387,6 +387,13 @@ class Settings(BaseModel):
     database_schema: str = setting(
         DEFAULT_SCHEMA, "the schema of the service's tables and functions", env="CLEANUP_SCHEMA", section="database"
     )
+    database_account_key_type: Literal["text", "uuid", "bigint"] = setting(
+        "text",
+        "the type of the game's account keys: each spelling a client sends is canonicalized to one key"
+        " (recorded by migrate; text may become uuid or bigint, not back)",
+        env="CLEANUP_ACCOUNT_KEY_TYPE",
+        section="database",
+    )
     database_role_prefix: str = setting(
         "cleanup",
         "the service's roles in this database: PREFIX_owner, _worker, _game, _compliance (one prefix per database"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,8 @@ from core.errors import (
 )
 from core.queries import MIGRATIONS_DIR
 from core.roles import ensure_roles, give_to_owner, grant, service_roles
+
+log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same for every process that migrates this database.
 _MIGRATION_LOCK = 7_261_002
@@ -278,7 +281,7 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     applied = await applied_migrations(conn)
     if applied is not None:
         refuse_changed(applied)
-        if all(p.name in applied for p in migration_files()):
+        if all(p.name in applied for p in migration_files()) and await _key_type_recorded(conn):
             return []
     schema = service_schema()
     applied_now: list[str] = []
@@ -298,11 +301,50 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
             if path.name not in applied:
                 await _apply(conn, path)
                 applied_now.append(path.name)
+        await record_account_key_type(conn)
         await grant_service_tables(conn)
     finally:
         await conn.execute("RESET search_path")
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
     return applied_now
+
+
+def account_key_type() -> str:
+    """CLEANUP_ACCOUNT_KEY_TYPE: text, uuid or bigint."""
+    return str(read_value("CLEANUP_ACCOUNT_KEY_TYPE"))
+
+
+async def _key_type_recorded(conn: asyncpg.Connection) -> bool:
+    recorded = await conn.fetchval(f"SELECT key_type FROM {service_schema()}.account_key_type WHERE id = 1")
+    return recorded == account_key_type()
+
+
+async def record_account_key_type(conn: asyncpg.Connection) -> None:
+    """Record the configured key type; from text to uuid or bigint, canonicalize the registrations
+    (renamed, or held when two spellings collide or the type cannot hold one: nothing is erased)."""
+    wanted = account_key_type()
+    recorded = await conn.fetchval("SELECT key_type FROM account_key_type WHERE id = 1")
+    if recorded == wanted:
+        return
+    if recorded != "text":
+        raise InputError(
+            f"CLEANUP_ACCOUNT_KEY_TYPE is {wanted}, but this database's account keys are {recorded}s;"
+            " a key type changes only from text"
+        )
+    async with transaction(conn):
+        await conn.execute("UPDATE account_key_type SET key_type = $1, recorded_at = clock_timestamp()", wanted)
+        done = await conn.fetchrow("SELECT * FROM canonicalize_registrations()")
+    assert done is not None
+    if done["held_collisions"] or done["held_invalid"]:
+        log.warning(
+            "account keys are now %ss: %d registration(s) renamed to their canonical key; %d held as another"
+            " spelling of a registered account, %d held as not a %s (their hold reason says which; `account history ID` shows it)",
+            wanted,
+            done["renamed"],
+            done["held_collisions"],
+            done["held_invalid"],
+            wanted,
+        )
 
 
 async def grant_service_tables(conn: asyncpg.Connection) -> None:

@@ -148,7 +148,7 @@ async def test_the_contract_functions_run_as_the_owner_with_a_pinned_search_path
         " FROM pg_proc p WHERE p.pronamespace = 'deadline_cleanup'::regnamespace"
         " AND p.proname IN ('set_deadline', 'renew', 'renew_account', 'hold', 'release')"
     )
-    assert len(rows) == 5
+    assert len(rows) == 13  # with the uuid and bigint overloads of all but renew_account
     for r in rows:
         assert r["prosecdef"] and r["owner"] == ROLES.owner, dict(r)
         assert r["proconfig"] == ["search_path=deadline_cleanup, pg_temp"], dict(r)

@@ -29,6 +29,35 @@ $$;
 -- A failure record keeps codes and names only: a message could quote what a game's trigger raised.
 UPDATE cleanup_failed SET message = 'error ' || sqlstate WHERE message IS DISTINCT FROM 'error ' || sqlstate;
 
+-- One account, one key: the type of the game's account keys (text, uuid or bigint), recorded by
+-- `migrate` from CLEANUP_ACCOUNT_KEY_TYPE. Every contract function canonicalizes the key it is given
+-- (a UUID lower-case with hyphens, an integer without sign or leading zeros), so the spellings a
+-- client sends (iOS's upper-case uuidString) are one account, and refuses a key the type cannot hold.
+CREATE TABLE account_key_type (
+    id           smallint PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    key_type     text NOT NULL CHECK (key_type IN ('text', 'uuid', 'bigint')),
+    recorded_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+INSERT INTO account_key_type (key_type) VALUES ('text');
+
+-- The canonical spelling of `account_id` as a key of type `kind`, or NULL when the type cannot hold
+-- it. Set-based and without exception blocks (a registration of 100,000 accounts is one statement).
+CREATE FUNCTION canonical_key_or_null(account_id text, kind text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE kind
+        WHEN 'uuid' THEN (
+            SELECT CASE WHEN h ~ '^[0-9a-f]{32}$'
+                        THEN substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-' || substr(h, 13, 4) || '-'
+                             || substr(h, 17, 4) || '-' || substr(h, 21, 12) END
+            FROM (SELECT lower(translate(btrim(account_id, ' {}'), '-', '')) AS h) x)
+        WHEN 'bigint' THEN (
+            SELECT CASE WHEN d ~ '^[+-]?[0-9]{1,30}$' AND d::numeric BETWEEN -9223372036854775808 AND 9223372036854775807
+                        THEN d::numeric::bigint::text END
+            FROM (SELECT btrim(account_id) AS d) x)
+        ELSE account_id
+    END
+$$;
+
 DROP FUNCTION set_deadline(text, timestamptz);
 DROP FUNCTION renew(text, timestamptz, boolean);
 DROP FUNCTION renew_account(text, timestamptz, boolean);
@@ -38,6 +67,25 @@ DROP FUNCTION release(text);
 DO $migration$
 DECLARE
     ddl text := $ddl$
+-- The canonical key of `account_id` under the recorded key type; a key the type cannot hold raises
+-- DC004 (the same rule as the accounts' CHECK first: 1-200 characters, no control characters).
+CREATE FUNCTION {schema}.canonical_account_key(account_id text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = {schema}, pg_temp AS $fn$
+DECLARE
+    kind text := (SELECT k.key_type FROM {schema}.account_key_type k WHERE k.id = 1);
+    canonical text;
+BEGIN
+    PERFORM {schema}.check_account_key(canonical_account_key.account_id);
+    canonical := {schema}.canonical_key_or_null(canonical_account_key.account_id, coalesce(kind, 'text'));
+    IF canonical IS NULL THEN
+        RAISE EXCEPTION 'not an account key of type %: %', kind,
+            quote_literal(left(canonical_account_key.account_id, 60))
+            USING ERRCODE = 'DC004', HINT = 'the account keys are ' || kind || 's (CLEANUP_ACCOUNT_KEY_TYPE)';
+    END IF;
+    RETURN canonical;
+END
+$fn$;
+
 -- Registers an account at `deadline`, or moves the deadline of one not yet claimed: 'registered',
 -- 'moved', or 'too_late' (claimed, failed in a cleanup, or cleaned: nothing changes; recorded).
 -- A move follows the renewal's rules, each refusal an error of its own SQLSTATE:
@@ -55,7 +103,7 @@ DECLARE
     c record;
     judged timestamptz;
 BEGIN
-    PERFORM {schema}.check_account_key(set_deadline.account_id);
+    set_deadline.account_id := {schema}.canonical_account_key(set_deadline.account_id);
     IF set_deadline.deadline IS NULL OR NOT isfinite(set_deadline.deadline) THEN
         RAISE EXCEPTION 'a deadline is a finite timestamptz, got %', set_deadline.deadline USING ERRCODE = '22023';
     END IF;
@@ -114,6 +162,7 @@ DECLARE
     in_time boolean;
     after integer;
 BEGIN
+    renew_account.account_id := {schema}.canonical_account_key(renew_account.account_id);
     SELECT a.status, a.cleanup_version, a.renewal_deadline, a.claimed_by INTO c
     FROM {schema}.accounts a WHERE a.account_id = renew_account.account_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -178,6 +227,7 @@ BEGIN
     IF hold.reason IS NULL OR btrim(hold.reason) = '' THEN
         RAISE EXCEPTION 'a hold needs a reason' USING ERRCODE = '22023';
     END IF;
+    hold.account_id := {schema}.canonical_account_key(hold.account_id);
     SELECT a.status, a.held_since, a.renewal_deadline INTO c
     FROM {schema}.accounts a WHERE a.account_id = hold.account_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -205,6 +255,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
 DECLARE
     c record;
 BEGIN
+    release.account_id := {schema}.canonical_account_key(release.account_id);
     SELECT a.held_since, a.renewal_deadline INTO c
     FROM {schema}.accounts a WHERE a.account_id = release.account_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -217,6 +268,84 @@ BEGIN
     INSERT INTO {schema}.account_events (account_id, kind, deadline)
     VALUES (release.account_id, 'released', c.renewal_deadline);
     RETURN 'released';
+END
+$fn$;
+
+-- Typed overloads: a game passes its own uuid or bigint column without a cast. A quoted literal or
+-- an untyped parameter still resolves to the text function (Postgres prefers the string category).
+CREATE FUNCTION {schema}.set_deadline(account_id uuid, deadline timestamptz,
+                                      allow_earlier boolean DEFAULT false, rearm boolean DEFAULT false)
+RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.set_deadline(account_id::text, deadline, allow_earlier, rearm)
+$fn$;
+CREATE FUNCTION {schema}.set_deadline(account_id bigint, deadline timestamptz,
+                                      allow_earlier boolean DEFAULT false, rearm boolean DEFAULT false)
+RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.set_deadline(account_id::text, deadline, allow_earlier, rearm)
+$fn$;
+CREATE FUNCTION {schema}.renew(account_id uuid, until timestamptz DEFAULT NULL, allow_earlier boolean DEFAULT false)
+RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.renew(account_id::text, until, allow_earlier)
+$fn$;
+CREATE FUNCTION {schema}.renew(account_id bigint, until timestamptz DEFAULT NULL, allow_earlier boolean DEFAULT false)
+RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.renew(account_id::text, until, allow_earlier)
+$fn$;
+CREATE FUNCTION {schema}.hold(account_id uuid, reason text) RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.hold(account_id::text, reason)
+$fn$;
+CREATE FUNCTION {schema}.hold(account_id bigint, reason text) RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.hold(account_id::text, reason)
+$fn$;
+CREATE FUNCTION {schema}.release(account_id uuid) RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.release(account_id::text)
+$fn$;
+CREATE FUNCTION {schema}.release(account_id bigint) RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $fn$
+    SELECT {schema}.release(account_id::text)
+$fn$;
+
+-- One account, one key, for registrations made before the key type was recorded (or under text):
+-- a spelling that is not canonical is renamed to its canonical key while nothing claims it; one
+-- whose canonical key is registered too (two accounts for one player), or that the type cannot
+-- hold, is put on hold, never cleaned until an operator releases it. Nothing is erased. Returns
+-- the counts; `migrate` reports them.
+CREATE FUNCTION {schema}.canonicalize_registrations()
+RETURNS TABLE (renamed integer, held_collisions integer, held_invalid integer)
+LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $fn$
+#variable_conflict use_column
+DECLARE
+    kind text := (SELECT k.key_type FROM {schema}.account_key_type k WHERE k.id = 1);
+BEGIN
+    CREATE TEMP TABLE spelling ON COMMIT DROP AS
+    SELECT a.account_id, {schema}.canonical_key_or_null(a.account_id, kind) AS canonical
+    FROM {schema}.accounts a
+    WHERE {schema}.canonical_key_or_null(a.account_id, kind) IS DISTINCT FROM a.account_id AND a.held_since IS NULL;
+    WITH held AS (
+        UPDATE {schema}.accounts a
+        SET held_since = clock_timestamp(),
+            hold_reason = CASE WHEN s.canonical IS NULL THEN 'not a key of type ' || kind
+                               ELSE 'another spelling of account ' || s.canonical END
+        FROM spelling s
+        WHERE a.account_id = s.account_id
+          AND (s.canonical IS NULL OR EXISTS (SELECT 1 FROM {schema}.accounts c WHERE c.account_id = s.canonical)
+               OR EXISTS (SELECT 1 FROM spelling o WHERE o.canonical = s.canonical AND o.account_id < s.account_id))
+        RETURNING a.account_id, a.renewal_deadline, a.hold_reason, s.canonical
+    ), events AS (
+        INSERT INTO {schema}.account_events (account_id, kind, deadline, reason)
+        SELECT account_id, 'held', renewal_deadline, hold_reason FROM held
+    )
+    SELECT count(*) FILTER (WHERE canonical IS NOT NULL)::int, count(*) FILTER (WHERE canonical IS NULL)::int
+    INTO held_collisions, held_invalid FROM held;
+    UPDATE {schema}.accounts a SET account_id = s.canonical
+    FROM spelling s
+    WHERE a.account_id = s.account_id AND s.canonical IS NOT NULL AND a.status IN ('active', 'renewed')
+      AND a.held_since IS NULL;
+    GET DIAGNOSTICS renamed = ROW_COUNT;
+    RETURN NEXT;
 END
 $fn$;
 $ddl$;
