@@ -338,7 +338,7 @@ async def record_account_key_type(conn: asyncpg.Connection) -> None:
     if done["held_collisions"] or done["held_invalid"]:
         log.warning(
             "account keys are now %ss: %d registration(s) renamed to their canonical key; %d held as another"
-            " spelling of a registered account, %d held as not a %s (their hold reason says which; `account history ID` shows it)",
+            " spelling of a registered account, %d held as not a %s (`account history ID` shows each hold's reason)",
             wanted,
             done["renamed"],
             done["held_collisions"],
