@@ -316,7 +316,7 @@ def account_key_type() -> str:
 
 async def _key_type_recorded(conn: asyncpg.Connection) -> bool:
     recorded = await conn.fetchval(f"SELECT key_type FROM {service_schema()}.account_key_type WHERE id = 1")
-    return recorded == account_key_type()
+    return bool(recorded == account_key_type())
 
 
 async def record_account_key_type(conn: asyncpg.Connection) -> None:
