@@ -147,8 +147,8 @@ def _grants(schema: str, name: str, kind: str, roles: ServiceRoles) -> list[str]
     table = f'{schema}."{name}"'
     if kind == "S":
         return [f"GRANT USAGE, SELECT ON SEQUENCE {table} TO {roles.worker}"]
-    if name in ("schema_migrations", "anonymize_key"):
-        rows = "SELECT" if name == "schema_migrations" else "SELECT, INSERT, DELETE"
+    if name in ("schema_migrations", "account_key_type", "anonymize_key"):
+        rows = "SELECT, INSERT, DELETE" if name == "anonymize_key" else "SELECT"  # recorded by migrate
     elif name in AUDIT_TABLES:
         rows = "SELECT, INSERT"
     elif name in RESOLVED_TABLES:

@@ -117,6 +117,7 @@ async def test_the_worker_role_appends_to_the_audit_tables_and_rewrites_none(poo
             "DELETE FROM cleanup_failed",
             "TRUNCATE accounts",
             "UPDATE schema_migrations SET checksum = NULL",
+            "UPDATE account_key_type SET key_type = 'uuid'",
         ):
             assert (await refused(worker, sql)).sqlstate == "42501", sql
         assert await worker.fetchval("SELECT set_deadline('p-2', now() + interval '1 day')") == "registered"
