@@ -2,10 +2,11 @@
 -- its times read back from the database's clock.
 
 -- name: register_cohort
--- The game's registration: `set_deadline` (migration 017, the function a game calls) for every
--- account seeded at the far-off deadline $1, moving it to the instant $2, in one statement, so the
--- planner sees the whole cohort at once (one transaction) or not at all. Returns how many moved.
-SELECT count(*) FILTER (WHERE set_deadline(account_id, $2) = 'moved')::int AS moved, count(*)::int AS accounts
+-- The game's registration: `set_deadline` (the function a game calls) for every account seeded at
+-- the far-off deadline $1, moving it earlier (said explicitly) to the instant $2, in one statement,
+-- so the planner sees the whole cohort at once (one transaction) or not at all. Returns how many moved.
+SELECT count(*) FILTER (WHERE set_deadline(account_id, $2, allow_earlier => true) = 'moved')::int AS moved,
+       count(*)::int AS accounts
 FROM accounts
 WHERE renewal_deadline = $1;
 
