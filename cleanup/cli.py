@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
+    dismiss_account,
     hold_account,
     list_cleanups,
     parse_failed_tolerance,
@@ -171,6 +172,14 @@ def _history_text(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> None:
+    async with database_pool(settings, migrate=True) as pool:
+        dismissed = await dismiss_account(pool, args.account_id, args.reason)
+    emit(args, dismissed.model_dump(), lambda d: f"{d['account_id']}: {d['result']}")
+    if dismissed.result == "not_dismissable":
+        sys.exit(EXIT_TOO_LATE)
+
+
 async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
     async with database_pool(settings, migrate=True) as pool:
         released = await release_account(pool, args.account_id)
@@ -235,7 +244,7 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
 
     targets = load_targets()
     async with database_pool(settings, migrate=True) as pool:
-        data = (await retry_failed(pool, targets, args.cleanup)).model_dump()
+        data = (await retry_failed(pool, targets, args.cleanup, adopt_targets=args.with_current_targets)).model_dump()
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -414,6 +423,9 @@ def _add_account_verbs(commands: Commands) -> None:
     account = commands.group("account", "what is recorded of one account")
     p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
     p.add_argument("account_id", help=ACCOUNT_HELP)
+    p = account.add("dismiss", cmd_dismiss, "dismiss a registration that can never be cleaned (never claimed again)")
+    p.add_argument("account_id", help="the account's ID exactly as registered (as `failed` lists it)")
+    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
     p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
     p.add_argument("account_id", help=ACCOUNT_HELP)
@@ -436,6 +448,12 @@ def _add_review_verbs(commands: Commands) -> None:
         "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
     )
     p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
+    p.add_argument(
+        "--with-current-targets",
+        action="store_true",
+        help="retry with CLEANUP_TARGETS_FILE's targets though the cleanup ran with others (after fixing the file;"
+        " the set it ran with is kept beside the new one)",
+    )
 
 
 def _add_planner(commands: Commands) -> None:

@@ -422,10 +422,20 @@ async def refused_as_input() -> AsyncIterator[None]:
 class AccountChange(Model):
     """What `set_deadline`, `hold_account` and `release_account` did to one account, as the
     database decided it: registered | moved | too_late (set_deadline), held | already_held |
-    too_late (hold), released | not_held (release)."""
+    too_late (hold), released | not_held (release), dismissed | not_dismissable (dismiss)."""
 
     account_id: str
-    result: Literal["registered", "moved", "too_late", "held", "already_held", "released", "not_held"]
+    result: Literal[
+        "registered",
+        "moved",
+        "too_late",
+        "held",
+        "already_held",
+        "released",
+        "not_held",
+        "dismissed",
+        "not_dismissable",
+    ]
 
 
 async def set_deadline(pool: asyncpg.Pool, account_id: str, deadline: datetime) -> AccountChange:
@@ -450,6 +460,16 @@ async def release_account(pool: asyncpg.Pool, account_id: str) -> AccountChange:
     check_account_id(account_id)
     async with refused_as_input():
         result = await pool.fetchval(SQL.release_account, account_id)
+    return AccountChange(account_id=account_id, result=result)
+
+
+async def dismiss_account(pool: asyncpg.Pool, account_id: str, reason: str) -> AccountChange:
+    """Dismiss a registration that can never be cleaned (dismiss()): never claimed again, its pending
+    failure resolved as dismissed, the reason recorded. 'dismissed' or 'not_dismissable' (claimed by
+    a cleanup in progress, or cleaned)."""
+    check_account_id(account_id)
+    async with refused_as_input():
+        result = await pool.fetchval(SQL.dismiss_account, account_id, reason)
     return AccountChange(account_id=account_id, result=result)
 
 

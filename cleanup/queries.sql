@@ -286,6 +286,16 @@ SELECT set_deadline($1, $2);
 -- name: hold_account
 SELECT hold($1, $2);
 
+-- name: dismiss_account
+SELECT dismiss($1, $2);
+
+-- name: adopt_current_target_set
+-- `retry-failed --with-current-targets`: the cleanup runs with target set $2 from now on; the one it
+-- ran with before is kept beside it. $1 cleanup ID.
+UPDATE cleanup_target_runs
+SET replaced_fingerprints = array_append(replaced_fingerprints, fingerprint), fingerprint = $2
+WHERE cleanup_id = $1 AND fingerprint <> $2;
+
 -- name: release_account
 SELECT release($1);
 

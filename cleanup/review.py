@@ -47,7 +47,7 @@ class FailedAccount(Model):
     failed_at: datetime
     attempts: int
     resolved_at: datetime | None
-    resolution: Literal["cleaned", "renewed", "stale"] | None
+    resolution: Literal["cleaned", "renewed", "stale", "dismissed"] | None
 
 
 class StillFailing(Model):
@@ -105,16 +105,22 @@ async def list_failed(
     return [FailedAccount(**r) for r in rows]
 
 
-async def retry_failed(pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None) -> RetryResult:
-    """Retry every pending failed account (of one cleanup, or all), set-based per partition."""
+async def retry_failed(
+    pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None, *, adopt_targets: bool = False
+) -> RetryResult:
+    """Retry every pending failed account (of one cleanup, or all), set-based per partition. With
+    `adopt_targets` (said explicitly, after fixing the targets file) a cleanup that ran with other
+    targets runs with these from now on; the set it ran with is kept beside them."""
     groups = await pool.fetch(SQL.failed_to_retry, cleanup_id)
     if cleanup_id is not None and not groups:
         known = await pool.fetchval(SQL.failed_of_cleanup, cleanup_id)
         if not known:
             raise InputError(f"no failed account recorded for cleanup {cleanup_id!r}")
-    for group in groups:
-        await same_target_set(pool, targets, group["cleanup_id"])
-    compiled = await CompiledCleanup.compile(pool, targets)
+    compiled = await CompiledCleanup.compile(pool, targets)  # refuses targets that do not compile
+    for cleanup in dict.fromkeys(g["cleanup_id"] for g in groups):
+        if adopt_targets:
+            await pool.execute(SQL.adopt_current_target_set, cleanup, targets.fingerprint)
+        await same_target_set(pool, targets, cleanup)
     totals = PartitionCounts()
     still_failing: list[StillFailing] = []
     retried = 0

@@ -21,9 +21,10 @@ import pytest
 import cleanup
 from cleanup.anonymize_key import store_key
 from cleanup.batches import CompiledCleanup, run_keyset_batch
+from cleanup.operations import dismiss_account
 from cleanup.review import list_failed, retry_failed
 from cleanup.target_check import TargetsRefused
-from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads, load_targets
+from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, anonymize_key_pads, load_targets
 from core import db
 from core.config import PROJECT_ROOT
 from core.errors import InputError
@@ -340,3 +341,41 @@ async def test_a_worker_refuses_to_start_where_a_clock_offset_is_set(pool, db_ur
         await pool.execute(f"ALTER DATABASE {database} RESET cleanup.clock_offset")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "cleanup.clock_offset is set" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_a_registration_that_can_never_be_cleaned_is_dismissed_and_never_claimed_again(pool):
+    deadline = deadline_in(-60)
+    accounts = await seed(pool, deadline, 2)
+    bad = accounts[0]
+    await claim_one_partition(pool, "dismissal", deadline)
+    await poison_by_archive_check(pool, bad)
+    compiled = await CompiledCleanup.compile(pool, load_targets())
+    assert (await run_keyset_batch(pool, compiled, "dismissal", 0, "", 100)).counts.failed == 1
+    assert (await dismiss_account(pool, bad, "its data was erased by hand")).result == "dismissed"
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", bad) == "dismissed"
+    assert [r.resolution for r in await list_failed(pool, "dismissal", include_resolved=True)] == ["dismissed"]
+    assert (await retry_failed(pool, load_targets(), "dismissal")).retried == 0
+    assert await pool.fetchval("SELECT renew($1)", bad) == "too_late"
+    assert (await dismiss_account(pool, accounts[1], "cleaned already")).result == "not_dismissable"
+    events = await pool.fetch("SELECT kind, reason FROM account_events WHERE account_id = $1", bad)
+    assert [(e["kind"], e["reason"]) for e in events][-1] == ("dismissed", "its data was erased by hand")
+
+
+async def test_retry_failed_with_the_current_targets_when_said_so_keeps_the_set_it_ran_with(pool):
+    deadline = deadline_in(-60)
+    accounts = await seed(pool, deadline, 3)
+    targets = load_targets()
+    await claim_one_partition(pool, "adopt", deadline)
+    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "adopt", targets.fingerprint)
+    await poison_by_archive_check(pool, accounts[1])
+    compiled = await CompiledCleanup.compile(pool, targets)
+    assert (await run_keyset_batch(pool, compiled, "adopt", 0, "", 100)).counts.failed == 1
+    await pool.execute("ALTER TABLE demo_game.match_history_archive DROP CONSTRAINT archive_score_sane")
+
+    fixed = CleanupTargets(target=targets.target[:-1])  # the operator's corrected file: another set
+    with pytest.raises(InputError, match="target set mismatch"):
+        await retry_failed(pool, fixed, "adopt")
+    assert (await retry_failed(pool, fixed, "adopt", adopt_targets=True)).cleaned == 1
+    run = await pool.fetchrow("SELECT * FROM cleanup_target_runs WHERE cleanup_id = 'adopt'")
+    assert run is not None
+    assert (run["fingerprint"], run["replaced_fingerprints"]) == (fixed.fingerprint, [targets.fingerprint])
