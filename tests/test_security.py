@@ -63,7 +63,15 @@ async def test_codec_round_trips_and_rejects_wrong_keys() -> None:
     assert (await rotated.decode([sealed]))[0] == plain, "old payloads still decode after a rotation"
 
 
-@pytest.mark.parametrize("bad", ["not base64 at all!!", base64.b64encode(b"short").decode()])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not base64 at all!!",
+        base64.b64encode(b"short").decode(),
+        base64.b64encode(bytes(32)).decode(),  # placeholders: all zeros, a short pattern repeated
+        base64.b64encode(b"CHANGEME" * 4).decode(),
+    ],
+)
 def test_a_bad_key_is_refused_without_echoing_it(bad: str) -> None:
     with pytest.raises(EncryptionKeyError) as err:
         parse_key(bad)
