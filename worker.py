@@ -35,7 +35,7 @@ from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
 from core.sessions import StalledSessions
-from core.temporal import connect, ensure_search_attributes
+from core.temporal import connect, data_converter, ensure_search_attributes
 from workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("worker")
@@ -373,6 +373,11 @@ def main(
     if settings is None:
         return 2
     configure_logs(settings.log_format, secrets=sorted(settings.secrets()))
+    try:  # a payload key configured but malformed or a placeholder: exit 2 before connecting to anything
+        data_converter(settings)
+    except InputError as err:
+        log.error("bad configuration: %s", err)
+        return 2
     extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
     try:
         asyncio.run(_run_until_signalled(settings, extras))

@@ -35,6 +35,9 @@ from temporalio.converter import DataConverter, DefaultFailureConverterWithEncod
 ENCODING = b"binary/encrypted"
 KEY_ID_METADATA = "encryption-key-id"
 NONCE_BYTES = 12
+# 32 random bytes hold about 30 distinct values; fewer than 8 (an all-zero key, "AAAA...=", a pattern
+# typed by hand) is a placeholder, never a drawn key (the odds of drawing one are below 1e-30).
+MIN_DISTINCT_KEY_BYTES = 8
 
 
 class EncryptionKeyError(ValueError):
@@ -46,7 +49,7 @@ class PlaintextPayloadError(ValueError):
 
 
 def parse_key(text: str, *, name: str = "PAYLOAD_ENCRYPTION_KEY") -> bytes:
-    """Base64 (standard or URL-safe) of exactly 32 bytes."""
+    """Base64 (standard or URL-safe) of exactly 32 bytes, random ones (a placeholder is refused)."""
     cleaned = text.strip()
     try:
         raw = base64.b64decode(cleaned, altchars=b"-_" if ("-" in cleaned or "_" in cleaned) else None, validate=True)
@@ -54,6 +57,8 @@ def parse_key(text: str, *, name: str = "PAYLOAD_ENCRYPTION_KEY") -> bytes:
         raise EncryptionKeyError(f"{name} is not valid base64 (expected base64 of 32 random bytes)") from None
     if len(raw) != 32:
         raise EncryptionKeyError(f"{name} must decode to 32 bytes for AES-256-GCM, got {len(raw)}")
+    if len(set(raw)) < MIN_DISTINCT_KEY_BYTES:
+        raise EncryptionKeyError(f"{name} is a placeholder (a few byte values repeated), not 32 random bytes")
     return raw
 
 

@@ -13,7 +13,10 @@ activity by core.interceptors) marks the activity finished when it returns, so a
 later from such a task carries no IDs of the finished activity.
 
 Known secrets (Settings.secrets(): the API key, the encryption key, the database password) and any
-`scheme://user:password@` in a line are replaced with `***` before the line is written.
+`scheme://user:password@` are replaced with `***` before the line is written: in the JSON format, in
+each value (message, extra fields, exception and stack text) before it is serialized, so a secret
+that JSON would escape (a quote, a backslash, a non-ASCII letter) is still found. Each secret is
+also looked for in its escaped forms (Python `repr`, JSON), as a traceback's `KeyError('...')` shows it.
 """
 
 from __future__ import annotations
@@ -129,12 +132,32 @@ class TemporalContextFilter(logging.Filter):
 class _Redacting(logging.Formatter):
     def __init__(self, fmt: str | None = None, secrets: Iterable[str] = ()) -> None:
         super().__init__(fmt)
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 3}, key=len, reverse=True)
+        found = {form for s in secrets if s and len(s) >= 3 for form in _escaped_forms(s)}
+        self.secrets = sorted(found, key=len, reverse=True)  # longest first: no part of one is left
 
     def redact(self, text: str) -> str:
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return mask_url(text) or ""
+
+    def redact_value(self, value: object) -> object:
+        """`value` with every string in it redacted; what JSON cannot hold natively becomes its redacted
+        `str` here, so nothing reaches the serializer unredacted."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, bool | int | float) or value is None:
+            return value
+        if isinstance(value, Mapping):
+            return {self.redact(str(k)): self.redact_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self.redact_value(v) for v in value]
+        return self.redact(str(value))
+
+
+def _escaped_forms(secret: str) -> set[str]:
+    """The secret as written raw, by `repr` (a traceback's `KeyError('...')`) and by JSON."""
+    forms = {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    return {f for f in forms if len(f) >= 3}
 
 
 class TextFormatter(_Redacting):
@@ -161,7 +184,7 @@ class JsonFormatter(_Redacting):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": self._message(record),
         }
         ctx: Mapping[str, Any] = getattr(record, "temporal", None) or temporal_context(record)
         out.update(ctx)
@@ -172,7 +195,23 @@ class JsonFormatter(_Redacting):
             out["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return self.redact(json.dumps(out, default=str))
+        return json.dumps(self.redact_value(out))
+
+    def _message(self, record: logging.LogRecord) -> str:
+        """The message with its arguments redacted before formatting (a `%r` would escape a secret)."""
+        args = record.args
+        if isinstance(args, Mapping):
+            args = {k: self._redacted_arg(v) for k, v in args.items()}
+        elif isinstance(args, tuple):
+            args = tuple(self._redacted_arg(a) for a in args)
+        try:
+            text = str(record.msg) % args if args else str(record.msg)
+        except (TypeError, ValueError):  # a malformed call: the message as logging itself would show it
+            text = record.getMessage()
+        return self.redact(text)
+
+    def _redacted_arg(self, arg: object) -> object:
+        return self.redact(arg) if isinstance(arg, str) else arg
 
 
 def configure(fmt: str = "text", *, level: int = logging.INFO, secrets: Iterable[str] = ()) -> logging.Handler:

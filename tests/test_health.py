@@ -1,16 +1,21 @@
-"""Health probes of a real worker process: /healthz, and /readyz following its database."""
+"""Health probes of a real worker process: /healthz, and /readyz following its database; /readyz's
+bounds (one check in flight, a short cache, no error text in the body) with a fake check."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import cast
 
 import asyncpg
+import pytest
 import yaml
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -61,7 +66,7 @@ async def test_readyz_follows_the_workers_database(worker_processes: WorkerProce
 
         await asyncio.to_thread(pg.crash)
         body = await wait_for_status(port, "/readyz", 503)
-        assert body.startswith("not ready\n") and "- database: " in body, body
+        assert body == f"not ready\n- {health.DATABASE_UNAVAILABLE}\n", body
         assert "task queue" not in body, "the worker still polls: only the database is named"
         assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n"), "alive while its database is away"
 
@@ -101,7 +106,7 @@ async def test_readyz_names_the_task_queue_and_a_planner_not_seen(
     readiness.planner_expected = False
     readiness.task_queue = f"{task_queue}-nobody-polls"
     reasons = await readiness.failures()
-    assert len(reasons) == 1 and reasons[0].startswith("task queue: ") and client.identity in reasons[0], reasons
+    assert reasons == [health.NOT_POLLING], "a fixed reason: the identity goes to the log only"
 
 
 async def test_worker_that_ensures_the_planner_gets_ready(worker_processes: WorkerProcesses) -> None:
@@ -125,3 +130,94 @@ def test_image_and_compose_services_check_health() -> None:
             assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
     worker = services["worker"]
     assert f":{worker['environment']['HEALTH_PORT']}{health.READY_PATH}" in " ".join(worker["healthcheck"]["test"])
+
+
+class FakeChecks:
+    """A worker's two checks, counted: the database ping (which can fail with `error`) and Temporal's
+    list of pollers (which always names this worker)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = 0
+        self.running = 0
+        self.most_at_once = 0
+        self.error: Exception | None = None
+
+    async def ping_db(self) -> None:
+        self.started += 1
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            await asyncio.sleep(self.seconds)
+            if self.error is not None:
+                raise self.error
+        finally:
+            self.running -= 1
+
+    def client(self) -> Client:
+        async def describe_task_queue(request: object) -> object:
+            return SimpleNamespace(pollers=[SimpleNamespace(identity="me")])
+
+        service = SimpleNamespace(describe_task_queue=describe_task_queue)
+        return cast(Client, SimpleNamespace(identity="me", workflow_service=service))
+
+    def readiness(self, clock: Callable[[], float]) -> health.Readiness:
+        return health.Readiness(ping_db=self.ping_db, client=self.client(), task_queue="q", polling=True, _clock=clock)
+
+
+async def get_async(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    response = (await reader.read()).decode()
+    writer.close()
+    head, _, body = response.partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_concurrent_readyz_requests_share_one_check_and_a_cached_answer() -> None:
+    now = [1000.0]
+    checks = FakeChecks(seconds=0.3)
+    server = await health.serve(checks.readiness(lambda: now[0]), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        answers = await asyncio.gather(*(get_async(port, health.READY_PATH) for _ in range(50)))
+        assert answers == [(200, "ready\n")] * 50
+        assert checks.started == 1 and checks.most_at_once == 1, "one check served all 50 requests"
+
+        now[0] += health.READY_CACHE_SECONDS / 2
+        assert await get_async(port, health.READY_PATH) == (200, "ready\n")
+        assert checks.started == 1, "an answer younger than READY_CACHE_SECONDS is reused"
+
+        now[0] += health.READY_CACHE_SECONDS
+        for _ in range(3):  # a wave per period: one check each
+            await asyncio.gather(*(get_async(port, health.READY_PATH) for _ in range(20)))
+            now[0] += health.READY_CACHE_SECONDS
+        assert checks.started == 4 and checks.most_at_once == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_failing_check_answers_a_fixed_reason_and_logs_its_detail_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [1000.0]
+    checks = FakeChecks(seconds=0)
+    detail = "password authentication failed for user cleanup_worker_app at 10.1.2.3:5432"
+    checks.error = RuntimeError(detail)
+    server = await health.serve(checks.readiness(lambda: now[0]), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with caplog.at_level(logging.WARNING, logger=health.__name__):
+            for _ in range(3):
+                status, body = await get_async(port, health.READY_PATH)
+                assert (status, body) == (503, f"not ready\n- {health.DATABASE_UNAVAILABLE}\n")
+                assert "10.1.2.3" not in body and "RuntimeError" not in body
+                now[0] += health.READY_CACHE_SECONDS
+        assert checks.started == 3
+        logged = [r.getMessage() for r in caplog.records if detail in r.getMessage()]
+        assert logged == [f"readiness: database check failed: RuntimeError: {detail}"], "once until it changes"
+    finally:
+        server.close()
+        await server.wait_closed()

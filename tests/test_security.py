@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -29,7 +31,7 @@ from temporalio.service import TLSConfig
 
 from cleanup.models import CleanupResult, RenewalCleanupInput
 from cleanup.operations import UNREADABLE, list_cleanups, start_cleanup
-from core import db
+from core import db, logs
 from core.cli import EXIT_UNAVAILABLE
 from core.codec import ENCODING, EncryptionCodec, EncryptionKeyError, new_key, parse_key
 from core.codec_server import CodecServer
@@ -61,7 +63,15 @@ async def test_codec_round_trips_and_rejects_wrong_keys() -> None:
     assert (await rotated.decode([sealed]))[0] == plain, "old payloads still decode after a rotation"
 
 
-@pytest.mark.parametrize("bad", ["not base64 at all!!", base64.b64encode(b"short").decode()])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not base64 at all!!",
+        base64.b64encode(b"short").decode(),
+        base64.b64encode(bytes(32)).decode(),  # placeholders: all zeros, a short pattern repeated
+        base64.b64encode(b"CHANGEME" * 4).decode(),
+    ],
+)
 def test_a_bad_key_is_refused_without_echoing_it(bad: str) -> None:
     with pytest.raises(EncryptionKeyError) as err:
         parse_key(bad)
@@ -302,6 +312,48 @@ def test_settings_repr_masks_secrets() -> None:
     )
     for text in (repr(s), str(s)):
         assert "hunter2" not in text and "tk-1" not in text and "postgresql://app:***@db:5432/x" in text
+
+
+ESCAPED_SECRET = 'pä"ss\\wörd'  # a quote, a backslash and non-ASCII: JSON and repr escape each
+
+
+def json_log_lines(secret: str) -> list[str]:
+    """Lines of the JSON format naming `secret` in the message, an argument (`%s` and `%r`), an extra
+    field, and two exceptions (its text and its repr, as a KeyError shows it)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter(secrets=[secret]))
+    logger = logging.getLogger(f"test.redaction.{uuid.uuid4().hex}")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.info(f"inline {secret}")
+    logger.info("as args %s and %r", secret, secret, extra={"detail": secret, "nested": {"k": [secret]}})
+    for err in (ValueError(f"login failed with {secret}"), KeyError(secret)):
+        try:
+            raise err
+        except Exception:
+            logger.exception("failed")
+    logger.removeHandler(handler)
+    return stream.getvalue().splitlines()
+
+
+def test_json_logs_redact_a_secret_json_would_escape() -> None:
+    lines = json_log_lines(ESCAPED_SECRET)
+    assert len(lines) == 4
+    forms = {ESCAPED_SECRET, json.dumps(ESCAPED_SECRET)[1:-1], json.dumps(ESCAPED_SECRET, ensure_ascii=False)[1:-1]}
+    forms |= {repr(ESCAPED_SECRET)[1:-1], "ss\\w", "wörd", "w\\u00f6rd"}
+    for line in lines:
+        for form in forms:
+            assert form not in line, (form, line)
+        record = json.loads(line)
+        assert ESCAPED_SECRET not in json.dumps(record, ensure_ascii=False) and "***" in line
+    inline, with_args, value_error, key_error = (json.loads(line) for line in lines)
+    assert inline["message"] == "inline ***"
+    assert with_args["message"] == "as args *** and '***'"
+    assert with_args["detail"] == "***" and with_args["nested"] == {"k": ["***"]}
+    assert "ValueError: login failed with ***" in value_error["exception"]
+    assert "KeyError: '***'" in key_error["exception"]
 
 
 async def test_secrets_never_appear_in_worker_logs_or_cli_output(
