@@ -30,6 +30,7 @@ import asyncpg
 from cleanup.errors import AccountCleanupFailed
 from cleanup.models import PartitionCounts
 from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
+from cleanup.target_report import MissingIndex, missing_indexes
 from cleanup.targets import (
     CleanupTargets,
     anonymize_key_pads,
@@ -76,6 +77,7 @@ class CompiledCleanup:
     tables: frozenset[str] = field(default_factory=frozenset)
     key_args: tuple[bytes, ...] = ()
     fingerprint: str | None = None
+    missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -108,7 +110,8 @@ class CompiledCleanup:
         cls, pool: asyncpg.Pool, targets: CleanupTargets, key_args: tuple[bytes, ...]
     ) -> CompiledCleanup:
         async with pool.acquire() as conn:
-            plans = plan_targets(targets, await read_catalog(conn, targets))
+            catalog = await read_catalog(conn, targets)
+            plans = plan_targets(targets, catalog)
             batch_sql = compile_partition_batch(targets, plans)
             compiled = cls(
                 batch_sql=batch_sql,
@@ -118,6 +121,7 @@ class CompiledCleanup:
                 | frozenset(t.archive_table for t in targets.target if t.archive_table),
                 key_args=key_args,
                 fingerprint=targets.fingerprint,
+                missing_indexes=tuple(missing_indexes(targets, catalog)),
             )
             await compiled._trial(conn, targets, compile_preview(targets, plans, "account"))
         return compiled

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowQueryFailedError
@@ -272,6 +273,38 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     emit(args, data, human)
 
 
+async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> None:
+    """The file is read (and a mistake in it reported) before any connection is made."""
+    from cleanup.operations import check_targets
+    from cleanup.targets import load_targets, targets_path
+
+    load_targets(targets_path(args.file))  # a TOML or schema mistake: exit 2 at once, naming file and line
+    async with database_pool(settings, migrate=True) as pool:
+        report = await check_targets(pool, str(args.file) if args.file else None)
+    emit(args, report, _targets_text)
+
+
+def _targets_text(d: dict[str, Any]) -> str:
+    lines = [f"{d['file']}: {len(d['targets'])} target(s), fingerprint {d['fingerprint']}, checked on this database"]
+    lines.append("what a cleanup does per account, in this order (one transaction per batch):")
+    rows = [
+        r | {"index": r["index"] or "NONE (reads the table)", "covers_cascades": ", ".join(r["covers_cascades"])}
+        for r in d["targets"]
+    ]
+    lines.append(table(rows, ["table", "action", "match_column", "index", "archive_table", "covers_cascades"]))
+    for r in d["targets"]:
+        if r["action"] == "anonymize":
+            changed = ", ".join(f"{c} {what}" for c, what in r["changed_columns"].items())
+            lines.append(f"{r['table']} (by {r['match_column']}): changes {changed}")
+            lines.append(f"  leaves unchanged: {', '.join(r['unchanged_columns']) or '(none)'}")
+    for m in d["missing_indexes"]:
+        lines.append(
+            f"WARNING: target {m['target']}: no index on {m['table']}.{m['match_column']} "
+            f"(~{m['row_estimate']} rows): every batch reads the table whole; fix: {m['fix']}"
+        )
+    return "\n".join(lines)
+
+
 def _planner_human_status(d: dict[str, Any]) -> str:
     head = {
         "planner": f"{d['workflow_id']} ({d['temporal_status'] or 'not started'}, phase {d['phase']})",
@@ -360,6 +393,24 @@ def register(commands: Commands) -> None:
     _add_account_verbs(commands)
     _add_review_verbs(commands)
     _add_planner(commands)
+    _add_targets(commands)
+
+
+def _add_targets(commands: Commands) -> None:
+    """`targets check`: the declared cleanup targets, checked as a worker checks them at start-up."""
+    targets = commands.group("targets", "the cleanup's targets file (CLEANUP_TARGETS_FILE): check it")
+    p = targets.add(
+        "check",
+        cmd_targets_check,
+        "check the targets file on this database as a worker does at start-up (exit 2 with the fix), "
+        "and show what a cleanup does per account",
+    )
+    p.add_argument(
+        "--file",
+        type=Path,
+        metavar="PATH",
+        help="the targets file (env: CLEANUP_TARGETS_FILE; default the built-in cleanup/targets.toml)",
+    )
 
 
 def _add_start(commands: Commands) -> None:

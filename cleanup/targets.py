@@ -86,14 +86,24 @@ SetValue = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr | ColumnDe
 ANONYMIZE_KEYS = ("null_columns", "hash_columns", "set_columns", "random_columns")
 
 
+def constant_text(value: StrictBool | StrictInt | StrictFloat | StrictStr) -> str:
+    """A set_columns constant as the text its column's type reads (a TOML boolean as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def sql_constant(value: SetValue) -> str:
     """A set_columns value as SQL: `DEFAULT`, or a quoted literal of unknown type that the column's own
     type reads. An E'' string with its backslashes and quotes doubled means the same whatever
     standard_conforming_strings is, so no value from the file ever becomes SQL text."""
     if isinstance(value, ColumnDefault):
         return "DEFAULT"
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+    return "E'" + constant_text(value).replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def constant_check_sql(type_name: str) -> str:
+    """Whether a constant ($1, text) is a value of `type_name` (the catalog's format_type spelling,
+    never the file's): what the column's type makes of it when the cleanup sets it."""
+    return f"SELECT CAST($1::text AS {type_name})"
 
 
 class CleanupTarget(BaseModel):
@@ -190,11 +200,16 @@ class CleanupTargets(BaseModel):
         return any(t.hash_columns for t in self.target)
 
 
+def targets_path(path: Path | None = None) -> Path:
+    """The targets file in use: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
+    return Path(path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE)
+
+
 def load_targets(path: Path | None = None) -> CleanupTargets:
     """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml. A file that
     cannot be read, is not TOML or does not declare valid targets raises TargetsFileError (exit 2)
     naming the file, the line and the key, with the fix."""
-    path = Path(path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE)
+    path = targets_path(path)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
