@@ -334,6 +334,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
         f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
     }
+    if d.get("targets_missing_index"):
+        lines["targets missing an index"] = "; ".join(d["targets_missing_index"])
     if budget := d.get("budget"):
         lines["load budget"] = f"{budget['in_flight']} batches in flight; {budget['doing']} ({budget['limited_by']})"
     return key_values(lines)
