@@ -41,10 +41,14 @@ from core.cli import (
     table,
 )
 from core.config import Settings
-from core.errors import parse_instant
+from core.errors import InputError, parse_instant
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
+    if (args.window_from or args.window_to) and not args.dry_run:
+        raise InputError("--from and --to choose the deadlines of a dry run: add --dry-run")
+    if args.window_to and not args.window_from:
+        raise InputError("--to ends a window that --from starts: add --from")
     if args.dry_run:
         await cmd_cleanup_dry_run(args, settings)
         return
@@ -164,12 +168,17 @@ def _history_text(d: dict[str, Any]) -> str:
     lines += [f"  {e['recorded_at']} {e['kind']} (deadline {e['deadline']})" for e in d["events"]]
     lines += [f"  {r['judged_at']} renewal {r['outcome']} -> {r['new_deadline'] or 'for good'}" for r in d["renewals"]]
     for c in d["cleaned"]:
-        rows = ", ".join(f"{t['target']} {t['action']} {t['rows']}" for t in c["targets"] or [])
+        rows = ", ".join(f"{_target_name(t)} {t['action']} {t['rows']}" for t in c["targets"] or [])
         reminder = c["reminder"]["status"] if c["reminder"] else "none"
         lines.append(
             f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
         )
     return "\n".join(lines)
+
+
+def _target_name(t: dict[str, Any]) -> str:
+    """A receipt's target: its table and, when recorded, its match column (two targets of one table)."""
+    return f"{t['target']} ({t['match_column']})" if t.get("match_column") else t["target"]
 
 
 async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
@@ -256,21 +265,29 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     from cleanup.targets import load_targets
 
     deadline = parse_instant(args.deadline) if args.deadline else None
+    window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
     targets = load_targets()
     async with database_pool(settings, migrate=False) as pool:
-        data = (await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)).model_dump()
+        preview = await preview_cleanup(
+            pool, targets, deadline=deadline, account_id=args.account, window=window if args.window_from else None
+        )
+    emit(args, preview.model_dump(), _dry_run_text)
 
-    def human(d: dict[str, Any]) -> str:
-        lines = [
-            f"dry run ({d['scope']}, deadline {d['deadline'].isoformat()}): nothing was started or changed",
-            f"accounts in scope: {d['accounts_in_scope']}",
-            f"already renewed: {d['already_renewed']}",
-            f"reminders to write: {d['reminders']}",
-            table(d["targets"], ["table", "action", "archive_table", "rows"]),
-        ]
-        return "\n".join(lines)
 
-    emit(args, data, human)
+def _dry_run_text(d: dict[str, Any]) -> str:
+    if d["scope"] == "window":
+        to = d["window_to"].isoformat() if d["window_to"] else "no end"
+        scope = f"window, deadlines from {d['window_from'].isoformat()} to {to}"
+    else:
+        scope = f"{d['scope']}, deadline {d['deadline'].isoformat()}"
+    lines = [
+        f"dry run ({scope}): nothing was started or changed",
+        f"accounts in scope: {d['accounts_in_scope']}",
+        f"already renewed: {d['already_renewed']}",
+        f"reminders to write: {d['reminders']}",
+        table(d["targets"], ["table", "match_column", "action", "archive_table", "rows"]),
+    ]
+    return "\n".join(lines)
 
 
 async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> None:
@@ -421,6 +438,18 @@ def _add_start(commands: Commands) -> None:
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
+    scope.add_argument(
+        "--from",
+        dest="window_from",
+        metavar="INSTANT",
+        help="with --dry-run: every deadline from this instant (included), e.g. 2026-11-01T09:00:00Z",
+    )
+    p.add_argument(
+        "--to",
+        dest="window_to",
+        metavar="INSTANT",
+        help="with --dry-run and --from: deadlines before this instant (excluded; default: no end)",
+    )
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
     p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")

@@ -399,7 +399,8 @@ def compile_partition_batch(
 
 def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[list[int]]) -> str:
     """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
-    per declared target (in declared order), counted by account once per statement (a grouped
+    per declared target (in declared order, each named by its table and match column: two targets
+    of one table are told apart), counted by account once per statement (a grouped
     count joined by the key in its column's type, never a scan of a target's rows per account; the
     targets of one statement counted by side in one grouping, so one join, whose estimate is the
     statement's). Names and counts only."""
@@ -416,7 +417,8 @@ def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[
         joins.append(f"LEFT JOIN (SELECT key, {sides} FROM t{g}_keyed GROUP BY key) c{g} ON {on}")
         rows |= {i: f"c{g}.n{j}" for j, i in enumerate(group)}
     entries = ", ".join(
-        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce({rows[i]}, 0))"
+        f"jsonb_build_object('target', '{t.table}', 'match_column', '{t.match_column}', 'action', '{t.action}',"
+        f" 'rows', coalesce({rows[i]}, 0))"
         for i, t in enumerate(targets.target)
     )
     return (
@@ -453,12 +455,19 @@ def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> l
     return probes
 
 
-PreviewScope = Literal["cohort", "account"]
+PreviewScope = Literal["cohort", "account", "window"]
+_PREVIEW_SCOPES = {
+    "cohort": "a.renewal_deadline = $1",
+    "account": "a.account_id = $1",
+    # deadlines from $1 (included) to $2 (excluded; NULL: no upper bound)
+    "window": "a.renewal_deadline >= $1 AND ($2::timestamptz IS NULL OR a.renewal_deadline < $2)",
+}
 
 
 def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: PreviewScope) -> str:
     """The dry-run statement: accounts in scope, already renewed, reminders to write and one row
-    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account.
+    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline, the account, or
+    the window's start ($2 its end).
     A row that an earlier target of the same table takes (a friendship of two accounts in scope) is
     counted by that target only, as in the cleanup."""
     counts = []
@@ -470,6 +479,6 @@ def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: Pre
         ]
         earlier = "".join(f" AND ({m}) IS NOT TRUE" for m in matched[:-1])
         counts.append(f"(SELECT count(*) FROM {qualified(t.table)} t WHERE {matched[-1]}{earlier})::int AS rows_t{i}")
-    where = "a.renewal_deadline = $1" if scope == "cohort" else "a.account_id = $1"
+    where = _PREVIEW_SCOPES[scope]
     template = load(__file__).preview_cleanup
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))
