@@ -57,7 +57,8 @@ JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name AND c.rel
 LEFT JOIN LATERAL (
     SELECT sum(greatest(l.reltuples, 0)) AS row_estimate, bool_and(l.reltuples >= 0) AS analyzed,
            sum(pg_relation_size(l.oid) / current_setting('block_size')::int) AS pages
-    FROM pg_partition_tree(c.oid) p JOIN pg_class l ON l.oid = p.relid AND l.relkind = 'r'
+    FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_partition_tree(c.oid)) p  -- the table, or its partitions
+    JOIN pg_class l ON l.oid = p.relid AND l.relkind = 'r'
 ) s ON true
 LEFT JOIN LATERAL (
     SELECT array_agg(ic.relname::text ORDER BY ic.relname) AS index_names,
