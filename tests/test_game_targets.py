@@ -230,7 +230,9 @@ async def test_a_set_constant_is_a_value_never_sql(pool):
     ids = await profiled_game(pool, users=1, notifications=10)
     value = "x'); DROP TABLE game_server.friends; -- \\' \\\\"
     target = {"table": "game_server.users", "match_column": "id", "action": "anonymize"}
-    await clean_now(pool, ids, with_targets(target | {"set_columns": {"email": value, "created_at": {"default": True}}}))
+    await clean_now(
+        pool, ids, with_targets(target | {"set_columns": {"email": value, "created_at": {"default": True}}})
+    )
     assert await pool.fetchval("SELECT email FROM game_server.users") == value
     assert await pool.fetchval("SELECT to_regclass('game_server.friends') IS NOT NULL")
 
