@@ -213,6 +213,8 @@ async def run_worker(
     extra workflows and activities. `planner=False` (or CLEANUP_PLANNER=off) does not ensure the
     deadline planner, for runs that drive cleanups themselves."""
     extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
+    # A mistake in the targets file exits 2 naming its file and line before anything is started.
+    load_targets(settings.cleanup.targets_file)
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
@@ -242,8 +244,6 @@ async def _run_worker(
 ) -> None:
     """Open the pools, connect, poll until `stop`, then shut down gracefully and close the pools."""
     assert settings.database_url is not None
-    # A mistake in the targets file exits 2 naming its file and line before anything is connected.
-    load_targets(settings.cleanup.targets_file)
     await db.check_schema_url(settings.database_url)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
         settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds

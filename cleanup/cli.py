@@ -442,13 +442,13 @@ def _add_start(commands: Commands) -> None:
         "--from",
         dest="window_from",
         metavar="INSTANT",
-        help="with --dry-run: every deadline from this instant (included), e.g. 2026-11-01T09:00:00Z",
+        help="a dry run (--dry-run) of every deadline from this instant (included), e.g. 2026-11-01T09:00:00Z",
     )
     p.add_argument(
         "--to",
         dest="window_to",
         metavar="INSTANT",
-        help="with --dry-run and --from: deadlines before this instant (excluded; default: no end)",
+        help="the end of the --from window: deadlines before this instant (excluded; default: no end)",
     )
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")

@@ -274,8 +274,8 @@ def _check_anonymize(t: CleanupTarget, table: Table, catalog: Catalog, problems:
             )
         elif name in t.hash_columns and not _holds_text(col, HEX_HASH_CHARS):
             problems.append(
-                f"{where} is {col.type}: a keyed hash is {HEX_HASH_CHARS} hex characters of text (fix: erase it "
-                f"with set_columns, or null it; or ALTER TABLE {table.full} ALTER COLUMN {name} TYPE text)"
+                f"{where} is {col.type}: a keyed hash is {HEX_HASH_CHARS} hex characters of text "
+                f"(fix: erase it by set_columns, or null it; or ALTER TABLE {table.full} ALTER COLUMN {name} TYPE text)"
             )
         elif name in t.set_columns:
             _check_set_column(t, table, col, catalog, problems)

@@ -3,15 +3,17 @@
 A target names a table (schema-qualified; unqualified means `public`), the column holding the
 account key (`match_column`, of any type: text, uuid, bigint, ...) and an action: `delete`,
 `archive` (move the rows into `archive_table`) or `anonymize` (keep the row: `null_columns` set
-to NULL, `hash_columns` replaced by a keyed hash, so a UNIQUE column stays unique). The same table
-may appear in several targets with different match columns (a friendship matched by either side).
+to NULL, `set_columns` to a constant or their DEFAULT (erased), `random_columns` to a random UUID
+(anonymous, still unique), `hash_columns` to a keyed hash (a pseudonym: the same value, the same
+hash, so a UNIQUE column stays unique)). The same table may appear in several targets with
+different match columns (a friendship matched by either side).
 
 Targets apply in declared order within the batch's one statement (each waits for the one before),
 so children come before their parents. Rows an `ON DELETE CASCADE` would remove are counted, not
 missed: every table a cascade reaches from a deleted target must itself be declared before it,
 matching on a column of that foreign key that references the parent's match column, so its own
 target removes (and counts) exactly the rows the cascade would, and the cascade finds none left.
-The start-up check (cleanup.schema_check) refuses any other cascade.
+The start-up check (cleanup.target_check) refuses any other cascade.
 """
 
 from __future__ import annotations

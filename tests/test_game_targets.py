@@ -242,11 +242,10 @@ async def test_the_new_column_kinds_are_checked_at_start_up(pool):
     await pool.execute("ALTER TABLE game_server.users ADD COLUMN level integer NOT NULL DEFAULT 1")
     users = {"table": "game_server.users", "match_column": "id", "action": "anonymize"}
     message = await refused(pool, with_targets(users | {"null_columns": ["metadata"]}))
-    assert "column 'metadata' is NOT NULL (fix: erase it with set_columns = { metadata = <a constant> }" in message
+    assert "column 'metadata' is NOT NULL (fix: erase it by set_columns = { metadata = <a constant> }" in message
     message = await refused(pool, with_targets(users | {"hash_columns": ["metadata"]}))
     assert (
-        "column 'metadata' is jsonb: a keyed hash is 64 hex characters of text (fix: erase it with set_columns"
-        in message
+        "column 'metadata' is jsonb: a keyed hash is 64 hex characters of text (fix: erase it by set_columns" in message
     )
     message = await refused(pool, with_targets(users | {"set_columns": {"metadata": "{not json", "level": "high"}}))
     assert "column 'metadata' is jsonb, which refuses the constant '{not json'" in message
