@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from cleanup.batches import CompiledCleanup
 from cleanup.planner import _targets_missing_index
+from cleanup.review import preview_cleanup
 from cleanup.target_check import TINY_TABLE_ROWS, TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
 from core.config import PROJECT_ROOT
@@ -242,7 +244,7 @@ async def test_the_new_column_kinds_are_checked_at_start_up(pool):
     await pool.execute("ALTER TABLE game_server.users ADD COLUMN level integer NOT NULL DEFAULT 1")
     users = {"table": "game_server.users", "match_column": "id", "action": "anonymize"}
     message = await refused(pool, with_targets(users | {"null_columns": ["metadata"]}))
-    assert "column 'metadata' is NOT NULL (fix: erase it by set_columns = { metadata = <a constant> }" in message
+    assert "column 'metadata' is NOT NULL (fix: erase it with set_columns = { metadata = <a constant> }" in message
     message = await refused(pool, with_targets(users | {"hash_columns": ["metadata"]}))
     assert (
         "column 'metadata' is jsonb: a keyed hash is 64 hex characters of text (fix: erase it by set_columns" in message
@@ -311,3 +313,28 @@ async def test_targets_check_prints_what_a_cleanup_does_per_account(pool, db_url
     assert "leaves unchanged: created_at" in human.stdout
     assert "WARNING: target game_server.notifications (sender_id)" in human.stdout
     assert "CREATE INDEX CONCURRENTLY IF NOT EXISTS notifications_sender_id_idx" in human.stdout
+
+
+async def test_the_dry_run_takes_a_window_of_deadlines_and_names_each_match_column(pool, db_url):
+    """Deadlines a microsecond apart, found by a window given to the second; per target its column."""
+    ids = await profiled_game(pool, users=4, notifications=10)
+    first = deadline_in(3600).replace(microsecond=123456)
+    for n, user in enumerate(ids):
+        await pool.execute("SELECT deadline_cleanup.set_deadline($1, $2)", user, first + timedelta(microseconds=n))
+    targets = load_targets(PROFILES_TARGETS_FILE)
+    start = first.replace(microsecond=0)
+    preview = await preview_cleanup(pool, targets, window=(start, start + timedelta(seconds=1)))
+    assert (preview.scope, preview.accounts_in_scope, preview.deadline) == ("window", 4, None)
+    rows = {(t.table, t.match_column): t.rows for t in preview.targets}
+    assert rows[("game_server.notifications", "recipient_id")] == 4
+    assert rows[("game_server.notifications", "sender_id")] == 4
+    assert rows[("game_server.users", "id")] == 4
+    later = await preview_cleanup(pool, targets, window=(first + timedelta(microseconds=2), None))
+    assert later.accounts_in_scope == 2
+    env = os.environ | {"DATABASE_URL": db_url, "CLEANUP_TARGETS_FILE": str(PROFILES_TARGETS_FILE)}
+    argv = [sys.executable, "starter.py", "cleanup", "--dry-run", "--from", start.isoformat()]
+    done = await asyncio.to_thread(run, [*argv, "--to", (start + timedelta(seconds=1)).isoformat(), "--json"], env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["targets"] == preview.model_dump(mode="json")["targets"]
+    refused = await asyncio.to_thread(run, [*argv[:-2], "--deadline", start.isoformat(), "--to", "2030-01-01Z"], env)
+    assert refused.returncode == 2 and "--to ends a window that --from starts" in refused.stderr
