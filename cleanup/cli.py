@@ -265,12 +265,12 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     from cleanup.targets import load_targets
 
     deadline = parse_instant(args.deadline) if args.deadline else None
-    window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
+    window = None
+    if args.window_from:
+        window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
     targets = load_targets()
     async with database_pool(settings, migrate=False) as pool:
-        preview = await preview_cleanup(
-            pool, targets, deadline=deadline, account_id=args.account, window=window if args.window_from else None
-        )
+        preview = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account, window=window)
     emit(args, preview.model_dump(), _dry_run_text)
 
 
