@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from activities.cleanup import CleanupActivities
 from cleanup.batches import CompiledCleanup
 from cleanup.planner import _targets_missing_index
 from cleanup.review import preview_cleanup
@@ -338,3 +340,12 @@ async def test_the_dry_run_takes_a_window_of_deadlines_and_names_each_match_colu
     assert json.loads(done.stdout)["targets"] == preview.model_dump(mode="json")["targets"]
     refused = await asyncio.to_thread(run, [*argv[:-2], "--deadline", start.isoformat(), "--to", "2030-01-01Z"], env)
     assert refused.returncode == 2 and "--to ends a window that --from starts" in refused.stderr
+
+
+async def test_a_worker_warns_of_a_missing_index_at_start_up(pool, caplog):
+    await profiled_game(pool, users=2, notifications=20_000)
+    with caplog.at_level(logging.WARNING, logger="cleanup"):
+        await CleanupActivities.create(pool, load_targets(PROFILES_TARGETS_FILE))
+    [warning] = [r.getMessage() for r in caplog.records if "no index" in r.getMessage()]
+    assert warning.startswith("target game_server.notifications (sender_id): no index on game_server.notifications")
+    assert "fix: CREATE INDEX CONCURRENTLY IF NOT EXISTS notifications_sender_id_idx" in warning
