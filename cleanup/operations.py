@@ -35,6 +35,7 @@ from cleanup.models import (
     is_account_id,
     planner_workflow_id,
 )
+from cleanup.target_report import TargetsCheck
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
@@ -612,7 +613,7 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[CleanupListing]
     return rows
 
 
-async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> Any:
+async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> TargetsCheck:
     """`targets check`: the worker's start-up check of the targets file (`path`, else
     CLEANUP_TARGETS_FILE, else the built-in one) on this database, then what a cleanup does per
     account (cleanup.target_report.TargetsCheck). A mistake in the file raises TargetsFileError, the
@@ -621,7 +622,7 @@ async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> Any:
 
     from cleanup.batches import CompiledCleanup
     from cleanup.target_check import read_catalog
-    from cleanup.target_report import TargetsCheck, describe_targets
+    from cleanup.target_report import describe_targets
     from cleanup.targets import load_targets, targets_path
 
     file = targets_path(Path(path) if path else None)
