@@ -213,6 +213,8 @@ async def run_worker(
     extra workflows and activities. `planner=False` (or CLEANUP_PLANNER=off) does not ensure the
     deadline planner, for runs that drive cleanups themselves."""
     extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
+    # A mistake in the targets file exits 2 naming its file and line before anything is started.
+    load_targets(settings.cleanup.targets_file)
     settings = embedded.resolve(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)

@@ -421,6 +421,17 @@ class CleanupActivities:
         """Check the declared targets against the live schema, then compile them once."""
         compiled = await CompiledCleanup.compile(pool, targets)
         await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
+        # Warned, not refused: without the index every batch reads the table whole (late, not wrong).
+        for m in compiled.missing_indexes:
+            log.warning(
+                "target %s: no index on %s.%s (~%d rows): every batch reads the table whole; fix: %s",
+                m.target,
+                m.table,
+                m.match_column,
+                m.row_estimate,
+                m.fix,
+            )
+        metrics.set_targets_missing_index(len(compiled.missing_indexes))
         return cls(pool, compiled.batch_sql, compiled, budget=budget, claim_pool=claim_pool)
 
     async def _hold_if_paused(self, cleanup_id: str) -> None:

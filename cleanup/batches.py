@@ -31,6 +31,7 @@ from cleanup.anonymize_key import store_key
 from cleanup.errors import AccountCleanupFailed
 from cleanup.models import PartitionCounts
 from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
+from cleanup.target_report import MissingIndex, missing_indexes
 from cleanup.targets import (
     CleanupTargets,
     anonymize_key_pads,
@@ -72,6 +73,7 @@ class CompiledCleanup:
     probes: tuple[tuple[str, str], ...] = ()
     tables: frozenset[str] = field(default_factory=frozenset)
     fingerprint: str | None = None
+    missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -106,7 +108,8 @@ class CompiledCleanup:
         async with pool.acquire() as conn:
             if key is not None:
                 await store_key(conn, key)  # before the trial: the statements read it from the table
-            plans = plan_targets(targets, await read_catalog(conn, targets))
+            catalog = await read_catalog(conn, targets)
+            plans = plan_targets(targets, catalog)
             batch_sql = compile_partition_batch(targets, plans)
             compiled = cls(
                 batch_sql=batch_sql,
@@ -115,6 +118,7 @@ class CompiledCleanup:
                 tables=frozenset(t.table for t in targets.target)
                 | frozenset(t.archive_table for t in targets.target if t.archive_table),
                 fingerprint=targets.fingerprint,
+                missing_indexes=tuple(missing_indexes(targets, catalog)),
             )
             await compiled._trial(conn, targets, compile_preview(targets, plans, "account"))
         return compiled

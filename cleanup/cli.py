@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowQueryFailedError
@@ -41,10 +42,14 @@ from core.cli import (
     table,
 )
 from core.config import Settings
-from core.errors import parse_instant
+from core.errors import InputError, parse_instant
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
+    if (args.window_from or args.window_to) and not args.dry_run:
+        raise InputError("--from and --to choose the deadlines of a dry run: add --dry-run")
+    if args.window_to and not args.window_from:
+        raise InputError("--to ends a window that --from starts: add --from")
     if args.dry_run:
         await cmd_cleanup_dry_run(args, settings)
         return
@@ -164,7 +169,7 @@ def _history_text(d: dict[str, Any]) -> str:
     lines += [f"  {e['recorded_at']} {e['kind']} (deadline {e['deadline']})" for e in d["events"]]
     lines += [f"  {r['judged_at']} renewal {r['outcome']} -> {r['new_deadline'] or 'for good'}" for r in d["renewals"]]
     for c in d["cleaned"]:
-        rows = ", ".join(f"{t['target']} {t['action']} {t['rows']}" for t in c["targets"] or [])
+        rows = ", ".join(f"{_target_name(t)} {t['action']} {t['rows']}" for t in c["targets"] or [])
         reminder = c["reminder"]["status"] if c["reminder"] else "none"
         lines.append(
             f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
@@ -178,6 +183,11 @@ async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> None:
     emit(args, dismissed.model_dump(), lambda d: f"{d['account_id']}: {d['result']}")
     if dismissed.result == "not_dismissable":
         sys.exit(EXIT_TOO_LATE)
+
+
+def _target_name(t: dict[str, Any]) -> str:
+    """A receipt's target: its table and, when recorded, its match column (two targets of one table)."""
+    return f"{t['target']} ({t['match_column']})" if t.get("match_column") else t["target"]
 
 
 async def cmd_release(args: argparse.Namespace, settings: Settings) -> None:
@@ -264,21 +274,61 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     from cleanup.targets import load_targets
 
     deadline = parse_instant(args.deadline) if args.deadline else None
+    window = None
+    if args.window_from:
+        window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
     targets = load_targets()
     async with database_pool(settings, migrate=False) as pool:
-        data = (await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account)).model_dump()
+        preview = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account, window=window)
+    emit(args, preview.model_dump(), _dry_run_text)
 
-    def human(d: dict[str, Any]) -> str:
-        lines = [
-            f"dry run ({d['scope']}, deadline {d['deadline'].isoformat()}): nothing was started or changed",
-            f"accounts in scope: {d['accounts_in_scope']}",
-            f"already renewed: {d['already_renewed']}",
-            f"reminders to write: {d['reminders']}",
-            table(d["targets"], ["table", "action", "archive_table", "rows"]),
-        ]
-        return "\n".join(lines)
 
-    emit(args, data, human)
+def _dry_run_text(d: dict[str, Any]) -> str:
+    if d["scope"] == "window":
+        to = d["window_to"].isoformat() if d["window_to"] else "no end"
+        scope = f"window, deadlines from {d['window_from'].isoformat()} to {to}"
+    else:
+        scope = f"{d['scope']}, deadline {d['deadline'].isoformat()}"
+    lines = [
+        f"dry run ({scope}): nothing was started or changed",
+        f"accounts in scope: {d['accounts_in_scope']}",
+        f"already renewed: {d['already_renewed']}",
+        f"reminders to write: {d['reminders']}",
+        table(d["targets"], ["table", "match_column", "action", "archive_table", "rows"]),
+    ]
+    return "\n".join(lines)
+
+
+async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> None:
+    """The file is read (and a mistake in it reported) before any connection is made."""
+    from cleanup.operations import check_targets
+    from cleanup.targets import load_targets, targets_path
+
+    load_targets(targets_path(args.file))  # a TOML or schema mistake: exit 2 at once, naming file and line
+    async with database_pool(settings, migrate=True) as pool:
+        report = await check_targets(pool, str(args.file) if args.file else None)
+    emit(args, report, _targets_text)
+
+
+def _targets_text(d: dict[str, Any]) -> str:
+    lines = [f"{d['file']}: {len(d['targets'])} target(s), fingerprint {d['fingerprint']}, checked on this database"]
+    lines.append("what a cleanup does per account, in this order (one transaction per batch):")
+    rows = [
+        r | {"index": r["index"] or "NONE (reads the table)", "covers_cascades": ", ".join(r["covers_cascades"])}
+        for r in d["targets"]
+    ]
+    lines.append(table(rows, ["table", "action", "match_column", "index", "archive_table", "covers_cascades"]))
+    for r in d["targets"]:
+        if r["action"] == "anonymize":
+            changed = ", ".join(f"{c} {what}" for c, what in r["changed_columns"].items())
+            lines.append(f"{r['table']} (by {r['match_column']}): changes {changed}")
+            lines.append(f"  leaves unchanged: {', '.join(r['unchanged_columns']) or '(none)'}")
+    for m in d["missing_indexes"]:
+        lines.append(
+            f"WARNING: target {m['target']}: no index on {m['table']}.{m['match_column']} "
+            f"(~{m['row_estimate']} rows): every batch reads the table whole; fix: {m['fix']}"
+        )
+    return "\n".join(lines)
 
 
 def _planner_human_status(d: dict[str, Any]) -> str:
@@ -310,6 +360,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
         f"p99 {secs(lateness['p99'])}, max {secs(lateness['max'])}",
     }
+    if d.get("targets_missing_index"):
+        lines["targets missing an index"] = "; ".join(d["targets_missing_index"])
     if budget := d.get("budget"):
         lines["load budget"] = f"{budget['in_flight']} batches in flight; {budget['doing']} ({budget['limited_by']})"
     return key_values(lines)
@@ -369,6 +421,24 @@ def register(commands: Commands) -> None:
     _add_account_verbs(commands)
     _add_review_verbs(commands)
     _add_planner(commands)
+    _add_targets(commands)
+
+
+def _add_targets(commands: Commands) -> None:
+    """`targets check`: the declared cleanup targets, checked as a worker checks them at start-up."""
+    targets = commands.group("targets", "the cleanup's targets file (CLEANUP_TARGETS_FILE): check it")
+    p = targets.add(
+        "check",
+        cmd_targets_check,
+        "check the targets file on this database as a worker does at start-up (exit 2 with the fix), "
+        "and show what a cleanup does per account",
+    )
+    p.add_argument(
+        "--file",
+        type=Path,
+        metavar="PATH",
+        help="the targets file (env: CLEANUP_TARGETS_FILE; default the built-in cleanup/targets.toml)",
+    )
 
 
 def _add_start(commands: Commands) -> None:
@@ -377,6 +447,18 @@ def _add_start(commands: Commands) -> None:
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
+    scope.add_argument(
+        "--from",
+        dest="window_from",
+        metavar="INSTANT",
+        help="a dry run (--dry-run) of every deadline from this instant (included), e.g. 2026-11-01T09:00:00Z",
+    )
+    p.add_argument(
+        "--to",
+        dest="window_to",
+        metavar="INSTANT",
+        help="the end of the --from window: deadlines before this instant (excluded; default: no end)",
+    )
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
     p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")

@@ -46,6 +46,7 @@ class TargetCount(Model):
     """Rows a declared target lost to one cleanup of the account."""
 
     target: str
+    match_column: str | None = None  # None: a receipt written before receipts named it
     action: str
     rows: int
 

@@ -35,6 +35,7 @@ from cleanup.models import (
     is_account_id,
     planner_workflow_id,
 )
+from cleanup.target_report import TargetsCheck
 from core import db
 from core import search_attributes as sa
 from core.envelope import ensure_within_envelope
@@ -636,3 +637,27 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[CleanupListing]
             )
         )
     return rows
+
+
+async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> TargetsCheck:
+    """`targets check`: the worker's start-up check of the targets file (`path`, else
+    CLEANUP_TARGETS_FILE, else the built-in one) on this database, then what a cleanup does per
+    account (cleanup.target_report.TargetsCheck). A mistake in the file raises TargetsFileError, the
+    schema's TargetsRefused: both InputError (exit 2), with the fix."""
+    from pathlib import Path  # lazy: the targets' modules load only for this command
+
+    from cleanup.batches import CompiledCleanup
+    from cleanup.target_check import read_catalog
+    from cleanup.target_report import describe_targets
+    from cleanup.targets import load_targets, targets_path
+
+    file = targets_path(Path(path) if path else None)
+    targets = load_targets(file)
+    compiled = await CompiledCleanup.compile(pool, targets)
+    catalog = await read_catalog(pool, targets)
+    return TargetsCheck(
+        file=str(file),
+        fingerprint=targets.fingerprint,
+        targets=describe_targets(targets, catalog),
+        missing_indexes=list(compiled.missing_indexes),
+    )

@@ -160,3 +160,7 @@ FROM cleanup_failed WHERE resolved_at IS NULL;
 -- The last claim that found the database clock far behind its timer, if within $2 seconds. $1 task queue
 SELECT behind_seconds, instant, cleanup_id, observed_at FROM database_clock_behind
 WHERE task_queue = $1 AND observed_at > now() - make_interval(secs => $2);
+
+-- name: latest_worker_targets
+-- The targets (JSON) the workers last started with: what `planner status` checks for missing indexes.
+SELECT targets::text FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 1;

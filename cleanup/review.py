@@ -76,6 +76,7 @@ class TargetPreview(Model):
     """A declared target and the rows the cleanup would remove (or archive, or anonymize) in it."""
 
     table: str
+    match_column: str
     action: str
     archive_table: str | None
     rows: int
@@ -85,10 +86,12 @@ class CleanupPreview(Model):
     """The dry run of a cleanup: what it would do now. Nothing was started or changed."""
 
     dry_run: Literal[True] = True
-    scope: Literal["account", "cohort"]
-    deadline: datetime
+    scope: Literal["account", "cohort", "window"]
+    deadline: datetime | None  # None: a window of deadlines
+    window_from: datetime | None = None  # the window: deadlines from (included) ...
+    window_to: datetime | None = None  # ... to (excluded; None: no end)
     account_id: str | None
-    workflow_id: str | None  # the cohort's cleanup ID; None for one account
+    workflow_id: str | None  # the cohort's cleanup ID; None for one account or a window
     accounts_in_scope: int
     already_renewed: int
     reminders: int
@@ -178,17 +181,23 @@ async def preview_cleanup(
     *,
     deadline: datetime | None = None,
     account_id: str | None = None,
+    window: tuple[datetime, datetime | None] | None = None,
 ) -> CleanupPreview:
-    """What `cleanup` would do now: accounts in scope, rows per declared target, reminders to write,
-    accounts already renewed. One read-only, repeatable-read transaction; changes nothing."""
-    if (deadline is None) == (account_id is None):
-        raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
+    """What `cleanup` would do now: accounts in scope (a cohort's exact deadline, one account, or every
+    deadline in `window` = [from, to), `to` None: no end), rows per declared target with its match
+    column, reminders to write, accounts already renewed. One read-only, repeatable-read
+    transaction; changes nothing."""
+    if sum(x is not None for x in (deadline, account_id, window)) != 1:
+        raise InputError("give exactly one of --deadline (a cohort), --account (one account) or --from (a window)")
     if account_id is not None:
         check_account_id(account_id)
-    elif deadline is None or deadline.tzinfo is None:
-        raise InputError("deadline has no timezone")
+    for instant in (deadline, *(window or ())):
+        if instant is not None and instant.tzinfo is None:
+            raise InputError("a deadline without a timezone")
+    if window is not None and window[1] is not None and window[1] <= window[0]:
+        raise InputError(f"--to ({window[1].isoformat()}) must be after --from ({window[0].isoformat()})")
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
-        await same_target_set(conn, targets, None if account_id else cohort_cleanup_id(deadline) if deadline else None)
+        await same_target_set(conn, targets, cohort_cleanup_id(deadline) if deadline else None)
         plans = plan_targets(targets, await read_catalog(conn, targets))
         if account_id is not None:
             state = await conn.fetchrow(SQL.account_state, account_id)
@@ -196,19 +205,29 @@ async def preview_cleanup(
                 raise InputError(f"unknown account {account_id!r}")
             deadline = state["renewal_deadline"]
             row = await conn.fetchrow(compile_preview(targets, plans, "account"), account_id)
+        elif window is not None:
+            row = await conn.fetchrow(compile_preview(targets, plans, "window"), *window)
         else:
             row = await conn.fetchrow(compile_preview(targets, plans, "cohort"), deadline)
-    assert row is not None and deadline is not None
+    assert row is not None
     return CleanupPreview(
-        scope="account" if account_id else "cohort",
+        scope="account" if account_id else "window" if window else "cohort",
         deadline=deadline,
+        window_from=window[0] if window else None,
+        window_to=window[1] if window else None,
         account_id=account_id,
-        workflow_id=None if account_id else cohort_cleanup_id(deadline),
+        workflow_id=cohort_cleanup_id(deadline) if deadline and not account_id else None,
         accounts_in_scope=row["accounts_in_scope"],
         already_renewed=row["already_renewed"],
         reminders=row["reminders"],
         targets=[
-            TargetPreview(table=t.table, action=t.action, archive_table=t.archive_table, rows=row[f"rows_t{i}"])
+            TargetPreview(
+                table=t.table,
+                match_column=t.match_column,
+                action=t.action,
+                archive_table=t.archive_table,
+                rows=row[f"rows_t{i}"],
+            )
             for i, t in enumerate(targets.target)
         ],
     )

@@ -11,11 +11,21 @@ whatever the catalog rules miss fails here, not at the deadline.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import asyncpg
 
-from cleanup.targets import CleanupTarget, CleanupTargets, TargetPlan, split_name
+from cleanup.targets import (
+    CleanupTarget,
+    CleanupTargets,
+    ColumnDefault,
+    TargetPlan,
+    constant_check_sql,
+    constant_text,
+    split_name,
+)
 from core.errors import InputError
 from core.queries import MIGRATIONS_DIR, load
 
@@ -29,6 +39,12 @@ WIDENING = {
     "character varying": {"text"},
 }
 HEX_HASH_CHARS = 64
+RANDOM_TEXT_CHARS = len("anon-") + 36  # a random_columns value in a text column: anon-<uuid>
+TINY_TABLE_ROWS = 10_000
+"""A table with fewer rows (pg_class.reltuples, summed over partitions) is read whole by each batch
+in about a millisecond: its match column needs no index, and the start-up check does not warn."""
+TINY_TABLE_PAGES = 64
+"""The same bound for a table never analyzed (reltuples unknown): 64 pages of 8 kB, about 512 kB."""
 _VARCHAR = re.compile(r"^character varying(?:\((\d+)\))?$")
 _CREATE_TABLE = re.compile(r"CREATE TABLE (?:IF NOT EXISTS )?(?:\w+\.)?(\w+)", re.IGNORECASE)
 
@@ -53,11 +69,29 @@ class Column:
 
 
 @dataclass(frozen=True)
+class TableSize:
+    """How big a table is (the planner's estimate, summed over its partitions) and its usable
+    indexes: valid, not partial, by their first key column (what `= ANY(keys)` can search)."""
+
+    rows: float
+    analyzed: bool
+    pages: int
+    indexes: dict[str, str]  # first key column -> an index's name
+
+    @property
+    def tiny(self) -> bool:
+        if self.analyzed:
+            return self.rows < TINY_TABLE_ROWS
+        return self.pages < TINY_TABLE_PAGES
+
+
+@dataclass(frozen=True)
 class Table:
     schema: str
     name: str
     columns: dict[str, Column]
     privileges: frozenset[str]
+    size: TableSize | None = None
 
     @property
     def full(self) -> str:
@@ -78,6 +112,8 @@ class Catalog:
     cascades: list[Cascade] = field(default_factory=list)
     service_schema: str = "public"
     role: str = "?"
+    # (schema, table, column) -> why the column's type refuses its set_columns constant
+    bad_constants: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
 
 def service_tables() -> frozenset[str]:
@@ -85,7 +121,7 @@ def service_tables() -> frozenset[str]:
     return frozenset(m.lower() for f in MIGRATIONS_DIR.glob("*.sql") for m in _CREATE_TABLE.findall(f.read_text()))
 
 
-def _table(row: asyncpg.Record) -> Table:
+def _table(row: asyncpg.Record, size: TableSize | None = None) -> Table:
     columns = {
         name: Column(name, type_, nn, hd, ident, gen)
         for name, type_, nn, hd, ident, gen in zip(
@@ -99,7 +135,7 @@ def _table(row: asyncpg.Record) -> Table:
         )
     }
     privileges = frozenset(p for p in ("SELECT", "INSERT", "UPDATE", "DELETE") if row[f"can_{p.lower()}"])
-    return Table(row["schema_name"], row["table_name"], columns, privileges)
+    return Table(row["schema_name"], row["table_name"], columns, privileges, size)
 
 
 async def read_catalog(conn: asyncpg.Connection | asyncpg.Pool, targets: CleanupTargets) -> Catalog:
@@ -118,12 +154,55 @@ async def read_catalog(conn: asyncpg.Connection | asyncpg.Pool, targets: Cleanup
         )
         for r in await conn.fetch(SQL.cascading_foreign_keys, schemas, tables)
     ]
+    sizes = {(r["schema_name"], r["table_name"]): _size(r) for r in await conn.fetch(SQL.table_sizes, schemas, tables)}
+    found = {
+        (r["schema_name"], r["table_name"]): _table(r, sizes.get((r["schema_name"], r["table_name"]))) for r in rows
+    }
     return Catalog(
-        tables={(r["schema_name"], r["table_name"]): _table(r) for r in rows},
+        tables=found,
         cascades=cascades,
         service_schema=service["schema_name"] if service else "public",
         role=service["role_name"] if service else "?",
+        bad_constants=await _bad_constants(conn, targets, found),
     )
+
+
+def _size(row: asyncpg.Record) -> TableSize:
+    indexes: dict[str, str] = {}
+    for name, column in zip(row["index_names"], row["index_columns"], strict=True):
+        indexes.setdefault(column, name)
+    return TableSize(row["row_estimate"], row["analyzed"], row["pages"], indexes)
+
+
+async def _bad_constants(
+    conn: asyncpg.Connection | asyncpg.Pool, targets: CleanupTargets, tables: dict[tuple[str, str], Table]
+) -> dict[tuple[str, str, str], str]:
+    """Each set_columns constant its column's type refuses, with the database's reason: cast as the
+    cleanup's assignment would, one statement per constant (a handful), each in its own savepoint
+    so a refusal leaves an enclosing transaction (the dry run's) usable."""
+    bad: dict[tuple[str, str, str], str] = {}
+    for t in targets.target:
+        table = tables.get(t.schema_table)
+        for name, value in t.set_columns.items():
+            column = table.columns.get(name) if table else None
+            if column is None or isinstance(value, ColumnDefault):
+                continue
+            try:
+                async with _savepoint(conn) as c:
+                    await c.fetchval(constant_check_sql(column.type), constant_text(value))
+            except (asyncpg.DataError, asyncpg.SyntaxOrAccessError) as err:
+                bad[(*t.schema_table, name)] = f"[{err.sqlstate}] {err}"
+    return bad
+
+
+@asynccontextmanager
+async def _savepoint(conn: asyncpg.Connection | asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as c, c.transaction():
+            yield c
+    else:
+        async with conn.transaction():
+            yield conn
 
 
 def _lossless(source: str, target: str) -> bool:
@@ -177,8 +256,11 @@ def _check_archive(t: CleanupTarget, source: Table, archive: Table, role: str, p
     return TargetPlan(key_type=source.columns[t.match_column].type, copy_columns=tuple(copy), overriding=overriding)
 
 
-def _check_anonymize(t: CleanupTarget, table: Table, problems: list[str]) -> None:
-    for name in (*t.null_columns, *t.hash_columns):
+def _check_anonymize(t: CleanupTarget, table: Table, catalog: Catalog, problems: list[str]) -> TargetPlan:
+    """Each anonymized column exists, can be set, and takes what its kind writes; the plan knows
+    which random_columns are uuid (the others get `anon-<uuid>` text)."""
+    uuids: list[str] = []
+    for name in t.anonymized_columns:
         col = table.columns.get(name)
         where = f"target {t.label}: column {name!r}"
         if col is None:
@@ -187,17 +269,49 @@ def _check_anonymize(t: CleanupTarget, table: Table, problems: list[str]) -> Non
             problems.append(f"{where} is generated or an identity: it cannot be set (fix: remove it from the target)")
         elif name in t.null_columns and col.not_null:
             problems.append(
-                f"{where} is NOT NULL (fix: hash it instead, "
-                f"or ALTER TABLE {table.full} ALTER COLUMN {name} DROP NOT NULL)"
+                f"{where} is NOT NULL (fix: erase it with set_columns = {{ {name} = <a constant> }} or "
+                f"{{ {name} = {{ default = true }} }}, or ALTER TABLE {table.full} ALTER COLUMN {name} DROP NOT NULL)"
             )
-        elif name in t.hash_columns:
-            varchar = _VARCHAR.match(col.type)
-            short = varchar is not None and varchar.group(1) is not None and int(varchar.group(1)) < HEX_HASH_CHARS
-            if not (col.type == "text" or varchar) or short:
+        elif name in t.hash_columns and not _holds_text(col, HEX_HASH_CHARS):
+            problems.append(
+                f"{where} is {col.type}: a keyed hash is {HEX_HASH_CHARS} hex characters of text "
+                f"(fix: erase it by set_columns, or null it; or ALTER TABLE {table.full} ALTER COLUMN {name} TYPE text)"
+            )
+        elif name in t.set_columns:
+            _check_set_column(t, table, col, catalog, problems)
+        elif name in t.random_columns:
+            if col.type == "uuid":
+                uuids.append(name)
+            elif not _holds_text(col, RANDOM_TEXT_CHARS):
                 problems.append(
-                    f"{where} is {col.type}: a keyed hash is {HEX_HASH_CHARS} hex characters of text "
-                    f"(fix: ALTER TABLE {table.full} ALTER COLUMN {name} TYPE text, or null it instead)"
+                    f"{where} is {col.type}: a random replacement is a uuid, or {RANDOM_TEXT_CHARS} characters of "
+                    f"text (anon-<uuid>) (fix: erase it with set_columns instead)"
                 )
+    return TargetPlan(key_type=table.columns[t.match_column].type, uuid_columns=tuple(uuids))
+
+
+def _holds_text(col: Column, chars: int) -> bool:
+    """Whether a text column holds `chars` characters (text, varchar without a limit or long enough)."""
+    varchar = _VARCHAR.match(col.type)
+    short = varchar is not None and varchar.group(1) is not None and int(varchar.group(1)) < chars
+    return (col.type == "text" or varchar is not None) and not short
+
+
+def _check_set_column(t: CleanupTarget, table: Table, col: Column, catalog: Catalog, problems: list[str]) -> None:
+    where = f"target {t.label}: column {col.name!r}"
+    if isinstance(t.set_columns[col.name], ColumnDefault):
+        if not col.has_default and col.not_null:
+            problems.append(
+                f"{where} has no DEFAULT and is NOT NULL: {{ default = true }} would set NULL "
+                f"(fix: set a constant, or ALTER TABLE {table.full} ALTER COLUMN {col.name} SET DEFAULT ...)"
+            )
+        return
+    reason = catalog.bad_constants.get((table.schema, table.name, col.name))
+    if reason is not None:
+        problems.append(
+            f"{where} is {col.type}, which refuses the constant {t.set_columns[col.name]!r}: {reason} "
+            f"(fix: a constant of type {col.type})"
+        )
 
 
 def _check_target(
@@ -226,7 +340,7 @@ def _check_target(
     problems += [f"target {t.label}: " + _grant(table, p, catalog.role) for p in needed if p not in table.privileges]
     plan = TargetPlan(key_type=table.columns[t.match_column].type)
     if t.action == "anonymize":
-        _check_anonymize(t, table, problems)
+        plan = _check_anonymize(t, table, catalog, problems)
     elif t.action == "archive":
         assert t.archive_table is not None
         archive = catalog.tables.get(split_name(t.archive_table))

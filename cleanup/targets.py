@@ -3,15 +3,17 @@
 A target names a table (schema-qualified; unqualified means `public`), the column holding the
 account key (`match_column`, of any type: text, uuid, bigint, ...) and an action: `delete`,
 `archive` (move the rows into `archive_table`) or `anonymize` (keep the row: `null_columns` set
-to NULL, `hash_columns` replaced by a keyed hash, so a UNIQUE column stays unique). The same table
-may appear in several targets with different match columns (a friendship matched by either side).
+to NULL, `set_columns` to a constant or their DEFAULT (erased), `random_columns` to a random UUID
+(anonymous, still unique), `hash_columns` to a keyed hash (a pseudonym: the same value, the same
+hash, so a UNIQUE column stays unique)). The same table may appear in several targets with
+different match columns (a friendship matched by either side).
 
 Targets apply in declared order within the batch's one statement (each waits for the one before),
 so children come before their parents. Rows an `ON DELETE CASCADE` would remove are counted, not
 missed: every table a cascade reaches from a deleted target must itself be declared before it,
 matching on a column of that foreign key that references the parent's match column, so its own
 target removes (and counts) exactly the rows the cascade would, and the cascade finds none left.
-The start-up check (cleanup.schema_check) refuses any other cascade.
+The start-up check (cleanup.target_check) refuses any other cascade.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
+from cleanup.targets_file import TargetsFileError, describe_file_error
 from core.config import CleanupSettings, read
 from core.queries import load
 
@@ -55,6 +69,45 @@ def qualified(name: str) -> str:
     return f"{q(schema)}.{q(table)}"
 
 
+class ColumnDefault(BaseModel):
+    """`{ default = true }` in set_columns: the column's own DEFAULT."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: Literal[True]
+
+
+def _no_nul(value: object) -> object:
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError("a set_columns constant cannot hold a NUL character")
+    return value
+
+
+# A set_columns value: a TOML string, integer, float or boolean constant, or the column's DEFAULT.
+SetValue = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr | ColumnDefault, AfterValidator(_no_nul)]
+ANONYMIZE_KEYS = ("null_columns", "hash_columns", "set_columns", "random_columns")
+
+
+def constant_text(value: StrictBool | StrictInt | StrictFloat | StrictStr) -> str:
+    """A set_columns constant as the text its column's type reads (a TOML boolean as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def sql_constant(value: SetValue) -> str:
+    """A set_columns value as SQL: `DEFAULT`, or a quoted literal of unknown type that the column's own
+    type reads. An E'' string with its backslashes and quotes doubled means the same whatever
+    standard_conforming_strings is, so no value from the file ever becomes SQL text."""
+    if isinstance(value, ColumnDefault):
+        return "DEFAULT"
+    return "E'" + constant_text(value).replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def constant_check_sql(type_name: str) -> str:
+    """Whether a constant ($1, text) is a value of `type_name` (the catalog's format_type spelling,
+    never the file's): what the column's type makes of it when the cleanup sets it."""
+    return f"SELECT CAST($1::text AS {type_name})"
+
+
 class CleanupTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -64,6 +117,12 @@ class CleanupTarget(BaseModel):
     archive_table: str | None = Field(default=None, pattern=QUALIFIED)
     null_columns: tuple[str, ...] = ()
     hash_columns: tuple[str, ...] = ()
+    # Erased: each column set to a constant (a quoted literal, converted by the column's own type)
+    # or to its DEFAULT (`{ default = true }`); never SQL text from the file.
+    set_columns: dict[str, SetValue] = Field(default_factory=dict)
+    # Anonymous: a fresh random value per row (a random UUID; in text `anon-<uuid>`), unique but
+    # linked to nothing, unlike a keyed hash (the same input gives the same output).
+    random_columns: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _keys_fit_the_action(self) -> CleanupTarget:
@@ -73,19 +132,26 @@ class CleanupTarget(BaseModel):
         if self.action != "archive" and self.archive_table:
             raise ValueError(f"{name}: archive_table is only for action 'archive'")
         if self.action == "anonymize":
-            if not (self.null_columns or self.hash_columns):
-                raise ValueError(f"{name}: action 'anonymize' needs null_columns or hash_columns")
-        elif self.null_columns or self.hash_columns:
-            raise ValueError(f"{name}: null_columns and hash_columns are only for action 'anonymize'")
-        columns = [*self.null_columns, *self.hash_columns]
+            if not self.anonymized_columns:
+                raise ValueError(
+                    f"{name}: action 'anonymize' needs null_columns, hash_columns, set_columns or random_columns"
+                )
+        elif self.anonymized_columns:
+            raise ValueError(f"{name}: {', '.join(ANONYMIZE_KEYS)} are only for action 'anonymize'")
+        columns = self.anonymized_columns
         bad = [c for c in columns if not _is_identifier(c)]
         if bad:
             raise ValueError(f"{name}: not a column name: {bad}")
         if len(columns) != len(set(columns)):
-            raise ValueError(f"{name}: a column is listed twice in null_columns/hash_columns")
+            raise ValueError(f"{name}: a column is listed twice in {', '.join(ANONYMIZE_KEYS)}")
         if self.match_column in columns:
-            raise ValueError(f"{name}: the match column {self.match_column!r} cannot be nulled or hashed")
+            raise ValueError(f"{name}: the match column {self.match_column!r} cannot be anonymized")
         return self
+
+    @property
+    def anonymized_columns(self) -> list[str]:
+        """Every column the anonymize action changes, in declared order of its kinds."""
+        return [*self.null_columns, *self.hash_columns, *self.set_columns, *self.random_columns]
 
     @property
     def label(self) -> str:
@@ -121,7 +187,14 @@ class CleanupTargets(BaseModel):
     @property
     def fingerprint(self) -> str:
         """What identifies this target set: the same targets give the same fingerprint on every node."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # Keys added since fingerprints were first recorded count only when used: a target set
+        # that does not use them keeps the fingerprint it was recorded with.
+        dumped = self.model_dump(mode="json")
+        for target in dumped["target"]:
+            for key in ("set_columns", "random_columns"):
+                if not target[key]:
+                    del target[key]
+        canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @property
@@ -129,11 +202,34 @@ class CleanupTargets(BaseModel):
         return any(t.hash_columns for t in self.target)
 
 
+def targets_path(path: Path | None = None) -> Path:
+    """The targets file in use: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
+    return Path(path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE)
+
+
 def load_targets(path: Path | None = None) -> CleanupTargets:
-    """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
-    path = path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE
-    with open(path, "rb") as f:
-        return CleanupTargets.model_validate(tomllib.load(f))
+    """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml. A file that
+    cannot be read, is not TOML or does not declare valid targets raises TargetsFileError (exit 2)
+    naming the file, the line and the key, with the fix."""
+    path = targets_path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TargetsFileError(f"{path}: cannot read the targets file ({err})") from None
+    try:
+        return CleanupTargets.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError) as err:
+        raise TargetsFileError(describe_file_error(path, text, err, target_fields())) from None
+
+
+def target_fields() -> dict[str, tuple[str, ...]]:
+    """What may be written where in a targets file: the top-level keys, a target's keys, and the
+    values of the keys that take one of a few."""
+    return {
+        "": tuple(CleanupTargets.model_fields),
+        "target": tuple(CleanupTarget.model_fields),
+        "action": ("delete", "archive", "anonymize"),
+    }
 
 
 def targets_from_json(data: str) -> CleanupTargets:
@@ -179,6 +275,7 @@ class TargetPlan(BaseModel):
     key_type: str  # the match column's own type, e.g. uuid, bigint, text
     copy_columns: tuple[str, ...] = ()  # archive: columns copied by name
     overriding: bool = False  # archive: an identity GENERATED ALWAYS column is copied as is
+    uuid_columns: tuple[str, ...] = ()  # anonymize: random_columns of type uuid (the others are text)
 
 
 def _keys(key_type: str, source: str) -> str:
@@ -195,6 +292,16 @@ def _applied(plan: TargetPlan, column: str) -> str:
 def _hash(column: str, inner: str, outer: str) -> str:
     value = f"convert_to(t.{q(column)}::text, 'UTF8')"
     return f"encode(sha256({outer} || sha256({inner} || {value})), 'hex')"
+
+
+def _erasures(t: CleanupTarget, plan: TargetPlan) -> list[str]:
+    """The SET clauses of set_columns (a quoted constant, or DEFAULT) and random_columns (a fresh
+    random UUID per row: unique, linked to nothing; in a text column behind `anon-`)."""
+    sets = [f"{q(c)} = {sql_constant(v)}" for c, v in t.set_columns.items()]
+    return sets + [
+        f"{q(c)} = gen_random_uuid()" if c in plan.uuid_columns else f"{q(c)} = 'anon-' || gen_random_uuid()::text"
+        for c in t.random_columns
+    ]
 
 
 def _action(
@@ -214,6 +321,7 @@ def _action(
         return [f"{name} AS (DELETE FROM {table} t WHERE {where} RETURNING {key})"]
     if t.action == "anonymize":
         sets = [f"{q(c)} = NULL" for c in t.null_columns] + [f"{q(c)} = {_hash(c, *pads)}" for c in t.hash_columns]
+        sets += _erasures(t, plan)
         return [f"{name} AS (UPDATE {table} t SET {', '.join(sets)} WHERE {where} RETURNING {key})"]
     assert t.archive_table is not None
     cols = ", ".join(q(c) for c in plan.copy_columns)
@@ -299,7 +407,8 @@ def compile_partition_batch(targets: CleanupTargets, plans: list[TargetPlan]) ->
 
 def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[list[int]]) -> str:
     """The erasure receipt of each account applied in this batch, in the batch's transaction: rows
-    per declared target (in declared order), counted by account once per statement (a grouped
+    per declared target (in declared order, each named by its table and match column: two targets
+    of one table are told apart), counted by account once per statement (a grouped
     count joined by the key in its column's type, never a scan of a target's rows per account; the
     targets of one statement counted by side in one grouping, so one join, whose estimate is the
     statement's). Names and counts only."""
@@ -316,7 +425,8 @@ def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[
         joins.append(f"LEFT JOIN (SELECT key, {sides} FROM t{g}_keyed GROUP BY key) c{g} ON {on}")
         rows |= {i: f"c{g}.n{j}" for j, i in enumerate(group)}
     entries = ", ".join(
-        f"jsonb_build_object('target', '{t.table}', 'action', '{t.action}', 'rows', coalesce({rows[i]}, 0))"
+        f"jsonb_build_object('target', '{t.table}', 'match_column', '{t.match_column}', 'action', '{t.action}',"
+        f" 'rows', coalesce({rows[i]}, 0))"
         for i, t in enumerate(targets.target)
     )
     return (
@@ -348,12 +458,19 @@ def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> l
     return probes
 
 
-PreviewScope = Literal["cohort", "account"]
+PreviewScope = Literal["cohort", "account", "window"]
+_PREVIEW_SCOPES = {
+    "cohort": "a.renewal_deadline = $1",
+    "account": "a.account_id = $1",
+    # deadlines from $1 (included) to $2 (excluded; NULL: no upper bound)
+    "window": "a.renewal_deadline >= $1 AND ($2::timestamptz IS NULL OR a.renewal_deadline < $2)",
+}
 
 
 def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: PreviewScope) -> str:
     """The dry-run statement: accounts in scope, already renewed, reminders to write and one row
-    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline or the account.
+    count per declared target (`rows_t{i}`, in declaration order); $1 is the deadline, the account, or
+    the window's start ($2 its end).
     A row that an earlier target of the same table takes (a friendship of two accounts in scope) is
     counted by that target only, as in the cleanup."""
     counts = []
@@ -365,6 +482,6 @@ def compile_preview(targets: CleanupTargets, plans: list[TargetPlan], scope: Pre
         ]
         earlier = "".join(f" AND ({m}) IS NOT TRUE" for m in matched[:-1])
         counts.append(f"(SELECT count(*) FROM {qualified(t.table)} t WHERE {matched[-1]}{earlier})::int AS rows_t{i}")
-    where = "a.renewal_deadline = $1" if scope == "cohort" else "a.account_id = $1"
+    where = _PREVIEW_SCOPES[scope]
     template = load(__file__).preview_cleanup
     return template.replace("/*scope*/", where).replace("/*target_counts*/", ", " + ", ".join(counts))

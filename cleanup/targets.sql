@@ -42,3 +42,30 @@ ORDER BY 1, 2, 3, 4, 5;
 SELECT n.nspname AS schema_name, current_user AS role_name
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass('cleanup_applied');
+
+-- name: table_sizes
+-- The declared tables' size (the planner's row estimate and pages, summed over their partitions;
+-- analyzed: every partition has an estimate) and their usable indexes: valid, not partial, with
+-- the name of each one's first key column. $1 schemas, $2 table names (pairs).
+SELECT n.nspname AS schema_name, c.relname AS table_name,
+       coalesce(s.row_estimate, 0)::float8 AS row_estimate, coalesce(s.analyzed, false) AS analyzed,
+       coalesce(s.pages, 0)::bigint AS pages,
+       coalesce(ix.index_names, '{}') AS index_names, coalesce(ix.index_columns, '{}') AS index_columns
+FROM unnest($1::text[], $2::text[]) AS w (schema_name, table_name)
+JOIN pg_namespace n ON n.nspname = w.schema_name
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name AND c.relkind IN ('r', 'p')
+LEFT JOIN LATERAL (
+    SELECT sum(greatest(l.reltuples, 0)) AS row_estimate, bool_and(l.reltuples >= 0) AS analyzed,
+           sum(pg_relation_size(l.oid) / current_setting('block_size')::int) AS pages
+    FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_partition_tree(c.oid)) p  -- the table, or its partitions
+    JOIN pg_class l ON l.oid = p.relid AND l.relkind = 'r'
+) s ON true
+LEFT JOIN LATERAL (
+    SELECT array_agg(ic.relname::text ORDER BY ic.relname) AS index_names,
+           array_agg(a.attname::text ORDER BY ic.relname) AS index_columns
+    FROM pg_index i
+    JOIN pg_class ic ON ic.oid = i.indexrelid
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
+    WHERE i.indrelid = c.oid AND i.indisvalid AND i.indpred IS NULL
+) ix ON true
+GROUP BY n.nspname, c.relname, s.row_estimate, s.analyzed, s.pages, ix.index_names, ix.index_columns;

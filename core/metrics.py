@@ -41,6 +41,8 @@ Counters (names as scraped; docs/observability.md):
   outbox_backlog, outbox_dead_letters gauges: outbox events pending / dead-lettered now
   ledger_last_settled_date_seconds    gauge: the last settled ledger business date (Unix time of its 00:00 UTC)
   worker_ready                        gauge: 1 when the worker's readiness checks pass (core/health.py)
+  cleanup_targets_missing_index       gauge, at the worker's start-up check: targets whose match column
+                                      has no usable index on a table that is not tiny (docs/targets.md)
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ DESCRIPTIONS: dict[str, str] = {
     "outbox_backlog": "outbox events waiting to be delivered",
     "outbox_dead_letters": "outbox events dead-lettered (need an operator)",
     "ledger_last_settled_date_seconds": "the last settled ledger business date, as Unix time of its 00:00 UTC",
+    "cleanup_targets_missing_index": "targets whose match column has no usable index on a table that is not tiny "
+    "(at the worker's start-up check)",
     "worker_ready": "1 when the worker's readiness checks pass (database, task queue polls, planner), else 0",
 }
 LATENESS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0]
@@ -309,3 +313,7 @@ def record_budget_wait(seconds: float) -> None:
 
 def set_ready(ready: bool) -> None:
     set_count_gauge("worker_ready", int(ready))
+
+
+def set_targets_missing_index(n: int) -> None:
+    set_count_gauge("cleanup_targets_missing_index", n)

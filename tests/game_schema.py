@@ -20,8 +20,28 @@ ANONYMIZE_KEY = "test-anonymize-key-of-the-game-server"
 PER_USER = {"characters": 2, "inventory": 4, "matches": 3}
 
 
+PROFILES_TARGETS_FILE = GAME_DIR / "profiles_targets.toml"
+
+
 def game_targets() -> CleanupTargets:
     return load_targets(GAME_TARGETS_FILE)
+
+
+async def add_profiles(pool: asyncpg.Pool, users: list[str], notifications: int) -> None:
+    """The JSON profiles (NOT NULL) of the seeded users and `notifications` rows: two per seeded
+    user (one received, one sent), the rest between strangers; analyzed, as a live table is."""
+    await pool.execute((GAME_DIR / "profiles.sql").read_text())
+    await pool.execute(
+        """
+        INSERT INTO game_server.notifications (recipient_id, sender_id, body)
+        SELECT u, NULL, 'welcome' FROM unnest($1::uuid[]) u
+        UNION ALL SELECT gen_random_uuid(), u, 'gift' FROM unnest($1::uuid[]) u
+        UNION ALL SELECT gen_random_uuid(), gen_random_uuid(), 'news' FROM generate_series(1, $2) g;
+        """,
+        users,
+        max(notifications - 2 * len(users), 0),
+    )
+    await pool.execute("ANALYZE game_server.notifications")
 
 
 async def create_game_schema(pool: asyncpg.Pool) -> None:

@@ -269,9 +269,9 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
     [cleaned] = receipt["cleaned"]
     assert (cleaned["cleanup_version"], cleaned["cleanup_id"]) == (2, started.workflow_id)
     assert cleaned["targets"] == [
-        {"target": "demo_game.cloud_saves", "action": "delete", "rows": 2},
-        {"target": "demo_game.inventory_items", "action": "delete", "rows": 0},
-        {"target": "demo_game.match_history", "action": "archive", "rows": 3},
+        {"target": "demo_game.cloud_saves", "match_column": "account_id", "action": "delete", "rows": 2},
+        {"target": "demo_game.inventory_items", "match_column": "account_id", "action": "delete", "rows": 0},
+        {"target": "demo_game.match_history", "match_column": "account_id", "action": "archive", "rows": 3},
     ]
     assert cleaned["reminder"]["status"] == "pending" and cleaned["reminder"]["delivered_at"] is None
 
