@@ -92,6 +92,12 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
 
 CONNECT_READY_TIMEOUT = 30.0
 
+# What the SDK's connect error says when the address itself is wrong (a fix of the configuration,
+# exit 2), not the server away (75): a host name that does not resolve (not EAI_AGAIN, "Temporary
+# failure in name resolution", which is the resolver away), or credentials the server refused.
+_HOST_UNKNOWN = ("Name or service not known", "No address associated with hostname", "nodename nor servname")
+_REFUSED_CREDENTIALS = ("Unauthenticated", "PermissionDenied")
+
 
 def server_starting_up(err: BaseException) -> bool:
     """The frontend is up but not serving yet (`Unavailable: Frontend is not healthy yet`)."""
@@ -99,30 +105,63 @@ def server_starting_up(err: BaseException) -> bool:
 
 
 async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_timeout: float | None = None) -> Client:
-    """Connect, retrying for a bounded time while a just-started server is still becoming healthy."""
+    """Connect, retrying for a bounded time while a just-started server is still becoming healthy.
+
+    Each attempt is bounded by CONNECT_TIMEOUT_SECONDS, as a database connection is (the SDK's own
+    bound, 30 s, applies to a server that accepts TCP and never answers): TemporalUnavailable (exit
+    75) after that long. A wrong address or refused credentials are InputError (exit 2) naming the
+    setting to fix."""
     if settings.temporal_address is None:
         raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (CONNECT_READY_TIMEOUT if ready_timeout is None else ready_timeout)
+    attempt_timeout = settings.connect_timeout_seconds
+    options: dict[str, Any] = {  # bad values here are InputError before any attempt
+        "namespace": settings.temporal_namespace,
+        "data_converter": data_converter(settings),
+        "tls": tls_config(settings),
+        "api_key": settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
+        "runtime": runtime,
+        "plugins": tracing.plugins(settings),
+    }
     while True:
         try:
-            return await Client.connect(
-                settings.temporal_address,
-                namespace=settings.temporal_namespace,
-                data_converter=data_converter(settings),
-                tls=tls_config(settings),
-                api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
-                runtime=runtime,
-                plugins=tracing.plugins(settings),
-            )
+            return await asyncio.wait_for(Client.connect(settings.temporal_address, **options), attempt_timeout)
+        except TimeoutError:
+            raise TemporalUnavailable(
+                f"Temporal at {settings.temporal_address} (TEMPORAL_ADDRESS / --temporal-address) accepted the "
+                f"connection but did not answer within {attempt_timeout:g} s (CONNECT_TIMEOUT_SECONDS); check that "
+                "a Temporal frontend runs there, and the TLS settings"
+            ) from None
+        except ValueError as err:  # the SDK refuses the address itself: "invalid target URL: ..."
+            raise InputError(
+                f"TEMPORAL_ADDRESS (--temporal-address) {settings.temporal_address!r} is not a host:port: "
+                f"{_first_line(err)}"
+            ) from None
         except RuntimeError as err:
             if server_starting_up(err) and loop.time() <= deadline:
                 await asyncio.sleep(0.5)
                 continue
-            raise TemporalUnavailable(
-                f"cannot reach Temporal at {settings.temporal_address} (TEMPORAL_ADDRESS / --temporal-address): "
-                f"{_first_line(err)}; check that the server runs there, and the TLS and API-key settings"
-            ) from None
+            raise connect_failure(settings, err) from None
+
+
+def connect_failure(settings: Settings, err: BaseException) -> InputError | TemporalUnavailable:
+    """A failed connect, classified: the configuration to fix (exit 2) or the server away (exit 75)."""
+    text, address = str(err), settings.temporal_address
+    if "dns error" in text and any(sign in text for sign in _HOST_UNKNOWN):
+        host = (address or "").rsplit(":", 1)[0]
+        return InputError(
+            f"the host name {host!r} of TEMPORAL_ADDRESS (--temporal-address) does not resolve: fix the address"
+        )
+    if any(sign in text for sign in _REFUSED_CREDENTIALS):
+        return InputError(
+            f"Temporal at {address} refused this client's credentials: fix TEMPORAL_API_KEY or the TLS client "
+            "certificate (TEMPORAL_TLS_CLIENT_CERT_PATH / TEMPORAL_TLS_CLIENT_KEY_PATH)"
+        )
+    return TemporalUnavailable(
+        f"cannot reach Temporal at {address} (TEMPORAL_ADDRESS / --temporal-address): "
+        f"{_first_line(err)}; check that the server runs there, and the TLS and API-key settings"
+    )
 
 
 def _first_line(err: BaseException) -> str:

@@ -43,7 +43,8 @@ LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck
 
 
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
-    resolved = embedded.resolve(settings)
+    """The schedule's commands talk to Temporal only: DATABASE_URL is not asked for."""
+    resolved = embedded.resolve(settings, database=False)
     return await connect(resolved), resolved.task_queue
 
 
