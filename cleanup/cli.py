@@ -77,6 +77,8 @@ def _started_text(d: dict[str, Any], *, wait: bool) -> str:
             f"started: {d['workflow_id']}",
             f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope",
         ]
+    elif d.get("joined"):  # running already: this start joined it (even when it raced the one that started it)
+        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", f"deadline {d['deadline']}"]
     else:
         lines = [f"already exists (not started again): {d['workflow_id']}", f"deadline {d['deadline']}"]
         if d.get("outcome"):

@@ -92,13 +92,16 @@ class StartedCleanup(Model):
 
     workflow_id: str
     run_id: str | None
-    started: bool
+    started: bool  # True only when this call started the run
     deadline: datetime
     account_id: str | None
     accounts_in_scope: int
     # For a run that already existed: its Temporal status and, once it completed, its outcome.
     temporal_status: str | None = None
     outcome: str | None = None
+    # True: the run with this ID was running and this call joined it (another caller, or one racing
+    # this one, started it): nothing new started. `started` and `joined` both False: a closed run.
+    joined: bool = False
 
 
 async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, str | None, str | None] | None:
@@ -126,6 +129,7 @@ class CleanupScope(NamedTuple):
     def started(
         self, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
     ) -> StartedCleanup:
+        """The start's result; a run found (not started) that is RUNNING was joined."""
         return StartedCleanup(
             workflow_id=self.workflow_id,
             run_id=run_id,
@@ -135,6 +139,7 @@ class CleanupScope(NamedTuple):
             accounts_in_scope=self.accounts_in_scope,
             temporal_status=status,
             outcome=outcome,
+            joined=not started and status == WorkflowExecutionStatus.RUNNING.name,
         )
 
 
@@ -307,7 +312,7 @@ async def start_or_find(
     public_account = public_account_id(client, scope.account_id) if scope.account_id is not None else None
     if public_account is not None:
         attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
-    run_id, started = await start_idempotently(
+    run_id, started, _ = await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
@@ -320,7 +325,7 @@ async def start_or_find(
     )
     if started:
         return scope.started(run_id, True)
-    # A closed run with this ID: never a second one.
+    # A run with this ID that a racing caller started (joined), or a closed one (never a second).
     found = await _existing_run(client, scope.workflow_id)
     return scope.started(run_id, False) if found is None else scope.started(found[0], False, found[1], found[2])
 

@@ -106,7 +106,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
     )
     # A closed run with this ID is never repeated: one run per bucket.
-    _, started = await start_idempotently(
+    outcome = await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
@@ -120,7 +120,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         memo={"partitions_done": 0, "note": input.note},
         summary=cohort.summary,
     )
-    return started
+    return outcome.started
 
 
 async def plan_buckets(
@@ -354,7 +354,7 @@ async def ensure_planner(
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
         return workflow_id, False
     pause = await planner_pause(pool, task_queue) if pool is not None else None
-    await start_idempotently(
+    outcome = await start_idempotently(
         client,
         PLANNER_WORKFLOW,
         PlannerInput(
@@ -367,8 +367,7 @@ async def ensure_planner(
         summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
         repeat_closed=True,
     )
-    started = True
-    return workflow_id, started
+    return workflow_id, outcome.started  # False: another caller started it since the describe above
 
 
 # A planner whose workflow task failed this many times in a row (a bug, a non-deterministic change

@@ -203,7 +203,11 @@ async def describe_or_none(client: Client, workflow_id: str) -> WorkflowExecutio
 
 class StartOutcome(NamedTuple):
     run_id: str | None
-    started: bool  # False: a closed run with this ID exists (never repeated)
+    started: bool  # True only when this call started the run
+    # True: a run with this ID was already running and this call joined it (USE_EXISTING: a second
+    # caller, or one that raced the first); started and joined both False: a closed run with this ID
+    # exists (never repeated).
+    joined: bool = False
 
 
 async def start_idempotently(
@@ -244,4 +248,13 @@ async def start_idempotently(
         )
     except WorkflowAlreadyStartedError as err:
         return StartOutcome(err.run_id, False)
-    return StartOutcome(handle.result_run_id, True)
+    created = _started_by_this_call(handle)
+    return StartOutcome(handle.result_run_id, created, joined=not created)
+
+
+def _started_by_this_call(handle: Any) -> bool:
+    """The server's answer to the start: `started` is False when USE_EXISTING returned the run that
+    was already running. The SDK keeps the response on the handle only (no public accessor), so a
+    handle without it is read as started, as before; tests/test_start_races.py pins the behaviour."""
+    response = getattr(handle, "_start_workflow_response", None)
+    return bool(getattr(response, "started", True))
