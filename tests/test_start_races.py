@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 
 from cleanup.operations import start_cleanup
 from core.config import Settings
-from core.temporal import start_idempotently
+from core.temporal import StartOutcome, start_idempotently
 from ledger.models import LEDGER_WORKFLOW
 from ledger.operations import start_reconciliation
 from tests.helpers import deadline_in, seed
@@ -46,7 +46,7 @@ async def test_the_second_of_two_racing_starts_joins_the_first(client: Client, t
     workflow_id = f"race-{task_queue}"
     started_ids.append(workflow_id)
 
-    async def start() -> tuple[str | None, bool, bool]:
+    async def start() -> StartOutcome:
         return await start_idempotently(
             client, LEDGER_WORKFLOW, None, workflow_id=workflow_id, task_queue=task_queue, summary="race"
         )
