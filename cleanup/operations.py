@@ -41,7 +41,7 @@ from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, start_idempotently
+from core.temporal import describe_or_none, query_or_note, start_idempotently
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
@@ -506,13 +506,19 @@ class CleanupReport(Report):
     settlement: RecordedSettlement | None = None
     failed_accounts: str | None = None  # set only when some account failed
     database: str | None = None  # set only when the database is unavailable: what is not shown
+    live_status: str | None = None  # set only when no worker answered the status query: what is not shown
+
+
+LIVE_PART = "partitions done, counts and renewal signals are not shown; the phase is the run's last recorded one"
 
 
 async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> CleanupReport:
     """What an operator asks: sleeping until when, partitions k/P, settled, counts.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
-    knows, and `database` says that the counts from the database are missing."""
+    knows, and `database` says that the counts from the database are missing. Without a worker (no
+    answer to the status query within core.temporal.STATUS_QUERY_TIMEOUT) it answers from the
+    describe and the database, and `live_status` says so."""
     desc = await describe_or_none(client, workflow_id)
     if desc is None:
         raise InputError(f"no cleanup with workflow ID {workflow_id!r}")
@@ -526,10 +532,13 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id:
     }
     handle = client.get_workflow_handle(workflow_id, result_type=CleanupResult)
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
-        out.update(dict(live))
-        if live.phase == "sleeping":
-            out["sleeping_until"] = live.deadline
+        live, no_answer = await query_or_note(desc, client, STATUS_QUERY, CleanupStatus)
+        if live is None:
+            out["live_status"] = f"{no_answer}; {LIVE_PART}"
+        else:
+            out.update(dict(live))
+            if live.phase == "sleeping":
+                out["sleeping_until"] = live.deadline
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome

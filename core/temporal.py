@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -199,6 +199,41 @@ async def describe_or_none(client: Client, workflow_id: str) -> WorkflowExecutio
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+# How long a status waits for a worker to answer a workflow's query: more than the sticky-queue wait
+# (WORKER_STICKY_QUEUE_TIMEOUT_SECONDS, 3 s) after which a live worker takes the query of one that
+# died, far less than the SDK's own bound (30 s, an operator staring at a hung command while every
+# worker is down, the moment a status is most needed).
+STATUS_QUERY_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+async def query_or_note(
+    desc: WorkflowExecutionDescription, client: Client, query: str, result_type: type[T]
+) -> tuple[T | None, str | None]:
+    """A running workflow's live status query, bounded: (the answer, None), or (None, a sentence
+    saying no worker answered) when none did within STATUS_QUERY_TIMEOUT. The caller then answers
+    from what Temporal's describe and the database know. A worker's failed answer is raised."""
+    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id)
+    timeout = timedelta(seconds=STATUS_QUERY_TIMEOUT)
+    try:
+        # wait_for as well: the RPC deadline bounds each call, not the SDK's retries of it.
+        answer = await asyncio.wait_for(
+            handle.query(query, result_type=result_type, rpc_timeout=timeout), STATUS_QUERY_TIMEOUT + 1
+        )
+    except TimeoutError:
+        pass
+    except RPCError as err:
+        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+            raise
+    else:
+        return answer, None
+    return None, (
+        f"no worker answered the status query within {STATUS_QUERY_TIMEOUT:g} s (task queue {desc.task_queue}: "
+        "are the workers running?)"
+    )
 
 
 class StartOutcome(NamedTuple):

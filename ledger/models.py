@@ -262,6 +262,7 @@ class LedgerReport(Report):
     revisions: list[SettlementRevision] | None = None
     settlement: LedgerSettlement | None = None
     database: str | None = None  # set only when the database is unavailable: what is not shown
+    live_status: str | None = None  # set only when no worker answered the status query: what is not shown
 
 
 ReviewKind = Literal[

@@ -17,7 +17,7 @@ from core import db
 from core import search_attributes as sa
 from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
-from core.temporal import describe_or_none, start_idempotently
+from core.temporal import describe_or_none, query_or_note, start_idempotently
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
@@ -236,8 +236,11 @@ async def ledger_status(
     if desc is not None:
         handle = client.get_workflow_handle(workflow_id, result_type=LedgerReconciliationResult)
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            live = await handle.query(STATUS_QUERY, result_type=LedgerStatus)
-            out["phase"] = live.phase
+            live, no_answer = await query_or_note(desc, client, STATUS_QUERY, LedgerStatus)
+            if live is None:
+                out["live_status"] = f"{no_answer}; the phase is not shown"
+            else:
+                out["phase"] = live.phase
         elif desc.status == WorkflowExecutionStatus.COMPLETED:
             result: LedgerReconciliationResult = await handle.result()
             out["phase"] = "settled" if result.settlement else None
