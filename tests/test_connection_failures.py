@@ -172,6 +172,7 @@ def test_the_connect_timeout_is_about_ten_seconds_by_default() -> None:
         ["schedule", "create", "--heartbeat-timeout", "nan"],
         ["ledger"],  # a group without its verb
         ["no-such-command"],
+        ["worker", "--no-such-flag"],  # the worker's own parser too
     ],
     ids=" ".join,
 )
