@@ -37,7 +37,7 @@ async def started_ids(client: Client) -> AsyncIterator[list[str]]:
 
 
 def a_date() -> date:
-    """A business date no other test of this session uses (its workflow ID is the date's)."""
+    """A past business date, most likely used by no other test (its workflow ID is the date's)."""
     return date(random.randint(1990, 2020), random.randint(1, 12), random.randint(1, 28))  # past: reconcilable
 
 
