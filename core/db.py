@@ -85,6 +85,8 @@ def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     """The error a command reports when the database cannot be reached: names the database (no password)."""
     where = mask_url(url) if url else "the embedded Postgres"
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if not detail and isinstance(err, TimeoutError):  # the connect's bound: say which and where it is set
+        detail = f"no answer within {connect_timeout():g} s, CONNECT_TIMEOUT_SECONDS"
     cause = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
     return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
 

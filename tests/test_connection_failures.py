@@ -145,7 +145,7 @@ def test_an_address_that_accepts_and_never_answers_exits_75_after_the_one_timeou
     """The same setting bounds both (the SDK's own bound for Temporal is 30 s)."""
     if service == "database":
         argv, env = ["failed"], {"DATABASE_URL": f"postgresql://app:pw-hidden@127.0.0.1:{silent_port}/x"}
-        message = "is unavailable (TimeoutError"
+        message = "is unavailable (TimeoutError: no answer within 2 s, CONNECT_TIMEOUT_SECONDS)"
     else:
         argv, env = ["list"], {"TEMPORAL_ADDRESS": f"127.0.0.1:{silent_port}"}
         message = "did not answer within 2 s (CONNECT_TIMEOUT_SECONDS)"
