@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowQueryFailedError
@@ -41,6 +41,7 @@ from core.cli import (
 )
 from core.config import Settings
 from core.errors import parse_instant
+from core.temporal import STATUS_QUERY_TIMEOUT
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -102,7 +103,9 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
         if result_task.done():
             break
         with contextlib.suppress(RPCError, WorkflowQueryFailedError):
-            live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
+            # Bounded: with no worker up, the wait goes on to its result, not 30 s per look.
+            bound = timedelta(seconds=STATUS_QUERY_TIMEOUT)
+            live = await handle.query(STATUS_QUERY, result_type=CleanupStatus, rpc_timeout=bound)
             if live.phase == "sleeping":
                 left = (live.deadline - datetime.now(UTC)).total_seconds()
                 print(f"\rsleeping until {live.deadline.isoformat()} ({left:.0f}s)".ljust(60), end="", file=sys.stderr)
