@@ -4,7 +4,9 @@ Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=
 traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
 the database or Temporal temporarily unavailable (retry later). Under --json an error is one JSON
 object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `list` and
-`planner status` answer what Temporal knows and say which part is missing.
+`planner status` answer what Temporal knows and say which part is missing; while every worker is
+down, the status commands answer within seconds from Temporal's describe and the database, and say
+that no worker answered.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
 """
 

@@ -29,7 +29,7 @@ from cleanup.planner import ensure_planner, watch_planner
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
 from core.budget import LoadBudget
-from core.cli import add_connection_flags, bounded_int
+from core.cli import CliParser, add_connection_flags, bounded_int
 from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
@@ -348,7 +348,8 @@ async def _start_companions(
 
 def build_parser() -> argparse.ArgumentParser:
     """The worker's options; each has an environment variable, named in its help."""
-    parser = argparse.ArgumentParser(prog="deadline-cleanup worker", description=__doc__, allow_abbrev=False)
+    # A bad value is one line (exit 2), as for every command (core.cli.CliParser).
+    parser = CliParser(prog="deadline-cleanup worker", description=__doc__, allow_abbrev=False)
     add_connection_flags(parser)
     parser.add_argument(
         "--metrics-port",

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +43,7 @@ from core.cli import (
 )
 from core.config import Settings
 from core.errors import InputError, parse_instant
+from core.temporal import STATUS_QUERY_TIMEOUT
 
 
 async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
@@ -83,6 +84,8 @@ def _started_text(d: dict[str, Any], *, wait: bool) -> str:
             f"started: {d['workflow_id']}",
             f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope",
         ]
+    elif d.get("joined"):  # running already: this start joined it (even when it raced the one that started it)
+        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", f"deadline {d['deadline']}"]
     else:
         lines = [f"already exists (not started again): {d['workflow_id']}", f"deadline {d['deadline']}"]
         if d.get("outcome"):
@@ -106,7 +109,9 @@ async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
         if result_task.done():
             break
         with contextlib.suppress(RPCError, WorkflowQueryFailedError):
-            live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
+            # Bounded: with no worker up, the wait goes on to its result, not 30 s per look.
+            bound = timedelta(seconds=STATUS_QUERY_TIMEOUT)
+            live = await handle.query(STATUS_QUERY, result_type=CleanupStatus, rpc_timeout=bound)
             if live.phase == "sleeping":
                 left = (live.deadline - datetime.now(UTC)).total_seconds()
                 print(f"\rsleeping until {live.deadline.isoformat()} ({left:.0f}s)".ljust(60), end="", file=sys.stderr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncpg
 
 from cleanup.targets import CleanupTargets, q, qualified, split_name
-from core.db import connect_timeout, service_settings
+from core.db import open_connection, service_settings
 from core.queries import load
 from core.roles import service_roles
 
@@ -52,7 +52,7 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
 
 async def grant_targets_url(url: str, targets: CleanupTargets) -> dict[str, list[str]]:
     """`grant_targets` on a connection of its own (the owner's), if the worker role exists."""
-    conn = await asyncpg.connect(url, timeout=connect_timeout(), server_settings=service_settings())
+    conn = await open_connection(url, server_settings=service_settings())
     try:
         if not await conn.fetchval(SQL.role_exists, service_roles().worker):
             return {"granted": [], "missing": []}

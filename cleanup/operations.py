@@ -42,7 +42,7 @@ from core.envelope import ensure_within_envelope
 from core.errors import InputError, validation_message
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, start_idempotently
+from core.temporal import describe_or_none, query_or_note, start_idempotently
 
 SQL = load(__file__)
 log = logging.getLogger("cleanup")
@@ -93,13 +93,16 @@ class StartedCleanup(Model):
 
     workflow_id: str
     run_id: str | None
-    started: bool
+    started: bool  # True only when this call started the run
     deadline: datetime
     account_id: str | None
     accounts_in_scope: int
     # For a run that already existed: its Temporal status and, once it completed, its outcome.
     temporal_status: str | None = None
     outcome: str | None = None
+    # True: the run with this ID was running and this call joined it (another caller, or one racing
+    # this one, started it): nothing new started. `started` and `joined` both False: a closed run.
+    joined: bool = False
 
 
 async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, str | None, str | None] | None:
@@ -127,6 +130,7 @@ class CleanupScope(NamedTuple):
     def started(
         self, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
     ) -> StartedCleanup:
+        """The start's result; a run found (not started) that is RUNNING was joined."""
         return StartedCleanup(
             workflow_id=self.workflow_id,
             run_id=run_id,
@@ -136,6 +140,7 @@ class CleanupScope(NamedTuple):
             accounts_in_scope=self.accounts_in_scope,
             temporal_status=status,
             outcome=outcome,
+            joined=not started and status == WorkflowExecutionStatus.RUNNING.name,
         )
 
 
@@ -308,7 +313,7 @@ async def start_or_find(
     public_account = public_account_id(client, scope.account_id) if scope.account_id is not None else None
     if public_account is not None:
         attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
-    run_id, started = await start_idempotently(
+    run_id, started, _ = await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
@@ -321,7 +326,7 @@ async def start_or_find(
     )
     if started:
         return scope.started(run_id, True)
-    # A closed run with this ID: never a second one.
+    # A run with this ID that a racing caller started (joined), or a closed one (never a second).
     found = await _existing_run(client, scope.workflow_id)
     return scope.started(run_id, False) if found is None else scope.started(found[0], False, found[1], found[2])
 
@@ -528,13 +533,19 @@ class CleanupReport(Report):
     settlement: RecordedSettlement | None = None
     failed_accounts: str | None = None  # set only when some account failed
     database: str | None = None  # set only when the database is unavailable: what is not shown
+    live_status: str | None = None  # set only when no worker answered the status query: what is not shown
+
+
+LIVE_PART = "partitions done, counts and renewal signals are not shown; the phase is the run's last recorded one"
 
 
 async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id: str) -> CleanupReport:
     """What an operator asks: sleeping until when, partitions k/P, settled, counts.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
-    knows, and `database` says that the counts from the database are missing."""
+    knows, and `database` says that the counts from the database are missing. Without a worker (no
+    answer to the status query within core.temporal.STATUS_QUERY_TIMEOUT) it answers from the
+    describe and the database, and `live_status` says so."""
     desc = await describe_or_none(client, workflow_id)
     if desc is None:
         raise InputError(f"no cleanup with workflow ID {workflow_id!r}")
@@ -548,10 +559,13 @@ async def cleanup_status(client: Client, pool: asyncpg.Pool | None, workflow_id:
     }
     handle = client.get_workflow_handle(workflow_id, result_type=CleanupResult)
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        live = await handle.query(STATUS_QUERY, result_type=CleanupStatus)
-        out.update(dict(live))
-        if live.phase == "sleeping":
-            out["sleeping_until"] = live.deadline
+        live, no_answer = await query_or_note(desc, client, STATUS_QUERY, CleanupStatus)
+        if live is None:
+            out["live_status"] = f"{no_answer}; {LIVE_PART}"
+        else:
+            out.update(dict(live))
+            if live.phase == "sleeping":
+                out["sleeping_until"] = live.deadline
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         result: CleanupResult = await handle.result()
         out["outcome"] = result.outcome

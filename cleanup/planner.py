@@ -68,7 +68,7 @@ from core.budget import BudgetStatus, budget_status
 from core.config import read
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, start_idempotently
+from core.temporal import describe_or_none, query_or_note, start_idempotently
 
 log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
@@ -106,7 +106,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
     )
     # A closed run with this ID is never repeated: one run per bucket.
-    _, started = await start_idempotently(
+    outcome = await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
@@ -120,7 +120,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         memo={"partitions_done": 0, "note": input.note},
         summary=cohort.summary,
     )
-    return started
+    return outcome.started
 
 
 async def plan_buckets(
@@ -354,7 +354,7 @@ async def ensure_planner(
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
         return workflow_id, False
     pause = await planner_pause(pool, task_queue) if pool is not None else None
-    await start_idempotently(
+    outcome = await start_idempotently(
         client,
         PLANNER_WORKFLOW,
         PlannerInput(
@@ -367,8 +367,7 @@ async def ensure_planner(
         summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
         repeat_closed=True,
     )
-    started = True
-    return workflow_id, started
+    return workflow_id, outcome.started  # False: another caller started it since the describe above
 
 
 # A planner whose workflow task failed this many times in a row (a bug, a non-deterministic change
@@ -520,6 +519,7 @@ class PlannerReport(Report):
     # the workers' targets whose match column has no usable index now, each with its fix
     targets_missing_index: list[str] | None = None
     database: str | None = None  # set only when the database is unavailable: what is not shown
+    live_status: str | None = None  # set only when no worker answered the status query: what is not shown
     settings: PlannerSettings
     totals: PlannerTotals | None = None
     last_iteration_at: datetime | None = None
@@ -532,14 +532,17 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
     """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
-    knows, and `database` says that the deadlines, overdue accounts, recoveries and lateness are missing."""
+    knows, and `database` says that the deadlines, overdue accounts, recoveries and lateness are missing;
+    without a worker to answer its status query, `live_status` says what is not shown."""
     workflow_id = planner_workflow_id(task_queue)
     out: dict[str, Any] = {"workflow_id": workflow_id}
     desc = await describe_or_none(client, workflow_id)
     out["temporal_status"] = desc.status.name if desc is not None and desc.status else None
     live: PlannerStatus | None = None
     if desc is not None and desc.status == WorkflowExecutionStatus.RUNNING:
-        live = await client.get_workflow_handle(workflow_id).query(STATUS_QUERY, result_type=PlannerStatus)
+        live, no_answer = await query_or_note(desc, client, STATUS_QUERY, PlannerStatus)
+        if live is None:
+            out["live_status"] = f"{no_answer}; its phase, totals and last steps are not shown"
     settings = live.settings if live else read(PlannerSettings)
     out["phase"] = live.phase if live else None
     out["paused"] = live.paused if live else None

@@ -61,8 +61,8 @@ def report_error(code: int, message: str, *, as_json: bool) -> int:
 
 
 class CliParser(argparse.ArgumentParser):
-    """Usage errors as the other errors: under --json, one JSON object on stderr (exit 2), in
-    nested sub-commands too (their parsers are of this class).
+    """Usage errors as the other errors: one line on stderr (under --json, one JSON object), exit 2,
+    in nested sub-commands too (their parsers are of this class).
 
     No abbreviated flags: with them a verb would take a prefix of another flag it happens to have
     (`--dead` for `--dead-since`), so a flag meant for a sibling verb would parse instead of failing.
@@ -93,9 +93,11 @@ class CliParser(argparse.ArgumentParser):
         return [name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
 
     def error(self, message: str) -> NoReturn:
-        if not CliParser.json_errors:
-            super().error(message)
-        report_error(EXIT_INPUT, f"{self.prog}: {message}", as_json=True)
+        """One line, like every other bad value (an InputError): a flag's type refusing a value
+        (`--payments -5`) is bad input too, not a reason to print the whole usage."""
+        as_json = CliParser.json_errors
+        shown = f"{self.prog}: {message}" + ("" if as_json else f" (`{self.prog} --help` lists its options)")
+        report_error(EXIT_INPUT, shown, as_json=as_json)
         sys.exit(EXIT_INPUT)
 
 
@@ -300,7 +302,7 @@ class CliContext:
     def __init__(self, settings: Settings, *, database: str = "required") -> None:
         if database not in ("required", "optional", "unused"):
             raise ValueError(f"database must be required, optional or unused, got {database!r}")
-        self.settings = embedded.resolve(settings)
+        self.settings = embedded.resolve(settings, database=database != "unused")
         self.database = database
         self.database_missing: str | None = None
         self._pool: asyncpg.Pool | None = None
@@ -311,8 +313,8 @@ class CliContext:
 
     async def __aenter__(self) -> CliContext:
         url = self.settings.database_url
-        assert url is not None
         if self.database != "unused":
+            assert url is not None
             try:
                 await db.check_schema_url(url)  # only `migrate` changes the schema
                 self._pool = await db.create_pool(url, max_size=4, connect_timeout=db.connect_timeout())

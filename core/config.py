@@ -402,10 +402,13 @@ class Settings(BaseModel):
         section="database",
         pattern=r"^[a-z_][a-z0-9_]{0,40}$",
     )
-    database_connect_timeout_seconds: float = setting(
+    # One bound for both services: an address that accepts and never answers costs a command (or a
+    # worker starting) the same time whichever service it is, then exit 75 naming the setting.
+    connect_timeout_seconds: float = setting(
         10.0,
-        "seconds to wait for a database connection (a Postgres that never answers fails a command clearly)",
-        env="DATABASE_CONNECT_TIMEOUT_SECONDS",
+        "seconds to wait for a connection to the database or to Temporal (an address that accepts and never "
+        "answers fails with exit 75 after this long)",
+        env="CONNECT_TIMEOUT_SECONDS",
         section="database",
         gt=0,
         le=3600,
@@ -679,10 +682,19 @@ def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable,
     return tuple(found)
 
 
+# Old names still read, with a deprecation line, when the new name is unset (old -> new).
+DEPRECATED_NAMES = {"DATABASE_CONNECT_TIMEOUT_SECONDS": "CONNECT_TIMEOUT_SECONDS"}
+
+
 def environment(base: Mapping[str, str]) -> dict[str, str]:
-    """The variables as the settings read them: each secret's `NAME_FILE` read into NAME (both set is
-    an error), then what `dev up` recorded for the names still unset."""
+    """The variables as the settings read them: a deprecated name's value under its new name, each
+    secret's `NAME_FILE` read into NAME (both set is an error), then what `dev up` recorded for the
+    names still unset."""
     env = dict(base)
+    for old, new in DEPRECATED_NAMES.items():
+        if env.get(old) and not env.get(new):
+            logging.getLogger(__name__).warning("%s is deprecated: set %s", old, new)
+            env[new] = env[old]
     for var in variables():
         if not var.secret:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ from core.config import mask_url, read_value
 from core.errors import (
     ConnectionLostBeforeCommit,
     ConnectionLostInTransaction,
+    DatabaseMisconfigured,
     DatabaseUnavailable,
     InputError,
 )
@@ -87,8 +89,51 @@ def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     """The error a command reports when the database cannot be reached: names the database (no password)."""
     where = mask_url(url) if url else "the embedded Postgres"
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if not detail and isinstance(err, TimeoutError):  # the connect's bound: say which and where it is set
+        detail = f"no answer within {connect_timeout():g} s, CONNECT_TIMEOUT_SECONDS"
     cause = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
     return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
+
+
+# SQLSTATEs of a connection refused for good: 3D000 invalid_catalog_name (no such database), class
+# 28 invalid authorization (28000 no such role or no pg_hba.conf entry, 28P01 wrong password).
+_MISCONFIGURED_SQLSTATES = ("3D000", "28")
+# getaddrinfo's "this name does not exist" (EAI_NONAME, EAI_NODATA); EAI_AGAIN ("temporary failure
+# in name resolution") is the resolver away: unavailable, retried like a refused connection.
+_UNKNOWN_HOST_ERRNOS = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+
+
+_TO_FIX = {"3D000": "the database name", "28000": "the user (role) name", "28P01": "the password"}
+
+
+def misconfiguration(url: str | None, err: BaseException) -> DatabaseMisconfigured | None:
+    """The error a command reports when DATABASE_URL itself is wrong (exit 2: retrying cannot help),
+    or None for any other failure. The server's sentence (it names the database or the role, never
+    a password) and the URL without its password."""
+    where = mask_url(url) if url else "the embedded Postgres"
+    state = getattr(err, "sqlstate", None)
+    if isinstance(state, str) and state.startswith(_MISCONFIGURED_SQLSTATES):
+        what = _TO_FIX.get(state, "the user or the host")
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return DatabaseMisconfigured(f"{detail} (at {where}): fix {what} in DATABASE_URL (or --database-url)")
+    if isinstance(err, socket.gaierror) and err.errno in _UNKNOWN_HOST_ERRNOS:
+        host = urlsplit(url).hostname if url else None
+        return DatabaseMisconfigured(
+            f"the host name {host!r} of DATABASE_URL (or --database-url) does not resolve ({where}): fix the host"
+        )
+    return None
+
+
+async def open_connection(url: str, **options: Any) -> asyncpg.Connection:
+    """`asyncpg.connect` bounded by CONNECT_TIMEOUT_SECONDS; a wrong DATABASE_URL raises
+    DatabaseMisconfigured (exit 2) instead of the driver's error."""
+    try:
+        return await asyncpg.connect(url, timeout=connect_timeout(), **options)
+    except Exception as err:
+        wrong = misconfiguration(url, err)
+        if wrong is not None:
+            raise wrong from None
+        raise
 
 
 # Every session this service opens carries this application_name prefix (its pools: create_pool;
@@ -130,15 +175,21 @@ async def create_pool(
         if on_connect is not None:
             on_connect()
 
-    pool = await asyncpg.create_pool(
-        url,
-        min_size=min_size,
-        max_size=max_size,
-        command_timeout=300,
-        init=init,
-        timeout=connect_timeout,
-        server_settings=server_settings,
-    )
+    try:
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            command_timeout=300,
+            init=init,
+            timeout=connect_timeout,
+            server_settings=server_settings,
+        )
+    except Exception as err:
+        wrong = misconfiguration(url, err)
+        if wrong is not None:
+            raise wrong from None
+        raise
     assert pool is not None
     return pool
 
@@ -386,13 +437,14 @@ async def _apply(conn: asyncpg.Connection, path: Path) -> None:
 
 
 def connect_timeout() -> float:
-    """Seconds to wait for a database connection (DATABASE_CONNECT_TIMEOUT_SECONDS, default 10): a
-    Postgres that accepts and never answers fails a command with a clear message, not a hang."""
-    return float(read_value("DATABASE_CONNECT_TIMEOUT_SECONDS"))
+    """Seconds to wait for a database connection (CONNECT_TIMEOUT_SECONDS, default 10, the same
+    bound as Temporal's: core.temporal.connect): a Postgres that accepts and never answers fails a
+    command with a clear message, not a hang."""
+    return float(read_value("CONNECT_TIMEOUT_SECONDS"))
 
 
 async def migrate_url(url: str) -> list[str]:
-    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    conn = await open_connection(url)
     try:
         return await migrate(conn)
     finally:
@@ -421,7 +473,7 @@ async def check_worker_database(url: str) -> None:
     where the worker's sessions would see it (its DSN, its role, its database): InputError (exit 2)
     naming where. The clock that decides deletions is the database's."""
     await check_schema_url(url)
-    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    conn = await open_connection(url)
     try:
         places = [r["place"] for r in await conn.fetch(_CLOCK_OFFSETS, CLOCK_OFFSET_SETTING)]
     finally:
@@ -437,7 +489,7 @@ async def check_schema_url(url: str) -> None:
     """What every command but `migrate` (and every worker) does at start-up: never apply a
     migration (DDL on a live game database is the operator's step), only refuse to run on a schema
     behind the code or changed since applied, with what to do (InputError: exit 2)."""
-    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    conn = await open_connection(url)
     try:
         applied = await applied_migrations(conn)
         if applied is not None:
@@ -448,7 +500,7 @@ async def check_schema_url(url: str) -> None:
 
 
 async def migration_status_url(url: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(url, timeout=connect_timeout())
+    conn = await open_connection(url)
     try:
         return await migration_status(conn)
     finally:
@@ -499,7 +551,7 @@ async def grant_worker_role(url: str, login: str) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", login):
         raise InputError(f"not a role name: {login!r} (lower-case letters, digits and _)")
     worker = service_roles().worker
-    conn = await asyncpg.connect(url)
+    conn = await open_connection(url)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
             raise InputError(f"no database role named {login!r}; create the login first")

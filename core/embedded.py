@@ -368,27 +368,33 @@ def missing_addresses(settings: Settings) -> list[str]:
     return [name for name, value in names if value is None]
 
 
+ADDRESS_FLAGS = {"DATABASE_URL": "--database-url", "TEMPORAL_ADDRESS": "--temporal-address"}
+
+
 def address_missing(names: list[str]) -> AddressMissing:
+    """Names only the addresses the command needs, and only their flags."""
+    flags = " / ".join(ADDRESS_FLAGS[name] for name in names)
     return AddressMissing(
         f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} not set: export "
-        f"{'it' if len(names) == 1 else 'them'} (or pass --temporal-address / --database-url); for a local "
+        f"{'it' if len(names) == 1 else 'them'} (or pass {flags}); for a local "
         "stack run `deadline-cleanup dev up` in this checkout first"
     )
 
 
-def resolve(settings: Settings, *, start: bool | None = None) -> Settings:
+def resolve(settings: Settings, *, start: bool | None = None, database: bool = True) -> Settings:
     """Fill every unset address with an embedded service, starting it if needed, but only when asked
     (`start=True`, or CLEANUP_EMBEDDED=1): otherwise an unset address is an AddressMissing error that
-    names it, raised before anything is started or connected."""
-    missing = missing_addresses(settings)
+    names it, raised before anything is started or connected. `database=False`: a command that needs
+    Temporal alone (`schedule ...`, `list`) asks for TEMPORAL_ADDRESS only; DATABASE_URL stays as given."""
+    missing = [name for name in missing_addresses(settings) if database or name != "DATABASE_URL"]
     if not missing:
         return settings
     if not (embedded_allowed() if start is None else start):
         raise address_missing(missing)
     updates: dict[str, object] = {}
-    if settings.database_url is None:
+    if "DATABASE_URL" in missing:
         updates["database_url"] = embedded_postgres_url(settings.state_dir)
-    if settings.temporal_address is None:
+    if "TEMPORAL_ADDRESS" in missing:
         server = DevServer(settings.state_dir, ui_port=EMBEDDED_UI_PORT)
         server.start()
         updates["temporal_address"] = server.address

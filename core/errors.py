@@ -80,6 +80,12 @@ class DatabaseUnavailable(Unavailable):
     The message names the database (its URL without the password) and says it is unavailable."""
 
 
+class DatabaseMisconfigured(InputError):
+    """The database refused the configured connection for good (no such database or role, a wrong
+    password, a host name that does not resolve): trying again cannot help, DATABASE_URL must be
+    fixed (exit 2). One sentence naming the setting; never the password."""
+
+
 class DatabaseConnectionLost(DeadlineCleanupError, ConnectionError):
     """The database connection of a transaction closed under it (core.db.transaction). A
     ConnectionError, so it is judged a lost connection and retried like one."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -92,6 +92,12 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
 
 CONNECT_READY_TIMEOUT = 30.0
 
+# What the SDK's connect error says when the address itself is wrong (a fix of the configuration,
+# exit 2), not the server away (75): a host name that does not resolve (not EAI_AGAIN, "Temporary
+# failure in name resolution", which is the resolver away), or credentials the server refused.
+_HOST_UNKNOWN = ("Name or service not known", "No address associated with hostname", "nodename nor servname")
+_REFUSED_CREDENTIALS = ("Unauthenticated", "PermissionDenied")
+
 
 def server_starting_up(err: BaseException) -> bool:
     """The frontend is up but not serving yet (`Unavailable: Frontend is not healthy yet`)."""
@@ -99,30 +105,63 @@ def server_starting_up(err: BaseException) -> bool:
 
 
 async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_timeout: float | None = None) -> Client:
-    """Connect, retrying for a bounded time while a just-started server is still becoming healthy."""
+    """Connect, retrying for a bounded time while a just-started server is still becoming healthy.
+
+    Each attempt is bounded by CONNECT_TIMEOUT_SECONDS, as a database connection is (the SDK's own
+    bound, 30 s, applies to a server that accepts TCP and never answers): TemporalUnavailable (exit
+    75) after that long. A wrong address or refused credentials are InputError (exit 2) naming the
+    setting to fix."""
     if settings.temporal_address is None:
         raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (CONNECT_READY_TIMEOUT if ready_timeout is None else ready_timeout)
+    attempt_timeout = settings.connect_timeout_seconds
+    options: dict[str, Any] = {  # bad values here are InputError before any attempt
+        "namespace": settings.temporal_namespace,
+        "data_converter": data_converter(settings),
+        "tls": tls_config(settings),
+        "api_key": settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
+        "runtime": runtime,
+        "plugins": tracing.plugins(settings),
+    }
     while True:
         try:
-            return await Client.connect(
-                settings.temporal_address,
-                namespace=settings.temporal_namespace,
-                data_converter=data_converter(settings),
-                tls=tls_config(settings),
-                api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None,
-                runtime=runtime,
-                plugins=tracing.plugins(settings),
-            )
+            return await asyncio.wait_for(Client.connect(settings.temporal_address, **options), attempt_timeout)
+        except TimeoutError:
+            raise TemporalUnavailable(
+                f"Temporal at {settings.temporal_address} (TEMPORAL_ADDRESS / --temporal-address) accepted the "
+                f"connection but did not answer within {attempt_timeout:g} s (CONNECT_TIMEOUT_SECONDS); check that "
+                "a Temporal frontend runs there, and the TLS settings"
+            ) from None
+        except ValueError as err:  # the SDK refuses the address itself: "invalid target URL: ..."
+            raise InputError(
+                f"TEMPORAL_ADDRESS (--temporal-address) {settings.temporal_address!r} is not a host:port: "
+                f"{_first_line(err)}"
+            ) from None
         except RuntimeError as err:
             if server_starting_up(err) and loop.time() <= deadline:
                 await asyncio.sleep(0.5)
                 continue
-            raise TemporalUnavailable(
-                f"cannot reach Temporal at {settings.temporal_address} (TEMPORAL_ADDRESS / --temporal-address): "
-                f"{_first_line(err)}; check that the server runs there, and the TLS and API-key settings"
-            ) from None
+            raise connect_failure(settings, err) from None
+
+
+def connect_failure(settings: Settings, err: BaseException) -> InputError | TemporalUnavailable:
+    """A failed connect, classified: the configuration to fix (exit 2) or the server away (exit 75)."""
+    text, address = str(err), settings.temporal_address
+    if "dns error" in text and any(sign in text for sign in _HOST_UNKNOWN):
+        host = (address or "").rsplit(":", 1)[0]
+        return InputError(
+            f"the host name {host!r} of TEMPORAL_ADDRESS (--temporal-address) does not resolve: fix the address"
+        )
+    if any(sign in text for sign in _REFUSED_CREDENTIALS):
+        return InputError(
+            f"Temporal at {address} refused this client's credentials: fix TEMPORAL_API_KEY or the TLS client "
+            "certificate (TEMPORAL_TLS_CLIENT_CERT_PATH / TEMPORAL_TLS_CLIENT_KEY_PATH)"
+        )
+    return TemporalUnavailable(
+        f"cannot reach Temporal at {address} (TEMPORAL_ADDRESS / --temporal-address): "
+        f"{_first_line(err)}; check that the server runs there, and the TLS and API-key settings"
+    )
 
 
 def _first_line(err: BaseException) -> str:
@@ -162,9 +201,48 @@ async def describe_or_none(client: Client, workflow_id: str) -> WorkflowExecutio
         raise
 
 
+# How long a status waits for a worker to answer a workflow's query: more than the sticky-queue wait
+# (WORKER_STICKY_QUEUE_TIMEOUT_SECONDS, 3 s) after which a live worker takes the query of one that
+# died, far less than the SDK's own bound (30 s, an operator staring at a hung command while every
+# worker is down, the moment a status is most needed).
+STATUS_QUERY_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+async def query_or_note(
+    desc: WorkflowExecutionDescription, client: Client, query: str, result_type: type[T]
+) -> tuple[T | None, str | None]:
+    """A running workflow's live status query, bounded: (the answer, None), or (None, a sentence
+    saying no worker answered) when none did within STATUS_QUERY_TIMEOUT. The caller then answers
+    from what Temporal's describe and the database know. A worker's failed answer is raised."""
+    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id)
+    timeout = timedelta(seconds=STATUS_QUERY_TIMEOUT)
+    try:
+        # wait_for as well: the RPC deadline bounds each call, not the SDK's retries of it.
+        answer = await asyncio.wait_for(
+            handle.query(query, result_type=result_type, rpc_timeout=timeout), STATUS_QUERY_TIMEOUT + 1
+        )
+    except TimeoutError:
+        pass
+    except RPCError as err:
+        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+            raise
+    else:
+        return answer, None
+    return None, (
+        f"no worker answered the status query within {STATUS_QUERY_TIMEOUT:g} s (task queue {desc.task_queue}: "
+        "are the workers running?)"
+    )
+
+
 class StartOutcome(NamedTuple):
     run_id: str | None
-    started: bool  # False: a closed run with this ID exists (never repeated)
+    started: bool  # True only when this call started the run
+    # True: a run with this ID was already running and this call joined it (USE_EXISTING: a second
+    # caller, or one that raced the first); started and joined both False: a closed run with this ID
+    # exists (never repeated).
+    joined: bool = False
 
 
 async def start_idempotently(
@@ -205,4 +283,13 @@ async def start_idempotently(
         )
     except WorkflowAlreadyStartedError as err:
         return StartOutcome(err.run_id, False)
-    return StartOutcome(handle.result_run_id, True)
+    created = _started_by_this_call(handle)
+    return StartOutcome(handle.result_run_id, created, joined=not created)
+
+
+def _started_by_this_call(handle: Any) -> bool:
+    """The server's answer to the start: `started` is False when USE_EXISTING returned the run that
+    was already running. The SDK keeps the response on the handle only (no public accessor), so a
+    handle without it is read as started, as before; tests/test_start_races.py pins the behaviour."""
+    response = getattr(handle, "_start_workflow_response", None)
+    return bool(getattr(response, "started", True))

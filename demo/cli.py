@@ -26,10 +26,9 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
     prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
     if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
         raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
-    settings = embedded.resolve(settings)
-    assert settings.database_url is not None
+    url = embedded.database_url(settings)  # the database only: no Temporal needed
     async with database_pool(settings, migrate=True, max_size=2) as pool:
-        await create_game_schema(settings.database_url)
+        await create_game_schema(url)
         bar = Progress("seeding accounts", args.accounts)
         totals: dict[str, int] = {}
         chunk = 10_000

@@ -43,7 +43,8 @@ LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck
 
 
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
-    resolved = embedded.resolve(settings)
+    """The schedule's commands talk to Temporal only: DATABASE_URL is not asked for."""
+    resolved = embedded.resolve(settings, database=False)
     return await connect(resolved), resolved.task_queue
 
 
@@ -155,16 +156,18 @@ async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
             recheck=args.recheck,
         )
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
-    emit(
-        args,
-        data,
-        lambda d: (
-            f"{'started' if d['started'] else 'already exists (not started again)'}"
-            f"{' (re-check)' if args.recheck else ''}: {d['workflow_id']}\n"
-            f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)"
-            + (f"\n{d['ui']}" if d["ui"] else "")
-        ),
-    )
+    emit(args, data, lambda d: _started_text(d, recheck=args.recheck))
+
+
+def _started_text(d: dict[str, Any], *, recheck: bool) -> str:
+    """`started`, `already running` (a run with this ID was running: this start joined it, even when
+    it raced the one that started it) or `already exists` (a closed run, never repeated)."""
+    how = "started" if d["started"] else "already running" if d.get("joined") else "already exists (not started again)"
+    head = f"{how}{' (re-check)' if recheck else ''}: {d['workflow_id']}"
+    if d.get("joined"):
+        head += f" (run {d['run_id']})"
+    lines = [head, f"business date {d['business_date']}, {d['payments']} payment(s) over {d['shards']} shard(s)"]
+    return "\n".join(lines + ([d["ui"]] if d["ui"] else []))
 
 
 async def cmd_ledger_seed(args: argparse.Namespace, settings: Settings) -> None:

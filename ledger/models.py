@@ -208,10 +208,13 @@ class StartedReconciliation(Model):
 
     workflow_id: str
     run_id: str | None
-    started: bool
+    started: bool  # True only when this call started the run
     business_date: date
     shards: int
     payments: int
+    # True: the date's run was running and this call joined it (another caller, or one racing this
+    # one, started it): nothing new started. `started` and `joined` both False: a closed run.
+    joined: bool = False
 
 
 class SettlementRevision(Model):
@@ -259,6 +262,7 @@ class LedgerReport(Report):
     revisions: list[SettlementRevision] | None = None
     settlement: LedgerSettlement | None = None
     database: str | None = None  # set only when the database is unavailable: what is not shown
+    live_status: str | None = None  # set only when no worker answered the status query: what is not shown
 
 
 ReviewKind = Literal[

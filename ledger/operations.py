@@ -17,7 +17,7 @@ from core import db
 from core import search_attributes as sa
 from core.errors import DatabaseUnavailable, InputError, validation_message
 from core.queries import load
-from core.temporal import describe_or_none, start_idempotently
+from core.temporal import describe_or_none, query_or_note, start_idempotently
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
@@ -162,10 +162,11 @@ async def start_or_find_reconciliation(
     """Start the run `found` names unless a run with its ID exists; that run otherwise."""
     existing = await describe_or_none(client, found.workflow_id)
     if existing is not None:
-        return found.model_copy(update={"run_id": existing.run_id})
+        running = existing.status == WorkflowExecutionStatus.RUNNING
+        return found.model_copy(update={"run_id": existing.run_id, "started": False, "joined": running})
     # A closed run of this date is never repeated; if a scheduled run won the race since the
     # describe above, this is its run.
-    run_id, started = await start_idempotently(
+    run_id, started, joined = await start_idempotently(
         client,
         LEDGER_WORKFLOW,
         input,
@@ -175,7 +176,7 @@ async def start_or_find_reconciliation(
         search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, input.business_date.isoformat())],
         summary=f"ledger {'re-check' if input.recheck else 'reconciliation'} of {input.business_date} (manual)",
     )
-    return found.model_copy(update={"run_id": run_id, "started": started})
+    return found.model_copy(update={"run_id": run_id, "started": started, "joined": joined})
 
 
 def recheck_workflow_id(business_date: date, id_prefix: str = DEFAULT_ID_PREFIX, now: datetime | None = None) -> str:
@@ -235,8 +236,11 @@ async def ledger_status(
     if desc is not None:
         handle = client.get_workflow_handle(workflow_id, result_type=LedgerReconciliationResult)
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            live = await handle.query(STATUS_QUERY, result_type=LedgerStatus)
-            out["phase"] = live.phase
+            live, no_answer = await query_or_note(desc, client, STATUS_QUERY, LedgerStatus)
+            if live is None:
+                out["live_status"] = f"{no_answer}; the phase is not shown"
+            else:
+                out["phase"] = live.phase
         elif desc.status == WorkflowExecutionStatus.COMPLETED:
             result: LedgerReconciliationResult = await handle.result()
             out["phase"] = "settled" if result.settlement else None

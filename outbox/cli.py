@@ -105,7 +105,7 @@ def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
 
 async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
     batch = _batch_settings(args)
-    async with CliContext(settings) as ctx:
+    async with CliContext(settings, database="unused") as ctx:  # Temporal only
         relays = await start_relays(
             ctx.client,
             ctx.settings.task_queue,
@@ -122,7 +122,7 @@ async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -
 
 
 async def cmd_outbox_relay_stop(args: argparse.Namespace, settings: Settings) -> None:
-    async with CliContext(settings) as ctx:
+    async with CliContext(settings, database="unused") as ctx:  # Temporal only
         stopped = await stop_relays(ctx.client, ctx.settings.task_queue)
     emit(args, stopped, lambda d: f"asked to stop: {', '.join(d) or 'no running relay'}")
 

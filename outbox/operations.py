@@ -186,7 +186,7 @@ async def start_relays(
             )
         except ValidationError as err:
             raise InputError(str(err)) from None
-        run_id, _ = await start_idempotently(
+        outcome = await start_idempotently(
             client,
             RELAY_WORKFLOW,
             input,
@@ -196,7 +196,7 @@ async def start_relays(
             summary=f"outbox relay {n} of {relays}",
             repeat_closed=True,
         )
-        started.append(StartedRelay(workflow_id=workflow_id, run_id=run_id))
+        started.append(StartedRelay(workflow_id=workflow_id, run_id=outcome.run_id))
     return started
 
 

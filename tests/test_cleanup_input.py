@@ -112,7 +112,7 @@ def test_a_database_that_accepts_and_never_answers_fails_fast_naming_it(settings
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         url = f"postgresql://app:s3cret@127.0.0.1:{silent.getsockname()[1]}/game"
-        env = dict(os.environ, DATABASE_URL=url, DATABASE_CONNECT_TIMEOUT_SECONDS="2")
+        env = dict(os.environ, DATABASE_URL=url, CONNECT_TIMEOUT_SECONDS="2")
         env["TEMPORAL_ADDRESS"] = settings.temporal_address
         out = subprocess.run(
             [sys.executable, str(PROJECT_ROOT / "starter.py"), "failed"],

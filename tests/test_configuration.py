@@ -105,7 +105,7 @@ def _internal_fields(section: str) -> list[tuple[str, FieldInfo]]:
 
 
 # The old names temporal_profile still reads, by the name that replaced them.
-DEPRECATED_NAMES = {new: old for old, new in config.DEPRECATED_TEMPORAL_NAMES.items()}
+DEPRECATED_NAMES = {new: old for old, new in (config.DEPRECATED_TEMPORAL_NAMES | config.DEPRECATED_NAMES).items()}
 
 
 def render() -> str:
@@ -311,12 +311,16 @@ def test_one_variable_is_read_as_its_field(monkeypatch: pytest.MonkeyPatch) -> N
     assert config.read_value("CLEANUP_SCHEMA") == config.DEFAULT_SCHEMA
     monkeypatch.setenv("CLEANUP_SCHEMA", "game_cleanup")
     assert config.read_value("CLEANUP_SCHEMA") == "game_cleanup"
-    monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", "2.5")
-    assert config.read_value("DATABASE_CONNECT_TIMEOUT_SECONDS") == 2.5
+    monkeypatch.setenv("CONNECT_TIMEOUT_SECONDS", "2.5")
+    assert config.read_value("CONNECT_TIMEOUT_SECONDS") == 2.5
     for bad in ("nan", "0", "3601"):
-        monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", bad)
-        with pytest.raises(ConfigError, match="DATABASE_CONNECT_TIMEOUT_SECONDS"):
-            config.read_value("DATABASE_CONNECT_TIMEOUT_SECONDS")
+        monkeypatch.setenv("CONNECT_TIMEOUT_SECONDS", bad)
+        with pytest.raises(ConfigError, match="CONNECT_TIMEOUT_SECONDS"):
+            config.read_value("CONNECT_TIMEOUT_SECONDS")
+    monkeypatch.delenv("CONNECT_TIMEOUT_SECONDS")
+    monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", "3")  # the deprecated name, still read
+    assert config.read_value("CONNECT_TIMEOUT_SECONDS") == 3.0
+    assert Settings.from_env().connect_timeout_seconds == 3.0
 
 
 if __name__ == "__main__":
