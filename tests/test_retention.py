@@ -3,6 +3,10 @@ what is younger stays, and nothing of a cleanup not settled or an account not cl
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import asyncpg
@@ -11,6 +15,7 @@ import pytest
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.retention import prune
+from core.config import PROJECT_ROOT
 from tests.helpers import deadline_in, seed
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -68,7 +73,21 @@ async def age(pool: asyncpg.Pool, cleanup_id: str, accounts: list[str], days: in
     )
 
 
-async def test_old_records_pruned_in_batches_young_and_unsettled_kept(client, pool, task_queue, worker) -> None:
+def prune_command(db_url: str, *args: str) -> dict[str, object]:
+    """`deadline-cleanup prune ... --json` against the test's database: its JSON."""
+    env = dict(os.environ, DATABASE_URL=db_url)
+    cli = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "starter.py"), "prune", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    return json.loads(cli.stdout)  # type: ignore[no-any-return]
+
+
+async def test_old_records_pruned_in_batches_young_and_unsettled_kept(client, pool, db_url, task_queue, worker) -> None:
     old_id, old = await cleaned_cohort(client, pool, task_queue, 25)
     young_id, young = await cleaned_cohort(client, pool, task_queue, 10)
     open_id, unsettled = await cleaned_cohort(client, pool, task_queue, 5)
@@ -85,6 +104,9 @@ async def test_old_records_pruned_in_batches_young_and_unsettled_kept(client, po
     dry = await prune(pool, 30, dry_run=True)
     assert (dry.claims, dry.applied, dry.receipts, dry.events, dry.renewals, dry.outbox) == (25, 25, 25, 25, 25, 25)
     assert await counts(pool, old) == dict.fromkeys(KINDS, 25), "a dry run deletes nothing"
+    shown = prune_command(db_url, "--dry-run", "--retention-days", "30")
+    assert (shown["dry_run"], shown["claims"], shown["receipts"], shown["outbox"]) == (True, 25, 25, 25)
+    assert await counts(pool, old) == dict.fromkeys(KINDS, 25), "the command's dry run deletes nothing"
 
     pruned = await prune(pool, 30, batch=7)
     assert (pruned.claims, pruned.applied, pruned.receipts, pruned.events, pruned.renewals) == (25,) * 5
