@@ -15,7 +15,9 @@ import pytest
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.retention import prune
+from core import db
 from core.config import PROJECT_ROOT
+from core.roles import service_roles
 from tests.helpers import deadline_in, seed
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -108,7 +110,24 @@ async def test_old_records_pruned_in_batches_young_and_unsettled_kept(client, po
     assert (shown["dry_run"], shown["claims"], shown["receipts"], shown["outbox"]) == (True, 25, 25, 25)
     assert await counts(pool, old) == dict.fromkeys(KINDS, 25), "the command's dry run deletes nothing"
 
-    pruned = await prune(pool, 30, batch=7)
+    # As the workers run it: their role's rights (DELETE on the bookkeeping, EXECUTE on the function).
+    worker_role = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=2, server_settings={**db.service_settings(), "role": service_roles().worker}
+    )
+    try:
+        assert await worker_role.fetchval("SELECT current_user") == service_roles().worker
+        pruned = await prune(worker_role, 30, batch=7)
+        # Whatever the worker passes, the function judges each row: an unsettled cleanup's, a young
+        # one's, an account not cleaned: nothing goes.
+        asked = [(open_id, a) for a in unsettled] + [(young_id, a) for a in young] + [(young_id, a) for a in active]
+        refused = await worker_role.fetchrow(
+            "SELECT * FROM prune_account_records($1::text[], $2::text[], now() - interval '25 days', false)",
+            [c for c, _ in asked],
+            [a for _, a in asked],
+        )
+        assert tuple(refused) == (0, 0, 0, 0)
+    finally:
+        await worker_role.close()
     assert (pruned.claims, pruned.applied, pruned.receipts, pruned.events, pruned.renewals) == (25,) * 5
     assert pruned.outbox == 25 and pruned.cleanups == 1
     assert pruned.batches >= 4 + 4, "claims and reminders in batches of at most 7"
