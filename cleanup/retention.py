@@ -35,7 +35,12 @@ PRUNE_BATCH = 10_000
 PRUNE_EVERY_SECONDS = 86_400.0
 # The statements in the order they run: a cleanup's claims (with its accounts' records) and its
 # reminders go before what is left of it, which waits until none of them remains.
-_STATEMENTS = ("prune_claims_batch", "prune_outbox_batch", "prune_cleanups_batch", "prune_planner_sweeps_batch")
+_STATEMENTS = {
+    "claims": SQL.prune_claims_batch,
+    "outbox": SQL.prune_outbox_batch,
+    "cleanups": SQL.prune_cleanups_batch,
+    "sweeps": SQL.prune_planner_sweeps_batch,
+}
 
 
 class PruneCounts(Model):
@@ -81,12 +86,12 @@ async def prune(
         # One snapshot for every count. Not a read-only transaction: the statements are the pruning
         # ones, whose DELETEs the dry run turns off (`NOT $3`), so they change and lock nothing.
         async with pool.acquire() as conn, db.transaction(conn, isolation="repeatable_read"):
-            for name in _STATEMENTS:
-                counts = counts.add(await conn.fetchrow(getattr(SQL, name), counts.cutoff, None, True))
+            for sql in _STATEMENTS.values():
+                counts = counts.add(await conn.fetchrow(sql, counts.cutoff, None, True))
         return counts
-    for name in _STATEMENTS:
+    for name, sql in _STATEMENTS.items():
         while True:
-            row = await _batch(pool, name, counts.cutoff, batch, budget)
+            row = await _batch(pool, sql, counts.cutoff, batch, budget)
             if row is None:
                 return counts.model_copy(update={"busy": True})
             counts = counts.add(row)
@@ -98,19 +103,19 @@ async def prune(
 def _more(name: str, row: asyncpg.Record, batch: int) -> bool:
     """Whether the walk may have more: a full batch (the outbox's walk: one that deleted anything,
     since rows it may not delete stay in its walk)."""
-    if name == "prune_outbox_batch":
+    if name == "outbox":
         return int(row["deleted"]) > 0
     return int(row[0]) >= batch
 
 
 async def _batch(
-    pool: asyncpg.Pool, name: str, cutoff: datetime, batch: int, budget: LoadBudget | None
+    pool: asyncpg.Pool, sql: str, cutoff: datetime, batch: int, budget: LoadBudget | None
 ) -> asyncpg.Record | None:
     """One batch in its own transaction, under the load budget; None: another worker prunes."""
     async with under_budget(budget, "retention", batch), pool.acquire() as conn, db.transaction(conn):
         if not await conn.fetchval(SQL.prune_lock):
             return None
-        return await conn.fetchrow(getattr(SQL, name), cutoff, batch, False)
+        return await conn.fetchrow(sql, cutoff, batch, False)
 
 
 async def keep_pruning(

@@ -92,14 +92,14 @@ reports AS (
 progress AS (
     DELETE FROM cleanup_claim_progress p WHERE NOT $3 AND p.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 ),
-runs AS (
+target_runs AS (
     DELETE FROM cleanup_target_runs t WHERE NOT $3 AND t.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 ),
 settlements AS (
     DELETE FROM cleanup_settlements s WHERE NOT $3 AND s.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed)::bigint AS cleanups,
-       (SELECT count(*) FROM reports) + (SELECT count(*) FROM progress) + (SELECT count(*) FROM runs)
+       (SELECT count(*) FROM reports) + (SELECT count(*) FROM progress) + (SELECT count(*) FROM target_runs)
        + (SELECT count(*) FROM settlements) AS deleted;
 
 -- name: prune_planner_sweeps_batch
