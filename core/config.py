@@ -301,7 +301,7 @@ class CleanupSettings(Section):
     retention_days: int = setting(
         30,
         "the service's bookkeeping of a cleanup settled this many days ago (claims, idempotency records,"
-        " receipts, delivered reminders, history of its cleaned accounts) is pruned (docs/operations.md)",
+        " receipts, delivered reminders, history of its cleaned accounts) is pruned (docs/deployment.md, Retention)",
         ge=7,
         le=36_500,
     )
