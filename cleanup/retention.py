@@ -127,7 +127,7 @@ async def keep_pruning(
         await asyncio.sleep(every * random.uniform(0.5, 1.0))
         try:
             counts = await prune(pool, retention_days, budget=budget)
-        except (asyncpg.PostgresError, OSError) as err:
+        except Exception as err:  # whatever failed (the database away, a bug), the next run tries again
             log.warning("retention run failed, tried again later: %s", err)
             continue
         if counts.batches:
