@@ -22,8 +22,14 @@ WITH doomed AS (
     CROSS JOIN LATERAL (
         SELECT c.ctid, c.cleanup_id, c.account_id, c.claimed_version
         FROM cleanup_claims c
-        JOIN accounts a ON a.account_id = c.account_id
-        WHERE c.cleanup_id = s.cleanup_id AND a.status = 'cleaned' AND a.cleaned_at < $1
+        -- A probe of the account by its key per claim (LATERAL ... LIMIT 1 is never turned into a
+        -- hash join that would read every account for each batch).
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM accounts a
+            WHERE a.account_id = c.account_id AND a.status = 'cleaned' AND a.cleaned_at < $1
+            LIMIT 1
+        ) cleaned
+        WHERE c.cleanup_id = s.cleanup_id
         LIMIT $2
     ) c
     LIMIT $2
@@ -62,9 +68,14 @@ WITH candidates AS (
 ),
 doomed AS (
     SELECT k.ctid FROM candidates k
-    WHERE EXISTS (SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = k.source_id AND s.settled_at < $1)
-      AND EXISTS (SELECT 1 FROM accounts a
-                  WHERE a.account_id = k.account_id AND a.status = 'cleaned' AND a.cleaned_at < $1)
+    -- Probes by key, as in prune_claims_batch.
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = k.source_id AND s.settled_at < $1 LIMIT 1
+    ) settled
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM accounts a WHERE a.account_id = k.account_id AND a.status = 'cleaned' AND a.cleaned_at < $1
+        LIMIT 1
+    ) cleaned
 ),
 gone AS (
     DELETE FROM outbox o WHERE NOT $3 AND o.ctid = ANY (ARRAY(SELECT ctid FROM doomed)) RETURNING 1
