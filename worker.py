@@ -26,6 +26,7 @@ from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
+from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
 from core.budget import LoadBudget
@@ -318,8 +319,9 @@ async def _start_companions(
     budget: LoadBudget,
 ) -> list[asyncio.Task[None]]:
     """The tasks that run beside a polling worker (cancelled when it stops): the load budget's idle
-    probe, the stalled-session watch, the readiness export, the fleet gauges (with metrics on) and
-    the planner's watchdog (after ensuring the planner once, unless the planner is off)."""
+    probe, the stalled-session watch, the readiness export, the fleet gauges (with metrics on),
+    the daily retention run, and the planner's watchdog (after ensuring the planner once, unless the
+    planner is off)."""
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(budget.watch())]
     if settings.db_idle_in_transaction_timeout_seconds:
         # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
@@ -330,6 +332,8 @@ async def _start_companions(
     tasks.append(asyncio.create_task(health.export_readiness(readiness)))
     if gauges:
         tasks.append(asyncio.create_task(fleet.export(pool)))
+    # Retention: once a day at a random moment per worker; one prunes at a time (cleanup.retention).
+    tasks.append(asyncio.create_task(keep_pruning(pool, settings.cleanup.retention_days, budget)))
     if extras.planner and settings.planner_enabled:
         readiness.planner_expected = True
         if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):

@@ -42,6 +42,7 @@ from cleanup.targets import (
     subset_statement,
 )
 from core import db, failpoints
+from core.config import CleanupSettings, read
 from core.errors import is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -60,6 +61,21 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # changes the number of COMMITs only (docs/decisions/statement-size.md).
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
+
+
+# The reminders' switch in the batch and dry-run statements (cleanup/queries.sql): on as written.
+REMINDERS_ON = "/*reminders*/true"
+
+
+def with_reminders(sql: str, on: bool | None = None) -> str:
+    """`sql` with the reminders switched as CLEANUP_REMINDERS says (or `on`). Off, the reminders'
+    rows are filtered out by a constant `false`: one statement text for every worker with the same
+    settings, whose `reminders` count is 0 (the settlement counts the outbox rows: 0 as well)."""
+    if on is None:
+        on = read(CleanupSettings).reminders
+    if REMINDERS_ON not in sql:
+        raise ValueError("the statement has no reminders switch")
+    return sql if on else sql.replace(REMINDERS_ON, "false")
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,7 @@ class CompiledCleanup:
                 await store_key(conn, key)  # before the trial: the statements read it from the table
             catalog = await read_catalog(conn, targets)
             plans = plan_targets(targets, catalog)
-            batch_sql = compile_partition_batch(targets, plans)
+            batch_sql = with_reminders(compile_partition_batch(targets, plans))
             compiled = cls(
                 batch_sql=batch_sql,
                 subset_sql=subset_statement(batch_sql),
@@ -120,7 +136,7 @@ class CompiledCleanup:
                 fingerprint=targets.fingerprint,
                 missing_indexes=tuple(missing_indexes(targets, catalog)),
             )
-            await compiled._trial(conn, targets, compile_preview(targets, plans, "account"))
+            await compiled._trial(conn, targets, with_reminders(compile_preview(targets, plans, "account")))
         return compiled
 
     async def _trial(self, conn: asyncpg.Connection, targets: CleanupTargets, preview_sql: str) -> None:

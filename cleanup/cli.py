@@ -1,5 +1,5 @@
 """The cleanup commands of starter.py: `cleanup`, `renew`, `hold`, `release`, `account history`,
-`list`, `failed`, `retry-failed`, `planner status|pause|resume|start`, and `status` of a cleanup.
+`list`, `failed`, `retry-failed`, `prune`, `planner status|pause|resume|start`, and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -251,6 +251,26 @@ async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
             r.model_dump() for r in await list_failed(pool, args.cleanup, include_resolved=args.all, limit=args.limit)
         ]
     emit(args, rows, lambda r: table(r, FAILED_COLUMNS))
+
+
+async def cmd_prune(args: argparse.Namespace, settings: Settings) -> None:
+    from cleanup.retention import prune  # lazy: keeps `starter.py --help` and `renew` fast to start
+
+    days = args.retention_days or settings.cleanup.retention_days
+    async with database_pool(settings, migrate=True) as pool:
+        data = (await prune(pool, days, dry_run=args.dry_run)).model_dump(mode="json")
+    data["retention_days"] = days
+    emit(args, data, _pruned_text)
+
+
+def _pruned_text(d: dict[str, Any]) -> str:
+    verb = "would prune" if d["dry_run"] else "pruned"
+    if d["busy"]:
+        return "another worker is pruning now: nothing done (run it again later)"
+    rows = ("claims", "applied", "receipts", "events", "renewals", "failures", "outbox", "cleanups", "sweeps")
+    lines = {"cutoff": f"{d['cutoff']} ({d['retention_days']} days before the database's clock)"}
+    lines |= {f"{verb} {name}": str(d[name]) for name in rows}
+    return key_values(lines)
 
 
 async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
@@ -540,6 +560,19 @@ def _add_review_verbs(commands: Commands) -> None:
         action="store_true",
         help="retry with CLEANUP_TARGETS_FILE's targets though the cleanup ran with others (after fixing the file;"
         " the set it ran with is kept beside the new one)",
+    )
+
+    p = command(
+        "prune",
+        cmd_prune,
+        "prune the service's bookkeeping of cleanups settled and accounts cleaned before the retention"
+        " (the workers do it daily)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="count what would be pruned now; delete nothing")
+    p.add_argument(
+        "--retention-days",
+        type=count_argument(7, 36_500),
+        help="keep this many days (at least 7; env: CLEANUP_RETENTION_DAYS; default 30)",
     )
 
 

@@ -119,6 +119,9 @@ reminders AS (
            jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
                               'cleanup_id', $1::text)
     FROM applied
+    -- CLEANUP_REMINDERS=off: the compiled statement says `false` here (cleanup.batches), the same
+    -- for every worker of the deployment, and the batch writes no reminder (counted 0).
+    WHERE /*reminders*/true
     ON CONFLICT (event_key) DO NOTHING
     RETURNING 1
 ),
@@ -219,7 +222,7 @@ SELECT
     (SELECT count(*) FROM scope)::int AS accounts_in_scope,
     (SELECT count(*) FROM accounts a WHERE a.status = 'renewed' AND /*scope*/)::int AS already_renewed,
     (SELECT count(*) FROM scope s
-     WHERE NOT EXISTS (SELECT 1 FROM outbox o
+     WHERE /*reminders*/true AND NOT EXISTS (SELECT 1 FROM outbox o
                        WHERE o.event_key = 'renewal-reminder:' || s.account_id || ':v' || s.cleanup_version)
     )::int AS reminders
     /*target_counts*/;

@@ -19,7 +19,7 @@ from typing import Literal
 
 import asyncpg
 
-from cleanup.batches import CompiledCleanup, run_subset
+from cleanup.batches import CompiledCleanup, run_subset, with_reminders
 from cleanup.models import PartitionCounts, cohort_cleanup_id
 from cleanup.operations import check_account_id
 from cleanup.target_check import plan_targets, read_catalog
@@ -204,11 +204,11 @@ async def preview_cleanup(
             if state is None:
                 raise InputError(f"unknown account {account_id!r}")
             deadline = state["renewal_deadline"]
-            row = await conn.fetchrow(compile_preview(targets, plans, "account"), account_id)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "account")), account_id)
         elif window is not None:
-            row = await conn.fetchrow(compile_preview(targets, plans, "window"), *window)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "window")), *window)
         else:
-            row = await conn.fetchrow(compile_preview(targets, plans, "cohort"), deadline)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "cohort")), deadline)
     assert row is not None
     return CleanupPreview(
         scope="account" if account_id else "window" if window else "cohort",

@@ -293,6 +293,18 @@ class CleanupSettings(Section):
     anonymize_key: SecretStr | None = setting(
         None, "the HMAC key of the targets' hash columns (at least 16 bytes, the same on every worker)"
     )
+    reminders: Switch = setting(
+        True,
+        "`off`: a cleanup writes no renewal reminder to the outbox (the same on every worker; the outbox"
+        " still delivers what is queued)",
+    )
+    retention_days: int = setting(
+        30,
+        "the service's bookkeeping of a cleanup settled this many days ago (claims, idempotency records,"
+        " receipts, delivered reminders, history of its cleaned accounts) is pruned (docs/deployment.md, Retention)",
+        ge=7,
+        le=36_500,
+    )
 
 
 class LedgerSettings(Section):
