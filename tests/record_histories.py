@@ -4,7 +4,8 @@ One history per workflow, recorded by today's code (with DATABASE_URL pointing a
 server; a private Temporal dev server and a scratch database are started and removed):
 - `renewal_cleanup.json`: a cohort of 200 accounts whose 4 partitions follow its claim (chunks of
   30, two claim streams, 2 partitions at a time), 5 accounts renewed before the deadline;
-- `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps.
+- `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps, sleeping at most
+  2 s between iterations.
 Re-record when a change to a workflow's commands is meant to ship without a patch (see
 docs/decisions/0001-workflow-versioning.md); `python -m tests.record_ledger_histories` and
 `python -m tests.record_outbox_histories` record the other two workflows.
@@ -86,7 +87,9 @@ async def record_cleanup(client: Client, pool: asyncpg.Pool, task_queue: str) ->
 async def record_planner(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
     bucketed = await seed(pool, deadline_in(3), 50)
     await renew(client, pool, task_queue, bucketed[0])
-    await ensure_planner(client, task_queue, PlannerSettings(tick_seconds=1, iterations_per_run=1000))
+    await ensure_planner(
+        client, task_queue, PlannerSettings(tick_seconds=1, max_idle_seconds=2, iterations_per_run=1000)
+    )
 
     async def bucket_settled() -> bool:
         return bool(
