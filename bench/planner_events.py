@@ -25,8 +25,8 @@ benchmark sends none (`planner status` sends one each time it runs).
 
 `--curve 3,5,10,20` also runs the one-per-second spread under each lateness objective
 (PLANNER_LATENESS_OBJECTIVE): events per account against the lateness p99.
-Goals (issue 51): one per second <= 6 events per account with p99 within the objective; dense <= 1;
-idle <= 30,000 events a day.
+Goals (issue 51, judged by bench.report): one per second <= 6 events per account with p99 within
+the objective; dense <= 1; idle <= 30,000 events a day.
 """
 
 from __future__ import annotations
@@ -241,8 +241,11 @@ async def run(
     if curve:
         out["curve"] = []
         for objective in curve:
-            with_objective = {**planner, "lateness_objective": f"{objective:g}"}
-            point = await spread_run("c", per_second, float(per_second), lead, workers, with_objective, drain)
+            if objective == settings.lateness_objective_seconds:  # the run above
+                point = out["one_per_second"]
+            else:
+                with_objective = {**planner, "lateness_objective": f"{objective:g}"}
+                point = await spread_run("c", per_second, float(per_second), lead, workers, with_objective, drain)
             out["curve"].append({"lateness_objective_seconds": objective, **point})
     out.update(
         {
@@ -250,9 +253,6 @@ async def run(
             "lateness_objective_seconds": settings.lateness_objective_seconds,
             "max_idle_seconds": settings.max_idle_seconds,
             "workers": workers,
-            "one_per_second_events_per_account_target": "<= 6",
-            "dense_events_per_account_target": "<= 1",
-            "idle_events_per_day_target": "<= 30000",
             "machine": machine(),
         }
     )

@@ -67,6 +67,7 @@ CLAIM_CLEANUP_IN_CHUNKS = "claim_cleanup_in_chunks"
 CHECK_ACCOUNT_RENEWED = "check_account_renewed"
 CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
+CLEAN_SMALL_COHORT = "clean_small_cohort"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
 
 
@@ -340,6 +341,21 @@ class CleanupSettlement(Model):
 
 CleanupOutcome = Literal["cleaned", "renewed", "stale", "nothing_to_clean"]
 CleanupPhase = Literal["sleeping", "claiming", "cleaning", "settling", "settled", "renewed"]
+
+
+class SmallCohortInput(Model):
+    """A range cohort of one partition (the planner's cohort that fits one batch): its claim, its
+    partition and its settlement, run one after the other by one activity."""
+
+    claim: ClaimChunkedInput
+    partition: CleanupPartitionInput
+    deadline: UtcDatetime
+
+
+class SmallCohortResult(Model):
+    claim: ClaimResult
+    report: PartitionReport
+    settlement: CleanupSettlement
 
 
 class CleanupResult(Model):

@@ -14,6 +14,7 @@ from bench import (
     ledger_reconciliation,
     ledger_rerun,
     planner_cohort,
+    planner_events,
     planner_lateness,
     player_load,
     poisoned_cohort,
@@ -163,6 +164,31 @@ async def test_player_load_benchmark_measures_the_budgets_curve_beside_the_paced
     assert result["p99_ratio_floor_at_half_throughput"] > 0
     assert result["budget_counters_after_no_budget_run"]["granted"] > 0, "the unbudgeted run still asked"
     assert result["commit_probe_errors"] == 0
+
+
+async def test_planner_events_benchmark_counts_every_workflows_history_per_account_and_idle_day():
+    result = await planner_events.run(
+        dense=30,
+        per_second=4,
+        per_minute=1,
+        idle_seconds=5,
+        lead=6,
+        workers=1,
+        planner={"tick_seconds": "1", "max_idle_seconds": "2"},
+        curve=(3.0,),
+        drain=60,
+    )
+    for name in ("dense", "one_per_second", "one_per_minute"):
+        spread = result[name]
+        assert spread["all_cleaned"] and spread["cleanups"] >= 1, spread
+        assert spread["history_events"] == sum(spread["events_by_workflow_type"].values())
+        assert spread["billable"]["workflow_starts"] >= spread["cleanups"] + 1  # and the planner
+        assert spread["lateness_seconds"]["p99"] is not None
+    assert result["dense"]["cleanups"] <= 2, "30 accounts within 1 s: one cohort (two across a window's edge)"
+    idle = result["idle"]
+    assert idle["iterations_measured"] >= 1 and 1.5 <= idle["seconds_per_iteration"] <= 4
+    assert idle["events_per_day"] > 0 and idle["billable_per_day"]["timers"] > 0
+    assert [p["lateness_objective_seconds"] for p in result["curve"]] == [3.0]
 
 
 async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_planner_alone():
