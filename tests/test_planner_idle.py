@@ -7,6 +7,8 @@
   about to enter the horizon; a registration made while it sleeps (the game's SQL: no nudge), due
   before it wakes, is still cleaned within `max_idle_seconds + sweep_grace_seconds` plus a cohort,
   and a stranded claim is released within `max_idle_seconds` of its cleanup closing.
+- A small cohort (a range of one partition) claims, cleans and settles in one activity, which
+  leaves one effect however often it is delivered.
 """
 
 from __future__ import annotations
@@ -16,10 +18,20 @@ from types import SimpleNamespace
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.testing import ActivityEnvironment
 
-from cleanup.models import bucket_cleanup_id, planner_workflow_id
+from activities.cleanup import CleanupActivities
+from cleanup.models import (
+    ClaimChunkedInput,
+    CleanupPartitionInput,
+    SmallCohortInput,
+    bucket_cleanup_id,
+    planner_workflow_id,
+)
 from cleanup.planner import dense_threshold, plan_buckets, planner_status
 from cleanup.planner_models import PlannerSettings, PlanTickInput
+from cleanup.targets import load_targets
+from core.budget import BudgetSettings, LoadBudget
 from tests.helpers import seed, wait_until
 from tests.test_planner import all_settled, planner_worker, strand_a_claim
 
@@ -144,6 +156,40 @@ async def test_a_deadline_beyond_the_horizon_wakes_the_planner_before_it_enters(
     cleanups = [r[0] for r in await pool.fetch("SELECT DISTINCT cleanup_id FROM cleanup_applied")]
     assert cleanups and all(c.startswith("cleanup-bucket-") for c in cleanups), cleanups
     assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+
+
+async def test_a_small_cohort_delivered_twice_cleans_each_account_once_and_settles_once(pool):
+    """`clean_small_cohort` (claim, partition and settlement in one activity) run a second time, as a
+    retry after all its COMMITs and before its reply would be: it claims nothing new, cleans
+    nothing again, and returns the claim and the settlement the first delivery wrote. An account
+    whose deadline is after the range's end stays untouched."""
+    start = window_start(datetime.now(UTC) - timedelta(seconds=30), 1.0)
+    accounts = await seed(pool, start + timedelta(milliseconds=100), 5)
+    accounts += await seed(pool, start + timedelta(milliseconds=900), 3)
+    [outside] = await seed(pool, start + timedelta(seconds=1), 1)
+    compiled = await CleanupActivities.create(pool, load_targets())
+    activities = CleanupActivities(
+        pool, compiled.partition_batch_sql, compiled.compiled, LoadBudget(pool, BudgetSettings(enabled=False))
+    )
+    cohort = SmallCohortInput(
+        claim=ClaimChunkedInput(
+            cleanup_id="small-twice", deadline_from=start, deadline_until=start + timedelta(seconds=1), partitions=1
+        ),
+        partition=CleanupPartitionInput(cleanup_id="small-twice", partition_no=0, batch_size=100),
+        deadline=start,
+    )
+    first = await ActivityEnvironment().run(activities.clean_small_cohort, cohort)
+    second = await ActivityEnvironment().run(activities.clean_small_cohort, cohort)
+    assert first.claim.claimed == 8 and second.claim == first.claim
+    assert (first.report.counts.cleaned, second.report.counts.cleaned) == (8, 0)
+    assert first.settlement == second.settlement and first.settlement.cleaned == 8
+    applied = await pool.fetchval(
+        "SELECT count(*) FROM cleanup_applied WHERE cleanup_id = 'small-twice' AND account_id = ANY($1::text[])",
+        accounts,
+    )
+    assert applied == 8
+    assert await pool.fetchval("SELECT count(*) FROM cleanup_settlements WHERE cleanup_id = 'small-twice'") == 1
+    assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", outside) == "active"
 
 
 def test_the_shipped_settings_keep_an_idle_day_small_and_a_cohort_inside_the_objective() -> None:
