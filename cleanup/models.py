@@ -171,6 +171,11 @@ class RenewalCleanupInput(Model):
     # partitions). 1: one claim activity.
     claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
 
+    # A cohort of one instant and one partition claims, cleans and settles in one activity (the
+    # planner's cohort that fits one batch). A range of one partition always does; an operator's
+    # cohort of one instant keeps its claim, partition and settlement steps.
+    one_activity: bool = False
+
     @model_validator(mode="after")
     def _interval_below_timeout(self) -> RenewalCleanupInput:
         interval = self.heartbeat_interval_seconds

@@ -104,6 +104,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         note="started by the deadline planner",
         wake_early_seconds=cohort.wake_early_seconds,
         claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
+        one_activity=partitions == 1,
     )
     # A closed run with this ID is never repeated: one run per bucket.
     _, started = await start_idempotently(

@@ -4,8 +4,9 @@ One history per workflow, recorded by today's code (with DATABASE_URL pointing a
 server; a private Temporal dev server and a scratch database are started and removed):
 - `renewal_cleanup.json`: a cohort of 200 accounts whose 4 partitions follow its claim (chunks of
   30, two claim streams, 2 partitions at a time), 5 accounts renewed before the deadline;
-- `renewal_cleanup_small_cohort.json`: a range cohort of one partition (the planner's cohort that
-  fits one batch), claimed, cleaned and settled by one activity;
+- `renewal_cleanup_small_cohort.json` and `renewal_cleanup_small_instant.json`: a range, and an
+  instant, cohort of one partition as the planner starts them (cohorts that fit one batch), each
+  claimed, cleaned and settled by one activity;
 - `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps, sleeping at most
   2 s between iterations.
 Re-record when a change to a workflow's commands is meant to ship without a patch (see
@@ -100,6 +101,12 @@ async def record_small_cohort(client: Client, pool: asyncpg.Pool, task_queue: st
     await _start_cohort(client, task_queue, PlannerSettings(), cohort)
     await client.get_workflow_handle(cohort.workflow_id).result()
     await save(client, "renewal_cleanup_small_cohort", cohort.workflow_id)
+    instant = deadline_in(3)
+    await seed(pool, instant, 5)
+    alone = CohortRange(bucket_cleanup_id(instant, 0, task_queue), instant, None, "small instant", partitions=1)
+    await _start_cohort(client, task_queue, PlannerSettings(), alone)
+    await client.get_workflow_handle(alone.workflow_id).result()
+    await save(client, "renewal_cleanup_small_instant", alone.workflow_id)
 
 
 async def record_planner(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:

@@ -47,9 +47,11 @@ def window_start(at: datetime, width: float) -> datetime:
 class RecordingClient:
     def __init__(self) -> None:
         self.starts: list[tuple[str, int, datetime, datetime | None]] = []
+        self.one_activity: dict[str, bool] = {}
 
     async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
         self.starts.append((id, input.partitions, input.deadline, input.deadline_until))
+        self.one_activity[id] = input.one_activity
         return SimpleNamespace(result_run_id=f"run-{len(self.starts)}")
 
 
@@ -65,6 +67,8 @@ async def test_sparse_deadlines_share_a_window_and_a_dense_window_keeps_its_buck
     await seed(pool, dense + timedelta(seconds=0.7), 70)
     await seed(pool, dense + timedelta(seconds=1.3), 5)
     await seed(pool, dense + timedelta(seconds=1.6), 5)
+    instant = sparse + timedelta(seconds=16.25)  # a window of one instant: that instant's cleanup
+    await seed(pool, instant, 2)
     later = now + timedelta(seconds=200)  # beyond the horizon: the next plan is due before it enters
     await seed(pool, later, 1)
     client = RecordingClient()
@@ -73,8 +77,10 @@ async def test_sparse_deadlines_share_a_window_and_a_dense_window_keeps_its_buck
         (bucket_cleanup_id(sparse, 4000, "q"), 1, timedelta(seconds=4)),
         (bucket_cleanup_id(dense, 1000, "q"), 1, timedelta(seconds=1)),
         (bucket_cleanup_id(dense + timedelta(seconds=1), 1000, "q"), 1, timedelta(seconds=1)),
+        (bucket_cleanup_id(instant, 0, "q"), 1, None),
     ]
-    assert result.buckets == 3 and result.next_unplanned == later
+    assert all(client.one_activity.values()), "each fits one batch: claimed, cleaned and settled by one activity"
+    assert result.buckets == 4 and result.next_unplanned == later
     assert result.plan_again_in_seconds is not None
     assert 200 - 60 - 5 < result.plan_again_in_seconds <= 200 - 60
 

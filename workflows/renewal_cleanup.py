@@ -109,14 +109,15 @@ class RenewalCleanupWorkflow:
         return self._result("nothing_to_clean")
 
     def _is_small_cohort(self, input: RenewalCleanupInput) -> bool:
-        """A range of one partition (the planner's cohort that fits one batch): one activity."""
-        small = input.account_id is None and input.deadline_until is not None and input.partitions == 1
+        """A range of one partition, or an instant of one partition started as one (the planner's
+        cohorts that fit one batch): one activity."""
+        one = input.deadline_until is not None or input.one_activity
+        small = input.account_id is None and input.partitions == 1 and one
         return small and workflow.patched(SMALL_COHORT_PATCH)
 
     async def _clean_small_cohort(self, input: RenewalCleanupInput) -> CleanupResult:
         """Claim, clean and settle in one activity: the same statements, each as safe to run twice,
         so the same exactly-once proofs; one activity and one workflow task instead of three steps."""
-        assert input.deadline_until is not None
         self._set_phase("cleaning")
         done: SmallCohortResult = await workflow.execute_activity(
             CLEAN_SMALL_COHORT,
@@ -124,7 +125,8 @@ class RenewalCleanupWorkflow:
                 claim=ClaimChunkedInput(
                     cleanup_id=input.cleanup_id,
                     deadline_from=input.deadline,
-                    deadline_until=input.deadline_until,
+                    # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
+                    deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
                     partitions=1,
                     chunk_size=input.claim_chunk_size,
                 ),
