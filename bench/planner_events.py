@@ -235,6 +235,8 @@ async def run(
     settings = planner_settings(planner)
     sizes = {"dense": dense, "one_per_second": per_second, "one_per_minute": per_minute}
     out: dict[str, Any] = {"scenario": "planner_events", "accounts": sum(sizes.values())}
+    sampler = LoadSampler()
+    sampler.__enter__()
     for name, n in sizes.items():
         out[name] = await spread_run(name, n, n / SPREADS[name], lead, workers, planner, drain)
     out["idle"] = await idle_run(idle_seconds, workers, planner)
@@ -247,8 +249,10 @@ async def run(
                 with_objective = {**planner, "lateness_objective": f"{objective:g}"}
                 point = await spread_run("c", per_second, float(per_second), lead, workers, with_objective, drain)
             out["curve"].append({"lateness_objective_seconds": objective, **point})
+    sampler.__exit__()
     out.update(
         {
+            "load_average_1m": sampler.summary(),
             "planner_overrides": planner,
             "lateness_objective_seconds": settings.lateness_objective_seconds,
             "max_idle_seconds": settings.max_idle_seconds,
