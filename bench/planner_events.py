@@ -25,7 +25,7 @@ benchmark sends none (`planner status` sends one each time it runs).
 
 `--curve 3,5,10,20` also runs the one-per-second spread under each lateness objective
 (PLANNER_LATENESS_OBJECTIVE): events per account against the lateness p99.
-Goals (issue 51, judged by bench.report): one per second <= 6 events per account with p99 within
+Goals (judged by bench.report): one per second <= 6 events per account with p99 within
 the objective; dense <= 1; idle <= 30,000 events a day.
 """
 

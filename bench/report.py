@@ -77,7 +77,7 @@ MAIN_FIGURE = {
 # Figures with a goal inside a nested result (a dotted path), after the main one.
 NESTED_FIGURES = {
     "planner_lateness": [("lateness_seconds.max", "<= 5")],
-    # The goals (51): the lateness objective's default is 10 s.
+    # The lateness objective's default is 10 s.
     "planner_events": [
         ("one_per_second.lateness_seconds.p99", "<= 10"),
         ("dense.events_per_account", "<= 1"),
