@@ -8,7 +8,8 @@
   the instant): it wakes at the deadline, not at the bucket's end, and its partitions clean while
   it claims. Should the bucket later hold other deadlines too, the range's cleanup is ensured for
   them; the claim gives each account to one cleanup only.
-- overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
+- overdue sweep: active accounts past their deadline by more than `overdue_after_seconds` (the
+  grace, plus a sparse cohort's wait for its window's end; a missed
   bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
 - stranded claims: accounts left in 'cleaning' by a cleanup that Temporal reports closed
   (terminated, cancelled, failed), in the namespace that claimed them, are released to 'active' and
@@ -360,7 +361,7 @@ async def sweep_overdue(
     stranded, released, not_found = await recover_stranded(pool, client, heartbeat)
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
-    cutoff = now - timedelta(seconds=s.sweep_grace_seconds)
+    cutoff = now - timedelta(seconds=s.overdue_after_seconds)
     row = await pool.fetchrow(SQL.overdue_accounts, cutoff, OVERDUE_COUNT_CAP)
     assert row is not None
     overdue, oldest = row["overdue"], row["oldest"]
@@ -392,7 +393,7 @@ async def sweep_overdue(
         "swept %d overdue account(s) (deadlines from %s, more than %ss ago) into %s",
         overdue,
         oldest.isoformat(),
-        s.sweep_grace_seconds,
+        s.overdue_after_seconds,
         workflow_id,
     )
     return result.model_copy(update={"sweep_cleanup_id": workflow_id})
@@ -668,7 +669,7 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out["next_deadlines"] = [DeadlineCohort(**r) for r in await pool.fetch(SQL.next_deadlines, 5)]
     out["due_next_hour"] = await pool.fetchval(SQL.due_within, 3600.0)
     overdue = await pool.fetchrow(
-        SQL.overdue_accounts, now - timedelta(seconds=settings.sweep_grace_seconds), OVERDUE_COUNT_CAP
+        SQL.overdue_accounts, now - timedelta(seconds=settings.overdue_after_seconds), OVERDUE_COUNT_CAP
     )
     assert overdue is not None
     out["overdue"] = overdue["overdue"]

@@ -190,7 +190,7 @@ class PlannerSettings(Model):
     account: at most the width of its cohort (`cohort_seconds`: sparse deadlines, or
     `bucket_seconds` for dense ones) plus the time to claim and clean; an account whose deadline
     came too soon to be planned, or that a cohort missed, is swept within
-    `sweep_grace_seconds + max_idle_seconds`."""
+    `overdue_after_seconds + max_idle_seconds`."""
 
     ENV_PREFIX: ClassVar[str] = "PLANNER_"
     SECTION: ClassVar[str] = "planner"
@@ -250,6 +250,13 @@ class PlannerSettings(Model):
         window's buckets never straddle another window), at least one."""
         buckets = (self.lateness_objective_seconds - self.COHORT_MARGIN_SECONDS) // self.bucket_seconds
         return round(max(1, buckets) * self.bucket_seconds, 3)
+
+    @property
+    def overdue_after_seconds(self) -> float:
+        """How long past its deadline an active account is overdue (swept): the grace, plus the
+        time a sparse cohort's first account waits for its window's end (the cohort's width beyond
+        a bucket), so no account of a cohort still to wake is swept from under it."""
+        return self.sweep_grace_seconds + self.cohort_seconds - self.bucket_seconds
 
 
 class BudgetSettings(Section):

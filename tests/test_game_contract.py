@@ -150,7 +150,12 @@ async def test_hold_and_release_through_sql_and_python(game, pool):
 
 
 SWEEP_NOW = PlannerSettings(
-    bucket_seconds=1.0, horizon_seconds=60, tick_seconds=1.0, max_idle_seconds=1.0, sweep_grace_seconds=0
+    bucket_seconds=1.0,
+    horizon_seconds=60,
+    tick_seconds=1.0,
+    max_idle_seconds=1.0,
+    sweep_grace_seconds=0,
+    lateness_objective_seconds=2,
 )
 
 

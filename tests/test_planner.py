@@ -360,6 +360,7 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
         CLEANUP_PLANNER="on",
         PLANNER_TICK_SECONDS="1",
         PLANNER_MAX_IDLE_SECONDS="1",
+        PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
         PLANNER_PARTITIONS="2",
     )
@@ -606,6 +607,7 @@ async def test_a_workers_watchdog_starts_a_closed_planner_again(client, pool, ta
         PLANNER_WATCHDOG_SECONDS="1",
         PLANNER_TICK_SECONDS="1",
         PLANNER_MAX_IDLE_SECONDS="1",
+        PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
         PLANNER_PARTITIONS="2",
     )

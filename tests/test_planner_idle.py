@@ -205,3 +205,12 @@ def test_the_shipped_settings_keep_an_idle_day_small_and_a_cohort_inside_the_obj
     s = PlannerSettings()
     assert 86_400 / s.max_idle_seconds * 17 <= 30_000
     assert s.cohort_seconds + s.COHORT_MARGIN_SECONDS <= s.lateness_objective_seconds
+
+
+def test_an_account_of_a_sparse_cohort_is_not_overdue_before_its_window_ends() -> None:
+    """The sweep waits the grace plus a sparse cohort's first account's wait for the window's end:
+    it never takes an account from under a cohort still to wake. With 1 s buckets, the grace alone."""
+    s = PlannerSettings()
+    assert (s.cohort_seconds, s.overdue_after_seconds) == (9.0, s.sweep_grace_seconds + 8.0)
+    assert PlannerSettings(lateness_objective_seconds=2).overdue_after_seconds == s.sweep_grace_seconds
+    assert PlannerSettings(lateness_objective_seconds=0.5).cohort_seconds == s.bucket_seconds
