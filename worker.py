@@ -62,6 +62,7 @@ async def build_activities(
         cleanup.cleanup_partition,
         cleanup.settle_cleanup,
         cleanup.claim_cleanup_in_chunks,
+        cleanup.clean_small_cohort,
         relay.relay_outbox_batch,
         *planner_activities(pool),
         *ledger_activities(pool, budget),

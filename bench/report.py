@@ -62,15 +62,28 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "lateness p99 (deadline -> cleaned, deadlines spread over 10 minutes), seconds",
         "python -m bench.planner_lateness --accounts 100000 --spread 600",
     ),
+    "planner_events": (
+        "history events per account, one deadline a second (every workflow's history / accounts)",
+        "python -m bench.planner_events --curve 3,5,10,20",
+    ),
 }
 # A benchmark whose output has no `ratio`: its main figure and that figure's goal.
 MAIN_FIGURE = {
+    "planner_events": ("one_per_second.events_per_account", "<= 6"),
     "game_schema": ("pipeline_over_floor", ">= 0.6"),
     "game_schema_1m": ("pipeline_over_floor", ">= 0.6"),
     "planner_lateness": ("lateness_seconds.p99", "<= 2"),
 }
 # Figures with a goal inside a nested result (a dotted path), after the main one.
-NESTED_FIGURES = {"planner_lateness": [("lateness_seconds.max", "<= 5")]}
+NESTED_FIGURES = {
+    "planner_lateness": [("lateness_seconds.max", "<= 5")],
+    # The lateness objective's default is 10 s.
+    "planner_events": [
+        ("one_per_second.lateness_seconds.p99", "<= 10"),
+        ("dense.events_per_account", "<= 1"),
+        ("idle.events_per_day", "<= 30000"),
+    ],
+}
 # A result recorded while its scenario's `ratio` compared something else: the key only the current
 # results have, and what the recorded ratio compares.
 EARLIER_RATIO = {"player_load": ("curve", "players' p99 with the default budget / players alone")}
@@ -245,6 +258,73 @@ def curve_section(stamped: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+COST_KINDS = (
+    "workflow_starts",
+    "activities",
+    "local_activities",
+    "timers",
+    "signals",
+    "queries",
+    "heartbeats_estimated",
+    "search_attribute_upserts",
+    "memo_upserts",
+    "markers",
+)
+
+
+def _kinds(billable: dict[str, Any], per: float = 1.0, digits: int = 2) -> str:
+    return " | ".join(_number(billable.get(k, 0) / per, digits) for k in COST_KINDS)
+
+
+def costs_section(stamped: list[dict[str, Any]]) -> list[str]:
+    """What a day of deadlines costs on Temporal, from `planner_events`: per account at each spread
+    and per idle day, beside the lateness; then events per account against the lateness objective."""
+    lines = ["", "## What deadlines cost on Temporal", ""]
+    found = [s for s in stamped if s["scenario"] == "planner_events"]
+    if not found:
+        command = SCENARIOS["planner_events"][1]
+        return [*lines, f"No measured costs: `{command} > out.json`, then `record` it."]
+    s = found[0]
+    doc = s["result"]
+    header = " | ".join(k.replace("_", " ") for k in COST_KINDS)
+    lines += [
+        f"Every workflow's history, read once the last cleanup closed (`planner_events`; {s['date']}, {s['commit']};",
+        f"lateness objective {doc['lateness_objective_seconds']:g} s, longest idle sleep "
+        f"{doc['max_idle_seconds']:g} s, {doc['workers']} workers). Billable kinds per account, then per idle",
+        "day; heartbeats are estimated from each activity's run time, queries are not in a history (none sent).",
+        "",
+        f"| deadlines | accounts | cleanups | events | per account | lateness p99 s | {header} |",
+        "|---|---|---|---|---|---|" + "---|" * len(COST_KINDS),
+    ]
+    for name in ("dense", "one_per_second", "one_per_minute"):
+        r = doc[name]
+        lines.append(
+            f"| {name.replace('_', ' ')} | {r['accounts']:,} | {r['cleanups']:,} | {r['history_events']:,} "
+            f"| {_number(r['events_per_account'], 2)} | {_number(r['lateness_seconds']['p99'], 2)} "
+            f"| {_kinds(r['billable'], r['accounts'])} |"
+        )
+    idle = doc["idle"]
+    lines += [
+        f"| idle, per day ({idle['iterations_measured']} iterations of {idle['seconds_per_iteration']:g} s measured) "
+        f"| - | - | {idle['events_per_day']:,} | - | - | {_kinds(idle['billable_per_day'], digits=0)} |",
+    ]
+    if doc.get("curve"):
+        lines += [
+            "",
+            "One deadline a second under each lateness objective (PLANNER_LATENESS_OBJECTIVE):",
+            "",
+            "| objective s | cleanups | events per account | lateness p50 s | p99 s | max s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in doc["curve"]:
+            late = p["lateness_seconds"]
+            lines.append(
+                f"| {p['lateness_objective_seconds']:g} | {p['cleanups']:,} | {_number(p['events_per_account'], 2)} "
+                f"| {_number(late['p50'], 2)} | {_number(late['p99'], 2)} | {_number(late['max'], 2)} |"
+            )
+    return lines
+
+
 def render(results: Path = RESULTS) -> str:
     stamped = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
     lines = [
@@ -277,6 +357,7 @@ def render(results: Path = RESULTS) -> str:
     if missing:
         lines += ["", "No current result: " + ", ".join(f"`{m}`" for m in missing) + "."]
     lines += curve_section(stamped)
+    lines += costs_section(stamped)
     lines += ["", "## Machines", ""] + [f"- {tag[m]}: {m}" for m in machines]
     lines += ["", "## How to measure", "", "```bash"]
     lines += [f"{cmd} > out.json  # {name}" for name, (_, cmd) in SCENARIOS.items()]

@@ -54,7 +54,12 @@ SMOKE: dict[str, Scenario] = {
     ),
     "batch_plan": lambda: batch_plan.run(accounts=2000, sizes=(200, 1000), repeat=1, payments=4000),
     "cohort_through_planner": lambda: planner_cohort.run(
-        accounts=60, budgets=("off",), workers=1, drain=60, lead=4, planner={"tick_seconds": "1"}
+        accounts=60,
+        budgets=("off",),
+        workers=1,
+        drain=60,
+        lead=4,
+        planner={"tick_seconds": "1", "max_idle_seconds": "1"},
     ),
 }
 

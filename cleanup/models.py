@@ -67,6 +67,7 @@ CLAIM_CLEANUP_IN_CHUNKS = "claim_cleanup_in_chunks"
 CHECK_ACCOUNT_RENEWED = "check_account_renewed"
 CLEANUP_PARTITION = "cleanup_partition"
 SETTLE_CLEANUP = "settle_cleanup"
+CLEAN_SMALL_COHORT = "clean_small_cohort"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
 
 
@@ -169,6 +170,11 @@ class RenewalCleanupInput(Model):
     # Claim streams of a cohort of one instant whose partitions follow the claim (at most the
     # partitions). 1: one claim activity.
     claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
+
+    # A cohort of one instant and one partition claims, cleans and settles in one activity (the
+    # planner's cohort that fits one batch). A range of one partition always does; an operator's
+    # cohort of one instant keeps its claim, partition and settlement steps.
+    one_activity: bool = False
 
     @model_validator(mode="after")
     def _interval_below_timeout(self) -> RenewalCleanupInput:
@@ -340,6 +346,21 @@ class CleanupSettlement(Model):
 
 CleanupOutcome = Literal["cleaned", "renewed", "stale", "nothing_to_clean"]
 CleanupPhase = Literal["sleeping", "claiming", "cleaning", "settling", "settled", "renewed"]
+
+
+class SmallCohortInput(Model):
+    """A range cohort of one partition (the planner's cohort that fits one batch): its claim, its
+    partition and its settlement, run one after the other by one activity."""
+
+    claim: ClaimChunkedInput
+    partition: CleanupPartitionInput
+    deadline: UtcDatetime
+
+
+class SmallCohortResult(Model):
+    claim: ClaimResult
+    report: PartitionReport
+    settlement: CleanupSettlement
 
 
 class CleanupResult(Model):

@@ -8,7 +8,8 @@
   the instant): it wakes at the deadline, not at the bucket's end, and its partitions clean while
   it claims. Should the bucket later hold other deadlines too, the range's cleanup is ensured for
   them; the claim gives each account to one cleanup only.
-- overdue sweep: active accounts past their deadline by more than `sweep_grace_seconds` (a missed
+- overdue sweep: active accounts past their deadline by more than `overdue_after_seconds` (the
+  grace, plus a sparse cohort's wait for its window's end; a missed
   bucket, an outage, a row edited by hand) go to one sweep cleanup over their range.
 - stranded claims: accounts left in 'cleaning' by a cleanup that Temporal reports closed
   (terminated, cancelled, failed), in the namespace that claimed them, are released to 'active' and
@@ -104,6 +105,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         note="started by the deadline planner",
         wake_early_seconds=cohort.wake_early_seconds,
         claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
+        one_activity=partitions == 1,
     )
     # A closed run with this ID is never repeated: one run per bucket.
     outcome = await start_idempotently(
@@ -126,56 +128,111 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
 async def plan_buckets(
     pool: asyncpg.Pool, client: Client, input: PlanTickInput, ensured: dict[str, datetime] | None = None
 ) -> PlanTickResult:
-    """Ensure one sleeping cohort cleanup per upcoming deadline bucket; record recent lateness.
+    """Ensure one sleeping cohort cleanup per upcoming cohort of deadlines; record recent lateness;
+    say when the next plan is needed.
 
-    `ensured` (kept by the caller between ticks, e.g. per worker process): bucket workflow IDs this
-    process already ensured. A bucket's ID is started once and never reused, so ensuring it again
-    changes nothing; skipping those saves a start call per upcoming bucket per tick (horizon / tick
-    calls per bucket, the Temporal server's main load at a steady rate of deadlines). Another
+    Cohorts: the horizon is cut into windows of `cohort_seconds` (the lateness objective less the
+    margin, on a grid from the epoch, so every tick cuts the same windows and a window's cleanup
+    keeps its ID). A window that fits one batch is one cohort; a window holding more keeps buckets of
+    `bucket_seconds` (dense deadlines: the lateness of a bucket, at no extra cost per account).
+
+    `ensured` (kept by the caller between ticks, e.g. per worker process): cohort workflow IDs this
+    process already ensured. A cohort's ID is started once and never reused, so ensuring it again
+    changes nothing; skipping those saves a start call per upcoming cohort per tick. Another
     process, or a restarted one, ensures them once more, which is harmless."""
     s = input.settings
     if await planner_pause(pool, input.task_queue) is not None:  # whichever run asks: paused
         return PlanTickResult(buckets=0, lateness_watermark=input.lateness_watermark)
     now: datetime = await pool.fetchval(SQL.clock)
-    lookback = timedelta(seconds=2 * s.tick_seconds + s.bucket_seconds)
-    rows = await pool.fetch(
-        SQL.upcoming_buckets,
-        now - lookback,
-        now + timedelta(seconds=s.horizon_seconds),
-        timedelta(seconds=s.bucket_seconds),
-        s.max_buckets_per_tick,
-        s.batch_size + 1,
-    )
-    starts: list[datetime] = [r["start"] for r in rows]
-    await _ensure_buckets(client, input, rows, ensured if ensured is not None else {}, forget_before=now - lookback)
+    window = timedelta(seconds=s.cohort_seconds)
+    lookback = timedelta(seconds=2 * s.tick_seconds) + window
+    horizon_end = now + timedelta(seconds=s.horizon_seconds)
+    cohorts = await _upcoming_cohorts(pool, s, now - lookback, horizon_end)
+    await _ensure_buckets(client, input, cohorts, ensured if ensured is not None else {}, forget_before=now - lookback)
+    # Everything before `planned_until` has its cleanup; the first deadline after it must be
+    # planned before it enters the horizon (at once when the cap cut this plan short).
+    capped = len(cohorts) >= s.max_buckets_per_tick
+    planned_until = cohorts[-1][0]["start"] + cohorts[-1][1] if capped else horizon_end
+    next_unplanned: datetime | None = await pool.fetchval(SQL.next_deadline, planned_until)
+    plan_again_in = None
+    if capped:
+        plan_again_in = 0.0
+    elif next_unplanned is not None:
+        plan_again_in = max(0.0, (next_unplanned - horizon_end).total_seconds())
     watermark, recorded = await _record_lateness(pool, input, now)
+    starts: list[datetime] = [r["start"] for r, _ in cohorts]
     return PlanTickResult(
         buckets=len(starts),
         first_bucket=starts[0] if starts else None,
         last_bucket=starts[-1] if starts else None,
         lateness_watermark=watermark,
         lateness_recorded=recorded,
+        next_unplanned=next_unplanned,
+        plan_again_in_seconds=plan_again_in,
     )
+
+
+# A cohort cleanup costs about 28 history events whatever its size (bench.planner_events): a window
+# whose buckets would hold this many accounts each on average keeps them (under one event per
+# account already), and gains the bucket's lateness instead of the window's.
+DENSE_ACCOUNTS_PER_BUCKET = 30
+
+
+def dense_threshold(s: PlannerSettings) -> int:
+    """The accounts above which a window of `cohort_seconds` is dense (cut into buckets): as many as
+    its buckets hold at `DENSE_ACCOUNTS_PER_BUCKET` each, and never more than one batch (a sparse
+    cohort is one partition of one batch)."""
+    buckets = max(1, round(s.cohort_seconds / s.bucket_seconds))
+    return min(s.batch_size, DENSE_ACCOUNTS_PER_BUCKET * buckets)
+
+
+async def _upcoming_cohorts(
+    pool: asyncpg.Pool, s: PlannerSettings, since: datetime, until: datetime
+) -> list[tuple[asyncpg.Record, timedelta]]:
+    """The windows of `cohort_seconds` with active accounts with a deadline in [since, until), each
+    with its width; a dense window (`dense_threshold`) as its buckets of `bucket_seconds` instead.
+    At most `max_buckets_per_tick`, earliest first. A window's count stops at the dense threshold
+    (never above one batch), so a sparse window's count is exact and a dense one's buckets are
+    counted again, up to one batch each."""
+    window = timedelta(seconds=s.cohort_seconds)
+    bucket = timedelta(seconds=s.bucket_seconds)
+    limit = s.max_buckets_per_tick
+    if window <= bucket:  # no window wider than a bucket: the buckets, counted up to one batch
+        rows = await pool.fetch(SQL.upcoming_buckets, since, until, bucket, limit, s.batch_size + 1)
+        return [(r, bucket) for r in rows]
+    dense = dense_threshold(s)
+    rows = await pool.fetch(SQL.upcoming_buckets, since, until, window, limit, dense + 1)
+    out: list[tuple[asyncpg.Record, timedelta]] = []
+    for row in rows:
+        if row["accounts"] <= dense:
+            out.append((row, window))
+        else:
+            end = min(row["start"] + window, until)
+            fine = await pool.fetch(
+                SQL.upcoming_buckets, max(row["start"], since), end, bucket, limit - len(out), s.batch_size + 1
+            )
+            out.extend((r, bucket) for r in fine)
+        if len(out) >= limit:
+            return out[:limit]
+    return out
 
 
 async def _ensure_buckets(
     client: Client,
     input: PlanTickInput,
-    rows: list[asyncpg.Record],
+    cohorts: list[tuple[asyncpg.Record, timedelta]],
     known: dict[str, datetime],
     forget_before: datetime,
 ) -> None:
-    """Ensure the cohort cleanup of each upcoming bucket (`rows`: start, first, last, accounts) not
-    in `known`, then add those to `known` and drop the ones older than `forget_before` (never
-    upcoming again)."""
+    """Ensure the cleanup of each upcoming cohort (`cohorts`: a row of start, first, last, accounts,
+    and its width) not in `known`, then add those to `known` and drop the ones older than
+    `forget_before` (never upcoming again)."""
     s = input.settings
-    width = timedelta(seconds=s.bucket_seconds)
-    width_ms = max(1, round(s.bucket_seconds * 1000))
     limit = asyncio.Semaphore(16)
 
-    def cohort(row: asyncpg.Record) -> CohortRange:
-        # A bucket that fits in one batch is one partition: one activity after the claim
-        # instead of P small ones in P / parallel rounds (the lateness of the bucket).
+    def cohort(row: asyncpg.Record, width: timedelta) -> CohortRange:
+        # A cohort that fits in one batch is one partition: one activity after the claim
+        # instead of P small ones in P / parallel rounds (the lateness of the cohort).
         partitions = 1 if row["accounts"] <= s.batch_size else None
         if row["first"] == row["last"]:
             instant = row["first"]
@@ -187,6 +244,7 @@ async def _ensure_buckets(
                 partitions=partitions,
             )
         start = row["start"]
+        width_ms = max(1, round(width.total_seconds() * 1000))
         return CohortRange(
             bucket_cleanup_id(start, width_ms, input.task_queue),
             start,
@@ -200,14 +258,14 @@ async def _ensure_buckets(
         async with limit:
             await _start_cohort(client, input.task_queue, s, cohort)
 
-    new = [c for c in map(cohort, rows) if c.workflow_id not in known]
+    new = [c for c in (cohort(r, w) for r, w in cohorts) if c.workflow_id not in known]
     await asyncio.gather(*(ensure(c) for c in new))
     for c in new:
         known[c.workflow_id] = c.start
     for workflow_id in [w for w, start in known.items() if start < forget_before]:
         del known[workflow_id]
     if new:
-        log.info("planner ensured %d new bucket cleanup(s) of %d upcoming", len(new), len(rows))
+        log.info("planner ensured %d new cohort cleanup(s) of %d upcoming", len(new), len(cohorts))
 
 
 async def _record_lateness(pool: asyncpg.Pool, input: PlanTickInput, now: datetime) -> tuple[datetime, int]:
@@ -303,7 +361,7 @@ async def sweep_overdue(
     stranded, released, not_found = await recover_stranded(pool, client, heartbeat)
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
-    cutoff = now - timedelta(seconds=s.sweep_grace_seconds)
+    cutoff = now - timedelta(seconds=s.overdue_after_seconds)
     row = await pool.fetchrow(SQL.overdue_accounts, cutoff, OVERDUE_COUNT_CAP)
     assert row is not None
     overdue, oldest = row["overdue"], row["oldest"]
@@ -335,7 +393,7 @@ async def sweep_overdue(
         "swept %d overdue account(s) (deadlines from %s, more than %ss ago) into %s",
         overdue,
         oldest.isoformat(),
-        s.sweep_grace_seconds,
+        s.overdue_after_seconds,
         workflow_id,
     )
     return result.model_copy(update={"sweep_cleanup_id": workflow_id})
@@ -635,7 +693,7 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out["next_deadlines"] = [DeadlineCohort(**r) for r in await pool.fetch(SQL.next_deadlines, 5)]
     out["due_next_hour"] = await pool.fetchval(SQL.due_within, 3600.0)
     overdue = await pool.fetchrow(
-        SQL.overdue_accounts, now - timedelta(seconds=settings.sweep_grace_seconds), OVERDUE_COUNT_CAP
+        SQL.overdue_accounts, now - timedelta(seconds=settings.overdue_after_seconds), OVERDUE_COUNT_CAP
     )
     assert overdue is not None
     out["overdue"] = overdue["overdue"]

@@ -34,6 +34,11 @@ CROSS JOIN LATERAL (SELECT min(a.renewal_deadline) AS first, max(a.renewal_deadl
                       AND a.renewal_deadline < b.start + $3::interval) d
 ORDER BY b.start;
 
+-- name: next_deadline
+-- The earliest deadline of an active account at or after $1 (one probe of accounts_active_due_idx):
+-- the first one a plan did not cover, which the planner must wake for before it enters the horizon.
+SELECT min(renewal_deadline) FROM accounts WHERE status = 'active' AND renewal_deadline >= $1;
+
 -- name: claiming_workflows
 -- The distinct workflows of namespace $1 holding accounts in 'cleaning' (a skip scan over
 -- accounts_cleaning_namespace_idx), at most $2.

@@ -47,6 +47,11 @@ class PlanTickResult(Model):
     last_bucket: UtcDatetime | None = None
     lateness_watermark: UtcDatetime | None = None
     lateness_recorded: int = 0
+    # The earliest active deadline the plan did not cover (beyond the horizon, or the cap), if any.
+    next_unplanned: UtcDatetime | None = None
+    # When the next plan is needed, from this one (seconds): before `next_unplanned` enters the
+    # horizon; 0 when the cap cut the plan short; None when no later deadline is known.
+    plan_again_in_seconds: float | None = None
 
 
 class SweepInput(Model):

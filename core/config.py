@@ -186,9 +186,11 @@ class Section(BaseModel):
 
 
 class PlannerSettings(Model):
-    """The planner's knobs (PLANNER_*), carried in its workflow's input. Lateness L of a bucketed
-    account: at most `bucket_seconds` plus the time to claim and clean; anything missed is caught
-    by the sweep within `sweep_grace_seconds + tick_seconds`."""
+    """The planner's knobs (PLANNER_*), carried in its workflow's input. Lateness of a planned
+    account: at most the width of its cohort (`cohort_seconds`: sparse deadlines, or
+    `bucket_seconds` for dense ones) plus the time to claim and clean; an account whose deadline
+    came too soon to be planned, or that a cohort missed, is swept within
+    `overdue_after_seconds + max_idle_seconds`."""
 
     ENV_PREFIX: ClassVar[str] = "PLANNER_"
     SECTION: ClassVar[str] = "planner"
@@ -202,7 +204,29 @@ class PlannerSettings(Model):
         le=10,
     )
     horizon_seconds: float = setting(120.0, "how far ahead the planner starts bucket cleanups", ge=1, le=86_400)
-    tick_seconds: float = setting(5.0, "how often the planner plans and sweeps", ge=0.1, le=30)
+    tick_seconds: float = setting(
+        5.0,
+        "the shortest interval between two planning iterations (after a nudge, or while it catches up)",
+        ge=0.1,
+        le=30,
+    )
+    max_idle_seconds: float = setting(
+        60.0,
+        "the longest the planner sleeps between two iterations: what a registration due sooner than "
+        "that waits at most before it is planned, and an overdue account or a stranded claim before "
+        "it is swept (beyond the sweep grace)",
+        ge=0.1,
+        le=3600,
+    )
+    lateness_objective_seconds: float = setting(
+        10.0,
+        "how late a cleanup may be: sparse deadlines share one cohort cleanup per window of this "
+        "width less a second (the time to wake, claim and clean it); a window holding more than a "
+        "batch keeps buckets of `bucket_seconds`",
+        env="PLANNER_LATENESS_OBJECTIVE",
+        ge=0.001,
+        le=3600,
+    )
     sweep_grace_seconds: float = setting(
         10.0, "an account overdue by this long without a cleanup is swept", ge=0, le=3600
     )
@@ -215,6 +239,24 @@ class PlannerSettings(Model):
     step_heartbeat_seconds: float = setting(
         10.0, "the plan and sweep steps heartbeat; a worker that dies in one is noticed after this long", ge=1, le=600
     )
+
+    # The time to wake, claim and clean a cohort that fits one batch, measured (bench.planner_events):
+    # a sparse cohort is this much narrower than the objective, so its first account is on time.
+    COHORT_MARGIN_SECONDS: ClassVar[float] = 1.0
+
+    @property
+    def cohort_seconds(self) -> float:
+        """The width of a sparse cohort: the objective less the margin, in whole buckets (so a
+        window's buckets never straddle another window), at least one."""
+        buckets = (self.lateness_objective_seconds - self.COHORT_MARGIN_SECONDS) // self.bucket_seconds
+        return round(max(1, buckets) * self.bucket_seconds, 3)
+
+    @property
+    def overdue_after_seconds(self) -> float:
+        """How long past its deadline an active account is overdue (swept): the grace, plus the
+        time a sparse cohort's first account waits for its window's end (the cohort's width beyond
+        a bucket), so no account of a cohort still to wake is swept from under it."""
+        return self.sweep_grace_seconds + self.cohort_seconds - self.bucket_seconds
 
 
 class BudgetSettings(Section):

@@ -4,7 +4,11 @@ One history per workflow, recorded by today's code (with DATABASE_URL pointing a
 server; a private Temporal dev server and a scratch database are started and removed):
 - `renewal_cleanup.json`: a cohort of 200 accounts whose 4 partitions follow its claim (chunks of
   30, two claim streams, 2 partitions at a time), 5 accounts renewed before the deadline;
-- `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps.
+- `renewal_cleanup_small_cohort.json` and `renewal_cleanup_small_instant.json`: a range, and an
+  instant, cohort of one partition as the planner starts them (cohorts that fit one batch), each
+  claimed, cleaned and settled by one activity;
+- `deadline_planner.json`: the planner while it starts a bucket cleanup and sweeps, sleeping at most
+  2 s between iterations.
 Re-record when a change to a workflow's commands is meant to ship without a patch (see
 docs/decisions/0001-workflow-versioning.md); `python -m tests.record_ledger_histories` and
 `python -m tests.record_outbox_histories` record the other two workflows.
@@ -18,14 +22,15 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 from temporalio.client import Client
 
-from cleanup.models import planner_workflow_id
+from cleanup.models import bucket_cleanup_id, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
-from cleanup.planner import ensure_planner
+from cleanup.planner import CohortRange, _start_cohort, ensure_planner
 from cleanup.planner_models import PlannerSettings
 from core import db, embedded
 from core.config import Settings
@@ -83,15 +88,38 @@ async def record_cleanup(client: Client, pool: asyncpg.Pool, task_queue: str) ->
     await save(client, "renewal_cleanup", cohort.workflow_id)
 
 
+async def record_small_cohort(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
+    """A range cohort of one partition, as the planner starts one that fits a batch: 12 accounts at
+    two deadlines, one renewed; claimed, cleaned and settled by one activity."""
+    start = deadline_in(3).replace(microsecond=0)
+    accounts = await seed(pool, start + timedelta(milliseconds=200), 6)
+    accounts += await seed(pool, start + timedelta(milliseconds=700), 6)
+    await renew(client, pool, task_queue, accounts[0])
+    cohort = CohortRange(
+        bucket_cleanup_id(start, 1000, task_queue), start, start + timedelta(seconds=1), "small cohort", partitions=1
+    )
+    await _start_cohort(client, task_queue, PlannerSettings(), cohort)
+    await client.get_workflow_handle(cohort.workflow_id).result()
+    await save(client, "renewal_cleanup_small_cohort", cohort.workflow_id)
+    instant = deadline_in(3)
+    await seed(pool, instant, 5)
+    alone = CohortRange(bucket_cleanup_id(instant, 0, task_queue), instant, None, "small instant", partitions=1)
+    await _start_cohort(client, task_queue, PlannerSettings(), alone)
+    await client.get_workflow_handle(alone.workflow_id).result()
+    await save(client, "renewal_cleanup_small_instant", alone.workflow_id)
+
+
 async def record_planner(client: Client, pool: asyncpg.Pool, task_queue: str) -> None:
     bucketed = await seed(pool, deadline_in(3), 50)
     await renew(client, pool, task_queue, bucketed[0])
-    await ensure_planner(client, task_queue, PlannerSettings(tick_seconds=1, iterations_per_run=1000))
+    settled = "SELECT count(*) FROM cleanup_settlements WHERE cleanup_id LIKE 'cleanup-bucket-%'"
+    before = await pool.fetchval(settled)  # the small cohort's
+    await ensure_planner(
+        client, task_queue, PlannerSettings(tick_seconds=1, max_idle_seconds=2, iterations_per_run=1000)
+    )
 
     async def bucket_settled() -> bool:
-        return bool(
-            await pool.fetchval("SELECT count(*) FROM cleanup_settlements WHERE cleanup_id LIKE 'cleanup-bucket-%'")
-        )
+        return bool(await pool.fetchval(settled) > before)
 
     await wait_until(bucket_settled, within=120, interval=1)
     planner = planner_workflow_id(task_queue)
@@ -102,6 +130,7 @@ async def record_planner(client: Client, pool: asyncpg.Pool, task_queue: str) ->
 async def main() -> None:
     async with scratch_stack("record_cleanup") as (client, pool, task_queue):
         await record_cleanup(client, pool, task_queue)
+        await record_small_cohort(client, pool, task_queue)
         await record_planner(client, pool, task_queue)
 
 

@@ -14,6 +14,7 @@ from bench import (
     ledger_reconciliation,
     ledger_rerun,
     planner_cohort,
+    planner_events,
     planner_lateness,
     player_load,
     poisoned_cohort,
@@ -165,9 +166,39 @@ async def test_player_load_benchmark_measures_the_budgets_curve_beside_the_paced
     assert result["commit_probe_errors"] == 0
 
 
+async def test_planner_events_benchmark_counts_every_workflows_history_per_account_and_idle_day():
+    result = await planner_events.run(
+        dense=30,
+        per_second=4,
+        per_minute=1,
+        idle_seconds=5,
+        lead=6,
+        workers=1,
+        planner={"tick_seconds": "1", "max_idle_seconds": "2"},
+        curve=(3.0,),
+        drain=60,
+    )
+    for name in ("dense", "one_per_second", "one_per_minute"):
+        spread = result[name]
+        assert spread["all_cleaned"] and spread["cleanups"] >= 1, spread
+        assert spread["history_events"] == sum(spread["events_by_workflow_type"].values())
+        assert spread["billable"]["workflow_starts"] >= spread["cleanups"] + 1  # and the planner
+        assert spread["lateness_seconds"]["p99"] is not None
+    assert result["dense"]["cleanups"] <= 2, "30 accounts within 1 s: one cohort (two across a window's edge)"
+    idle = result["idle"]
+    assert idle["iterations_measured"] >= 1 and 1.5 <= idle["seconds_per_iteration"] <= 4
+    assert idle["events_per_day"] > 0 and idle["billable_per_day"]["timers"] > 0
+    assert [p["lateness_objective_seconds"] for p in result["curve"]] == [3.0]
+
+
 async def test_planner_lateness_benchmark_cleans_every_account_once_by_the_planner_alone():
     result = await planner_lateness.run(
-        accounts=40, spread_seconds=1, lead_seconds=3, workers=1, planner={"tick_seconds": "1"}, drain_seconds=60
+        accounts=40,
+        spread_seconds=1,
+        lead_seconds=3,
+        workers=1,
+        planner={"tick_seconds": "1", "max_idle_seconds": "1"},
+        drain_seconds=60,
     )
     assert result["all_cleaned"] and (result["cleaned"], result["not_cleaned"]) == (40, 0)
     assert result["idempotency_records_per_account"] == {"min": 1, "max": 1, "total": 40}
@@ -182,7 +213,12 @@ async def test_planner_cohort_benchmark_cleans_a_registered_cohort_through_the_p
     cleaned by one planner bucket (nobody started a cleanup), the floor's cohort by the floor alone,
     and the timeline orders the bucket's phases after its deadline."""
     result = await planner_cohort.run(
-        accounts=60, budgets=("off",), workers=1, drain=60, lead=4, planner={"tick_seconds": "1"}
+        accounts=60,
+        budgets=("off",),
+        workers=1,
+        drain=60,
+        lead=4,
+        planner={"tick_seconds": "1", "max_idle_seconds": "1"},
     )
     off = result["budget_off"]
     assert off["registered"] == off["cleaned"] == 60
@@ -203,7 +239,12 @@ async def test_restart_chaos_benchmark_runs_the_night_calm_and_under_restarts_wi
     every reminder; the harness's checks find nothing doubled or lost and no worker died."""
     chaos = restart_chaos.Chaos(restarts=1, every=(0.5, 1.0), down_max=2.0, seed=3)
     result = await restart_chaos.run(
-        accounts=50, payments=300, chaos=chaos, within=120, lead=4, planner_env={"PLANNER_TICK_SECONDS": "1"}
+        accounts=50,
+        payments=300,
+        chaos=chaos,
+        within=120,
+        lead=4,
+        planner_env={"PLANNER_TICK_SECONDS": "1", "PLANNER_MAX_IDLE_SECONDS": "1"},
     )
     for night in (result["calm"], result["under_restarts"]):
         assert night["cleaned"] == night["reminders"] == 50 and night["reminders_pending"] == 0, night

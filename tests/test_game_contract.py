@@ -149,7 +149,14 @@ async def test_hold_and_release_through_sql_and_python(game, pool):
     assert await call(game, "hold", claimed, "too late for it") == "too_late"
 
 
-SWEEP_NOW = PlannerSettings(bucket_seconds=1.0, horizon_seconds=60, tick_seconds=1.0, sweep_grace_seconds=0)
+SWEEP_NOW = PlannerSettings(
+    bucket_seconds=1.0,
+    horizon_seconds=60,
+    tick_seconds=1.0,
+    max_idle_seconds=1.0,
+    sweep_grace_seconds=0,
+    lateness_objective_seconds=2,
+)
 
 
 async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game, client, pool, task_queue, worker):

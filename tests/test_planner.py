@@ -61,6 +61,8 @@ FAST = PlannerSettings(
     bucket_seconds=1.0,
     horizon_seconds=60,
     tick_seconds=1.0,
+    max_idle_seconds=1.0,  # deadlines seeded seconds ahead are planned, and missed ones swept, at once
+    lateness_objective_seconds=2.0,  # cohorts of one 1 s bucket: the buckets these tests name
     sweep_grace_seconds=3.0,
     partitions=2,
     max_parallel_partitions=2,
@@ -355,7 +357,12 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
 ):
     accounts = await seed(pool, deadline_in(6), 30)
     worker_processes.start(
-        CLEANUP_PLANNER="on", PLANNER_TICK_SECONDS="1", PLANNER_SWEEP_GRACE_SECONDS="3", PLANNER_PARTITIONS="2"
+        CLEANUP_PLANNER="on",
+        PLANNER_TICK_SECONDS="1",
+        PLANNER_MAX_IDLE_SECONDS="1",
+        PLANNER_LATENESS_OBJECTIVE="2",
+        PLANNER_SWEEP_GRACE_SECONDS="3",
+        PLANNER_PARTITIONS="2",
     )
     await wait_until(lambda: all_settled(pool, accounts), within=120, interval=0.5)
     assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == 30
@@ -599,6 +606,8 @@ async def test_a_workers_watchdog_starts_a_closed_planner_again(client, pool, ta
         CLEANUP_PLANNER="on",
         PLANNER_WATCHDOG_SECONDS="1",
         PLANNER_TICK_SECONDS="1",
+        PLANNER_MAX_IDLE_SECONDS="1",
+        PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
         PLANNER_PARTITIONS="2",
     )

@@ -3,10 +3,11 @@
 A long-running loop (one per deployment, ID `deadline-planner`, ensured by every worker at start):
 each iteration ensures one sleeping cohort cleanup per upcoming deadline bucket
 (`plan_deadline_buckets`), then runs the safety net (`sweep_overdue_accounts`: stranded claims of
-closed cleanups are released, overdue active accounts handed to a sweep cleanup), then sleeps
-`tick_seconds` (a `nudge` signal wakes it early). It continues as new every `iterations_per_run`
-iterations so its history stays small. `pause` / `resume` signals steer it; the `status` query
-shows it. The durable timers of the cohort cleanups are what fire at the deadlines.
+closed cleanups are released, overdue active accounts handed to a sweep cleanup), then sleeps until
+the next plan is needed (the first unplanned deadline about to enter the horizon), at most
+`max_idle_seconds` and at least `tick_seconds` (a `nudge` signal wakes it early). It continues as
+new every `iterations_per_run` iterations so its history stays small. `pause` / `resume` signals
+steer it; the `status` query shows it. The durable timers of the cohort cleanups are what fire at the deadlines.
 
 Deterministic by construction: time from the workflow, all I/O in activities called by name, so
 this module never imports asyncpg (see DEVELOPERS.md).
@@ -44,6 +45,9 @@ with workflow.unsafe.imports_passed_through():
 
 _RETRY = CLEANUP_RETRY
 T = TypeVar("T")
+# Sleeps until the next plan is needed, bounded by `max_idle_seconds`, instead of every
+# `tick_seconds` (1.0's histories tick: tests/histories/1.0_deadline_planner.json).
+IDLE_SLEEP_PATCH = "planner-idle-sleep"
 
 
 @workflow.defn(name=PLANNER_WORKFLOW)
@@ -84,7 +88,7 @@ class DeadlinePlannerWorkflow:
             iterations += 1
             if iterations >= input.settings.iterations_per_run or workflow.info().is_continue_as_new_suggested():
                 self._continue_as_new(input)
-            await self._sleep()
+            await self._sleep(plan, sweep)
 
     async def _step(self, activity: str, arg: Any, result_type: type[T], bound: timedelta, summary: str) -> T | None:
         """Run one step of the loop, bounded by `bound`; None when it failed for good (reported, and
@@ -175,18 +179,34 @@ class DeadlinePlannerWorkflow:
             )
         )
 
-    async def _sleep(self) -> None:
-        """Wait out the tick, or less: a nudge or a pause wakes the loop at once."""
+    async def _sleep(self, plan: PlanTickResult | None, sweep: SweepResult | None) -> None:
+        """Wait until the next plan is needed, or less: a nudge or a pause wakes the loop at once."""
         self._set_phase("sleeping")
         self._nudged = False
+        seconds = self._input.settings.tick_seconds
+        if workflow.patched(IDLE_SLEEP_PATCH):
+            seconds = self._idle_seconds(plan, sweep)
         try:
             await workflow.wait_condition(
                 lambda: self._nudged or self._paused,
-                timeout=timedelta(seconds=self._input.settings.tick_seconds),
+                timeout=timedelta(seconds=seconds),
                 timeout_summary="planner tick",
             )
         except TimeoutError:
             pass
+
+    def _idle_seconds(self, plan: PlanTickResult | None, sweep: SweepResult | None) -> float:
+        """How long the loop may sleep: until the first unplanned deadline is about to enter the
+        horizon, at most `max_idle_seconds` (which bounds how long a registration due sooner, an
+        overdue account or a stranded claim waits for the next iteration), at least `tick_seconds`;
+        after a failed step, one tick (it is tried again soon)."""
+        s = self._input.settings
+        if plan is None or sweep is None:
+            return s.tick_seconds
+        seconds = s.max_idle_seconds
+        if plan.plan_again_in_seconds is not None:
+            seconds = min(seconds, plan.plan_again_in_seconds)
+        return max(s.tick_seconds, seconds)
 
     def _set_phase(self, phase: PlannerPhase) -> None:
         self._phase = phase

@@ -60,6 +60,10 @@ SWEEP_GRACE = 4.0
 PLANNER_ENV = {
     "LOAD_BUDGET_LATENCY_MS": "600000",
     "PLANNER_TICK_SECONDS": "1",
+    "PLANNER_MAX_IDLE_SECONDS": "1",
+    # Cohorts of one 1 s bucket: an account is overdue SWEEP_GRACE after its deadline, the instant
+    # the rounds place their outages and kills by.
+    "PLANNER_LATENESS_OBJECTIVE": "2",
     "PLANNER_SWEEP_GRACE_SECONDS": str(SWEEP_GRACE),
     "PLANNER_HORIZON_SECONDS": "60",
     "PLANNER_PARTITIONS": "2",
