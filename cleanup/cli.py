@@ -335,6 +335,25 @@ async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> Non
     emit(args, report, _targets_text)
 
 
+async def cmd_targets_rotate_key(args: argparse.Namespace, settings: Settings) -> None:
+    """The key goes to the database over COPY, never as a statement parameter (docs/targets.md)."""
+    from cleanup.anonymize_key import fingerprint, store_key
+    from cleanup.targets import anonymize_key_pads, configured_anonymize_key
+
+    key = configured_anonymize_key()
+    try:
+        anonymize_key_pads(key)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    async with database_pool(settings, migrate=True) as pool, pool.acquire() as conn:
+        outcome = await store_key(conn, key, rotate=True)
+    emit(
+        args,
+        {"fingerprint": fingerprint(key), "result": outcome},
+        lambda d: f"anonymize key {d['fingerprint']}: {d['result']}",
+    )
+
+
 def _targets_text(d: dict[str, Any]) -> str:
     lines = [f"{d['file']}: {len(d['targets'])} target(s), fingerprint {d['fingerprint']}, checked on this database"]
     lines.append("what a cleanup does per account, in this order (one transaction per batch):")
@@ -451,7 +470,9 @@ def register(commands: Commands) -> None:
 
 def _add_targets(commands: Commands) -> None:
     """`targets check`: the declared cleanup targets, checked as a worker checks them at start-up."""
-    targets = commands.group("targets", "the cleanup's targets file (CLEANUP_TARGETS_FILE): check it")
+    targets = commands.group(
+        "targets", "the cleanup's targets file (CLEANUP_TARGETS_FILE): check it; rotate the anonymize key"
+    )
     p = targets.add(
         "check",
         cmd_targets_check,
@@ -463,6 +484,11 @@ def _add_targets(commands: Commands) -> None:
         type=Path,
         metavar="PATH",
         help="the targets file (env: CLEANUP_TARGETS_FILE; default the built-in cleanup/targets.toml)",
+    )
+    targets.add(
+        "rotate-key",
+        cmd_targets_rotate_key,
+        "store CLEANUP_ANONYMIZE_KEY as the database's anonymize key, replacing the one stored (workers stopped)",
     )
 
 

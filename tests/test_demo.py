@@ -45,7 +45,9 @@ def test_demo_planner_cleans_spread_deadlines_renews_and_delivers_each_reminder_
     assert result["planner_workflow_id"] == f"deadline-planner-{result['task_queue']}"
     assert result["cleanups"] and all(w.startswith(("cleanup-bucket-", "cleanup-sweep-")) for w in result["cleanups"])
     assert all(w.endswith(f"-{result['task_queue']}") for w in result["cleanups"]), "the demo's own cleanups"
-    assert result["buckets"] >= 3, "deadlines spread over several buckets"
+    assert result["buckets"] >= 2, (
+        "deadlines spread over several cohorts (sparse ones share one up to the lateness objective)"
+    )
     # Every account in one terminal state: cleaned once, or renewed in time (for good).
     cleaned = 300 - result["renewed_in_time"]
     assert result["renewed_in_time"] >= 1

@@ -379,3 +379,23 @@ async def test_retry_failed_with_the_current_targets_when_said_so_keeps_the_set_
     run = await pool.fetchrow("SELECT * FROM cleanup_target_runs WHERE cleanup_id = 'adopt'")
     assert run is not None
     assert (run["fingerprint"], run["replaced_fingerprints"]) == (fixed.fingerprint, [targets.fingerprint])
+
+
+async def test_rotate_key_from_the_cli_replaces_the_stored_key(pool, db_url, monkeypatch):
+    async with pool.acquire() as conn:
+        await store_key(conn, ANONYMIZE_KEY)
+    new_key = "a-new-anonymize-key-of-at-least-32-bytes"
+    env = {**os.environ, "DATABASE_URL": db_url, ANONYMIZE_KEY_ENV: new_key}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "starter.py", "targets", "rotate-key", "--json"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert new_key not in done.stdout + done.stderr
+    async with pool.acquire() as conn:
+        assert await store_key(conn, new_key) == "kept"
