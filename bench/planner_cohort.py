@@ -209,6 +209,8 @@ def where_the_time_goes(bucket: dict[str, Any], last_cleaned: float | None) -> d
     cleaning after the claim (claim done -> first partition done), the last partition's tail."""
     claim_done, first_started = bucket["claim_done"], bucket["first_partition_started"]
     overlapped = claim_done is not None and first_started is not None and first_started < claim_done
+    if first_started is None and last_cleaned is not None:  # one partition: claimed, cleaned, settled in one activity
+        return {"one_activity": round(last_cleaned, 3)}
     if overlapped:
         starts = [m for m in (bucket["claim_started"], first_started) if m is not None]
         marks = [0.0, min(starts), claim_done, bucket["first_partition_done"], last_cleaned]

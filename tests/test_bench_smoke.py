@@ -227,7 +227,10 @@ async def test_planner_cohort_benchmark_cleans_a_registered_cohort_through_the_p
     [bucket] = off["timeline"]["cleanups"]
     assert bucket["cleanup_id"].startswith("cleanup-bucket-") and bucket["accounts"] == 60
     assert off["timeline"]["first_claimed"] >= 0, "never claimed before the deadline"
-    assert bucket["claim_started"] <= bucket["claim_done"] <= bucket["last_partition_done"] <= bucket["closed"]
+    # A cohort of one partition claims, cleans and settles in one activity: its steps have no marks.
+    phases = ("claim_started", "claim_done", "last_partition_done", "closed")
+    marks = [bucket[k] for k in phases if bucket[k] is not None]
+    assert bucket["closed"] is not None and marks == sorted(marks)
     assert off["seconds_deadline_to_last_cleaned"] == off["timeline"]["last_cleaned"] > 0
     # the phases are consecutive: together they are the time from the deadline to the last account
     assert sum(off["where_the_time_goes_s"].values()) == pytest.approx(off["timeline"]["last_cleaned"], abs=0.01)

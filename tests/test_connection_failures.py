@@ -59,7 +59,8 @@ def _one_line(stderr: str) -> str:
 def _with_user(url: str, user: str, password: str | None = None) -> str:
     parts = urlsplit(url)
     credentials = user + (f":{password}" if password else "")
-    return urlunsplit(parts._replace(netloc=f"{credentials}@{parts.hostname}:{parts.port or 5432}"))
+    host = f"{parts.hostname}:{parts.port or 5432}" if parts.hostname else ""  # a socket URL: host in the query
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{host}"))
 
 
 # --- bad configuration: exit 2, naming the setting ------------------------------------------------
