@@ -155,7 +155,7 @@ def growth(results: dict[str, Any], prefix: str, sizes: tuple[int, ...]) -> dict
 async def explain_prepared(pool: asyncpg.Pool, sql: str, args: tuple[Any, ...], generic: bool) -> dict[str, Any]:
     """EXPLAIN ANALYZE of `sql` as a prepared statement, rolled back. A generic plan needs `PREPARE`
     and `EXECUTE`: `EXPLAIN` of the statement with bound parameters plans it for those values (a
-    custom plan) whatever `plan_cache_mode` says (docs/decisions/custom-plans.md)."""
+    custom plan) whatever `plan_cache_mode` says (docs/decisions/0012-custom-plans.md)."""
     mode = "force_generic_plan" if generic else "force_custom_plan"
     # EXECUTE takes no bind parameters: its arguments as literals (this module's own values).
     literals = ", ".join(str(a) if isinstance(a, int) else "'" + str(a).replace("'", "''") + "'" for a in args)

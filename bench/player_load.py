@@ -33,7 +33,7 @@ summed and reset inside every adjustment: a check of the objective reads the dat
 
 `--half-floor` adds the floor paced at half the unbudgeted throughput, the least the throughput
 goal allows: if the players' p99 then is already more than 1.2x their p99 alone, no schedule of the
-cleanup's work keeps them within +20% on this machine (docs/decisions/budget-limits.md).
+cleanup's work keeps them within +20% on this machine (docs/decisions/0007-budget-limits.md).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # The most accounts one batch statement takes. The statement materializes every data-modifying CTE
 # (the archived rows, the deleted rows' counts, the keys' arrays), so its working set grows with its
 # accounts: a batch larger than this is one transaction of statements of this size, so the batch size
-# changes the number of COMMITs only (docs/decisions/statement-size.md).
+# changes the number of COMMITs only (docs/decisions/0015-statement-size.md).
 STATEMENT_ACCOUNTS = 1000
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 

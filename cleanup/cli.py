@@ -512,7 +512,7 @@ def _add_start(commands: Commands) -> None:
     )
     p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
     p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
-    p.add_argument("--batch-size", type=int, default=1000, help="accounts per statement (default 1000)")
+    p.add_argument("--batch-size", type=int, default=1000, help="accounts per batch transaction (default 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")

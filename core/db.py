@@ -162,7 +162,7 @@ async def create_pool(
     keep one generic plan for the connection's life, planned on the statistics of that moment. A
     batch statement's generic plan made while `cleanup_applied` was small probes it with a
     sequential scan per account, and keeps doing so as the table grows: the cleanup turns quadratic
-    (docs/decisions/custom-plans.md). Planning per execution is small next to running a batch."""
+    (docs/decisions/0012-custom-plans.md). Planning per execution is small next to running a batch."""
     server_settings = {
         "plan_cache_mode": "force_custom_plan",
         "application_name": application_name,

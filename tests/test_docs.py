@@ -145,3 +145,13 @@ def test_the_variables_a_page_names_are_read_by_the_product(page: Path) -> None:
     named = set(VARIABLE.findall(page.read_text())) - FOREIGN_VARIABLES
     unknown = sorted(v for v in named if v not in product)
     assert not unknown, f"{_page_id(page)} names settings the product does not read: {unknown}"
+
+
+def test_every_decision_record_is_numbered_once_in_order() -> None:
+    """A newcomer reads the records in order: NNNN-name.md, numbers 1..n with no gap or repeat."""
+    names = sorted(p.name for p in (ROOT / "docs" / "decisions").glob("*.md"))
+    record = re.compile(r"(\d{4})-[a-z0-9-]+\.md$")
+    unnumbered = [n for n in names if not record.match(n)]
+    assert not unnumbered, f"unnumbered records: {unnumbered}"
+    numbers = [int(m.group(1)) for n in names if (m := record.match(n))]
+    assert numbers == list(range(1, len(names) + 1)), f"gaps or repeats: {numbers}"

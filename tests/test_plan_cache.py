@@ -3,7 +3,7 @@
 asyncpg prepares each statement once per connection; after five executions Postgres may switch to
 one generic plan for the rest of the connection's life, planned on the statistics of that moment.
 A generic plan made while `cleanup_applied` is small probes it with a sequential scan per account,
-and keeps doing so as the table grows (docs/decisions/custom-plans.md). Proved here on real Postgres with the
+and keeps doing so as the table grows (docs/decisions/0012-custom-plans.md). Proved here on real Postgres with the
 project's own pool, counted by Postgres itself (`pg_prepared_statements`).
 """
 
