@@ -446,36 +446,29 @@ class CleanupActivities:
 
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
-        """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
-
-        Re-running it claims nothing new and reports the same claim, read back from the database.
-        """
+        """Move one still-active account to 'cleaning' (a cohort claims in chunks:
+        `claim_cleanup_in_chunks`). Re-running it claims nothing new and reports the same claim,
+        read back from the database."""
         await self._hold_if_paused(input.cleanup_id)
         await wait_for_database_clock(self.pool, input.deadline, cleanup_id=input.cleanup_id)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
-            if input.account_id is None:
-                await conn.execute(
-                    SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions, claiming_namespace()
+            await conn.execute(
+                SQL.claim_account,
+                input.cleanup_id,
+                input.account_id,
+                input.deadline,
+                input.expected_version,
+                claiming_namespace(),
+            )
+            state = await conn.fetchrow(SQL.account_state, input.account_id)
+            if state is None:
+                raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
+            if state["claimed_by"] != input.cleanup_id:
+                renewed = state["status"] == "renewed" or (
+                    state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
                 )
-                skipped_renewed = await conn.fetchval(SQL.cohort_renewed_count, input.deadline)
-            else:
-                await conn.execute(
-                    SQL.claim_account,
-                    input.cleanup_id,
-                    input.account_id,
-                    input.deadline,
-                    input.expected_version,
-                    claiming_namespace(),
-                )
-                state = await conn.fetchrow(SQL.account_state, input.account_id)
-                if state is None:
-                    raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
-                if state["claimed_by"] != input.cleanup_id:
-                    renewed = state["status"] == "renewed" or (
-                        state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
-                    )
-                    skipped_renewed, skipped_stale = (1, 0) if renewed else (0, 1)
+                skipped_renewed, skipped_stale = (1, 0) if renewed else (0, 1)
             per_partition = [0] * input.partitions
             for row in await conn.fetch(SQL.claims_per_partition, input.cleanup_id):
                 per_partition[row["partition_no"]] = row["claimed"]

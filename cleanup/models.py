@@ -202,9 +202,11 @@ class AccountRenewalCheck(Model):
 
 
 class ClaimCleanupInput(Model):
+    """The claim of one account's cleanup; a cohort claims in chunks (`ClaimChunkedInput`)."""
+
     cleanup_id: str
     deadline: UtcDatetime
-    account_id: AccountId | None = None
+    account_id: AccountId
     expected_version: int | None = None
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
 

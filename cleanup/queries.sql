@@ -1,20 +1,5 @@
 -- Named queries of the renewal-deadline cleanup. Loaded by core.queries.load(__file__).
 
--- name: claim_cohort
--- The linearization point: an account moves to 'cleaning' only if it is still active (not renewed).
--- A renewal that commits first makes this UPDATE skip the row; one that commits later sees 'cleaning'.
--- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
-WITH claimed AS (
-    UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $4
-    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
-      AND held_since IS NULL  -- a legal hold: never claimed
-    RETURNING account_id, cleanup_version
-)
-INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-SELECT $1, account_id, cleanup_version, ((row_number() OVER (ORDER BY account_id)) - 1) % $3
-FROM claimed;
-
 -- name: claim_account
 WITH claimed AS (
     UPDATE accounts
@@ -30,9 +15,6 @@ SELECT $1, account_id, cleanup_version, 0 FROM claimed;
 -- name: claims_per_partition
 SELECT partition_no, count(*)::int AS claimed
 FROM cleanup_claims WHERE cleanup_id = $1 GROUP BY partition_no;
-
--- name: cohort_renewed_count
-SELECT count(*)::int FROM accounts WHERE renewal_deadline = $1 AND status = 'renewed';
 
 -- name: account_state
 SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by, renewed_at

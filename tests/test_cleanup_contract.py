@@ -17,7 +17,6 @@ import cleanup
 from activities.cleanup import CleanupActivities
 from cleanup.models import (
     ClaimChunkedInput,
-    ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -32,6 +31,7 @@ from core.budget import BudgetSettings, LoadBudget
 from core.queries import load
 from tests.helpers import (
     activity_timeline,
+    cohort_claim,
     deadline_in,
     effect_counts,
     listed_workflow_ids,
@@ -47,8 +47,8 @@ async def claim_and_clean_twice(client, task_queue, cleanup_id, deadline, partit
     claims = await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id=cleanup_id, deadline=deadline, partitions=partitions),
+        "claim_cleanup_in_chunks",
+        cohort_claim(cleanup_id, deadline, partitions),
     )
     claim = ClaimResult.model_validate(claims[0])
     reports: list[list[PartitionReport]] = []
@@ -174,8 +174,8 @@ async def test_a_renewal_after_the_claim_is_reported_too_late(client, pool, task
     await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-late", deadline=deadline, partitions=1),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-late", deadline, 1),
         times=1,
     )
 
@@ -219,8 +219,8 @@ async def test_partition_job_for_an_older_version_is_skipped_as_stale(client, po
     await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-old", deadline=deadline, partitions=1),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-old", deadline, 1),
         times=1,
     )
     # Support restores one claimed account before the partition job arrives: a newer version exists.
@@ -321,11 +321,9 @@ async def test_settlement_refuses_to_run_before_the_join(pool):
     await seed(pool, deadline, 10)
     activities = await CleanupActivities.create(pool, load_targets())
     env = ActivityEnvironment()
-    claim = await env.run(
-        activities.claim_cleanup, ClaimCleanupInput(cleanup_id="early", deadline=deadline, partitions=2)
-    )
+    claim = await env.run(activities.claim_cleanup_in_chunks, cohort_claim("early", deadline, 2))
 
-    with pytest.raises(Exception, match=r"partitions \[0, 1\] have not reported"):
+    with pytest.raises(Exception, match=r"partitions \[[0-9, ]+\] have not reported"):
         await env.run(
             activities.settle_cleanup,
             SettleCleanupInput(cleanup_id="early", deadline=deadline, partitions=2, claim=claim, reports=[]),

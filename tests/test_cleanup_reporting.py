@@ -16,7 +16,6 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from cleanup.models import (
-    ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -27,7 +26,16 @@ from cleanup.operations import CleanupListing, list_cleanups, renew, start_clean
 from core import search_attributes as sa
 from core.config import Settings
 from core.errors import InputError
-from tests.helpers import deadline_in, effect_counts, listed_workflow_ids, redeliver, seed, wait_until, workflow_ids
+from tests.helpers import (
+    cohort_claim,
+    deadline_in,
+    effect_counts,
+    listed_workflow_ids,
+    redeliver,
+    seed,
+    wait_until,
+    workflow_ids,
+)
 from tests.test_cleanup_input import run_cli
 
 
@@ -139,8 +147,8 @@ async def test_partition_reports_say_what_the_database_applied_whatever_the_atte
     [claim] = await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-rep", deadline=deadline, partitions=2),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-rep", deadline, 2),
         1,
     )
     per_partition = ClaimResult.model_validate(claim).claimed_per_partition

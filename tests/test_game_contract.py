@@ -305,10 +305,8 @@ async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game
     that comes after the claim is too late."""
     import asyncio
 
-    import cleanup
-    from core.queries import load
+    from tests.helpers import claim_partitions
 
-    claim_cohort = load(cleanup.__file__).claim_cohort
     deadline = (await db_now(game) - timedelta(seconds=1)).replace(microsecond=0)
     held, free = str(uuid.uuid4()), str(uuid.uuid4())
     for account in (held, free):
@@ -316,13 +314,16 @@ async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game
 
     await game.execute("BEGIN")
     assert await call(game, "hold", held, "court order") == "held"  # row locked, not committed
-    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1, "default"))
+    claim = asyncio.create_task(claim_partitions(pool, "claim-1", deadline))
 
     async def claim_waits_on_the_row() -> bool:
+        # The claim statement's text is longer than track_activity_query_size: match the session
+        # that waits on a lock in this database, which only the claim can be (the game holds it).
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%cleanup_claims%'"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%claim%'"
         )
-        return bool(await pool.fetchval(waiting))  # not the game's: its transaction keeps one snapshot
+        return bool(await pool.fetchval(waiting))
 
     await wait_until(claim_waits_on_the_row, within=30)
     assert not claim.done()

@@ -6,8 +6,15 @@ and every re-delivered job must report what the first delivery did.
 
 from __future__ import annotations
 
+import functools
+import operator
+from datetime import datetime, timedelta
+
+import asyncpg
+from temporalio.client import Client
+
 from cleanup.models import (
-    ClaimCleanupInput,
+    ClaimChunkedInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -32,6 +39,30 @@ from workflows.outbox_relay import OutboxRelayWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
 
+async def claim_again(client: Client, pool: asyncpg.Pool, tq: str, cleanup_id: str, deadline: datetime) -> ClaimResult:
+    """Deliver the cleanup's claim again, stream by stream as the workflow claimed (the production
+    claim: `claim_cleanup_in_chunks`); the streams' results add up to the claim."""
+    rows = await pool.fetch(
+        "SELECT claimed_per_partition FROM cleanup_claim_progress WHERE cleanup_id = $1 OR cleanup_id LIKE $2",
+        cleanup_id,
+        f"{cleanup_id}#claim-%",
+    )
+    partitions, streams = len(rows[0]["claimed_per_partition"]), len(rows)
+    claims = []
+    for stream in range(streams):
+        arg = ClaimChunkedInput(
+            cleanup_id=cleanup_id,
+            deadline_from=deadline,
+            deadline_until=deadline + timedelta(microseconds=1),
+            partitions=partitions,
+            stream=stream,
+            streams=streams,
+        )
+        _, again = await redeliver(client, tq, "claim_cleanup_in_chunks", arg)
+        claims.append(ClaimResult.model_validate(again[0]))
+    return functools.reduce(operator.add, claims)
+
+
 async def run(ctx: Ctx) -> Row:
     row = Row("1 replay")
     lane = await ctx.h.lane("replay", 1)
@@ -47,9 +78,7 @@ async def run(ctx: Ctx) -> Row:
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             first: CleanupResult = await handle.result()
             wf = started.workflow_id
-            arg = ClaimCleanupInput(cleanup_id=wf, deadline=deadline, partitions=partitions)
-            _, claims = await redeliver(client, tq, "claim_cleanup", arg)
-            claim = ClaimResult.model_validate(claims[0])
+            claim = await claim_again(client, pool, tq, wf, deadline)
             reports: list[PartitionReport] = []
             for p in range(partitions):
                 _, runs = await redeliver(
