@@ -143,3 +143,27 @@ async def test_a_backfill_waits_for_nights_still_waiting_to_start(client, settin
             with contextlib.suppress(RPCError):
                 await client.get_workflow_handle(str(run.workflow_id)).terminate(reason="test over")
     assert len(running) == 1
+
+
+async def test_describe_gives_the_real_status_of_a_run_the_schedule_badges_running_for_good(
+    client, pool, task_queue, worker
+):
+    """A night taken twice behind the service's back (the server's own backfill, as an older
+    version did): the schedule's record of the second run stays RUNNING, `schedule describe` says
+    what Temporal says of that run."""
+    day = date(2026, 6, 1)
+    await seed_day(pool, day, payments=50, shards=2)
+    schedule_id = f"ledger-nightly-{uuid.uuid4().hex[:8]}"
+    options = ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue))
+    await ls.create_schedule(client, task_queue, options=options, schedule_id=schedule_id)
+    handle = client.get_schedule_handle(schedule_id)
+    try:
+        for taken in (1, 2):
+            await handle.backfill(ls.backfill_range(day, day))
+            await finished(client, schedule_id, taken)
+        raw = (await handle.describe()).raw_description.info.recent_actions
+        ours = (await ls.describe_schedule(client, schedule_id)).recent_runs
+    finally:
+        await ls.delete_schedule(client, schedule_id)
+    assert len({a.start_workflow_result.workflow_id for a in raw}) == 1, "the night's ID, taken twice"
+    assert [r.status for r in ours] == ["COMPLETED", "COMPLETED"], ours
