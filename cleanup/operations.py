@@ -176,7 +176,9 @@ async def start_cleanup(
     Sixteen parameters on purpose: after the client, pool and queue, each is one keyword-only flag
     of `cleanup start` with its default, so a caller names only the few it sets. The work is in
     three steps: `resolve_scope` (what the cleanup covers), `cleanup_input` (the workflow's input,
-    judged) and `start_or_find` (the start, once per business key).
+    judged) and `start_or_find` (the start, once per business key). A cohort of a deadline the
+    running deadline planner owns is the planner's cleanup of its cohort (`beside_planner`), and a
+    cohort the planner already cleaned is its run (`planner_ran`).
 
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
