@@ -79,24 +79,39 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _started_text(d: dict[str, Any], *, wait: bool) -> str:
+    deadline = f"deadline {d['deadline']}"
+    if d.get("deadline_until"):  # the planner's cohort of a range of deadlines
+        deadline = f"deadlines from {d['deadline']} to before {d['deadline_until']}"
     if d["started"]:
-        lines = [
-            f"started: {d['workflow_id']}",
-            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope",
-        ]
+        lines = [f"started: {d['workflow_id']}", f"{deadline}, {d['accounts_in_scope']} account(s) in scope"]
     elif d.get("joined"):  # running already: this start joined it (even when it raced the one that started it)
-        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", f"deadline {d['deadline']}"]
+        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", deadline]
     else:
-        lines = [f"already exists (not started again): {d['workflow_id']}", f"deadline {d['deadline']}"]
+        lines = [f"already exists (not started again): {d['workflow_id']}", deadline]
         if d.get("outcome"):
             lines.append(f"finished: outcome {d['outcome']}")
         elif d.get("temporal_status"):
             lines.append(f"run {d['temporal_status'].lower()}")
+    if d.get("planner"):
+        lines.append(f"planner: {d['planner']}")
     if d.get("ui"):
         lines.append(d["ui"])
     if wait:
-        lines.append(f"outcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}")
+        lines.append(_result_text(d["result"]))
     return "\n".join(lines)
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    """What this cleanup did, from its settlement (its own claims, counted in the database): not the
+    size of the cohort at its start, which renewals and other cleanups may have taken from."""
+    s = result.get("settlement")
+    if not s:
+        return f"outcome: {result['outcome']}"
+    return (
+        f"outcome: {result['outcome']}; this cleanup claimed {s['claimed']} account(s): cleaned {s['cleaned']}, "
+        f"skipped renewed {s['skipped_renewed']}, skipped stale {s['skipped_stale']}, "
+        f"already applied {s['already_applied']}, failed {s['failed']}"
+    )
 
 
 async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:

@@ -103,6 +103,10 @@ class StartedCleanup(Model):
     # True: the run with this ID was running and this call joined it (another caller, or one racing
     # this one, started it): nothing new started. `started` and `joined` both False: a closed run.
     joined: bool = False
+    # A cohort the deadline planner's cleanup covers: the end of its range [deadline, deadline_until)
+    # (None: the one instant), and what this cleanup shares with the planner, in a sentence.
+    deadline_until: datetime | None = None
+    planner: str | None = None
 
 
 async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, str | None, str | None] | None:
@@ -126,6 +130,8 @@ class CleanupScope(NamedTuple):
     expected_version: int | None
     partitions: int
     accounts_in_scope: int
+    deadline_until: datetime | None = None  # the planner's cohort: its range's end (None: an instant)
+    planner: str | None = None  # what this cleanup shares with the deadline planner
 
     def started(
         self, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
@@ -141,6 +147,8 @@ class CleanupScope(NamedTuple):
             temporal_status=status,
             outcome=outcome,
             joined=not started and status == WorkflowExecutionStatus.RUNNING.name,
+            deadline_until=self.deadline_until,
+            planner=self.planner,
         )
 
 
@@ -168,7 +176,9 @@ async def start_cleanup(
     Sixteen parameters on purpose: after the client, pool and queue, each is one keyword-only flag
     of `cleanup start` with its default, so a caller names only the few it sets. The work is in
     three steps: `resolve_scope` (what the cleanup covers), `cleanup_input` (the workflow's input,
-    judged) and `start_or_find` (the start, once per business key).
+    judged) and `start_or_find` (the start, once per business key). A cohort of a deadline the
+    running deadline planner owns is the planner's cleanup of its cohort (`beside_planner`), and a
+    cohort the planner already cleaned is its run (`planner_ran`).
 
     `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
     fails deterministically; beyond it the run fails after settling (default: no limit).
@@ -179,11 +189,22 @@ async def start_cleanup(
     its outcome, as a cohort started twice does; an account renewed for good is refused (exit 2),
     as there is nothing to clean.
     """
-    scope = await resolve_scope(
-        client, pool, deadline=deadline, account_id=account_id, partitions=partitions, allow_empty=allow_empty
-    )
+    try:
+        scope = await resolve_scope(
+            client, pool, deadline=deadline, account_id=account_id, partitions=partitions, allow_empty=allow_empty
+        )
+    except NoActiveAccounts:
+        assert deadline is not None
+        ran = await planner_ran(client, task_queue, deadline)
+        if ran is None:
+            raise
+        return ran
     if isinstance(scope, StartedCleanup):
         return scope
+    if scope.account_id is None:
+        scope = await beside_planner(client, pool, task_queue, scope)
+        if isinstance(scope, StartedCleanup):
+            return scope
     input = cleanup_input(
         scope,
         max_parallel_partitions=max_parallel_partitions,
@@ -198,6 +219,31 @@ async def start_cleanup(
     )
     ensure_within_envelope(client, input)
     return await start_or_find(client, task_queue, scope, input)
+
+
+class NoActiveAccounts(InputError):
+    """A cohort with no active account at its deadline and no cleanup run of its own."""
+
+
+async def planner_ran(client: Client, task_queue: str, deadline: datetime) -> StartedCleanup | None:
+    """The deadline planner's cleanup that covered `deadline`, if one exists: a cohort whose accounts
+    a planner's cleanup took has that run, not nothing to clean."""
+    from cleanup.planner import planner_cleanup_ids  # lazy: the planner's imports are heavy
+
+    for workflow_id in await planner_cleanup_ids(client, task_queue, deadline):
+        found = await _existing_run(client, workflow_id)
+        if found is not None:
+            ran = CleanupScope(
+                workflow_id,
+                deadline,
+                None,
+                None,
+                1,
+                0,
+                planner="the deadline planner's cleanup that covered this deadline",
+            )
+            return ran.started(found[0], False, found[1], found[2])
+    return None
 
 
 async def resolve_scope(
@@ -254,11 +300,68 @@ async def cohort_scope(
     in_scope = await pool.fetchval(SQL.active_accounts_at_deadline, deadline)
     workflow_id = cohort_cleanup_id(deadline)
     if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
-        raise InputError(
+        raise NoActiveAccounts(
             f"no active account has renewal deadline {deadline.isoformat()}; "
             "check the instant (it must match exactly) or pass --allow-empty"
         )
     return CleanupScope(workflow_id, deadline, None, None, partitions, in_scope)
+
+
+async def beside_planner(
+    client: Client, pool: asyncpg.Pool, task_queue: str, scope: CleanupScope
+) -> CleanupScope | StartedCleanup:
+    """A cohort of a deadline the running deadline planner owns is the planner's cleanup of its
+    cohort, started or joined under the ID the planner ensures: one run claims each account, and
+    what it reports is all of them. With the planner paused, or its cleanup of the cohort closed,
+    this cleanup runs on its own and says what it shares with the planner. A cohort cleanup of this
+    deadline that already exists is found as before (`start_or_find`)."""
+    from cleanup.planner import join_planner_cohort, planner_cohort_of  # lazy: the planner's imports are heavy
+
+    if await describe_or_none(client, scope.workflow_id) is not None:
+        return scope
+    found = await planner_cohort_of(client, pool, task_queue, scope.deadline)
+    if found is None:
+        return scope
+    cohort = found.cohort
+    covers = f"deadline {cohort.start.isoformat()}"
+    if cohort.until is not None:
+        covers = f"deadlines from {cohort.start.isoformat()} to before {cohort.until.isoformat()}"
+    if found.paused:
+        return scope._replace(planner=await _paused_planner_note(client, cohort.workflow_id, covers))
+    outcome = await join_planner_cohort(client, task_queue, found)
+    if outcome.started or outcome.joined:
+        joined = CleanupScope(
+            cohort.workflow_id,
+            cohort.start,
+            None,
+            None,
+            found.cohort.partitions or found.settings.partitions,
+            found.accounts,
+            deadline_until=cohort.until,
+            planner=f"the deadline planner's cleanup of {covers} ({found.accounts} active account(s), "
+            f"{scope.accounts_in_scope} at {scope.deadline.isoformat()}): one run for the cohort, with "
+            "the planner's options, so each account is claimed once",
+        )
+        return joined.started(outcome.run_id, outcome.started, WorkflowExecutionStatus.RUNNING.name)
+    theirs = await describe_or_none(client, cohort.workflow_id)
+    status = theirs.status.name if theirs is not None and theirs.status else "closed"
+    return scope._replace(
+        planner=f"the deadline planner's cleanup {cohort.workflow_id} of {covers} is {status}: this "
+        "cleanup takes the accounts of this deadline still active"
+    )
+
+
+async def _paused_planner_note(client: Client, workflow_id: str, covers: str) -> str:
+    """What a cleanup beside a paused planner shares with it: the planner's cleanup of the cohort,
+    if it started one before the pause (its timer still fires)."""
+    theirs = await describe_or_none(client, workflow_id)
+    if theirs is None:
+        return "the deadline planner is paused: this cleanup runs on its own"
+    return (
+        f"the deadline planner is paused; its cleanup {workflow_id} of {covers} "
+        f"({theirs.status.name if theirs.status else 'status unknown'}) covers this deadline too: each account "
+        "goes to the cleanup that claims it first, and each cleanup reports only the accounts it claimed"
+    )
 
 
 def cleanup_input(

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 import asyncpg
@@ -69,7 +69,7 @@ from core.budget import BudgetStatus, budget_status
 from core.config import read
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, query_or_note, start_idempotently
+from core.temporal import StartOutcome, describe_or_none, query_or_note, start_idempotently
 
 log = logging.getLogger("planner")
 SQL = load(cleanup.__file__, "planner.sql")
@@ -88,8 +88,10 @@ class CohortRange(NamedTuple):
     wake_early_seconds: float = 0.0
 
 
-async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettings, cohort: CohortRange) -> bool:
-    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
+async def _start_cohort(
+    client: Client, task_queue: str, settings: PlannerSettings, cohort: CohortRange
+) -> StartOutcome:
+    """Start (or find) one cohort cleanup of the range [start, until): started, joined or closed."""
     heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
     partitions = cohort.partitions or settings.partitions
     input = RenewalCleanupInput(
@@ -108,7 +110,7 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         one_activity=partitions == 1,
     )
     # A closed run with this ID is never repeated: one run per bucket.
-    outcome = await start_idempotently(
+    return await start_idempotently(
         client,
         CLEANUP_WORKFLOW,
         input,
@@ -122,7 +124,6 @@ async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettin
         memo={"partitions_done": 0, "note": input.note},
         summary=cohort.summary,
     )
-    return outcome.started
 
 
 async def plan_buckets(
@@ -217,6 +218,33 @@ async def _upcoming_cohorts(
     return out
 
 
+def cohort_range(row: asyncpg.Record, width: timedelta, s: PlannerSettings, task_queue: str) -> CohortRange:
+    """The cleanup of one upcoming cohort (`row`: start, first, last, accounts; `width`: its window or
+    bucket): its ID names the range, or the instant when every account of it shares one deadline."""
+    # A cohort that fits in one batch is one partition: one activity after the claim
+    # instead of P small ones in P / parallel rounds (the lateness of the cohort).
+    partitions = 1 if row["accounts"] <= s.batch_size else None
+    if row["first"] == row["last"]:
+        instant = row["first"]
+        return CohortRange(
+            bucket_cleanup_id(instant, 0, task_queue),
+            instant,
+            None,
+            f"deadline {instant.isoformat()} (one instant)",
+            partitions=partitions,
+        )
+    start = row["start"]
+    width_ms = max(1, round(width.total_seconds() * 1000))
+    return CohortRange(
+        bucket_cleanup_id(start, width_ms, task_queue),
+        start,
+        start + width,
+        f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+        partitions=partitions,
+        wake_early_seconds=s.wake_early_seconds,
+    )
+
+
 async def _ensure_buckets(
     client: Client,
     input: PlanTickInput,
@@ -230,35 +258,11 @@ async def _ensure_buckets(
     s = input.settings
     limit = asyncio.Semaphore(16)
 
-    def cohort(row: asyncpg.Record, width: timedelta) -> CohortRange:
-        # A cohort that fits in one batch is one partition: one activity after the claim
-        # instead of P small ones in P / parallel rounds (the lateness of the cohort).
-        partitions = 1 if row["accounts"] <= s.batch_size else None
-        if row["first"] == row["last"]:
-            instant = row["first"]
-            return CohortRange(
-                bucket_cleanup_id(instant, 0, input.task_queue),
-                instant,
-                None,
-                f"deadline {instant.isoformat()} (one instant)",
-                partitions=partitions,
-            )
-        start = row["start"]
-        width_ms = max(1, round(width.total_seconds() * 1000))
-        return CohortRange(
-            bucket_cleanup_id(start, width_ms, input.task_queue),
-            start,
-            start + width,
-            f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
-            partitions=partitions,
-            wake_early_seconds=s.wake_early_seconds,
-        )
-
     async def ensure(cohort: CohortRange) -> None:
         async with limit:
             await _start_cohort(client, input.task_queue, s, cohort)
 
-    new = [c for c in (cohort(r, w) for r, w in cohorts) if c.workflow_id not in known]
+    new = [c for c in (cohort_range(r, w, s, input.task_queue) for r, w in cohorts) if c.workflow_id not in known]
     await asyncio.gather(*(ensure(c) for c in new))
     for c in new:
         known[c.workflow_id] = c.start
@@ -426,6 +430,75 @@ async def ensure_planner(
         repeat_closed=True,
     )
     return workflow_id, outcome.started  # False: another caller started it since the describe above
+
+
+class PlannerCohort(NamedTuple):
+    """The cohort the running planner of a task queue puts a deadline in, as its plan computes it."""
+
+    cohort: CohortRange
+    settings: PlannerSettings
+    accounts: int  # active accounts in the cohort's range now
+    paused: bool  # an operator's pause is recorded: the planner plans nothing new meanwhile
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def planner_cohort_of(
+    client: Client, pool: asyncpg.Pool, task_queue: str, deadline: datetime
+) -> PlannerCohort | None:
+    """The planner's cohort of `deadline`: the window (or dense bucket) its plan cuts around it, on
+    the same grid and with the settings of the planner's running run. None when no planner runs on
+    `task_queue`, or when no active account has `deadline` (the cohort would not cover it)."""
+    settings = await running_planner_settings(client, task_queue)
+    if settings is None:
+        return None
+    window = timedelta(seconds=settings.cohort_seconds)
+    start = EPOCH + (deadline - EPOCH) // window * window
+    for row, width in await _upcoming_cohorts(pool, settings, start, start + window):
+        if not row["start"] <= deadline < row["start"] + width:
+            continue
+        cohort = cohort_range(row, width, settings, task_queue)
+        if cohort.until is None and cohort.start != deadline:
+            return None  # the window's one instant is another deadline
+        until = cohort.until or cohort.start + timedelta(microseconds=1)
+        accounts: int = await pool.fetchval(SQL.active_accounts_in_range, cohort.start, until)
+        paused = await planner_pause(pool, task_queue) is not None
+        return PlannerCohort(cohort, settings, accounts, paused)
+    return None
+
+
+async def running_planner_settings(client: Client, task_queue: str) -> PlannerSettings | None:
+    """The settings of the running planner of `task_queue`, from its run's input (so no worker need
+    answer a query), or None when none runs."""
+    desc = await describe_or_none(client, planner_workflow_id(task_queue))
+    if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        (input,) = await client.data_converter.decode(payloads, [PlannerInput])
+        return input.settings if isinstance(input, PlannerInput) else None
+    return None
+
+
+async def planner_cleanup_ids(client: Client, task_queue: str, deadline: datetime) -> list[str]:
+    """The workflow IDs the planner gives a cleanup covering `deadline`, whichever its plan chose:
+    the instant's, the sparse window's and the dense bucket's (with the running planner's settings,
+    else this process's)."""
+    s = await running_planner_settings(client, task_queue) or read(PlannerSettings)
+    ids = [bucket_cleanup_id(deadline, 0, task_queue)]
+    for seconds in dict.fromkeys((s.cohort_seconds, s.bucket_seconds)):
+        width = timedelta(seconds=seconds)
+        start = EPOCH + (deadline - EPOCH) // width * width
+        ids.append(bucket_cleanup_id(start, max(1, round(seconds * 1000)), task_queue))
+    return ids
+
+
+async def join_planner_cohort(client: Client, task_queue: str, found: PlannerCohort) -> StartOutcome:
+    """Start the planner's cleanup of the cohort, or find it: the planner ensures the same workflow
+    ID, so the two are one run whichever comes first, and each account is claimed by it once."""
+    return await _start_cohort(client, task_queue, found.settings, found.cohort)
 
 
 # A planner whose workflow task failed this many times in a row (a bug, a non-deterministic change

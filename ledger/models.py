@@ -287,9 +287,20 @@ class ScheduledRun(Model):
     scheduled_at: datetime
     workflow_id: str | None
     run_id: str | None
-    # What the Temporal UI badges the run with: the server updates it when the run closes only for
-    # actions it tracks (not under ALLOW_ALL; see docs/ledger.md).
+    # The run's status in Temporal (`temporal workflow describe`), which is also what the Temporal UI
+    # badges it with: every night has a workflow ID of its own (docs/ledger.md, "A night runs once").
     status: str | None
+
+
+class NightAlreadyRun(Model):
+    """A night a backfill did not take again: it has a run already (scheduled, triggered or an
+    earlier backfill), under the workflow ID the server names after the night's scheduled time."""
+
+    business_date: date
+    scheduled_at: datetime
+    workflow_id: str
+    run_id: str
+    status: str
 
 
 class ScheduleDescription(Report):
@@ -308,8 +319,10 @@ class ScheduleDescription(Report):
     next_runs: list[datetime]  # in UTC
     next_runs_local: list[datetime]  # in the schedule's zone
     recent_runs: list[ScheduledRun]
+    waiting: int = 0  # nights taken (backfill, trigger, a night during a slow one) not started yet
     policy_upgraded: bool | None = None  # create: the existing schedule got today's overlap policy
-    backfilled_dates: list[date] | None = None  # backfill: the business dates whose nights were taken
+    backfilled_dates: list[date] | None = None  # backfill: the business dates whose nights it took now
+    already_ran: list[NightAlreadyRun] | None = None  # backfill: nights of the range it left alone
 
 
 class ScheduleListing(Model):

@@ -261,10 +261,11 @@ async def test_pause_unpause_and_backfill_reconcile_each_missed_date_once(client
         ]
         before = await digest(pool)
 
-        # Backfilling the same nights again reconciles nothing twice.
-        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
-        second = await _wait_for_scheduled_runs(client, schedule_id, 6)
-        assert sorted(r.outcome for r in second[3:]) == ["already_started"] * 3
+        # Backfilling the same nights again takes none of them: each already ran, and says so.
+        again = await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        assert again.backfilled_dates == [] and again.already_ran is not None
+        assert [(n.business_date, n.status) for n in again.already_ran] == [(d, "COMPLETED") for d in dates]
+        assert again.actions_taken == 3 and len(again.recent_runs) == 3
     finally:
         await ls.delete_schedule(client, schedule_id)
 
