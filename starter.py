@@ -1,4 +1,5 @@
-"""The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
+"""The operator CLI: start cleanups, record renewals, inspect runs and the jobs (the demo, the seeding and the
+fault harness run from a checkout: `python -m devstack`, `./dev`).
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
 traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from cleanup import cli as cleanup_cli
 from cleanup import grants as cleanup_grants
 from cleanup.targets import load_targets
-from core import budget_cli, db, embedded
+from core import addresses, budget_cli, db
 from core.cli import (
     EXIT_ERROR,
     EXIT_INPUT,
@@ -34,15 +35,13 @@ from core.cli import (
     Commands,
     add_connection_flags,
     emit,
-    key_values,
     reject_non_finite,
     report_error,
     table,
 )
-from core.config import Settings, dev_env_file, mask_url
+from core.config import Settings, mask_url
 from core.errors import InputError, Unavailable
 from core.process import exit_now
-from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
 
@@ -50,13 +49,11 @@ from outbox import cli as outbox_cli
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     """The only command that changes the schema: each pending file in its own transaction (with a
     lock timeout), then the worker role's grants on the declared targets, table by table."""
-    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    url = addresses.database_url(settings)  # the database only: no Temporal needed
     applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
     if args.demo_game:
-        from demo.fixture import create_game_schema
-
-        await create_game_schema(url)
+        await cleanup_grants.create_demo_game(url)
     data |= await cleanup_grants.grant_targets_url(url, load_targets())
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
@@ -64,7 +61,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> None:
-    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    url = addresses.database_url(settings)  # the database only: no Temporal needed
     rows = await db.await_db(url, db.migration_status_url(url))
     emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
     changed = [r["name"] for r in rows if r["state"] == "changed"]
@@ -78,45 +75,6 @@ def _migrated_text(d: dict[str, Any]) -> str:
     if d["missing"]:
         text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
     return text
-
-
-async def cmd_dev_up(args: argparse.Namespace, settings: Settings) -> None:
-    """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
-    records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
-    started = embedded.missing_addresses(settings)
-    resolved = embedded.resolve(settings, start=True)
-    env_file = embedded.write_dev_env(resolved, started) if started else None
-    emit(
-        args,
-        {
-            "temporal": resolved.temporal_address,
-            "ui": resolved.ui_url(),
-            "database_url": mask_url(resolved.database_url),
-            "env_file": str(env_file) if env_file else None,
-        },
-        key_values,
-    )
-
-
-async def cmd_dev_down(args: argparse.Namespace, settings: Settings) -> None:
-    stopped = embedded.DevServer(settings.state_dir).stop()
-    was_running = embedded.stop_embedded_postgres(settings.state_dir)
-    dev_env_file(settings.state_dir).unlink(missing_ok=True)
-    emit(
-        args,
-        {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
-        lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
-    )
-
-
-async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
-    """The fault harness loads only when invoked: the operator CLI does not import it otherwise."""
-    try:
-        from harness.cli import run_harness_cli
-    except ModuleNotFoundError as err:  # an installed package: the harness stays in the checkout
-        raise InputError("the fault harness runs from a checkout only: `python starter.py harness`") from err
-
-    await run_harness_cli(args.harness_args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,11 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
-    demo_cli.register(commands)
     p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
-    demo_cli.register_demo(commands)
-    _add_processes(commands)
+    _add_worker(commands)
     return parser
 
 
@@ -159,30 +115,27 @@ def _add_migrate(commands: Commands) -> None:
     migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
 
 
-def _add_processes(commands: Commands) -> None:
-    """`dev up|down`, `worker` and `harness`: processes, whose own parsers read `worker`'s and
-    `harness`'s arguments (see main)."""
-    dev = commands.group("dev", "the embedded Temporal dev server and Postgres of this checkout")
-    dev.add("up", cmd_dev_up, "start them (if not running) and record their addresses for later commands")
-    dev.add("down", cmd_dev_down, "stop them and forget their addresses")
-
+def _add_worker(commands: Commands) -> None:
+    """`worker`: a process, whose own parser (worker.main) reads its arguments (see run)."""
     help = "run a worker (`worker --help` for its options; the global options above apply too)"
     p = commands.sub.add_parser("worker", help=help, description=help, add_help=False)
-    p.set_defaults(handler=None)  # its arguments are parsed by worker.main (see main)
-
-    help = "run the fault-injection harness (`harness --help` for its options)"
-    p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
-    p.set_defaults(handler=cmd_harness)  # its arguments are parsed by harness.cli (see main)
+    p.set_defaults(handler=None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    CliParser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    return run(build_parser(), sys.argv[1:] if argv is None else argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse `argv` with `parser` (this CLI's, or `python -m devstack`'s), then run the command's
+    handler with the settings, mapping errors to the exit codes above. A command that sets
+    `takes_rest` gets the arguments its parser does not know as `args.rest`."""
+    CliParser.json_errors = "--json" in argv
     args, rest = parser.parse_known_args(argv)
     if args.command == "worker":
         return run_worker_command(args, rest)
-    if args.command == "harness":
-        args.harness_args = rest
+    if getattr(args, "takes_rest", False):
+        args.rest = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     reject_non_finite(parser, args)

@@ -87,7 +87,7 @@ def is_database_error(err: BaseException) -> bool:
 
 def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     """The error a command reports when the database cannot be reached: names the database (no password)."""
-    where = mask_url(url) if url else "the embedded Postgres"
+    where = mask_url(url) if url else "(DATABASE_URL unset)"
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if not detail and isinstance(err, TimeoutError):  # the connect's bound: say which and where it is set
         detail = f"no answer within {connect_timeout():g} s, CONNECT_TIMEOUT_SECONDS"
@@ -110,7 +110,7 @@ def misconfiguration(url: str | None, err: BaseException) -> DatabaseMisconfigur
     """The error a command reports when DATABASE_URL itself is wrong (exit 2: retrying cannot help),
     or None for any other failure. The server's sentence (it names the database or the role, never
     a password) and the URL without its password."""
-    where = mask_url(url) if url else "the embedded Postgres"
+    where = mask_url(url) if url else "(DATABASE_URL unset)"
     state = getattr(err, "sqlstate", None)
     if isinstance(state, str) and state.startswith(_MISCONFIGURED_SQLSTATES):
         what = _TO_FIX.get(state, "the user or the host")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from core import embedded
+from core import addresses
 from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
@@ -44,7 +44,7 @@ LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck
 
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
     """The schedule's commands talk to Temporal only: DATABASE_URL is not asked for."""
-    resolved = embedded.resolve(settings, database=False)
+    resolved = addresses.require(settings, database=False)
     return await connect(resolved), resolved.task_queue
 
 

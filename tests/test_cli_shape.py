@@ -12,6 +12,8 @@ import contextlib
 import io
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +22,9 @@ import pytest
 import starter
 import worker
 from core.cli import CliParser
-from harness.cli import build_parser as harness_parser
 
 # Commands whose arguments their own parser reads (starter.main passes them on).
-PASSTHROUGH = {"worker": worker.build_parser, "harness": harness_parser}
+PASSTHROUGH = {"worker": worker.build_parser}
 # A worker is a process, not a command with a result: its JSON is its logs (--log-format json).
 NO_RESULT = {("worker",)}
 GLOBAL_FLAGS = {"--temporal-address", "--namespace", "--task-queue", "--database-url"}
@@ -97,7 +98,7 @@ OWN = {path: p for path, p in LEAVES.items() if not (len(path) == 1 and path[0] 
 
 def test_the_tree_has_groups_and_verbs() -> None:
     groups = {path for path, p in tree(PARSER) if path and verbs(p)}
-    assert {("planner",), ("schedule",), ("ledger",), ("budget",), ("dev",), ("migrate",), ("outbox",)} <= groups
+    assert {("planner",), ("schedule",), ("ledger",), ("budget",), ("migrate",), ("outbox",)} <= groups
     assert ("outbox", "relay", "start") in LEAVES and ("migrate", "status") in LEAVES
 
 
@@ -176,7 +177,7 @@ def test_a_flag_of_another_verb_is_a_usage_error_one_json_object_under_json(argv
     assert "\n" not in err
 
 
-@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "demo", "migrate", "dev"])
+@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "migrate"])
 def test_cli_help_exists_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """In-process: argparse prints the help and exits before any setting is read (the process entry
     point itself, `python starter.py`, is run by tests/test_exit_codes.py)."""
@@ -225,3 +226,33 @@ def test_the_commands_the_deployment_files_run_parse() -> None:
             PASSTHROUGH[argv[0]]().parse_args(argv[1:])
         else:
             assert parse(argv) == (None, ""), argv
+
+
+DEVELOPMENT_SIDE = ("devstack", "demo", "harness", "bench")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["worker", "--help"], ["migrate", "status", "--help"], ["--database-url", "x", "migrate"]]
+)
+def test_the_installed_command_never_imports_the_development_side(argv: list[str]) -> None:
+    """Run as `deadline-cleanup` runs (starter.console, in a fresh interpreter, whatever the command
+    does after parsing): none of the checkout's development packages is ever loaded."""
+    code = (
+        "import sys, starter\n"
+        f"try:\n    starter.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {DEVELOPMENT_SIDE!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(starter.__file__).parent, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["seed", "demo", "dev", "harness"])
+def test_the_development_commands_are_not_the_installed_commands(command: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit:
+        starter.main([command, "--help"])
+    assert exit.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    from devstack.cli import build_parser as devstack_parser
+
+    assert command in verbs(devstack_parser()) or command == "dev"

@@ -1,6 +1,6 @@
 """Scenario (opt-in): a zombie ledger attempt and late data, with real worker processes.
 
-`python starter.py harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
+`./dev harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
 attempt, covers a shard's zombie in the quick profile: frozen before the shard lock, not under it).
 
 1. A row lock held by the harness makes shard 0's first batch wait inside its statement (holding
