@@ -69,6 +69,18 @@ async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> No
         raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
 
 
+async def cmd_migrate_sql(args: argparse.Namespace, settings: Settings) -> None:
+    """`migrate sql`: what `migrate apply` would run, printed for review, nothing run. Without
+    --all the database says which files are pending (read only); with it no connection is made."""
+    if args.all:
+        files = db.migration_files()
+    else:
+        url = addresses.database_url(settings)
+        files = await db.await_db(url, db.pending_files_url(url))
+    script = db.migration_script(files)
+    emit(args, {"pending": [p.name for p in files], "sql": script}, lambda d: d["sql"].rstrip("\n"))
+
+
 def _migrated_text(d: dict[str, Any]) -> str:
     text = f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
     text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
@@ -99,10 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_migrate(commands: Commands) -> None:
-    """`migrate apply|status`: the database schema."""
+    """`migrate apply|status|sql`: the database schema."""
     migrate = commands.group(
         "migrate",
-        "the database schema: apply it (the default verb: `migrate` is `migrate apply`) or show it",
+        "the database schema: apply it (the default verb: `migrate` is `migrate apply`), show it, or print"
+        " the pending DDL for review",
         default="apply",
     )
     p = migrate.add("apply", cmd_migrate, "apply the pending migrations (idempotent), then grant the worker role")
@@ -113,6 +126,8 @@ def _add_migrate(commands: Commands) -> None:
         help="then make this existing login a member of the least-privileged role cleanup_worker",
     )
     migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
+    p = migrate.add("sql", cmd_migrate_sql, "print the DDL `migrate apply` would run on this database, for review")
+    p.add_argument("--all", action="store_true", help="every migration file, as for an empty database (no connection)")
 
 
 def _add_worker(commands: Commands) -> None:
