@@ -4,8 +4,8 @@ fault harness run from a checkout: `python -m devstack`, `./dev`).
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
 traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
 the database or Temporal temporarily unavailable (retry later). Under --json an error is one JSON
-object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `list` and
-`planner status` answer what Temporal knows and say which part is missing; while every worker is
+object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `cleanup list`
+and `planner status` answer what Temporal knows and say which part is missing; while every worker is
 down, the status commands answer within seconds from Temporal's describe and the database, and say
 that no worker answered.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
@@ -89,6 +89,31 @@ def _migrated_text(d: dict[str, Any]) -> str:
     return text
 
 
+# Old spellings, kept working: a first command word -> the noun and verb it now is. The parser (so
+# --help and the docs tests) knows only the nouns; tests/test_cli_shape.py runs every alias.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "renew": ("account", "renew"),
+    "hold": ("account", "hold"),
+    "release": ("account", "release"),
+    "list": ("cleanup", "list"),
+    "failed": ("cleanup", "failed"),
+    "retry-failed": ("cleanup", "retry"),
+    "prune": ("cleanup", "prune"),
+    "reconcile": ("ledger", "reconcile"),
+}
+
+
+def expand_alias(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with its command word (the first word after the global options) spelled as ALIASES says."""
+    takes_value = {flag for a in parser._actions if a.nargs != 0 for flag in a.option_strings}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in takes_value else 1  # `--flag=value` is one word
+    if i < len(argv) and argv[i] in ALIASES:
+        return [*argv[:i], *ALIASES[argv[i]], *argv[i + 1 :]]
+    return argv
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The operator CLI: the global options, then each job's commands in the order `--help` lists them."""
     parser = CliParser(
@@ -138,7 +163,8 @@ def _add_worker(commands: Commands) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser(), sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    return run(parser, expand_alias(parser, sys.argv[1:] if argv is None else argv))
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:

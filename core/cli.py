@@ -1,7 +1,7 @@
 """What every CLI command shares: JSON or human output (Rich tables and progress bars), the
 services a command opens, and the registrar through which each job adds its own commands.
 
-Rich is imported inside the functions that draw: `starter.py --help` and `renew` stay fast to start."""
+Rich is imported inside the functions that draw: `starter.py --help` and `account renew` stay fast to start."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def _cell(value: object) -> str:
 
 
 def _render(renderable: object) -> str:
-    from rich.console import Console  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from rich.console import Console  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     out = io.StringIO()
     Console(file=out, width=160, color_system=None, soft_wrap=True).print(renderable)

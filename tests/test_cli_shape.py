@@ -96,10 +96,39 @@ LEAVES = leaves(PARSER)
 OWN = {path: p for path, p in LEAVES.items() if not (len(path) == 1 and path[0] in PASSTHROUGH)}
 
 
+NOUNS = {"migrate", "cleanup", "account", "planner", "targets", "schedule", "ledger", "outbox", "budget"}
+
+
 def test_the_tree_has_groups_and_verbs() -> None:
     groups = {path for path, p in tree(PARSER) if path and verbs(p)}
-    assert {("planner",), ("schedule",), ("ledger",), ("budget",), ("migrate",), ("outbox",)} <= groups
-    assert ("outbox", "relay", "start") in LEAVES and ("migrate", "status") in LEAVES
+    assert {(noun,) for noun in NOUNS} <= groups
+    assert ("outbox", "relay", "start") in LEAVES and ("migrate", "sql") in LEAVES
+    assert {("account", v) for v in ("renew", "hold", "release", "history", "dismiss")} <= set(LEAVES)
+    assert {("cleanup", v) for v in ("start", "status", "list", "failed", "retry", "prune")} <= set(LEAVES)
+
+
+def test_the_top_level_is_nouns_plus_status_and_worker() -> None:
+    """About a dozen commands at the top: the nouns, `status` of any run, and the worker process."""
+    assert set(verbs(PARSER)) == NOUNS | {"status", "worker"}
+
+
+@pytest.mark.parametrize("alias", sorted(starter.ALIASES))
+def test_every_alias_is_an_old_spelling_of_a_verb_and_runs_it(alias: str) -> None:
+    """An alias is not a command of the tree (--help lists the nouns); main spells it as the verb it
+    stands for, with whatever precedes it (the global options) and follows it (the verb's own)."""
+    new = starter.ALIASES[alias]
+    assert alias not in verbs(PARSER) and new in OWN
+    leaf = OWN[new]
+    argv = ["--temporal-address", "127.0.0.1:1", alias, *minimal_argv(leaf), "--json"]
+    expanded = starter.expand_alias(PARSER, argv)
+    assert expanded == ["--temporal-address", "127.0.0.1:1", *new, *minimal_argv(leaf), "--json"]
+    assert PARSER.parse_args(expanded).handler is leaf.get_default("handler")
+    assert starter.expand_alias(PARSER, ["--database-url=x", alias])[1:] == list(new)
+
+
+def test_cleanup_alone_starts_a_cleanup_as_before() -> None:
+    parsed = PARSER.parse_args(["cleanup", "--deadline", "2026-11-01T09:00:00Z", "--wait"])
+    assert parsed.handler is OWN[("cleanup", "start")].get_default("handler") and parsed.wait
 
 
 @pytest.mark.parametrize("path", [p for p, _ in tree(PARSER)], ids=lambda p: " ".join(p) or "(top)")
