@@ -1,7 +1,7 @@
 """Re-checks of a reconciled night: `python -m bench.ledger_rerun --payments 1000000`.
 
 One business date is reconciled through the pipeline (`start_reconciliation`, date-keyed workflow
-ID, worker process). Then, as an operator does after late data (`starter.py reconcile --date D
+ID, worker process). Then, as an operator does after late data (`starter.py ledger reconcile --date D
 --recheck`), it is re-checked twice, each a new run of the same workflow under its own ID:
 
 1. **unchanged**: nothing changed since the night. Every shard's fingerprint (read under the
