@@ -103,12 +103,23 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def expand_alias(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """`argv` with its command word (the first word after the global options) spelled as ALIASES says."""
+# The development commands, which run from a checkout only: named with where they went, since the
+# installed command never loads them (tests/test_cli_shape.py).
+CHECKOUT_COMMANDS = {"seed": "seed", "demo": "demo", "dev": "up|down", "harness": "harness"}
+
+
+def command_index(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Where the command word of `argv` is: the first word after the global options (and their values)."""
     takes_value = {flag for a in parser._actions if a.nargs != 0 for flag in a.option_strings}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         i += 2 if argv[i] in takes_value else 1  # `--flag=value` is one word
+    return i
+
+
+def expand_alias(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with its command word spelled as ALIASES says."""
+    i = command_index(parser, argv)
     if i < len(argv) and argv[i] in ALIASES:
         return [*argv[:i], *ALIASES[argv[i]], *argv[i + 1 :]]
     return argv
@@ -164,7 +175,14 @@ def _add_worker(commands: Commands) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    return run(parser, expand_alias(parser, sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    i = command_index(parser, argv)
+    if i < len(argv) and argv[i] in CHECKOUT_COMMANDS:
+        moved = CHECKOUT_COMMANDS[argv[i]]
+        where = f"`./dev {moved}` or `python -m devstack {moved}`"
+        message = f"{argv[i]!r} is not a command of deadline-cleanup: it runs from a checkout, as {where}"
+        return report_error(EXIT_INPUT, message, as_json="--json" in argv)
+    return run(parser, expand_alias(parser, argv))
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:

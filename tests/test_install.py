@@ -69,8 +69,8 @@ def test_the_development_side_is_not_installed(installed: Path) -> None:
 
 
 def test_the_installed_command_has_no_development_commands(installed: Path, tmp_path: Path) -> None:
-    """`dev up`, `demo`, `seed` and `harness` are the checkout's (`./dev`): a usage error here."""
+    """`dev up`, `demo`, `seed` and `harness` are the checkout's (`./dev`): exit 2 saying so."""
     for command in ("dev", "demo", "seed", "harness"):
         result = run(installed / "deadline-cleanup", command, cwd=tmp_path)
-        assert result.returncode == 2 and "invalid choice" in result.stderr, result.stdout + result.stderr
+        assert result.returncode == 2 and "runs from a checkout" in result.stderr, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
