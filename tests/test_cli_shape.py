@@ -287,3 +287,16 @@ def test_the_development_commands_are_the_checkouts_and_say_so(command: str, cap
     from devstack.cli import build_parser as devstack_parser
 
     assert set(moved.split("|")) <= set(verbs(devstack_parser()))
+
+
+def test_the_checkout_commands_have_the_operator_clis_shape() -> None:
+    """`python -m devstack`'s commands: leaves with --json and help on every argument, usage errors
+    as the operator CLI reports them; the harness reads its own arguments."""
+    from devstack.cli import build_parser as devstack_parser
+    from harness.cli import build_parser as harness_parser
+
+    for name, leaf in verbs(devstack_parser()).items():
+        parser = harness_parser() if name == "harness" else leaf
+        assert "--json" in flags(parser), name
+        assert all(a.help and a.help.strip() for a in parser._actions), name
+        assert name == "harness" or isinstance(leaf, CliParser), name
