@@ -28,7 +28,7 @@ from activities.planner import PlannerActivities
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
-from core import db, embedded, fleet, health, logs, metrics, outage
+from core import addresses, db, fleet, health, logs, metrics, outage
 from core.budget import LoadBudget
 from core.cli import CliParser, add_connection_flags, bounded_int
 from core.config import PlannerSettings, Settings
@@ -217,7 +217,7 @@ async def run_worker(
     extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
     # A mistake in the targets file exits 2 naming its file and line before anything is started.
     load_targets(settings.cleanup.targets_file)
-    settings = embedded.resolve(settings)
+    settings = addresses.require(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
     if runtime is not None and settings.metrics_port is not None:

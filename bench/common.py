@@ -21,11 +21,12 @@ import asyncpg
 from temporalio.client import Client
 
 from cleanup.models import DEFAULT_CLAIM_STREAMS
-from core import db, embedded
+from core import db
 from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
+from devstack import embedded
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ at most `STATEMENT_ACCOUNTS` of them at a time, then one COMMIT. When it fails:
   statement rolled back, so nothing of its cleanup is applied. Every other account is cleaned.
 
 With k bad accounts in a batch of n this costs O(k log n) statements, one per account only for the
-isolated ones. Shared by the cleanup activity and by `retry-failed` (cleanup.review).
+isolated ones. Shared by the cleanup activity and by `cleanup retry` (cleanup.review).
 """
 
 from __future__ import annotations

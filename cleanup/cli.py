@@ -1,5 +1,6 @@
-"""The cleanup commands of starter.py: `cleanup`, `renew`, `hold`, `release`, `account history`,
-`list`, `failed`, `retry-failed`, `prune`, `planner status|pause|resume|start`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup start|status|list|failed|retry|prune`, `account
+renew|hold|release|history|dismiss`, `planner status|pause|resume|start`, `targets check|rotate-key`,
+and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -259,7 +260,7 @@ FAILED_COLUMNS = [
 
 
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with database_pool(settings, migrate=True) as pool:
         rows = [
@@ -269,7 +270,7 @@ async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_prune(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.retention import prune  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.retention import prune  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     days = args.retention_days or settings.cleanup.retention_days
     async with database_pool(settings, migrate=True) as pool:
@@ -289,7 +290,7 @@ def _pruned_text(d: dict[str, Any]) -> str:
 
 
 async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `account renew` fast to start
     from cleanup.targets import load_targets
 
     targets = load_targets()
@@ -310,7 +311,7 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
 
 async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> None:
     """Reads the database only: no Temporal connection, no migration, one read-only transaction."""
-    from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `account renew` fast to start
     from cleanup.targets import load_targets
 
     deadline = parse_instant(args.deadline) if args.deadline else None
@@ -413,7 +414,7 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "overdue now": d["overdue"],
         "held past their deadline": f"{d['held_overdue']} (legal hold; cleaned once released)",
         "failed, pending review": f"{d['failed_pending_review']} ({d['failed_by_schema_error']} by a schema or "
-        "privilege error: fix it, then `retry-failed`)",
+        "privilege error: fix it, then `cleanup retry`)",
         "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
         "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
@@ -439,7 +440,7 @@ async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> No
 
 
 async def cmd_planner_start(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with CliContext(settings) as ctx:
         workflow_id, started = await ensure_planner(ctx.client, ctx.settings.task_queue, pool=ctx.pool)
@@ -459,7 +460,7 @@ async def cmd_planner_resume(args: argparse.Namespace, settings: Settings) -> No
 async def _signal_planner(
     args: argparse.Namespace, settings: Settings, action: Literal["pause", "resume"], reason: str, hold: bool
 ) -> None:
-    from cleanup.planner import signal_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.planner import signal_planner  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with CliContext(settings) as ctx:
         queue = ctx.settings.task_queue
@@ -476,9 +477,17 @@ CLEANUP_FILTER_HELP = "only this cleanup (workflow ID); default: every cleanup"
 def register(commands: Commands) -> None:
     """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
     commands.route_status(CLEANUP_ID_PATTERN, cmd_status)
-    _add_start(commands)
-    _add_account_verbs(commands)
-    _add_review_verbs(commands)
+    cleanup = commands.group(
+        "cleanup",
+        "cleanups: start one (the default verb: `cleanup --deadline ...` is `cleanup start ...`), show one,"
+        " list them, review and retry the accounts that failed, prune the bookkeeping",
+        default="start",
+    )
+    _add_start(cleanup)
+    p = cleanup.add("status", cmd_status, "show one cleanup by workflow ID: phase, progress, outcome")
+    p.add_argument("workflow_id", help="the cleanup's workflow ID (as `cleanup list` shows it)")
+    _add_review_verbs(cleanup)
+    _add_account_verbs(commands.group("account", "one account: renew, hold, release, its history, dismiss"))
     _add_planner(commands)
     _add_targets(commands)
 
@@ -507,9 +516,9 @@ def _add_targets(commands: Commands) -> None:
     )
 
 
-def _add_start(commands: Commands) -> None:
-    """`cleanup`: start the cleanup of a cohort or of one account (one flag per start_cleanup option)."""
-    p = commands.add("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+def _add_start(cleanup: Commands) -> None:
+    """`cleanup start`: the cleanup of a cohort or of one account (one flag per start_cleanup option)."""
+    p = cleanup.add("start", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
@@ -556,9 +565,9 @@ def _add_start(commands: Commands) -> None:
     )
 
 
-def _add_account_verbs(commands: Commands) -> None:
-    """`renew`, `hold`, `account history` and `release`: one account each."""
-    command = commands.add
+def _add_account_verbs(account: Commands) -> None:
+    """`account renew|hold|release|history|dismiss`: one account each."""
+    command = account.add
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
@@ -568,30 +577,29 @@ def _add_account_verbs(commands: Commands) -> None:
     p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
-    account = commands.group("account", "what is recorded of one account")
-    p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
-    p.add_argument("account_id", help=ACCOUNT_HELP)
-    p = account.add("dismiss", cmd_dismiss, "dismiss a registration that can never be cleaned (never claimed again)")
-    p.add_argument("account_id", help="the account's ID exactly as registered (as `failed` lists it)")
-    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
-
     p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
     p.add_argument("account_id", help=ACCOUNT_HELP)
 
+    p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
+    p = account.add("dismiss", cmd_dismiss, "dismiss a registration that can never be cleaned (never claimed again)")
+    p.add_argument("account_id", help="the account's ID exactly as registered (as `cleanup failed` lists it)")
+    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
-def _add_review_verbs(commands: Commands) -> None:
-    """`list`, `failed` and `retry-failed`: the cleanups and the accounts whose cleanup failed."""
-    command = commands.add
+
+def _add_review_verbs(cleanup: Commands) -> None:
+    """`cleanup list|failed|retry|prune`: the cleanups, the accounts whose cleanup failed, the bookkeeping."""
+    command = cleanup.add
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
-    p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
+    p.add_argument("--all", action="store_true", help="include failures already resolved by `cleanup retry`")
     p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
     p = command(
-        "retry-failed",
+        "retry",
         cmd_retry_failed,
         "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
     )

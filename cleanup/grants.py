@@ -16,6 +16,7 @@ from core.queries import load
 from core.roles import service_roles
 
 SQL = load(__file__, "grants.sql")
+DEMO_GAME = load(__file__, "demo_game.sql")
 
 
 def needed_privileges(targets: CleanupTargets) -> list[tuple[str, str]]:
@@ -57,5 +58,16 @@ async def grant_targets_url(url: str, targets: CleanupTargets) -> dict[str, list
         if not await conn.fetchval(SQL.role_exists, service_roles().worker):
             return {"granted": [], "missing": []}
         return await grant_targets(conn, targets)
+    finally:
+        await conn.close()
+
+
+async def create_demo_game(url: str) -> None:
+    """Create the demo game's schema and tables, the ones the built-in targets file declares, in the
+    database at `url` (idempotent), and let the worker role reach them table by table, as a game's
+    administrator does for its declared targets (`migrate --demo-game`, the demo, the tests)."""
+    conn = await open_connection(url, server_settings=service_settings())
+    try:
+        await conn.execute(DEMO_GAME.create_game_schema)
     finally:
         await conn.close()

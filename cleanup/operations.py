@@ -703,7 +703,8 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
         out["settlement"] = RecordedSettlement(**settlement)
     failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
     if failed is not None and failed["total"]:
-        out["failed_accounts"] = f"{failed['pending']} pending review ({failed['total']} recorded); see `failed`"
+        pending = f"{failed['pending']} pending review ({failed['total']} recorded)"
+        out["failed_accounts"] = f"{pending}; see `cleanup failed`"
     return out
 
 

@@ -9,7 +9,7 @@
 - `preview_cleanup`: the dry run, one read-only set-based statement.
 
 Failed-account status (migration 006): an isolated account is 'cleanup_failed', still claimed by
-its cleanup and renewable like an active one (`renew` bumps its version, so the failure goes stale).
+its cleanup and renewable like an active one (`account renew` bumps its version, so the failure goes stale).
 """
 
 from __future__ import annotations

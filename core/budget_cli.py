@@ -10,7 +10,7 @@ import argparse
 import math
 from typing import Any
 
-from core import db, embedded
+from core import addresses, db
 from core.cli import Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
@@ -84,7 +84,7 @@ async def _budget(
     from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
-    url = embedded.database_url(settings)
+    url = addresses.database_url(settings)
     await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:

@@ -11,9 +11,9 @@ docs/configuration.md is generated from them (`python -m tests.test_configuratio
 and in range, or the error names the variable (ConfigError: exit 2).
 
 The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
-exits 2 naming it (core.embedded.resolve), never starting anything. The embedded stack starts only
-when asked: `deadline-cleanup dev up` (which writes `<state dir>/dev/env`), `./dev demo` and the tests
-(CLEANUP_EMBEDDED=1). After `dev up`, a variable that is unset is read from that file, if it exists,
+exits 2 naming it (core.addresses), never starting anything. The embedded development stack of a
+checkout (devstack) starts only when asked: `./dev up` (which writes `<state dir>/dev/env`), `./dev
+demo` and the tests. After `./dev up`, a variable that is unset is read from that file, if it exists,
 so the commands run in that checkout find the stack; a variable that is set always wins. The
 Temporal connection is read as the SDK and the `temporal` CLI read it (temporalio.envconfig).
 
@@ -68,12 +68,12 @@ def mask_url(url: str | None) -> str | None:
     return url
 
 
-# What `dev up` records for later commands, and only these (never a secret of a real deployment).
+# What `./dev up` records for later commands, and only these (never a secret of a real deployment).
 DEV_ENV_NAMES = ("TEMPORAL_ADDRESS", "DATABASE_URL", "TEMPORAL_UI_URL")
 
 
 def dev_env_file(state_dir: Path) -> Path:
-    """Where `deadline-cleanup dev up` records the embedded stack's addresses."""
+    """Where `./dev up` records the embedded stack's addresses."""
     return state_dir / "dev" / "env"
 
 
@@ -382,7 +382,7 @@ class OutboxSettings(Section):
 
 class Settings(BaseModel):
     """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
-    core.embedded.resolve), the worker's knobs, and one section per job and per platform part."""
+    core.addresses), the worker's knobs, and one section per job and per platform part."""
 
     # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
     # from_env under the names declared here.
@@ -496,7 +496,7 @@ class Settings(BaseModel):
     # Worker
     state_dir: Path = setting(
         PROJECT_ROOT / ".state",
-        "where the embedded stack and `dev up` keep their state",
+        "where the embedded development stack and `./dev up` keep their state",
         env="CLEANUP_STATE_DIR",
         section="worker",
     )
@@ -742,7 +742,7 @@ DEPRECATED_NAMES = {"DATABASE_CONNECT_TIMEOUT_SECONDS": "CONNECT_TIMEOUT_SECONDS
 
 def environment(base: Mapping[str, str]) -> dict[str, str]:
     """The variables as the settings read them: a deprecated name's value under its new name, each
-    secret's `NAME_FILE` read into NAME (both set is an error), then what `dev up` recorded for the
+    secret's `NAME_FILE` read into NAME (both set is an error), then what `./dev up` recorded for the
     names still unset."""
     env = dict(base)
     for old, new in DEPRECATED_NAMES.items():

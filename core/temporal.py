@@ -112,7 +112,7 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_t
     75) after that long. A wrong address or refused credentials are InputError (exit 2) naming the
     setting to fix."""
     if settings.temporal_address is None:
-        raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
+        raise ValueError("no Temporal address: check it first (core.addresses.require)")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (CONNECT_READY_TIMEOUT if ready_timeout is None else ready_timeout)
     attempt_timeout = settings.connect_timeout_seconds

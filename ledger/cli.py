@@ -1,4 +1,4 @@
-"""The ledger commands of starter.py: `schedule ...`, `reconcile --date D`, `ledger seed|status|review`.
+"""The ledger commands of starter.py: `schedule ...`, `ledger reconcile|seed|status|review`.
 
 `register(commands)` adds them to starter.py and routes `status ledger-reconciliation-YYYY-MM-DD`
 here. Bad input raises InputError (exit 2). The operations are plain functions in
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from core import embedded
+from core import addresses
 from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
@@ -44,7 +44,7 @@ LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck
 
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
     """The schedule's commands talk to Temporal only: DATABASE_URL is not asked for."""
-    resolved = embedded.resolve(settings, database=False)
+    resolved = addresses.require(settings, database=False)
     return await connect(resolved), resolved.task_queue
 
 
@@ -268,11 +268,14 @@ TARGET_HELP = "the business date (YYYY-MM-DD) or a ledger reconciliation's workf
 
 
 def register(commands: Commands) -> None:
-    """Add `schedule`, `reconcile` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
+    """Add `schedule` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
     commands.route_status(LEDGER_ID_PATTERN, cmd_status)
     _add_schedule(commands)
-    _add_reconcile(commands)
-    _add_ledger(commands)
+    ledger = commands.group(
+        "ledger", "ledger reconciliation: reconcile a date now, seed a day, status of a date, review rows"
+    )
+    _add_reconcile(ledger)
+    _add_ledger(ledger)
 
 
 def _add_schedule(commands: Commands) -> None:
@@ -306,9 +309,9 @@ def _add_schedule(commands: Commands) -> None:
     verb("delete", cmd_schedule_delete, "remove the schedule (its past runs stay in Temporal)")
 
 
-def _add_reconcile(commands: Commands) -> None:
-    """`reconcile`: one business date now (a manual run)."""
-    p = commands.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
+def _add_reconcile(ledger: Commands) -> None:
+    """`ledger reconcile`: one business date now (a manual run)."""
+    p = ledger.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
     p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument(
         "--recheck",
@@ -319,9 +322,8 @@ def _add_reconcile(commands: Commands) -> None:
     _run_flags(p, shards_default=None)
 
 
-def _add_ledger(commands: Commands) -> None:
+def _add_ledger(ledger: Commands) -> None:
     """`ledger seed|status|review`: a day's data, a date's run and its rows sent to review."""
-    ledger = commands.group("ledger", "ledger data and runs: seed a day, status of a date, review rows")
     p = ledger.add("seed", cmd_ledger_seed, "load a synthetic business day: payments, provider report, discrepancies")
     p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument("--payments", type=bounded_int(1, 100_000_000), required=True, help="number of payments")

@@ -32,10 +32,11 @@ from cleanup.models import bucket_cleanup_id, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
 from cleanup.planner import CohortRange, _start_cohort, ensure_planner
 from cleanup.planner_models import PlannerSettings
-from core import db, embedded
+from core import db
 from core.config import Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
+from devstack import embedded
 from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
 

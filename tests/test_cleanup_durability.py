@@ -10,8 +10,8 @@ from temporalio.api.enums.v1 import EventType
 from cleanup.models import CleanupResult, CleanupStatus
 from cleanup.operations import start_cleanup
 from core.config import Settings
-from core.embedded import DevServer
 from core.temporal import connect
+from devstack.embedded import DevServer
 from tests.helpers import deadline_in, effect_counts, seed, shift_database_clock
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow

@@ -11,7 +11,7 @@ import grimp
 from core.config import PROJECT_ROOT
 from core.queries import load
 
-PACKAGES = ["core", "cleanup", "ledger", "outbox", "demo", "workflows", "activities", "harness", "bench"]
+PACKAGES = ["core", "cleanup", "ledger", "outbox", "devstack", "demo", "workflows", "activities", "harness", "bench"]
 SOURCES = [p for pkg in PACKAGES for p in (PROJECT_ROOT / pkg).rglob("*.py")] + [
     PROJECT_ROOT / "worker.py",
     PROJECT_ROOT / "starter.py",
@@ -108,7 +108,7 @@ def test_no_import_cycles() -> None:
 
 def test_core_imports_no_job_and_no_temporal_layer() -> None:
     graph = grimp.build_graph(*PACKAGES)
-    above = ("cleanup", "ledger", "outbox", "demo", "workflows", "activities", "harness", "bench")
+    above = ("cleanup", "ledger", "outbox", "devstack", "demo", "workflows", "activities", "harness", "bench")
     wrong = [
         f"{m} imports {i}"
         for m in graph.find_descendants("core") | {"core"}
@@ -183,7 +183,7 @@ async def test_workflows_call_only_registered_activities_by_their_name_constants
 def test_entry_points_that_talk_to_temporal_leave_without_finalizing() -> None:
     """The SDK's native threads can abort a finalizing interpreter (exit -6 after the work is done,
     3 of 20 CLI runs on a loaded machine): entry points end with `core.process.exit_now`."""
-    entry_points = ["starter.py", "worker.py", "harness/worker.py", "bench/worker.py"]
+    entry_points = ["starter.py", "worker.py", "devstack/__main__.py", "harness/worker.py", "bench/worker.py"]
     for name in entry_points:
         text = (PROJECT_ROOT / name).read_text()
         main_block = text[text.index('if __name__ == "__main__":') :]

@@ -20,8 +20,8 @@ from temporalio.worker import Worker
 from cleanup.operations import renew, start_cleanup
 from core import logs, metrics
 from core.config import PROJECT_ROOT, Settings
-from core.embedded import free_port
 from core.temporal import connect
+from devstack.embedded import free_port
 from tests.helpers import deadline_in, seed
 from tests.logging_workflow import LoggingWorkflow, log_from_activity
 from worker import build_activities, build_worker

@@ -17,8 +17,9 @@ import starter
 from cleanup.operations import start_cleanup
 from core import db, logs, outage
 from core.cli import EXIT_UNAVAILABLE
-from core.embedded import free_port
 from core.errors import ConnectionLostBeforeCommit
+from devstack.cli import main as devstack_main
+from devstack.embedded import free_port
 from tests import logging_workflow as lw
 from tests.helpers import deadline_in
 from worker import build_worker
@@ -153,7 +154,8 @@ async def test_a_connection_closed_before_commit_says_so(db_url: str) -> None:
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = starter.main(list(argv))
+    """starter.main, or devstack's for `seed`."""
+    code = (devstack_main if "seed" in argv else starter.main)(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -401,7 +401,7 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
 
 async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
     from core import metrics
-    from core.embedded import free_port
+    from devstack.embedded import free_port
     from tests.test_observability import samples, scrape, total
 
     port = free_port()

@@ -275,8 +275,11 @@ def with_password(url: str, password: str) -> str:
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python starter.py ARGS`, or `python -m devstack ...` for args starting "devstack"."""
+    entry = ["-m", *args] if args[:1] == ("devstack",) else [str(PROJECT_ROOT / "starter.py"), *args]
     return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "starter.py"), *args],
+        [sys.executable, *entry],
+        cwd=PROJECT_ROOT,
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -394,7 +397,7 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
 
     outputs = {"worker log": log_file.read_text()}
     assert "worker polling" in outputs["worker log"], outputs["worker log"]
-    dev_up = run_cli("dev", "up", "--json", env=env)
+    dev_up = run_cli("devstack", "up", "--json", env=env)
     assert dev_up.returncode == 0, dev_up.stderr
     assert json.loads(dev_up.stdout)["database_url"].count("***") == 1
     outputs["dev up"] = dev_up.stdout + dev_up.stderr

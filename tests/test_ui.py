@@ -27,8 +27,8 @@ import pytest_asyncio
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core.config import PROJECT_ROOT, Settings
-from core.embedded import DevServer, free_port
 from core.temporal import connect
+from devstack.embedded import DevServer, free_port
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow

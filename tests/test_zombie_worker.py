@@ -1,6 +1,6 @@
 """A worker that froze (or lost its network) in the middle of a batch must not block its retry.
 
-The harness's zombie scenario (`starter.py harness --scenarios zombie`) shows it end to end with real
+The harness's zombie scenario (`./dev harness --scenarios zombie`) shows it end to end with real
 worker processes; these tests pin the pieces: the worker pool's idle-in-transaction timeout, the
 `stop` failpoint (fired by one process only with CLEANUP_FAILPOINTS_ONCE_DIR), the relay's heartbeat
 timeout setting.

@@ -1,6 +1,6 @@
 """Scenario (opt-in): a zombie ledger attempt and late data, with real worker processes.
 
-`python starter.py harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
+`./dev harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
 attempt, covers a shard's zombie in the quick profile: frozen before the shard lock, not under it).
 
 1. A row lock held by the harness makes shard 0's first batch wait inside its statement (holding
@@ -10,7 +10,7 @@ attempt, covers a shard's zombie in the quick profile: frozen before the shard l
    now run at once. The date must settle balanced, with one correction per key (before the shard lock
    the retry judged from a stale snapshot and the date failed `LedgerUnbalanced`).
 2. Late data after the settlement (a provider row for an unknown payment, a ledger payment the
-   provider never settled): `reconcile --recheck` must write exactly one correction and one review
+   provider never settled): `ledger reconcile --recheck` must write exactly one correction and one review
    row and record settlement revision 2, balanced; `ledger status` must show both revisions.
 """
 

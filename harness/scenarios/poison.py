@@ -7,7 +7,7 @@ terminated once mid-run. Counted in the database: every healthy account cleaned 
 poisoned account in cleanup_failed with no partial effect (and nothing transient sent to review),
 the cohort settled with failed = k; after the causes are removed, retry-failed cleans them once.
 
-Run with `python starter.py harness --scenarios poison` (not part of the default profiles).
+Run with `./dev harness --scenarios poison` (not part of the default profiles).
 """
 
 from __future__ import annotations

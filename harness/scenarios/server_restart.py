@@ -15,8 +15,8 @@ from temporalio.api.enums.v1 import EventType
 
 from cleanup.operations import cleanup_status, start_cleanup
 from core.config import Settings
-from core.embedded import DevServer
 from core.temporal import connect
+from devstack.embedded import DevServer
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
