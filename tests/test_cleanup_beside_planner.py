@@ -16,7 +16,7 @@ import asyncpg
 from cleanup.models import CLEANUP_WORKFLOW, bucket_cleanup_id, cohort_cleanup_id
 from cleanup.operations import start_cleanup
 from cleanup.planner import signal_planner
-from core import embedded
+from devstack import embedded
 from tests.helpers import deadline_in, seed, wait_until
 from tests.test_cleanup_input import run_cli
 from tests.test_planner import planner_worker

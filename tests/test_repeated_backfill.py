@@ -17,7 +17,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from core import embedded
+from devstack import embedded
 from ledger import schedule as ls
 from ledger.models import ScheduledLedgerInput, ScheduledLedgerResult, ScheduledRun
 from tests.helpers import wait_until
