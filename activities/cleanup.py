@@ -166,18 +166,21 @@ async def _claim_chunk(
     await conn.execute(SQL.claim_chunk_plan)
     row = await conn.fetchrow(
         SQL.claim_chunk,
-        input.cleanup_id,
-        input.deadline_from,
-        input.deadline_until,
-        progress["cursor_deadline"],
-        progress["cursor_account"],
-        chunk_size,
-        input.stream_partitions,
-        sum(per_partition),
-        input.streams,
-        input.stream,
-        CLAIM_RUN_ACCOUNTS,
-        claiming_namespace(),
+        *SQL.bind(
+            "claim_chunk",
+            cleanup_id=input.cleanup_id,
+            deadline_from=input.deadline_from,
+            deadline_until=input.deadline_until,
+            cursor_deadline=progress["cursor_deadline"],
+            cursor_account=progress["cursor_account"],
+            chunk_size=chunk_size,
+            stream_partitions=input.stream_partitions,
+            claimed_before=sum(per_partition),
+            streams=input.streams,
+            stream=input.stream,
+            run_accounts=CLAIM_RUN_ACCOUNTS,
+            namespace=claiming_namespace(),
+        ),
     )
     assert row is not None
     for p in row["partitions"]:
@@ -635,4 +638,4 @@ class CleanupActivities:
         assert row is not None
         if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
             metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])
-        return CleanupSettlement.model_validate(dict(row) | {"failed_reasons": reasons})
+        return CleanupSettlement.from_row(row, failed_reasons=reasons)

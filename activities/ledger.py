@@ -411,4 +411,4 @@ class LedgerActivities:
             row = await conn.fetchrow(SQL.get_settlement, input.business_date)
         failpoints.hit(f"{SETTLE_LEDGER_DATE}.after_commit")
         assert row is not None
-        return LedgerSettlement.model_validate(dict(row))
+        return LedgerSettlement.from_row(row)

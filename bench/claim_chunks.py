@@ -44,7 +44,7 @@ CLAIM_TABLES = ["accounts", "cleanup_claims", "cleanup_claim_progress"]
 
 def _statement_name(query: str) -> str:
     text = query.strip().rstrip(";")
-    names = {body: name for name, body in dict(CLAIM_SQL).items()}
+    names: dict[str, str] = {body: name for name, body in dict.items(CLAIM_SQL)}
     if text in names:
         return names[text]
     return " ".join(text.split())[:60]
@@ -64,18 +64,21 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
         await conn.execute(CLAIM_SQL.claim_chunk_plan)
         plan = await conn.fetchval(
             "EXPLAIN (ANALYZE, WAL, FORMAT JSON) " + CLAIM_SQL.claim_chunk,
-            "wal-sample",
-            deadline,
-            deadline + timedelta(microseconds=1),
-            datetime(1, 1, 1, tzinfo=UTC),
-            "",
-            chunk,
-            partitions,
-            0,
-            1,  # one claim stream: the whole range
-            0,
-            CLAIM_RUN_ACCOUNTS,
-            "bench",  # the claiming namespace
+            *CLAIM_SQL.bind(
+                "claim_chunk",
+                cleanup_id="wal-sample",
+                deadline_from=deadline,
+                deadline_until=deadline + timedelta(microseconds=1),
+                cursor_deadline=datetime(1, 1, 1, tzinfo=UTC),
+                cursor_account="",
+                chunk_size=chunk,
+                stream_partitions=partitions,
+                claimed_before=0,
+                streams=1,  # one claim stream: the whole range
+                stream=0,
+                run_accounts=CLAIM_RUN_ACCOUNTS,
+                namespace="bench",
+            ),
         )
         await tr.rollback()
     finally:

@@ -302,40 +302,41 @@ FOR UPDATE;
 SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
 
 -- name: claim_chunk
--- One chunk of a cohort's claim: the next $6 accounts of the deadline range [$2, $3) after the
--- keyset cursor ($4, $5) on accounts_due_idx, whatever the cohort's size. Active accounts whose
--- deadline has passed by the database clock move to 'cleaning' (a renewal that committed first
--- changed the row, and the UPDATE re-checks the row it locks); renewed ones are counted.
--- Claim stream $10 of $9 takes only the accounts whose ID hashes to it (one stream: all of them)
--- and feeds only its own partitions, $10 + $9 * i for i below $7, round-robin in runs of $11
--- consecutive accounts from $8 (accounts this stream claimed in its earlier chunks): so each
--- partition's claims come in account order, and few partitions write to any one page.
+-- One chunk of a cohort's claim: the next :chunk_size accounts of the deadline range
+-- [:deadline_from, :deadline_until) after the keyset cursor (:cursor_deadline, :cursor_account) on
+-- accounts_due_idx, whatever the cohort's size. Active accounts whose deadline has passed by the
+-- database clock move to 'cleaning' (a renewal that committed first changed the row, and the UPDATE
+-- re-checks the row it locks); renewed ones are counted. Claim stream :stream of :streams takes only
+-- the accounts whose ID hashes to it (one stream: all of them) and feeds only its own partitions,
+-- :stream + :streams * i for i below :stream_partitions, round-robin in runs of :run_accounts
+-- consecutive accounts from :claimed_before (accounts this stream claimed in its earlier chunks): so
+-- each partition's claims come in account order, and few partitions write to any one page.
 WITH scan AS (
     SELECT ctid, account_id, renewal_deadline, status
     FROM accounts
     WHERE status IN ('active', 'renewed')
-      AND renewal_deadline >= $2 AND renewal_deadline < $3
-      AND (renewal_deadline, account_id) > ($4::timestamptz, $5::text)
-      AND ($9::int = 1 OR (hashtext(account_id) & 2147483647) % $9::int = $10::int)
+      AND renewal_deadline >= :deadline_from AND renewal_deadline < :deadline_until
+      AND (renewal_deadline, account_id) > (:cursor_deadline::timestamptz, :cursor_account::text)
+      AND (:streams::int = 1 OR (hashtext(account_id) & 2147483647) % :streams::int = :stream::int)
     ORDER BY renewal_deadline, account_id
-    LIMIT $6
+    LIMIT :chunk_size
 ),
 claimed AS (
     -- By the row versions the scan just read (a TID scan: no second descent of the primary key
     -- per account, ~10% of a chunk); the UPDATE re-checks each row it locks, and a row changed
     -- since the scan is re-checked on its newest version or left to the overdue sweep.
     UPDATE accounts a
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $12
+    SET status = 'cleaning', claimed_by = :cleanup_id, claimed_at = now(), claimed_namespace = :namespace
     WHERE a.ctid = ANY (ARRAY(SELECT ctid FROM scan))
-      AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
+      AND a.status = 'active' AND a.renewal_deadline >= :deadline_from AND a.renewal_deadline < :deadline_until
       AND a.renewal_deadline <= cleanup_clock()
       AND a.held_since IS NULL  -- a legal hold: never claimed
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (
     INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-    SELECT $1, account_id, cleanup_version,
-           $10::int + $9::int * (((($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) / $11::int) % $7)
+    SELECT :cleanup_id, account_id, cleanup_version,
+           :stream::int + :streams::int * ((((:claimed_before::bigint + row_number() OVER (ORDER BY account_id)) - 1) / :run_accounts::int) % :stream_partitions)
     FROM claimed
     ON CONFLICT DO NOTHING
     RETURNING partition_no

@@ -55,9 +55,13 @@ def _uses() -> list[tuple[Path, Path, str, int]]:
                 sql = bound[node.value.id]
             elif isinstance(node.value, ast.Call):
                 sql = _sql_file_of(node.value, module)
-            if sql is not None:
+            if sql is not None and node.attr not in QUERIES_METHODS:
                 found.append((module, sql, node.attr, node.lineno))
     return found
+
+
+# Attributes of core.queries.Queries that are not queries.
+QUERIES_METHODS = {"bind", "params"}
 
 
 def test_every_named_query_used_in_code_exists() -> None:
