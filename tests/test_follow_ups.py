@@ -7,8 +7,11 @@ a broken one is refused at start-up naming its file and line."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,16 +21,21 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+import cleanup
 from cleanup.batches import CompiledCleanup, run_subset
 from cleanup.history import account_history
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.target_check import TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
 from cleanup.targets_file import TargetsFileError
+from core.queries import load
 from tests.game_schema import ANONYMIZE_KEY, GAME_DIR, PER_USER, create_game_schema, seed_game_users
 from tests.helpers import claim_one_partition, deadline_in
 from tests.test_game_schema_contract import register, run_cohort
+from tests.test_game_targets import run
 from worker import build_activities, build_worker
+
+CLEANUP_SQL = load(cleanup.__file__)
 
 EDGES_TARGETS_FILE = GAME_DIR / "edges_targets.toml"
 FOLLOW_UPS = ["friends_lose_their_edges", "groups_lose_their_members", "players_recounted"]
@@ -265,3 +273,58 @@ async def test_the_dry_run_lists_the_follow_ups(pool):
         ("groups_lose_their_members", "before"),
         ("players_recounted", "after"),
     ]
+
+
+async def test_a_retry_with_the_current_targets_shows_the_set_used_and_the_one_replaced(pool, db_url, tmp_path):
+    """The operator fixes the failing follow-up (a counter never below 0) and retries with the file as
+    it is now: the retried account's receipt, and its history, name the new set and the replaced one;
+    the accounts cleaned before keep the set they were cleaned with."""
+    ids = await edged_game(pool, users=16, groups=4)
+    cohort, broken = ids[:10], ids[11]
+    await pool.execute("UPDATE game_server.users SET edge_count = 0 WHERE id = $1", broken)
+    deadline = deadline_in(-60)
+    await register(pool, cohort, deadline)
+    await claim_one_partition(pool, "adopt", deadline)
+    targets = load_targets(EDGES_TARGETS_FILE)
+    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "adopt", targets.fingerprint)  # as a worker does
+    counts, _ = await run_subset(pool, await CompiledCleanup.compile(pool, targets), "adopt", 0, cohort)
+    assert (counts.cleaned, counts.failed) == (9, 1)
+
+    text = EDGES_TARGETS_FILE.read_text()
+    clamped = text.replace("edge_count = u.edge_count - f.n", "edge_count = greatest(u.edge_count - f.n, 0)")
+    fixed = load_targets(write(tmp_path, clamped))
+    assert fixed.fingerprint != targets.fingerprint
+    assert (await retry_failed(pool, fixed, "adopt", adopt_targets=True)).cleaned == 1
+
+    sets = await pool.fetch("SELECT account_id, target_set, replaced_target_sets FROM erasure_receipts")
+    by = {r["account_id"]: (r["target_set"], r["replaced_target_sets"]) for r in sets}
+    assert by.pop(ids[9]) == (fixed.fingerprint, [targets.fingerprint])
+    assert set(by.values()) == {(targets.fingerprint, None)} and len(by) == 9
+    [cleaned] = (await account_history(pool, ids[9])).cleaned
+    assert (cleaned.target_set, cleaned.replaced_target_sets) == (fixed.fingerprint, [targets.fingerprint])
+    [before] = (await account_history(pool, ids[0])).cleaned
+    assert (before.target_set, before.replaced_target_sets) == (targets.fingerprint, [])
+    env = os.environ | {"DATABASE_URL": db_url}
+    shown = await asyncio.to_thread(run, [sys.executable, "starter.py", "account", "history", ids[9]], env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"target set {fixed.fingerprint} (replacing {targets.fingerprint}" in shown.stdout
+    assert "follow-up friends_lose_their_edges (before): 2 row(s) for its batch of 1" in shown.stdout  # 10, 11
+
+
+async def test_targets_check_shows_each_follow_up_as_compiled_with_its_tables(pool, db_url):
+    await edged_game(pool, users=3, groups=2)
+    env = os.environ | {"DATABASE_URL": db_url, ANONYMIZE_KEY_ENV: ANONYMIZE_KEY}
+    argv = [sys.executable, "starter.py", "targets", "check", "--file", str(EDGES_TARGETS_FILE)]
+    done = await asyncio.to_thread(run, [*argv, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    follow_ups = json.loads(done.stdout)["follow_ups"]
+    assert [(f["name"], f["phase"]) for f in follow_ups] == [
+        ("friends_lose_their_edges", "before"),
+        ("groups_lose_their_members", "before"),
+        ("players_recounted", "after"),
+    ]
+    assert follow_ups[1]["tables"] == ["game_server.groups", "game_server.group_members"]
+    assert "ANY(($1::text[])::uuid[])" in follow_ups[0]["statement"]  # $1: the keys, a typed array
+    human = await asyncio.to_thread(run, argv, env)
+    assert human.returncode == 0, human.stderr
+    assert "players_recounted (after the targets; tables game_server.users, game_server.friends)" in human.stdout
