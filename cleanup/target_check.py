@@ -399,23 +399,31 @@ def plan_targets(targets: CleanupTargets, catalog: Catalog) -> list[TargetPlan]:
 
 @dataclass(frozen=True)
 class CheckedFollowUp:
-    """A follow-up as the start-up check planned it: its compiled statement and the tables its plan reads or writes."""
+    """A follow-up as the start-up check planned it: its compiled statement, and the privileges its
+    plan uses per table (SELECT to read, UPDATE, DELETE or INSERT where it writes), tables in the
+    order the plan names them."""
 
     follow_up: CompiledFollowUp
-    tables: tuple[str, ...]
+    privileges: tuple[tuple[str, str], ...]
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for t, _ in self.privileges))
 
 
-def _plan_tables(plan: object) -> list[tuple[str, str]]:
-    """Every (schema, relation) an EXPLAIN (FORMAT JSON, VERBOSE) plan names, in the order met."""
+def _plan_privileges(plan: object) -> list[tuple[str, str]]:
+    """(schema.relation, privilege) for every relation an EXPLAIN (FORMAT JSON, VERBOSE) plan names:
+    a ModifyTable node's operation (UPDATE, DELETE, INSERT), SELECT for every scan."""
     found: list[tuple[str, str]] = []
     if isinstance(plan, dict):
         if "Relation Name" in plan:
-            found.append((str(plan.get("Schema", "")), str(plan["Relation Name"])))
+            verb = str(plan["Operation"]).upper() if plan.get("Node Type") == "ModifyTable" else "SELECT"
+            found.append((f"{plan.get('Schema', '')}.{plan['Relation Name']}", verb))
         for value in plan.values():
-            found += _plan_tables(value)
+            found += _plan_privileges(value)
     elif isinstance(plan, list):
         for value in plan:
-            found += _plan_tables(value)
+            found += _plan_privileges(value)
     return found
 
 
@@ -446,14 +454,16 @@ async def check_follow_ups(conn: asyncpg.Connection, targets: CleanupTargets) ->
             )
             problems.append(f"{targets.follow_up_label(i)}: [{err.sqlstate}] {err} (fix: {fix})")
             continue
-        tables = list(dict.fromkeys(f"{s}.{t}" for s, t in _plan_tables(plan)))
-        own = [t for t in tables if service_schema and t.startswith(f"{service_schema}.")]
+        privileges = list(dict.fromkeys(_plan_privileges(plan)))
+        own = [
+            t for t in dict.fromkeys(t for t, _ in privileges) if service_schema and t.startswith(f"{service_schema}.")
+        ]
         if own:
             problems.append(
                 f"{targets.follow_up_label(i)}: touches the service's own tables ({', '.join(own)}): "
                 "a follow-up changes the game's tables only"
             )
-        checked.append(CheckedFollowUp(compiled, tuple(tables)))
+        checked.append(CheckedFollowUp(compiled, tuple(privileges)))
     if problems:
         raise TargetsRefused(problems)
     return checked

@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 import cleanup
 from cleanup.batches import CompiledCleanup, run_subset
+from cleanup.grants import grant_targets
 from cleanup.history import account_history
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.target_check import TargetsRefused
@@ -328,3 +329,17 @@ async def test_targets_check_shows_each_follow_up_as_compiled_with_its_tables(po
     human = await asyncio.to_thread(run, argv, env)
     assert human.returncode == 0, human.stderr
     assert "players_recounted (after the targets; tables game_server.users, game_server.friends)" in human.stdout
+
+
+async def test_migrate_grants_the_worker_role_what_each_follow_up_plan_uses(pool):
+    await edged_game(pool, users=3, groups=2)
+    async with pool.acquire() as conn:
+        granted = await grant_targets(conn, load_targets(EDGES_TARGETS_FILE))
+    assert "UPDATE, SELECT on game_server.groups" in granted["granted"], granted  # a table no target names
+    assert "SELECT, DELETE on game_server.group_members" in granted["granted"]
+    assert "follow_ups_not_granted" not in granted
+    await pool.execute("DROP TABLE game_server.groups CASCADE")
+    async with pool.acquire() as conn:
+        granted = await grant_targets(conn, load_targets(EDGES_TARGETS_FILE))
+    [problem] = granted["follow_ups_not_granted"]
+    assert "follow_up 'groups_lose_their_members' (statement): [42P01]" in problem
