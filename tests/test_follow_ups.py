@@ -343,3 +343,22 @@ async def test_migrate_grants_the_worker_role_what_each_follow_up_plan_uses(pool
         granted = await grant_targets(conn, load_targets(EDGES_TARGETS_FILE))
     [problem] = granted["follow_ups_not_granted"]
     assert "follow_up 'groups_lose_their_members' (statement): [42P01]" in problem
+
+
+async def test_a_receipt_without_follow_ups_names_its_target_set_and_the_replaced_one(pool):
+    """Targets without follow-ups write their receipts in the batch statement itself: the set used
+    and, after `retry-failed --with-current-targets` replaced one, the replaced set too."""
+    ids = await edged_game(pool, users=4, groups=2)
+    targets = CleanupTargets(target=load_targets(EDGES_TARGETS_FILE).target)
+    deadline = deadline_in(-60)
+    await register(pool, ids[:2], deadline)
+    await claim_one_partition(pool, "plain", deadline)
+    earlier = load_targets(EDGES_TARGETS_FILE).fingerprint
+    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "plain", earlier)
+    await pool.execute(CLEANUP_SQL.adopt_current_target_set, "plain", targets.fingerprint)
+    counts, _ = await run_subset(pool, await CompiledCleanup.compile(pool, targets), "plain", 0, ids[:2])
+    assert counts.cleaned == 2
+    rows = await pool.fetch("SELECT target_set, replaced_target_sets, follow_ups FROM erasure_receipts")
+    assert {(r["target_set"], tuple(r["replaced_target_sets"]), r["follow_ups"]) for r in rows} == {
+        (targets.fingerprint, (earlier,), None)
+    }
