@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:  # asyncpg stays out of the targets file's import (`targets check` on a broken file is quick)
+    import asyncpg
 
 IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 _PARAM = re.compile(r"\$(\d+)")
@@ -101,7 +103,7 @@ async def run_phase(
             continue
         try:
             status = await conn.execute(f.sql, keys)
-        except asyncpg.PostgresError as err:
+        except Exception as err:  # its SQLSTATE (if any) decides; the name only says where
             setattr(err, FOLLOW_UP_ATTRIBUTE, f.name)
             raise
         counts.append({"name": f.name, "phase": f.phase, "rows": row_count(status), "batch_accounts": len(keys)})
