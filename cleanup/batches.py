@@ -182,11 +182,13 @@ class CompiledCleanup:
     async def run(self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...]) -> asyncpg.Record:
         """Run the batch statement `sql` (either form) with `args` in the caller's transaction, with
         the follow-ups around it: "before" on the accounts it is about to clean (judged and locked by
-        the same verdicts), "after" on those it cleaned; then its receipts, with their counts."""
+        the same verdicts), "after" on those it cleaned; then its receipts, with their counts. Batches
+        with follow-ups run one at a time (an advisory lock to COMMIT: docs/decisions/0016)."""
         if not self.follow_ups:
             row = await conn.fetchrow(sql, *args)
             assert row is not None
             return row
+        await conn.execute(SQL.follow_up_batches_one_at_a_time)  # held to COMMIT; again: a no-op
         judged: list[str] = []
         counts: list[dict[str, object]] = []
         before = any(f.phase == "before" for f in self.follow_ups)

@@ -459,3 +459,11 @@ SELECT r.account_id, r.cleanup_version, $2, r.targets, $3,
        $4::jsonb
 FROM jsonb_to_recordset($1::jsonb) AS r (account_id text, cleanup_version integer, targets jsonb)
 ON CONFLICT DO NOTHING;
+
+-- name: follow_up_batches_one_at_a_time
+-- Batches with follow-up statements run one at a time, the lock held to their COMMIT: a follow-up
+-- reads the game's rows in its own snapshot and writes rows that another batch's follow-ups write
+-- (a friend of players of two batches), so two at once could act on what the other is changing
+-- (a decrement re-applied to a counter the other batch just recounted). Taken first in the batch's
+-- transaction, every statement after it sees every batch committed before.
+SELECT pg_advisory_xact_lock(hashtext('deadline_cleanup.follow_ups'));

@@ -31,7 +31,7 @@ from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
 from cleanup.targets_file import TargetsFileError
 from core.queries import load
 from tests.game_schema import ANONYMIZE_KEY, GAME_DIR, PER_USER, create_game_schema, seed_game_users
-from tests.helpers import claim_one_partition, deadline_in
+from tests.helpers import claim_one_partition, deadline_in, wait_until
 from tests.test_game_schema_contract import register, run_cohort
 from tests.test_game_targets import run
 from worker import build_activities, build_worker
@@ -117,26 +117,27 @@ async def edges_worker(client: Client, pool: asyncpg.Pool, task_queue: str) -> A
 async def test_counters_of_the_remaining_users_and_groups_are_right_after_a_cohort(
     client, pool, task_queue, edges_worker
 ):
-    """20 of 30 players cleaned in 2 partitions of batches of 7: every counter right, the receipts
-    holding each follow-up's rows."""
-    ids = await edged_game(pool, users=30, groups=6)
-    cohort, others = ids[:20], ids[20:]
+    """45 of 60 players cleaned by 4 partitions in batches of 5, friends of each other across
+    batches that run at once: every counter right, no player failed, the receipts holding each
+    follow-up's rows."""
+    ids = await edged_game(pool, users=60, groups=6)
+    cohort, others = ids[:45], ids[45:]
     deadline = deadline_in(-60)
     await register(pool, cohort, deadline)
     await register(pool, others, deadline_in(3600))
     assert await wrong_counters(pool) == {"users": 0, "groups": 0}
 
-    _, result = await run_cohort(client, pool, task_queue, deadline, partitions=2, batch_size=7)
+    _, result = await run_cohort(client, pool, task_queue, deadline, partitions=4, batch_size=5)
 
-    assert result.settlement is not None and (result.settlement.cleaned, result.settlement.failed) == (20, 0)
+    assert result.settlement is not None and (result.settlement.cleaned, result.settlement.failed) == (45, 0)
     assert await wrong_counters(pool) == {"users": 0, "groups": 0}
     counters = await pool.fetch("SELECT edge_count FROM game_server.users WHERE id = ANY($1::uuid[])", cohort)
-    assert [r["edge_count"] for r in counters] == [0] * 20
+    assert [r["edge_count"] for r in counters] == [0] * 45
     receipts = await pool.fetch("SELECT follow_ups::text, target_set FROM erasure_receipts")
-    assert len(receipts) == 20
+    assert len(receipts) == 45
     assert {r["target_set"] for r in receipts} == {load_targets(EDGES_TARGETS_FILE).fingerprint}
     assert [f["name"] for f in json.loads(receipts[0]["follow_ups"])] == FOLLOW_UPS
-    assert follow_up_totals(receipts)["players_recounted"] == 20  # each player's row once
+    assert follow_up_totals(receipts)["players_recounted"] == 45  # each player's row once
 
 
 async def test_one_batch_counts_each_follow_up_rows(pool):
@@ -362,3 +363,64 @@ async def test_a_receipt_without_follow_ups_names_its_target_set_and_the_replace
     assert {(r["target_set"], tuple(r["replaced_target_sets"]), r["follow_ups"]) for r in rows} == {
         (targets.fingerprint, (earlier,), None)
     }
+
+
+async def test_a_cohort_whose_follow_up_fails_for_some_players_settles_with_them_in_review(
+    client, pool, task_queue, edges_worker
+):
+    """Through the workflow: the players whose follow-up breaks a CHECK are bisected out of their
+    batches and recorded (never retried as the deterministic error they are), the others cleaned,
+    every counter right once retry-failed cleans them after the fix."""
+    ids = await edged_game(pool, users=30, groups=5)
+    cohort, broken = ids[:20], ids[21]  # friends of ids[19] and ids[20] among the cohort: ids[19] only
+    await pool.execute("UPDATE game_server.users SET edge_count = 0 WHERE id = $1", broken)
+    deadline = deadline_in(-60)
+    await register(pool, cohort, deadline)
+
+    workflow_id, result = await run_cohort(client, pool, task_queue, deadline, partitions=2, batch_size=6)
+
+    assert result.settlement is not None and (result.settlement.cleaned, result.settlement.failed) == (19, 1)
+    [failed] = await list_failed(pool, workflow_id)
+    assert (failed.account_id, failed.sqlstate, failed.attempts) == (ids[19], "23514", 1)
+    assert (failed.target, failed.message) == ("follow_up friends_lose_their_edges", "check violation")
+    receipts = await pool.fetch("SELECT follow_ups::text FROM erasure_receipts")
+    assert len(receipts) == 19 and follow_up_totals(receipts)["players_recounted"] == 19
+    await pool.execute(  # the fix: its real count
+        "UPDATE game_server.users u SET edge_count = (SELECT count(*) FROM game_server.friends f WHERE f.user_a = u.id)"
+        " WHERE id = $1",
+        broken,
+    )
+    retried = await retry_failed(pool, load_targets(EDGES_TARGETS_FILE), workflow_id)
+    assert (retried.cleaned, retried.still_failed) == (1, 0)
+    assert await wrong_counters(pool) == {"users": 0, "groups": 0}
+
+
+async def test_two_batches_of_friends_at_once_run_one_after_the_other(pool):
+    """Two friends cleaned by two batches at once: the second waits for the first to commit, so its
+    before follow-up no longer sees the friendship the first removed. (Both at once, the second's
+    decrement of the first player's counter would land on the 0 the first's recount wrote: -1.)"""
+    ids = await edged_game(pool, users=8, groups=2)
+    deadline = deadline_in(-60)
+    await register(pool, ids[:2], deadline)
+    await claim_one_partition(pool, "pair", deadline)
+    compiled = await CompiledCleanup.compile(pool, load_targets(EDGES_TARGETS_FILE))
+    async with pool.acquire() as first:
+        tx = first.transaction()
+        await tx.start()
+        await compiled.run(first, compiled.subset_sql, ("pair", 0, [ids[1]], 1))
+        second = asyncio.create_task(run_subset(pool, compiled, "pair", 0, [ids[0]]))
+
+        async def waiting() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        await wait_until(waiting)
+        assert not second.done()
+        await tx.commit()
+    counts, failures = await second
+    assert (counts.cleaned, failures) == (1, [])
+    assert await wrong_counters(pool) == {"users": 0, "groups": 0}
