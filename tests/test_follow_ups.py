@@ -214,7 +214,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-async def test_a_broken_follow_up_is_refused_at_start_up_naming_file_and_line(pool, tmp_path):
+async def test_a_broken_follow_up_is_refused_at_start_up_naming_file_and_line(pool, db_url, tmp_path):
     await edged_game(pool, users=3, groups=2)
     base = EDGES_TARGETS_FILE.read_text().split("[[follow_up]]")[0]
     path = write(
@@ -227,6 +227,10 @@ async def test_a_broken_follow_up_is_refused_at_start_up_naming_file_and_line(po
         await CompiledCleanup.compile(pool, load_targets(path))
     message = str(err.value)
     assert f"{path}:{line}: follow_up 'recount' (statement): [42703]" in message and "edge_cnt" in message
+    env = os.environ | {"DATABASE_URL": db_url}
+    cli = await asyncio.to_thread(run, [sys.executable, "starter.py", "targets", "check", "--file", str(path)], env)
+    assert cli.returncode == 2 and f"{path}:{line}: follow_up 'recount' (statement): [42703]" in cli.stderr
+    assert "Traceback" not in cli.stderr + cli.stdout
     path = write(
         tmp_path,
         base + '[[follow_up]]\nname = "own"\nphase = "after"\n'
