@@ -305,7 +305,7 @@ async def run_keyset_batch(
             raise
         failures: list[AccountCleanupFailed] = []
         if surfaced:  # the schema or a privilege, alike for every account: recorded, not bisected
-            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, None)
+            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, _follow_up_target(err))
             failures += failed
             counts = PartitionCounts(failed=len(failed))
             return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
@@ -385,14 +385,19 @@ async def _record_failure(
     account_id: str,
     error: BaseException,
 ) -> AccountCleanupFailed | None:
-    follow_up = failed_follow_up(error)
     target = (
-        f"follow_up {follow_up}"
-        if follow_up
-        else _target_from_error(error, compiled) or await _probe_target(pool, compiled, account_id)
+        _follow_up_target(error)
+        or _target_from_error(error, compiled)
+        or await _probe_target(pool, compiled, account_id)
     )
     failed = await _record_failures(pool, cleanup_id, partition_no, [account_id], error, target)
     return failed[0] if failed else None
+
+
+def _follow_up_target(error: BaseException) -> str | None:
+    """How a failure record names the follow-up statement an error came from (`follow_up <name>`)."""
+    name = failed_follow_up(error)
+    return f"follow_up {name}" if name else None
 
 
 async def _record_failures(
