@@ -18,6 +18,7 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from cleanup.operations import check_targets
 from cleanup.targets import load_targets
 from core.config import PROJECT_ROOT
 from tests.helpers import deadline_in
@@ -139,6 +140,19 @@ async def personal_left(pool: asyncpg.Pool, players: list[str]) -> dict[str, int
     )
     assert row is not None
     return dict(row)
+
+
+async def test_targets_check_says_what_the_page_says(arcade, targets_file):
+    report = await check_targets(arcade, str(targets_file))
+    assert len(report.targets) == 7 and all(t.index for t in report.targets)  # every match column indexed
+    [users] = [t for t in report.targets if t.action == "anonymize"]
+    assert users.unchanged_columns == ["edge_count", "created_at"]
+    assert [(f.name, f.phase) for f in report.follow_ups] == [
+        ("friends_lose_an_edge", "before"),
+        ("groups_lose_a_member", "before"),
+        ("players_recounted", "after"),
+    ]
+    assert "ANY((($1::text[])::uuid[]))" in report.follow_ups[0].statement  # the recorded key type
 
 
 async def test_the_walkthrough_cleans_a_cohort_as_the_page_says(client, arcade, task_queue, arcade_worker):
