@@ -30,7 +30,14 @@ from cleanup.target_check import TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
 from cleanup.targets_file import TargetsFileError
 from core.queries import load
-from tests.game_schema import ANONYMIZE_KEY, GAME_DIR, PER_USER, create_game_schema, seed_game_users
+from tests.game_schema import (
+    ANONYMIZE_KEY,
+    GAME_DIR,
+    PER_USER,
+    create_game_schema,
+    seed_game_users,
+    worker_role_pool,
+)
 from tests.helpers import claim_one_partition, deadline_in, wait_until
 from tests.test_game_schema_contract import register, run_cohort
 from tests.test_game_targets import run
@@ -428,3 +435,18 @@ async def test_two_batches_of_friends_at_once_run_one_after_the_other(pool):
     counts, failures = await second
     assert (counts.cleaned, failures) == (1, [])
     assert await wrong_counters(pool) == {"users": 0, "groups": 0}
+
+
+async def test_a_batch_with_follow_ups_runs_under_the_worker_role(pool, db_url):
+    """The worker's own role: the advisory lock, the follow-ups on the game's tables, the receipts
+    with their new columns (the audit table stays append-only for it)."""
+    ids = await edged_game(pool, users=6, groups=2)
+    deadline = deadline_in(-60)
+    await register(pool, ids[:3], deadline)
+    await claim_one_partition(pool, "role", deadline)
+    async with worker_role_pool(db_url) as worker:
+        compiled = await CompiledCleanup.compile(worker, load_targets(EDGES_TARGETS_FILE))
+        counts, failures = await run_subset(worker, compiled, "role", 0, ids[:3])
+    assert (counts.cleaned, failures) == (3, [])
+    assert await wrong_counters(pool) == {"users": 0, "groups": 0}
+    assert await pool.fetchval("SELECT count(*) FROM erasure_receipts WHERE follow_ups IS NOT NULL") == 3
