@@ -86,6 +86,8 @@ def _migrated_text(d: dict[str, Any]) -> str:
     text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
     if d["missing"]:
         text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
+    for problem in d.get("follow_ups_not_granted", []):
+        text += f"\nfollow-up not planned, its tables not granted: {problem}"
     return text
 
 

@@ -20,6 +20,7 @@ isolated ones. Shared by the cleanup activity and by `cleanup retry` (cleanup.re
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -29,8 +30,9 @@ import asyncpg
 
 from cleanup.anonymize_key import store_key
 from cleanup.errors import AccountCleanupFailed
+from cleanup.follow_ups import CompiledFollowUp, failed_follow_up, run_phase
 from cleanup.models import PartitionCounts
-from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
+from cleanup.target_check import TargetsRefused, check_follow_ups, plan_targets, read_catalog
 from cleanup.target_report import MissingIndex, missing_indexes
 from cleanup.targets import (
     CleanupTargets,
@@ -39,6 +41,7 @@ from cleanup.targets import (
     compile_preview,
     compile_target_probes,
     configured_anonymize_key,
+    judge_statement,
     subset_statement,
 )
 from core import db, failpoints
@@ -90,6 +93,8 @@ class CompiledCleanup:
     tables: frozenset[str] = field(default_factory=frozenset)
     fingerprint: str | None = None
     missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
+    follow_ups: tuple[CompiledFollowUp, ...] = ()  # run in each batch's transaction (cleanup.follow_ups)
+    follow_up_tables: tuple[tuple[str, ...], ...] = ()  # per follow-up, the tables its plan names
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -126,6 +131,7 @@ class CompiledCleanup:
                 await store_key(conn, key)  # before the trial: the statements read it from the table
             catalog = await read_catalog(conn, targets)
             plans = plan_targets(targets, catalog)
+            follow_ups = await check_follow_ups(conn, targets)
             batch_sql = with_reminders(compile_partition_batch(targets, plans))
             compiled = cls(
                 batch_sql=batch_sql,
@@ -135,6 +141,8 @@ class CompiledCleanup:
                 | frozenset(t.archive_table for t in targets.target if t.archive_table),
                 fingerprint=targets.fingerprint,
                 missing_indexes=tuple(missing_indexes(targets, catalog)),
+                follow_ups=tuple(f.follow_up for f in follow_ups),
+                follow_up_tables=tuple(f.tables for f in follow_ups),
             )
             await compiled._trial(conn, targets, with_reminders(compile_preview(targets, plans, "account")))
         return compiled
@@ -147,6 +155,11 @@ class CompiledCleanup:
             ("the subset statement", self.subset_sql, ("", 0, [], 0)),
             ("the dry-run statement", preview_sql, ("",)),
         ]
+        if self.follow_ups:
+            runs += [
+                ("the batch's judgement", judge_statement(self.batch_sql), ("", 0, "", 1)),
+                ("the subset's judgement", judge_statement(self.subset_sql), ("", 0, [], 0)),
+            ]
         # A probe's key is cast to its column's type, which no placeholder account fits: EXPLAIN
         # parses, plans and checks privileges without running it.
         runs += [(f"target {table}", "EXPLAIN " + sql, ("",)) for table, sql in self.probes]
@@ -166,6 +179,36 @@ class CompiledCleanup:
     def args(self, *params: object) -> tuple[object, ...]:
         return params
 
+    async def run(self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...]) -> asyncpg.Record:
+        """Run the batch statement `sql` (either form) with `args` in the caller's transaction, with
+        the follow-ups around it: "before" on the accounts it is about to clean (judged and locked by
+        the same verdicts), "after" on those it cleaned; then its receipts, with their counts. Batches
+        with follow-ups run one at a time (an advisory lock to COMMIT: docs/decisions/0016)."""
+        if not self.follow_ups:
+            row = await conn.fetchrow(sql, *args)
+            assert row is not None
+            return row
+        await conn.execute(SQL.follow_up_batches_one_at_a_time)  # held to COMMIT; again: a no-op
+        judged: list[str] = []
+        counts: list[dict[str, object]] = []
+        before = any(f.phase == "before" for f in self.follow_ups)
+        if before:
+            judged = list(await conn.fetchval(judge_statement(sql), *args))
+            counts += await run_phase(conn, self.follow_ups, "before", judged)
+        row = await conn.fetchrow(sql, *args)
+        assert row is not None
+        applied = list(row["applied_keys"])
+        if before and applied != judged:
+            # The accounts are locked from the judgement on, so their verdicts stay; a claim committed
+            # in between could change the batch: retried as a whole (transient), never half-followed.
+            raise FollowUpsOutOfStep("the batch changed between its before follow-ups and its targets")
+        counts += await run_phase(conn, self.follow_ups, "after", applied)
+        if applied:
+            await conn.execute(
+                SQL.insert_deferred_receipts, row["receipts"], args[0], self.fingerprint, json.dumps(counts)
+            )
+        return row
+
 
 def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresError) -> str:
     """A trial failure as a problem naming the target (by the table the error names) and its fix."""
@@ -177,6 +220,11 @@ def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresErro
     )
     column = getattr(err, "column_name", None)
     return f"{where}{f' column {column!r}' if column else ''}: [{err.sqlstate}] {err} ({what}; fix: {fix})"
+
+
+class FollowUpsOutOfStep(Exception):
+    """A batch whose accounts changed between its before follow-ups and its targets (not an account's
+    fault: no SQLSTATE, so the batch is retried, not isolated)."""
 
 
 @dataclass(frozen=True)
@@ -237,11 +285,10 @@ async def run_keyset_batch(
             while rows < batch_size:
                 step = min(STATEMENT_ACCOUNTS, batch_size - rows)
                 row = await run_heartbeating(
-                    conn.fetchrow(compiled.batch_sql, *compiled.args(cleanup_id, partition_no, last, step)),
+                    compiled.run(conn, compiled.batch_sql, compiled.args(cleanup_id, partition_no, last, step)),
                     pulse.beat,
                     pulse.interval,
                 )
-                assert row is not None
                 counts, rows = counts + counts_of(row), rows + row["batch_rows"]
                 last = row["last_account_id"] or last
                 if row["batch_rows"] < step:
@@ -258,7 +305,7 @@ async def run_keyset_batch(
             raise
         failures: list[AccountCleanupFailed] = []
         if surfaced:  # the schema or a privilege, alike for every account: recorded, not bisected
-            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, None)
+            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, _follow_up_target(err))
             failures += failed
             counts = PartitionCounts(failed=len(failed))
             return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
@@ -292,10 +339,9 @@ async def _subset(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, partition_no: int, account_ids: Sequence[str]
 ) -> PartitionCounts:
     async with pool.acquire() as conn, db.transaction(conn):
-        row = await conn.fetchrow(
-            compiled.subset_sql, *compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
+        row = await compiled.run(
+            conn, compiled.subset_sql, compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
         )
-    assert row is not None
     return counts_of(row)
 
 
@@ -339,9 +385,19 @@ async def _record_failure(
     account_id: str,
     error: BaseException,
 ) -> AccountCleanupFailed | None:
-    target = _target_from_error(error, compiled) or await _probe_target(pool, compiled, account_id)
+    target = (
+        _follow_up_target(error)
+        or _target_from_error(error, compiled)
+        or await _probe_target(pool, compiled, account_id)
+    )
     failed = await _record_failures(pool, cleanup_id, partition_no, [account_id], error, target)
     return failed[0] if failed else None
+
+
+def _follow_up_target(error: BaseException) -> str | None:
+    """How a failure record names the follow-up statement an error came from (`follow_up <name>`)."""
+    name = failed_follow_up(error)
+    return f"follow_up {name}" if name else None
 
 
 async def _record_failures(

@@ -195,7 +195,22 @@ def _history_text(d: dict[str, Any]) -> str:
         lines.append(
             f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
         )
+        lines += _receipt_extras(c)
     return "\n".join(lines)
+
+
+def _receipt_extras(c: dict[str, Any]) -> list[str]:
+    """A cleaned version's target set (and those it replaced) and its batch's follow-up counts."""
+    lines = []
+    if c.get("target_set"):
+        replaced = c.get("replaced_target_sets") or []
+        instead = f" (replacing {', '.join(replaced)}: retry-failed --with-current-targets)" if replaced else ""
+        lines.append(f"    target set {c['target_set']}{instead}")
+    for f in c.get("follow_ups") or []:
+        lines.append(
+            f"    follow-up {f['name']} ({f['phase']}): {f['rows']} row(s) for its batch of {f['batch_accounts']}"
+        )
+    return lines
 
 
 async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> None:
@@ -337,7 +352,19 @@ def _dry_run_text(d: dict[str, Any]) -> str:
         f"reminders to write: {d['reminders']}",
         table(d["targets"], ["table", "match_column", "action", "archive_table", "rows"]),
     ]
+    lines += _follow_ups_text(d["follow_ups"], "planned, not run by a dry run; rows counted in each receipt")
     return "\n".join(lines)
+
+
+def _follow_ups_text(follow_ups: list[dict[str, Any]], note: str) -> list[str]:
+    """The declared follow-up statements, each with its phase and the tables it touches."""
+    if not follow_ups:
+        return []
+    lines = [f"follow-up statements, in each batch's transaction ({note}):"]
+    for f in follow_ups:
+        lines.append(f"  {f['name']} ({f['phase']} the targets; tables {', '.join(f['tables']) or '-'})")
+        lines.append(f"    {' '.join(f['statement'].split())}")
+    return lines
 
 
 async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> None:
@@ -383,6 +410,7 @@ def _targets_text(d: dict[str, Any]) -> str:
             changed = ", ".join(f"{c} {what}" for c, what in r["changed_columns"].items())
             lines.append(f"{r['table']} (by {r['match_column']}): changes {changed}")
             lines.append(f"  leaves unchanged: {', '.join(r['unchanged_columns']) or '(none)'}")
+    lines += _follow_ups_text(d.get("follow_ups", []), "$1: the batch's account keys")
     for m in d["missing_indexes"]:
         lines.append(
             f"WARNING: target {m['target']}: no index on {m['table']}.{m['match_column']} "

@@ -765,17 +765,20 @@ async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> TargetsC
     from pathlib import Path  # lazy: the targets' modules load only for this command
 
     from cleanup.batches import CompiledCleanup
-    from cleanup.target_check import read_catalog
-    from cleanup.target_report import describe_targets
+    from cleanup.target_check import check_follow_ups, read_catalog
+    from cleanup.target_report import describe_follow_ups, describe_targets
     from cleanup.targets import load_targets, targets_path
 
     file = targets_path(Path(path) if path else None)
     targets = load_targets(file)
     compiled = await CompiledCleanup.compile(pool, targets)
     catalog = await read_catalog(pool, targets)
+    async with pool.acquire() as conn:
+        follow_ups = await check_follow_ups(conn, targets)
     return TargetsCheck(
         file=str(file),
         fingerprint=targets.fingerprint,
         targets=describe_targets(targets, catalog),
         missing_indexes=list(compiled.missing_indexes),
+        follow_ups=describe_follow_ups(follow_ups),
     )

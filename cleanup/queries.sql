@@ -71,6 +71,7 @@ verdicts AS (
         LIMIT 1
     ) done ON true
 ),
+/*judged*/ -- (cleanup.targets.judge_statement: the verdicts, before anything is written)
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
     SELECT account_id, claimed_version, $1, $2 FROM verdicts WHERE verdict = 'apply'
@@ -429,3 +430,23 @@ INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_
 ON CONFLICT (task_queue) DO UPDATE
 SET behind_seconds = EXCLUDED.behind_seconds, instant = EXCLUDED.instant, cleanup_id = EXCLUDED.cleanup_id,
     observed_at = now();
+
+-- name: insert_deferred_receipts
+-- The receipts of a batch with follow-up statements, written after its "after" follow-ups in the
+-- batch's transaction: $1 the receipts the batch statement returned (account, version, rows per
+-- target), $2 the cleanup, $3 its target set's fingerprint, $4 the follow-ups' counts.
+INSERT INTO erasure_receipts
+    (account_id, cleanup_version, cleanup_id, targets, target_set, replaced_target_sets, follow_ups)
+SELECT r.account_id, r.cleanup_version, $2, r.targets, $3,
+       (SELECT nullif(t.replaced_fingerprints, '{}') FROM cleanup_target_runs t WHERE t.cleanup_id = $2),
+       $4::jsonb
+FROM jsonb_to_recordset($1::jsonb) AS r (account_id text, cleanup_version integer, targets jsonb)
+ON CONFLICT DO NOTHING;
+
+-- name: follow_up_batches_one_at_a_time
+-- Batches with follow-up statements run one at a time, the lock held to their COMMIT: a follow-up
+-- reads the game's rows in its own snapshot and writes rows that another batch's follow-ups write
+-- (a friend of players of two batches), so two at once could act on what the other is changing
+-- (a decrement re-applied to a counter the other batch just recounted). Taken first in the batch's
+-- transaction, every statement after it sees every batch committed before.
+SELECT pg_advisory_xact_lock(hashtext('deadline_cleanup.follow_ups'));

@@ -22,7 +22,8 @@ import asyncpg
 from cleanup.batches import CompiledCleanup, run_subset, with_reminders
 from cleanup.models import PartitionCounts, cohort_cleanup_id
 from cleanup.operations import check_account_id
-from cleanup.target_check import plan_targets, read_catalog
+from cleanup.target_check import check_follow_ups, plan_targets, read_catalog
+from cleanup.target_report import FollowUpReport, describe_follow_ups
 from cleanup.targets import CleanupTargets, compile_preview
 from core import metrics
 from core.errors import InputError
@@ -96,6 +97,8 @@ class CleanupPreview(Model):
     already_renewed: int
     reminders: int
     targets: list[TargetPreview]
+    # Declared follow-up statements, planned, not run (they write): their row counts are in the receipts.
+    follow_ups: list[FollowUpReport] = []
 
 
 async def list_failed(
@@ -199,6 +202,7 @@ async def preview_cleanup(
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
         await same_target_set(conn, targets, cohort_cleanup_id(deadline) if deadline else None)
         plans = plan_targets(targets, await read_catalog(conn, targets))
+        follow_ups = describe_follow_ups(await check_follow_ups(conn, targets))
         if account_id is not None:
             state = await conn.fetchrow(SQL.account_state, account_id)
             if state is None:
@@ -230,4 +234,5 @@ async def preview_cleanup(
             )
             for i, t in enumerate(targets.target)
         ],
+        follow_ups=follow_ups,
     )
