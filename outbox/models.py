@@ -18,6 +18,8 @@ from core.model import Model, Report
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
 FAILURE_TIMEOUT = "timeout"
 FAILURE_CONNECTION = "connection error"
+# A batch answer the relay cannot read per event (not JSON, or no result for an event it carried).
+FAILURE_BATCH_ANSWER = "bad batch answer"
 # Outcomes that never count as failures: the provider's rate limit, and rows released unsent.
 NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
 NOT_SENT_SHUTDOWN = "not sent: worker shutting down"
