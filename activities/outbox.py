@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps of one str, in C
 from typing import Literal, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
@@ -205,19 +206,16 @@ def failure_summary(counts: Mapping[str, int]) -> str:
 
 
 def message_json(row: Mapping[str, object]) -> str:
-    """One event as a message of a batch request. The payload is the database's own JSON text (jsonb
-    output), put in as it is rather than parsed and encoded again."""
+    """One event as a message of a batch request (what json.dumps would write, field by field). The
+    payload is the database's own JSON text (jsonb output), put in as it is rather than parsed and
+    encoded again."""
+    key = json_string(str(row["event_key"]))
     payload = row["payload"]
-    head = json.dumps(
-        {
-            "idempotency_key": row["event_key"],
-            "event_key": row["event_key"],
-            "kind": row["kind"],
-            "account_id": row["account_id"],
-            "source_id": row["source_id"],
-        }
+    return (
+        f'{{"idempotency_key": {key}, "event_key": {key}, "kind": {json_string(str(row["kind"]))}, '
+        f'"account_id": {json_string(str(row["account_id"]))}, "source_id": {json_string(str(row["source_id"]))}, '
+        f'"payload": {payload if isinstance(payload, str) else json.dumps(payload)}}}'
     )
-    return f'{head[:-1]}, "payload": {payload if isinstance(payload, str) else json.dumps(payload)}}}'
 
 
 def batch_event_answers(
@@ -250,11 +248,14 @@ def batch_event_answers(
 
 def _result_answer(result: Mapping[str, object]) -> ProviderAnswer:
     """One result of a batch answer as the answer to a single send: its status, its own Retry-After,
-    and its error text (what a dead letter's reason shows)."""
+    and (unless accepted) its error text, which a retry or a dead letter records."""
+    status = int(str(result["status"]))
+    if 200 <= status < 300:
+        return ProviderAnswer(status, {})
     retry_after = result.get("retry_after")
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
     text = result.get("error") or json.dumps(result)
-    return ProviderAnswer(int(str(result["status"])), headers, str(text).encode())
+    return ProviderAnswer(status, headers, str(text).encode())
 
 
 def classify(
@@ -594,6 +595,8 @@ class OutboxRelayActivities:
     def _outcome(self, row: asyncpg.Record, answered: EventAnswer, s: RelayBatchSettings) -> Outcome:
         """The retry policy applied to one event's answer, with the token redacted from its error."""
         answer, failure, failure_kind = answered
+        if answer is not None and 200 <= answer.status < 300:
+            return Outcome("delivered", answer.status)  # what classify says, without reading past failures
         counted = row["failure_counts"]
         failures = json.loads(counted) if isinstance(counted, str) else dict(counted or {})
         outcome = classify(answer, failure, row["attempts"], s, failures=failures, failure_kind=failure_kind)
