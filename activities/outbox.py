@@ -246,12 +246,18 @@ def batch_event_answers(
     return {k: (_result_answer(found[k]), None, None) if k in found else missing for k in keys}
 
 
+@functools.cache
+def _accepted(status: int) -> ProviderAnswer:
+    """The answer of every accepted event of a batch with this status: one object, not one per event."""
+    return ProviderAnswer(status, {})
+
+
 def _result_answer(result: Mapping[str, object]) -> ProviderAnswer:
     """One result of a batch answer as the answer to a single send: its status, its own Retry-After,
     and (unless accepted) its error text, which a retry or a dead letter records."""
     status = int(str(result["status"]))
     if 200 <= status < 300:
-        return ProviderAnswer(status, {})
+        return _accepted(status)
     retry_after = result.get("retry_after")
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
     text = result.get("error") or json.dumps(result)
