@@ -378,6 +378,14 @@ class OutboxSettings(Section):
     provider_allow_http: Switch = setting(
         False, "allow an http:// provider beyond loopback", env="MAIL_PROVIDER_ALLOW_HTTP"
     )
+    provider_batch_max: int = setting(
+        0,
+        "events per request to the provider's batch endpoint (POST /v1/messages/batch); "
+        "0 or 1: one request per event to /v1/messages, for a provider without a batch endpoint",
+        env="MAIL_PROVIDER_BATCH_MAX",
+        ge=0,
+        le=1000,
+    )
 
 
 class Settings(BaseModel):
