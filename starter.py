@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import os
 import sys
 import traceback
 from typing import Any
@@ -39,7 +38,7 @@ from core.cli import (
     report_error,
     table,
 )
-from core.config import Settings, dev_env_file, mask_url
+from core.config import Settings, dev_env_file, mask_url, process_switch
 from core.errors import InputError, Unavailable
 from core.process import exit_now
 from demo import cli as demo_cli
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if db.is_database_error(err):  # a command that opened the database without CliContext
             message = str(db.unavailable(settings.database_url, err))
             return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
-        if os.environ.get("CLEANUP_DEBUG"):
+        if process_switch("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         return report_error(EXIT_ERROR, redact(f"{type(err).__name__}: {err}", settings), as_json=as_json)
     return 0

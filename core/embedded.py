@@ -27,7 +27,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from core import search_attributes
-from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings, dev_env_file
+from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings, dev_env_file, switched_on
 from core.errors import InputError
 
 EMBEDDED_DATABASE = "deadline_cleanup"
@@ -360,7 +360,7 @@ class AddressMissing(InputError):
 
 def embedded_allowed() -> bool:
     """CLEANUP_EMBEDDED=1: this process may start the embedded stack (`./dev`, the tests)."""
-    return os.environ.get("CLEANUP_EMBEDDED", "").strip().lower() in ("1", "true", "yes", "on")
+    return switched_on("CLEANUP_EMBEDDED")
 
 
 def missing_addresses(settings: Settings) -> list[str]:

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities, cleanup_target_set
 from cleanup.batches import CompiledCleanup
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
@@ -86,7 +87,7 @@ async def register(pool: asyncpg.Pool, users: list[str], deadline: datetime) -> 
 
 
 async def run_cohort(client: Client, pool: asyncpg.Pool, task_queue: str, deadline: datetime, **options: object):
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, **options)  # type: ignore[arg-type]
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, **options))  # type: ignore[arg-type]
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     return started.workflow_id, await handle.result()
 
@@ -313,11 +314,9 @@ async def test_a_worker_killed_after_its_commit_while_players_renew_cleans_each_
         client,
         game_pool,
         task_queue,
-        deadline=deadline,
-        partitions=2,
-        batch_size=50,
-        heartbeat_timeout_seconds=2,
-        step_timeout_seconds=5,
+        StartCleanup(
+            deadline=deadline, partitions=2, batch_size=50, heartbeat_timeout_seconds=2, step_timeout_seconds=5
+        ),
     )
     renewed = await game_pool.fetch(  # the game's renewals, in its own transactions, before the deadline
         "SELECT deadline_cleanup.renew(u) AS outcome FROM unnest($1::text[]) u", renewing
@@ -373,7 +372,10 @@ async def test_a_zombie_attempt_frozen_in_its_batch_changes_nothing_when_it_wake
     }
     zombie = worker_processes.start(**game_env)
     started = await start_cleanup(
-        client, game_pool, task_queue, deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2
+        client,
+        game_pool,
+        task_queue,
+        StartCleanup(deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2),
     )
 
     async def frozen() -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cleanup.batches import REMINDERS_ON, with_reminders
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.review import preview_cleanup
@@ -33,7 +34,7 @@ async def test_reminders_off_cleans_a_cohort_with_no_outbox_rows(client, pool, t
     preview = await preview_cleanup(pool, load_targets(), deadline=deadline)
     assert (preview.accounts_in_scope, preview.reminders) == (60, 0)
     async with build_worker(client, task_queue, await build_activities(pool)):
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+        started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         result: CleanupResult = await handle.result()
     assert result.settlement is not None
