@@ -214,7 +214,10 @@ async def test_heartbeat_timeout_and_interval_come_from_the_cli_or_the_environme
 
     monkeypatch.setenv("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "6")
     monkeypatch.setenv("CLEANUP_HEARTBEAT_INTERVAL_SECONDS", "1.5")
-    from_env = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True))
+    read_once = Settings.from_env().cleanup.defaults  # the environment is read into the settings, once
+    from_env = await start_cleanup(
+        client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True), read_once
+    )
     assert (await input_of(from_env.workflow_id))["heartbeat_timeout_seconds"] == 6.0
     assert (await input_of(from_env.workflow_id))["heartbeat_interval_seconds"] == 1.5
 

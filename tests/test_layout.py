@@ -11,7 +11,18 @@ import grimp
 from core.config import PROJECT_ROOT
 from core.queries import load
 
-PACKAGES = ["core", "cleanup", "ledger", "outbox", "deadline_cleanup", "demo", "workflows", "activities", "harness", "bench"]
+PACKAGES = [
+    "core",
+    "cleanup",
+    "ledger",
+    "outbox",
+    "deadline_cleanup",
+    "demo",
+    "workflows",
+    "activities",
+    "harness",
+    "bench",
+]
 SOURCES = [p for pkg in PACKAGES for p in (PROJECT_ROOT / pkg).rglob("*.py")] + [
     PROJECT_ROOT / "worker.py",
     PROJECT_ROOT / "starter.py",

@@ -9,6 +9,7 @@ import json
 from datetime import date
 from typing import Any
 
+from core.config import Settings
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from ledger.operations import ReconcileRequest, start_reconciliation
 from outbox.models import RelayBatchSettings
@@ -47,12 +48,18 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
 
     monkeypatch.setenv("LEDGER_HEARTBEAT_TIMEOUT_SECONDS", "5")
     monkeypatch.setenv("OUTBOX_HEARTBEAT_TIMEOUT_SECONDS", "6")
+    read_once = Settings.from_env()  # the environment is read into the settings, once, and passed down
     from_env = await start_reconciliation(
-        client, pool, task_queue, ReconcileRequest(business_date=DAY, id_prefix=f"{id_prefix(task_queue)}-env")
+        client,
+        pool,
+        task_queue,
+        ReconcileRequest(business_date=DAY, id_prefix=f"{id_prefix(task_queue)}-env"),
+        read_once.ledger,
     )
     started.append(from_env.workflow_id)
     assert (await input_of(from_env.workflow_id))["heartbeat_timeout_seconds"] == 5.0
-    [env_relay] = await start_relays(client, task_queue, settings=relay, id_prefix=f"{task_queue}-b-")
+    with_env = relay.model_copy(update={"heartbeat_timeout_seconds": read_once.outbox.heartbeat_timeout_seconds})
+    [env_relay] = await start_relays(client, task_queue, settings=with_env, id_prefix=f"{task_queue}-b-")
     started.append(env_relay.workflow_id)
     assert (await input_of(env_relay.workflow_id))["settings"]["heartbeat_timeout_seconds"] == 6.0
 
