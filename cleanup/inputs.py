@@ -94,7 +94,7 @@ def cleanup_input(scope: CleanupScope, request: StartCleanup, defaults: CleanupD
     try:
         return RenewalCleanupInput(
             cleanup_id=scope.workflow_id,
-            deadline=scope.deadline_from,
+            deadline_from=scope.deadline_from,
             deadline_until=scope.deadline_until,
             account_id=scope.account_id,
             expected_version=scope.expected_version,

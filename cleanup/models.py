@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, AliasChoices, AwareDatetime, Field, model_validator
 
 from core.config import MAX_PARTITIONS, CleanupDefaults
 from core.model import Model
@@ -108,7 +108,10 @@ def _queue_suffix(task_queue: str) -> str:
 
 class RenewalCleanupInput(Model):
     cleanup_id: str = Field(min_length=1, max_length=200)
-    deadline: UtcDatetime
+    # The first deadline the cleanup covers: with `deadline_until` None the one instant of all its
+    # accounts (one account's deadline, or a cohort's), else the start of the range
+    # [deadline_from, deadline_until). Recorded histories of 1.0 name it `deadline`.
+    deadline_from: UtcDatetime = Field(validation_alias=AliasChoices("deadline_from", "deadline"))
     account_id: AccountId | None = None
     expected_version: int | None = Field(default=None, ge=1)
     # Set by the one builder, cleanup.inputs.cleanup_input, from the caller's request and the
@@ -137,8 +140,8 @@ class RenewalCleanupInput(Model):
             return True
         return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
-    # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
-    # sweeps); the run sleeps until deadline_until. None: one instant.
+    # A deadline range [deadline_from, deadline_until) instead of one instant (the planner's buckets
+    # and sweeps); the run sleeps until deadline_until. None: one instant.
     deadline_until: UtcDatetime | None = None
     # Accounts per claim statement of a cohort's chunked claim.
     claim_chunk_size: int = Field(ge=1, le=100_000)
@@ -172,7 +175,7 @@ class RenewalCleanupInput(Model):
     @property
     def wake_at(self) -> datetime:
         if self.deadline_until is None:
-            return self.deadline
+            return self.deadline_from
         return self.deadline_until - timedelta(seconds=self.wake_early_seconds)
 
 

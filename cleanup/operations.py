@@ -193,7 +193,7 @@ async def start_or_find(
     if existing is not None:
         return started_cleanup(scope, existing[0], False, existing[1], existing[2])
     attrs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
+        SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline_from),
         SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
     ]
     public_account = public_account_id(client, scope.account_id) if scope.account_id is not None else None
@@ -211,7 +211,7 @@ async def start_or_find(
             memo={"partitions_done": 0, "note": input.note},
             summary=f"cleanup of {public_account}"
             if public_account
-            else f"cleanup of cohort {input.deadline.isoformat()}",
+            else f"cleanup of cohort {input.deadline_from.isoformat()}",
         ),
     )
     if started:

@@ -133,7 +133,9 @@ def _run_options(
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=args.heartbeat_timeout or settings.ledger.heartbeat_timeout_seconds,
+            heartbeat_timeout_seconds=(
+                settings.ledger.heartbeat_timeout_seconds if args.heartbeat_timeout is None else args.heartbeat_timeout
+            ),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None

@@ -97,7 +97,9 @@ def _batch_settings(args: argparse.Namespace, settings: Settings) -> RelayBatchS
             concurrency=args.concurrency,
             request_timeout_seconds=args.request_timeout,
             lease_seconds=args.lease,
-            heartbeat_timeout_seconds=args.heartbeat_timeout or settings.outbox.heartbeat_timeout_seconds,
+            heartbeat_timeout_seconds=(
+                settings.outbox.heartbeat_timeout_seconds if args.heartbeat_timeout is None else args.heartbeat_timeout
+            ),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None

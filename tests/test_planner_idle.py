@@ -51,7 +51,7 @@ class RecordingClient:
         self.one_activity: dict[str, bool] = {}
 
     async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
-        self.starts.append((id, input.partitions, input.deadline, input.deadline_until))
+        self.starts.append((id, input.partitions, input.deadline_from, input.deadline_until))
         self.one_activity[id] = input.one_activity
         return SimpleNamespace(result_run_id=f"run-{len(self.starts)}")
 

@@ -108,7 +108,7 @@ async def test_history_is_encrypted_and_readable_with_the_codec(
             RenewalCleanupWorkflow.run,
             RenewalCleanupInput(
                 cleanup_id=f"enc-fail-{uuid.uuid4().hex[:8]}",
-                deadline=datetime.now(UTC) - timedelta(minutes=1),
+                deadline_from=datetime.now(UTC) - timedelta(minutes=1),
                 account_id=ghost,
                 expected_version=1,
                 partitions=1,
