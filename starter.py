@@ -56,7 +56,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
         from demo.fixture import create_game_schema
 
         await create_game_schema(url)
-    data |= await cleanup_grants.grant_targets_url(url, load_targets())
+    data |= await cleanup_grants.grant_targets_url(url, load_targets(settings.cleanup.targets_file))
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
     emit(args, data, _migrated_text)

@@ -48,14 +48,15 @@ async def build_activities(
     settings: Settings | None = None,
     budget: LoadBudget | None = None,
 ) -> list[object]:
-    """The activities of every job. `settings`: the worker's (None: the sections are read from the
-    environment, as a test's worker does); `budget`: the process's load budget (None: one of their
-    own for the cleanup and for the ledger)."""
-    targets_file = settings.cleanup.targets_file if settings else None  # None: load_targets reads it
-    cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool, budget=budget)
+    """The activities of every job. `settings`: the worker's (None: the defaults, as a test's worker
+    takes); `budget`: the process's load budget (None: one of their own for the cleanup and for the
+    ledger)."""
+    settings = settings or Settings()
+    targets = load_targets(settings.cleanup.targets_file)
+    cleanup = await CleanupActivities.create(pool, targets, claim_pool, budget, settings.cleanup)
     # The relay's short statements use the connections kept apart: reminders must not queue behind
     # batches that wait on players' row locks and hold every connection of the main pool.
-    relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox if settings else None)
+    relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox)
     return [
         cleanup.claim_cleanup,
         cleanup.check_account_renewed,

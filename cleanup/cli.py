@@ -276,9 +276,12 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
     from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
     from cleanup.targets import load_targets
 
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=True) as pool:
-        data = (await retry_failed(pool, targets, args.cleanup, adopt_targets=args.with_current_targets)).model_dump()
+        retried = await retry_failed(
+            pool, targets, args.cleanup, adopt_targets=args.with_current_targets, settings=settings.cleanup
+        )
+        data = retried.model_dump()
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -301,9 +304,12 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     window = None
     if args.window_from:
         window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=False) as pool:
-        preview = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account, window=window)
+        reminders = settings.cleanup.reminders
+        preview = await preview_cleanup(
+            pool, targets, deadline=deadline, account_id=args.account, window=window, reminders=reminders
+        )
     emit(args, preview.model_dump(), _dry_run_text)
 
 
@@ -328,18 +334,20 @@ async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> Non
     from cleanup.operations import check_targets
     from cleanup.targets import load_targets, targets_path
 
-    load_targets(targets_path(args.file))  # a TOML or schema mistake: exit 2 at once, naming file and line
+    file = targets_path(args.file or settings.cleanup.targets_file)
+    load_targets(file)  # a TOML or schema mistake: exit 2 at once, naming file and line
     async with database_pool(settings, migrate=True) as pool:
-        report = await check_targets(pool, str(args.file) if args.file else None)
+        report = await check_targets(pool, file, settings.cleanup)
     emit(args, report, _targets_text)
 
 
 async def cmd_targets_rotate_key(args: argparse.Namespace, settings: Settings) -> None:
     """The key goes to the database over COPY, never as a statement parameter (docs/targets.md)."""
     from cleanup.anonymize_key import fingerprint, store_key
-    from cleanup.targets import anonymize_key_pads, configured_anonymize_key
+    from cleanup.targets import anonymize_key_pads
 
-    key = configured_anonymize_key()
+    secret = settings.cleanup.anonymize_key
+    key = secret.get_secret_value() if secret else ""
     try:
         anonymize_key_pads(key)
     except ValueError as err:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import asyncpg
@@ -34,7 +35,7 @@ from cleanup.models import (
 from cleanup.target_report import TargetsCheck
 from core import db
 from core import search_attributes as sa
-from core.config import MAX_PARTITIONS, CleanupDefaults
+from core.config import MAX_PARTITIONS, CleanupDefaults, CleanupSettings
 from core.envelope import ensure_within_envelope
 from core.errors import InputError
 from core.model import Model, Report
@@ -42,6 +43,7 @@ from core.queries import load
 from core.temporal import WorkflowStart, describe_or_none, query_or_note, start_idempotently
 
 SQL = load(__file__)
+DEFAULT_CLEANUP_SETTINGS = CleanupSettings()
 log = logging.getLogger("cleanup")
 
 
@@ -545,21 +547,21 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[CleanupListing]
     return rows
 
 
-async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> TargetsCheck:
-    """`targets check`: the worker's start-up check of the targets file (`path`, else
-    CLEANUP_TARGETS_FILE, else the built-in one) on this database, then what a cleanup does per
-    account (cleanup.target_report.TargetsCheck). A mistake in the file raises TargetsFileError, the
-    schema's TargetsRefused: both InputError (exit 2), with the fix."""
-    from pathlib import Path  # lazy: the targets' modules load only for this command
-
-    from cleanup.batches import CompiledCleanup
+async def check_targets(
+    pool: asyncpg.Pool, path: str | Path | None = None, settings: CleanupSettings = DEFAULT_CLEANUP_SETTINGS
+) -> TargetsCheck:
+    """`targets check`: the worker's start-up check of the targets file (`path`, else the built-in
+    one) on this database, with `settings` (the anonymize key, the reminders), then what a cleanup
+    does per account (cleanup.target_report.TargetsCheck). A mistake in the file raises
+    TargetsFileError, the schema's TargetsRefused: both InputError (exit 2), with the fix."""
+    from cleanup.batches import CompiledCleanup  # lazy: the targets' modules load only for this command
     from cleanup.target_check import read_catalog
     from cleanup.target_report import describe_targets
     from cleanup.targets import load_targets, targets_path
 
     file = targets_path(Path(path) if path else None)
     targets = load_targets(file)
-    compiled = await CompiledCleanup.compile(pool, targets)
+    compiled = await CompiledCleanup.compile(pool, targets, settings)
     catalog = await read_catalog(pool, targets)
     return TargetsCheck(
         file=str(file),
