@@ -90,7 +90,7 @@ class CompiledCleanup:
     missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
     # What it was compiled with (the anonymize key, the reminders): another target set a cleanup
     # recorded is compiled with the same.
-    settings: CleanupSettings = DEFAULT_SETTINGS
+    settings: CleanupSettings = field(default_factory=CleanupSettings)
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
