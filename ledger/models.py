@@ -53,6 +53,14 @@ class LedgerReconciliationInput(RunOptions):
     # records a new settlement revision if anything did.
     recheck: bool = False
 
+    @classmethod
+    def of(cls, options: RunOptions, business_date: date, recheck: bool = False) -> LedgerReconciliationInput:
+        """The one builder of a date's input, for a manual run and the scheduled one alike: the
+        options as given, at most `shards` shards at once."""
+        run = options.model_dump(include=set(RunOptions.model_fields))
+        run["max_parallel"] = min(options.max_parallel, options.shards)
+        return cls(business_date=business_date, recheck=recheck, **run)
+
 
 class ScheduledLedgerInput(RunOptions):
     """The schedule's fixed arguments: the business date is derived from the scheduled time."""

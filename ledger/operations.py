@@ -31,6 +31,7 @@ from ledger.models import (
     LedgerSettlement,
     LedgerStatus,
     ReviewRow,
+    RunOptions,
     SettlementRevision,
     StartedReconciliation,
     ledger_workflow_id,
@@ -96,15 +97,7 @@ async def start_reconciliation(
     heartbeat = r.heartbeat_timeout_seconds
     heartbeat = settings.heartbeat_timeout_seconds if heartbeat is None else heartbeat
     day = await loaded_day(pool, r.business_date, r.shards)
-    input = reconciliation_input(
-        r.business_date,
-        day["shards"],
-        max_parallel=r.max_parallel,
-        batch_size=r.batch_size,
-        tolerance_cents=r.tolerance_cents,
-        heartbeat_timeout_seconds=heartbeat,
-        recheck=r.recheck,
-    )
+    input = reconciliation_input(r, day["shards"], heartbeat)
     workflow_id = (
         recheck_workflow_id(r.business_date, r.id_prefix, r.now)
         if r.recheck
@@ -136,26 +129,19 @@ async def loaded_day(pool: asyncpg.Pool, business_date: date, shards: int | None
 
 
 def reconciliation_input(
-    business_date: date,
-    shards: int,
-    *,
-    max_parallel: int,
-    batch_size: int,
-    tolerance_cents: int,
-    heartbeat_timeout_seconds: float,
-    recheck: bool,
+    request: ReconcileRequest, shards: int, heartbeat_timeout_seconds: float
 ) -> LedgerReconciliationInput:
-    """The workflow's input for the date's `shards`; bad values refused (exit 2)."""
+    """The workflow's input for the date's `shards` (ledger.models.LedgerReconciliationInput.of);
+    bad values refused (exit 2)."""
     try:
-        return LedgerReconciliationInput(
-            business_date=business_date,
+        options = RunOptions(
             shards=shards,
-            max_parallel=min(max_parallel, shards),
-            batch_size=batch_size,
-            tolerance_cents=tolerance_cents,
+            max_parallel=request.max_parallel,
+            batch_size=request.batch_size,
+            tolerance_cents=request.tolerance_cents,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            recheck=recheck,
         )
+        return LedgerReconciliationInput.of(options, request.business_date, request.recheck)
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
 
