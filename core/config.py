@@ -1,10 +1,11 @@
 """Configuration: one tree of settings, declared here and read from the environment in one place.
 
-`Settings.from_env()` reads every variable of every section once (a worker or a command does it at
-start-up and passes the settings down); `read(Section)` and `read_value(NAME)` read one section or
-one variable through the same declarations, for the library calls that take no settings (a cleanup
-started from Python reads its heartbeat defaults when it starts). `Settings(...)` itself reads
-nothing: it is a value, built from its arguments.
+`Settings.from_env()` reads every variable of every section once (a worker, a command or
+`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs take
+them as arguments). `read(Section)` and `read_value(NAME)` read one section or one variable through
+the same declarations; only the modules tests/test_one_home.py lists still call them (the
+database's schema, key type, role prefix and connect timeout where a connection is made, and the
+load budget). `Settings(...)` itself reads nothing: it is a value, built from its arguments.
 
 Every variable's name, section, type, default and meaning is declared on its field; the reference
 docs/configuration.md is generated from them (`python -m tests.test_configuration`). Numbers are finite
