@@ -362,7 +362,7 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
         PLANNER_MAX_IDLE_SECONDS="1",
         PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
-        PLANNER_PARTITIONS="2",
+        CLEANUP_PARTITIONS="2",
     )
     await wait_until(lambda: all_settled(pool, accounts), within=120, interval=0.5)
     assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == 30
@@ -613,7 +613,7 @@ async def test_a_workers_watchdog_starts_a_closed_planner_again(client, pool, ta
         PLANNER_MAX_IDLE_SECONDS="1",
         PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
-        PLANNER_PARTITIONS="2",
+        CLEANUP_PARTITIONS="2",
     )
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
 
