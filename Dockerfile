@@ -31,6 +31,7 @@ COPY outbox ./outbox
 COPY demo ./demo
 COPY workflows ./workflows
 COPY activities ./activities
+COPY deadline_cleanup ./deadline_cleanup
 RUN pip install --no-deps . \
     && rm -rf build ./*.egg-info
 
