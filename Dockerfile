@@ -30,6 +30,7 @@ COPY ledger ./ledger
 COPY outbox ./outbox
 COPY workflows ./workflows
 COPY activities ./activities
+COPY deadline_cleanup ./deadline_cleanup
 RUN pip install --no-deps . \
     && rm -rf build ./*.egg-info
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import os
 import sys
 import traceback
 from typing import Any
@@ -39,7 +38,7 @@ from core.cli import (
     report_error,
     table,
 )
-from core.config import Settings, mask_url
+from core.config import Settings, mask_url, process_switch
 from core.errors import InputError, Unavailable
 from core.process import exit_now
 from ledger import cli as ledger_cli
@@ -54,7 +53,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     data: dict[str, Any] = {"applied": applied}
     if args.demo_game:
         await cleanup_grants.create_demo_game(url)
-    data |= await cleanup_grants.grant_targets_url(url, load_targets())
+    data |= await cleanup_grants.grant_targets_url(url, load_targets(settings.cleanup.targets_file))
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
     emit(args, data, _migrated_text)
@@ -220,7 +219,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if db.is_database_error(err):  # a command that opened the database without CliContext
             message = str(db.unavailable(settings.database_url, err))
             return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
-        if os.environ.get("CLEANUP_DEBUG"):
+        if process_switch("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         return report_error(EXIT_ERROR, redact(f"{type(err).__name__}: {err}", settings), as_json=as_json)
     return 0

@@ -46,6 +46,7 @@ from cleanup.planner import held_by_pause
 from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
 from core.budget import LoadBudget, Waiting, under_budget
+from core.config import CleanupSettings
 from core.errors import ErrorType, failure, handed_back
 from core.outage import resume_details
 from core.queries import load
@@ -234,12 +235,13 @@ async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, clea
             CleanupFailure.TARGETS_MISMATCH,
             f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
         )
-    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
+    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets), compiled.settings)
     return _OTHER_SETS[recorded]
 
 
 # Target sets of cleanups that started before this worker's set was deployed, compiled once.
 _OTHER_SETS: dict[str, CompiledCleanup] = {}
+DEFAULT_CLEANUP_SETTINGS = CleanupSettings()
 
 
 @dataclass(frozen=True)
@@ -423,9 +425,11 @@ class CleanupActivities:
         targets: CleanupTargets,
         claim_pool: asyncpg.Pool | None = None,
         budget: LoadBudget | None = None,
+        settings: CleanupSettings = DEFAULT_CLEANUP_SETTINGS,
     ) -> CleanupActivities:
-        """Check the declared targets against the live schema, then compile them once."""
-        compiled = await CompiledCleanup.compile(pool, targets)
+        """Check the declared targets against the live schema, then compile them once, with the
+        worker's `settings.cleanup` (the anonymize key, the reminders)."""
+        compiled = await CompiledCleanup.compile(pool, targets, settings)
         await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
         # Warned, not refused: without the index every batch reads the table whole (late, not wrong).
         for m in compiled.missing_indexes:

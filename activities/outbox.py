@@ -35,7 +35,7 @@ from temporalio import activity
 
 import outbox
 from core import db, failpoints, metrics
-from core.config import OutboxSettings, read
+from core.config import OutboxSettings
 from core.heartbeat import heartbeating
 from core.outage import OUTAGE
 from core.queries import load
@@ -362,12 +362,12 @@ class OutboxRelayActivities:
         self._http: httpx.AsyncClient | None = None
 
     @classmethod
-    def from_settings(cls, pool: asyncpg.Pool, settings: OutboxSettings | None = None) -> OutboxRelayActivities:
+    def from_settings(cls, pool: asyncpg.Pool, settings: OutboxSettings) -> OutboxRelayActivities:
         """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN (if either is unset the activity fails clearly);
         MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback; MAIL_PROVIDER_BATCH_MAX > 1 sends
-        that many events per request to the batch endpoint. `settings`: the worker's outbox section
-        (None: read from the environment)."""
-        found = settings or read(OutboxSettings)
+        that many events per request to the batch endpoint. `settings`: the worker's outbox
+        section."""
+        found = settings
         token = found.provider_token.get_secret_value() if found.provider_token else None
         return cls(pool, found.provider_url, token, found.provider_allow_http, found.provider_batch_max)
 

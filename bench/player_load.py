@@ -60,6 +60,7 @@ import bench
 from bench import report
 from bench.common import Stack, machine, run_benchmark, stack, trace_budget, wait_for_worker
 from bench.observe import Observer
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core import db
@@ -454,10 +455,7 @@ async def cleanup(s: Stack, seeded: datetime, partitions: int, parallel: int, ba
         s.client,
         s.pool,
         s.settings.task_queue,
-        deadline=deadline,
-        partitions=partitions,
-        max_parallel_partitions=parallel,
-        batch_size=batch_size,
+        StartCleanup(deadline=deadline, partitions=partitions, max_parallel_partitions=parallel, batch_size=batch_size),
     )
     handle = s.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await handle.result()

@@ -40,12 +40,11 @@ from cleanup.targets import (
     compile_partition_batch,
     compile_preview,
     compile_target_probes,
-    configured_anonymize_key,
     judge_statement,
     subset_statement,
 )
 from core import db, failpoints
-from core.config import CleanupSettings, read
+from core.config import CleanupSettings
 from core.errors import is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -63,6 +62,7 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # accounts: a batch larger than this is one transaction of statements of this size, so the batch size
 # changes the number of COMMITs only (docs/decisions/0015-statement-size.md).
 STATEMENT_ACCOUNTS = 1000
+DEFAULT_SETTINGS = CleanupSettings()
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 
 
@@ -70,12 +70,10 @@ _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 REMINDERS_ON = "/*reminders*/true"
 
 
-def with_reminders(sql: str, on: bool | None = None) -> str:
-    """`sql` with the reminders switched as CLEANUP_REMINDERS says (or `on`). Off, the reminders'
-    rows are filtered out by a constant `false`: one statement text for every worker with the same
+def with_reminders(sql: str, on: bool) -> str:
+    """`sql` with the reminders switched `on` or off (CLEANUP_REMINDERS). Off, the reminders' rows
+    are filtered out by a constant `false`: one statement text for every worker with the same
     settings, whose `reminders` count is 0 (the settlement counts the outbox rows: 0 as well)."""
-    if on is None:
-        on = read(CleanupSettings).reminders
     if REMINDERS_ON not in sql:
         raise ValueError("the statement has no reminders switch")
     return sql if on else sql.replace(REMINDERS_ON, "false")
@@ -95,6 +93,9 @@ class CompiledCleanup:
     missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
     follow_ups: tuple[CompiledFollowUp, ...] = ()  # run in each batch's transaction (cleanup.follow_ups)
     follow_up_tables: tuple[tuple[str, ...], ...] = ()  # per follow-up, the tables its plan names
+    # What it was compiled with (the anonymize key, the reminders): another target set a cleanup
+    # recorded is compiled with the same.
+    settings: CleanupSettings = field(default_factory=CleanupSettings)
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -102,13 +103,17 @@ class CompiledCleanup:
         return cls(batch_sql=batch_sql, subset_sql=subset_statement(batch_sql))
 
     @classmethod
-    async def compile(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CompiledCleanup:
+    async def compile(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, settings: CleanupSettings = DEFAULT_SETTINGS
+    ) -> CompiledCleanup:
         """Check the declared targets against the live schema, compile them, and run every compiled
         statement once in a rolled-back transaction under this pool's role: what passes here cannot
         fail alike for every account at the deadline. Raises TargetsRefused naming target and fix.
         A lost connection refuses nothing: the check runs again on a new one (a few times, then the
-        loss is raised as it is)."""
-        key = configured_anonymize_key() if targets.hashes else None
+        loss is raised as it is). `settings`: the anonymize key (for targets that hash) and the
+        reminders' switch (the worker's `settings.cleanup`)."""
+        secret = settings.anonymize_key
+        key = (secret.get_secret_value() if secret else "") if targets.hashes else None
         try:
             if key is not None:
                 anonymize_key_pads(key)
@@ -116,7 +121,7 @@ class CompiledCleanup:
             raise TargetsRefused([str(err)]) from None
         for attempt in range(1, COMPILE_ATTEMPTS + 1):
             try:
-                return await cls._compile_on(pool, targets, key)
+                return await cls._compile_on(pool, targets, key, settings)
             except Exception as err:
                 if attempt == COMPILE_ATTEMPTS or not db.connection_lost(err):
                     raise
@@ -125,14 +130,17 @@ class CompiledCleanup:
         raise AssertionError("unreachable")
 
     @classmethod
-    async def _compile_on(cls, pool: asyncpg.Pool, targets: CleanupTargets, key: str | None) -> CompiledCleanup:
+    async def _compile_on(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, key: str | None, settings: CleanupSettings
+    ) -> CompiledCleanup:
+        reminders = settings.reminders
         async with pool.acquire() as conn:
             if key is not None:
                 await store_key(conn, key)  # before the trial: the statements read it from the table
             catalog = await read_catalog(conn, targets)
             plans = plan_targets(targets, catalog)
             follow_ups = await check_follow_ups(conn, targets)
-            batch_sql = with_reminders(compile_partition_batch(targets, plans))
+            batch_sql = with_reminders(compile_partition_batch(targets, plans), reminders)
             compiled = cls(
                 batch_sql=batch_sql,
                 subset_sql=subset_statement(batch_sql),
@@ -143,8 +151,10 @@ class CompiledCleanup:
                 missing_indexes=tuple(missing_indexes(targets, catalog)),
                 follow_ups=tuple(f.follow_up for f in follow_ups),
                 follow_up_tables=tuple(f.tables for f in follow_ups),
+                settings=settings,
             )
-            await compiled._trial(conn, targets, with_reminders(compile_preview(targets, plans, "account")))
+            preview = with_reminders(compile_preview(targets, plans, "account"), reminders)
+            await compiled._trial(conn, targets, preview)
         return compiled
 
     async def _trial(self, conn: asyncpg.Connection, targets: CleanupTargets, preview_sql: str) -> None:

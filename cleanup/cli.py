@@ -19,13 +19,13 @@ from typing import Any, Literal
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from cleanup.inputs import StartCleanup, parse_failed_tolerance
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
     dismiss_account,
     hold_account,
     list_cleanups,
-    parse_failed_tolerance,
     release_account,
     renew,
     start_cleanup,
@@ -58,10 +58,7 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
     parse_failed_tolerance(args.max_failed)  # bad input: exit 2 before anything starts
     deadline = parse_instant(args.deadline) if args.deadline else None
     async with CliContext(settings) as ctx:
-        started = await start_cleanup(
-            ctx.client,
-            ctx.pool,
-            ctx.settings.task_queue,
+        request = StartCleanup(
             deadline=deadline,
             account_id=args.account,
             partitions=args.partitions,
@@ -73,6 +70,8 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
             heartbeat_timeout_seconds=args.heartbeat_timeout,
             heartbeat_interval_seconds=args.heartbeat_interval,
         )
+        defaults = ctx.settings.cleanup.defaults
+        started = await start_cleanup(ctx.client, ctx.pool, ctx.settings.task_queue, request, defaults)
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
         if args.wait:
             data["result"] = await wait_for_cleanup(ctx.client, started.workflow_id)
@@ -308,9 +307,12 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
     from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `account renew` fast to start
     from cleanup.targets import load_targets
 
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=True) as pool:
-        data = (await retry_failed(pool, targets, args.cleanup, adopt_targets=args.with_current_targets)).model_dump()
+        retried = await retry_failed(
+            pool, targets, args.cleanup, adopt_targets=args.with_current_targets, settings=settings.cleanup
+        )
+        data = retried.model_dump()
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -333,9 +335,12 @@ async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> N
     window = None
     if args.window_from:
         window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=False) as pool:
-        preview = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account, window=window)
+        reminders = settings.cleanup.reminders
+        preview = await preview_cleanup(
+            pool, targets, deadline=deadline, account_id=args.account, window=window, reminders=reminders
+        )
     emit(args, preview.model_dump(), _dry_run_text)
 
 
@@ -372,18 +377,20 @@ async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> Non
     from cleanup.operations import check_targets
     from cleanup.targets import load_targets, targets_path
 
-    load_targets(targets_path(args.file))  # a TOML or schema mistake: exit 2 at once, naming file and line
+    file = targets_path(args.file or settings.cleanup.targets_file)
+    load_targets(file)  # a TOML or schema mistake: exit 2 at once, naming file and line
     async with database_pool(settings, migrate=True) as pool:
-        report = await check_targets(pool, str(args.file) if args.file else None)
+        report = await check_targets(pool, file, settings.cleanup)
     emit(args, report, _targets_text)
 
 
 async def cmd_targets_rotate_key(args: argparse.Namespace, settings: Settings) -> None:
     """The key goes to the database over COPY, never as a statement parameter (docs/targets.md)."""
     from cleanup.anonymize_key import fingerprint, store_key
-    from cleanup.targets import anonymize_key_pads, configured_anonymize_key
+    from cleanup.targets import anonymize_key_pads
 
-    key = configured_anonymize_key()
+    secret = settings.cleanup.anonymize_key
+    key = secret.get_secret_value() if secret else ""
     try:
         anonymize_key_pads(key)
     except ValueError as err:
@@ -460,7 +467,9 @@ async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> No
     from cleanup.planner import PLANNER_DB_PART, planner_status  # lazy: keeps `starter.py --help` fast
 
     async with CliContext(settings, database="optional") as ctx:
-        data = (await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue)).given()
+        data = (
+            await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue, ctx.settings.planner)
+        ).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
         _add_ui(data, ctx.settings, data["workflow_id"])
@@ -471,7 +480,8 @@ async def cmd_planner_start(args: argparse.Namespace, settings: Settings) -> Non
     from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with CliContext(settings) as ctx:
-        workflow_id, started = await ensure_planner(ctx.client, ctx.settings.task_queue, pool=ctx.pool)
+        s = ctx.settings
+        workflow_id, started = await ensure_planner(ctx.client, s.task_queue, s.planner, ctx.pool, s.cleanup.defaults)
         data = {"workflow_id": workflow_id, "started": started}
         _add_ui(data, ctx.settings, workflow_id)
     emit(args, data)
@@ -562,9 +572,11 @@ def _add_start(cleanup: Commands) -> None:
         metavar="INSTANT",
         help="the end of the --from window: deadlines before this instant (excluded; default: no end)",
     )
-    p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
-    p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
-    p.add_argument("--batch-size", type=int, default=1000, help="accounts per batch transaction (default 1000)")
+    p.add_argument("--partitions", type=int, help="parallel partitions (1-256; default CLEANUP_PARTITIONS, 8)")
+    p.add_argument(
+        "--max-parallel", type=int, help="partitions running at once (default CLEANUP_MAX_PARALLEL_PARTITIONS, 4)"
+    )
+    p.add_argument("--batch-size", type=int, help="accounts per batch transaction (default CLEANUP_BATCH_SIZE, 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")

@@ -42,7 +42,6 @@ from pydantic import (
 
 from cleanup.follow_ups import FollowUp
 from cleanup.targets_file import TargetsFileError, describe_file_error, locate
-from core.config import CleanupSettings, read
 from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
@@ -227,12 +226,13 @@ class CleanupTargets(BaseModel):
 
 
 def targets_path(path: Path | None = None) -> Path:
-    """The targets file in use: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
-    return Path(path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE)
+    """The targets file in use: `path` (the settings' CLEANUP_TARGETS_FILE, or a flag's), else
+    cleanup/targets.toml."""
+    return Path(path or DEFAULT_TARGETS_FILE)
 
 
 def load_targets(path: Path | None = None) -> CleanupTargets:
-    """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml. A file that
+    """The targets file: `path` (`settings.cleanup.targets_file`), else cleanup/targets.toml. A file that
     cannot be read, is not TOML or does not declare valid targets raises TargetsFileError (exit 2)
     naming the file, the line and the key, with the fix."""
     path = targets_path(path)
@@ -262,17 +262,11 @@ def targets_from_json(data: str) -> CleanupTargets:
     return CleanupTargets.model_validate_json(data)
 
 
-def configured_anonymize_key() -> str:
-    """CLEANUP_ANONYMIZE_KEY (or CLEANUP_ANONYMIZE_KEY_FILE); empty when unset."""
-    secret = read(CleanupSettings).anonymize_key
-    return secret.get_secret_value() if secret else ""
-
-
-def anonymize_key_pads(key: str | None = None) -> tuple[bytes, bytes]:
+def anonymize_key_pads(key: str) -> tuple[bytes, bytes]:
     """The HMAC-SHA256 inner and outer padded keys of the anonymize key (CLEANUP_ANONYMIZE_KEY).
 
     Raises ValueError (naming the setting, never the value) when it is unset or too short."""
-    raw = (configured_anonymize_key() if key is None else key).encode()
+    raw = key.encode()
     if len(raw) < MIN_ANONYMIZE_KEY_BYTES:
         raise ValueError(
             f"targets hash columns: set {ANONYMIZE_KEY_ENV} to a secret of at least "

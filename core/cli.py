@@ -9,7 +9,6 @@ import argparse
 import io
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import BaseModel
 
 from core import addresses, db
-from core.config import Settings
+from core.config import Settings, process_switch
 from core.errors import DatabaseUnavailable, InputError
 from core.model import Report
 from core.temporal import connect
@@ -256,7 +255,7 @@ class Progress:
     scripts stay clean) unless forced with PROGRESS=1."""
 
     def __init__(self, label: str, total: int) -> None:
-        self.enabled = sys.stderr.isatty() or os.environ.get("PROGRESS") == "1"
+        self.enabled = sys.stderr.isatty() or process_switch("PROGRESS") == "1"
         self.done = 0
         if not self.enabled:
             return

@@ -25,10 +25,10 @@ from ledger.models import (
     DEFAULT_SHARDS,
     SCHEDULE_ID,
     ScheduledLedgerInput,
-    heartbeat_timeout_from_env,
 )
 from ledger.operations import (
     DB_PART,
+    ReconcileRequest,
     ledger_status,
     ledger_target,
     parse_business_date,
@@ -53,7 +53,7 @@ async def cmd_schedule_create(args: argparse.Namespace, settings: Settings) -> N
 
     at = ls.parse_time_of_day(args.at) if args.at is not None else ls.DEFAULT_AT
     zone = ls.parse_time_zone(args.time_zone) if args.time_zone is not None else ls.DEFAULT_TIME_ZONE
-    options = _run_options(args, ScheduledLedgerInput)  # bad input: exit 2 before connecting
+    options = _run_options(args, ScheduledLedgerInput, settings)  # bad input: exit 2 before connecting
     client, task_queue = await _schedule_client(settings)
     data = await ls.create_schedule(
         client, task_queue, at=at, options=options, paused=args.paused, schedule_id=args.schedule_id, time_zone=zone
@@ -124,14 +124,18 @@ async def cmd_schedule_delete(args: argparse.Namespace, settings: Settings) -> N
     emit(args, await ls.delete_schedule(client, args.schedule_id))
 
 
-def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
+def _run_options(
+    args: argparse.Namespace, model: type[ScheduledLedgerInput], settings: Settings
+) -> ScheduledLedgerInput:
     try:
         return model(
             shards=args.shards,
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=args.heartbeat_timeout or heartbeat_timeout_from_env(),
+            heartbeat_timeout_seconds=(
+                settings.ledger.heartbeat_timeout_seconds if args.heartbeat_timeout is None else args.heartbeat_timeout
+            ),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
@@ -139,22 +143,17 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     business_date = parse_business_date(args.date)
-    heartbeat_timeout = args.heartbeat_timeout
-    if heartbeat_timeout is None:  # checked before connecting, like every other input
-        heartbeat_timeout = heartbeat_timeout_from_env()
+    request = ReconcileRequest(
+        business_date=business_date,
+        shards=args.shards,
+        max_parallel=args.max_parallel,
+        batch_size=args.batch_size,
+        tolerance_cents=args.tolerance_cents,
+        heartbeat_timeout_seconds=args.heartbeat_timeout,
+        recheck=args.recheck,
+    )
     async with CliContext(settings) as ctx:
-        started = await start_reconciliation(
-            ctx.client,
-            ctx.pool,
-            ctx.settings.task_queue,
-            business_date,
-            shards=args.shards,
-            max_parallel=args.max_parallel,
-            batch_size=args.batch_size,
-            tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=heartbeat_timeout,
-            recheck=args.recheck,
-        )
+        started = await start_reconciliation(ctx.client, ctx.pool, ctx.settings.task_queue, request, settings.ledger)
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
     emit(args, data, lambda d: _started_text(d, recheck=args.recheck))
 

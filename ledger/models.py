@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 
 from pydantic import Field
 
-from core.config import LedgerSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model, Report
 
@@ -22,13 +21,6 @@ DEFAULT_ID_PREFIX = "ledger-reconciliation"
 # planning) is small next to its keys, small enough that it still commits within about a second.
 DEFAULT_BATCH_SIZE = 5000
 SCHEDULE_ID = "ledger-reconciliation-nightly"
-
-
-# A shard (or the settlement) whose worker died is retried elsewhere once no heartbeat came for this
-# long (core.heartbeat: 7 s); a worker stopped with SIGTERM hands its shards back at once instead.
-def heartbeat_timeout_from_env() -> float:
-    """LEDGER_HEARTBEAT_TIMEOUT_SECONDS, default 7 (core.config: a ConfigError names the variable when it is bad)."""
-    return read(LedgerSettings).heartbeat_timeout_seconds
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -60,6 +52,14 @@ class LedgerReconciliationInput(RunOptions):
     # A re-check of a date already reconciled (its own workflow ID): judges what changed since and
     # records a new settlement revision if anything did.
     recheck: bool = False
+
+    @classmethod
+    def of(cls, options: RunOptions, business_date: date, recheck: bool = False) -> LedgerReconciliationInput:
+        """The one builder of a date's input, for a manual run and the scheduled one alike: the
+        options as given, at most `shards` shards at once."""
+        run = options.model_dump(include=set(RunOptions.model_fields))
+        run["max_parallel"] = min(options.max_parallel, options.shards)
+        return cls(business_date=business_date, recheck=recheck, **run)
 
 
 class ScheduledLedgerInput(RunOptions):

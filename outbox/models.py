@@ -11,7 +11,6 @@ from typing import Literal, Self
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from core.config import OutboxSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model, Report
 
@@ -23,14 +22,6 @@ FAILURE_BATCH_ANSWER = "bad batch answer"
 # Outcomes that never count as failures: the provider's rate limit, and rows released unsent.
 NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
 NOT_SENT_SHUTDOWN = "not sent: worker shutting down"
-
-
-# A relay batch whose worker died is retried elsewhere once no heartbeat came for this long (it
-# heartbeats while requests are in flight); a worker stopped with SIGTERM sends no new request,
-# records what was sent and releases the rest at once.
-def heartbeat_timeout_from_env() -> float:
-    """OUTBOX_HEARTBEAT_TIMEOUT_SECONDS, default 7 (core.config: a ConfigError names the variable when it is bad)."""
-    return read(OutboxSettings).heartbeat_timeout_seconds
 
 
 # Names the Temporal layer registers and the operations call (one definition each).

@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CLEANUP_WORKFLOW, bucket_cleanup_id, cohort_cleanup_id
 from cleanup.operations import start_cleanup
 from cleanup.planner import signal_planner
@@ -105,7 +106,7 @@ async def test_a_cleanup_started_before_the_planner_plans_is_the_bucket_the_plan
     deadline = deadline_in(6)
     accounts = await seed(pool, deadline, 40)
     async with planner_worker(client, pool, task_queue):
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+        started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
         assert started.workflow_id == bucket_cleanup_id(deadline, 0, task_queue)
         assert started.started or started.joined, started  # whichever came first, one run
         assert started.accounts_in_scope == len(accounts)
@@ -120,7 +121,7 @@ async def test_beside_a_paused_planner_a_manual_cleanup_runs_on_its_own_and_says
     await seed(pool, deadline, 5)
     async with planner_worker(client, pool, task_queue):
         await signal_planner(client, task_queue, "pause", "maintenance", pool=pool)
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+        started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
         await client.get_workflow_handle(started.workflow_id).terminate(reason="test over")
     assert started.workflow_id == cohort_cleanup_id(deadline) and started.started
     assert started.planner == "the deadline planner is paused: this cleanup runs on its own"

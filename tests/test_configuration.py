@@ -259,13 +259,16 @@ def test_a_bad_secret_file_exits_2_from_the_worker_and_the_commands(
     assert "DATABASE_URL_FILE" in capsys.readouterr().err
 
 
-def test_the_library_calls_read_the_same_declarations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call given no settings (the anonymize key of a compiled cleanup) reads the file form too."""
+def test_a_secret_of_a_section_reads_its_file_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The anonymize key a compiled cleanup takes from `settings.cleanup` may be given as a file."""
     path = tmp_path / "key"
     path.write_text("an-anonymize-key-of-the-game\n")
     monkeypatch.delenv("CLEANUP_ANONYMIZE_KEY", raising=False)
     monkeypatch.setenv("CLEANUP_ANONYMIZE_KEY_FILE", str(path))
-    assert anonymize_key_pads() == anonymize_key_pads("an-anonymize-key-of-the-game")
+    key = Settings.from_env().cleanup.anonymize_key
+    assert key is not None and anonymize_key_pads(key.get_secret_value()) == anonymize_key_pads(
+        "an-anonymize-key-of-the-game"
+    )
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "ten"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
+from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -29,6 +30,7 @@ from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.target_check import TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
 from cleanup.targets_file import TargetsFileError
+from core.config import CleanupSettings, Settings
 from core.queries import load
 from tests.game_schema import (
     ANONYMIZE_KEY,
@@ -47,6 +49,8 @@ CLEANUP_SQL = load(cleanup.__file__)
 
 EDGES_TARGETS_FILE = GAME_DIR / "edges_targets.toml"
 FOLLOW_UPS = ["friends_lose_their_edges", "groups_lose_their_members", "players_recounted"]
+# What the game's workers run with: their settings, read once at start.
+EDGES = Settings(cleanup=CleanupSettings(targets_file=EDGES_TARGETS_FILE, anonymize_key=SecretStr(ANONYMIZE_KEY)))
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +121,7 @@ def follow_up_totals(receipts: list[asyncpg.Record]) -> dict[str, float]:
 async def edges_worker(client: Client, pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
     await create_game_schema(pool)  # the worker's start-up check needs the game's tables
     await pool.execute((GAME_DIR / "edges.sql").read_text())
-    async with build_worker(client, task_queue, await build_activities(pool)) as w:
+    async with build_worker(client, task_queue, await build_activities(pool, settings=EDGES)) as w:
         yield w
 
 

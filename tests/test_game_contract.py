@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from activities.outbox import OutboxRelayActivities
 from cleanup.history import account_history
+from cleanup.inputs import StartCleanup
 from cleanup.operations import hold_account, release_account, set_deadline, start_cleanup
 from cleanup.planner import planner_status, sweep_overdue
 from cleanup.planner_models import PlannerSettings, SweepInput
@@ -173,7 +174,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
     held = accounts[0]
     assert await call(game, "hold", held, "legal hold") == "held"
 
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
     result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
     assert result.settlement is not None and result.settlement.claimed == 3
     state = {r["account_id"]: r["status"] for r in await pool.fetch("SELECT account_id, status FROM accounts")}
@@ -188,7 +189,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
             pool, client, SweepInput(settings=SWEEP_NOW, task_queue=task_queue, as_of=datetime.now(UTC))
         )
     ).overdue == 0
-    single = await start_cleanup(client, pool, task_queue, account_id=held)
+    single = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=held))
     await client.get_workflow_handle(single.workflow_id).result()
     assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", held) == "active"
 
@@ -260,7 +261,7 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
     renewed_until = await db_now(game) + timedelta(seconds=2)
     assert await game.fetchval(f"SELECT {S}.renew($1, $2, true)", account, renewed_until) == "in_time"
 
-    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
     assert result.outcome == "cleaned"
     assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", account) == 0

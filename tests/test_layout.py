@@ -11,7 +11,19 @@ import grimp
 from core.config import PROJECT_ROOT
 from core.queries import load
 
-PACKAGES = ["core", "cleanup", "ledger", "outbox", "devstack", "demo", "workflows", "activities", "harness", "bench"]
+PACKAGES = [
+    "core",
+    "cleanup",
+    "ledger",
+    "outbox",
+    "deadline_cleanup",
+    "devstack",
+    "demo",
+    "workflows",
+    "activities",
+    "harness",
+    "bench",
+]
 SOURCES = [p for pkg in PACKAGES for p in (PROJECT_ROOT / pkg).rglob("*.py")] + [
     PROJECT_ROOT / "worker.py",
     PROJECT_ROOT / "starter.py",
@@ -90,7 +102,7 @@ def test_no_inline_sql_in_the_jobs_and_the_demo() -> None:
     statement = re.compile(r"""["'](SELECT|INSERT|UPDATE|DELETE|WITH)\s""", re.IGNORECASE)
     offenders = [
         f"{p.relative_to(PROJECT_ROOT)}:{i}"
-        for pkg in ("cleanup", "ledger", "outbox", "demo", "activities")
+        for pkg in ("cleanup", "ledger", "outbox", "deadline_cleanup", "demo", "activities")
         for p in (PROJECT_ROOT / pkg).rglob("*.py")
         if p != PROJECT_ROOT / "cleanup" / "targets.py"
         for i, line in enumerate(p.read_text().splitlines(), 1)
@@ -112,7 +124,18 @@ def test_no_import_cycles() -> None:
 
 def test_core_imports_no_job_and_no_temporal_layer() -> None:
     graph = grimp.build_graph(*PACKAGES)
-    above = ("cleanup", "ledger", "outbox", "devstack", "demo", "workflows", "activities", "harness", "bench")
+    above = (
+        "cleanup",
+        "ledger",
+        "outbox",
+        "deadline_cleanup",
+        "devstack",
+        "demo",
+        "workflows",
+        "activities",
+        "harness",
+        "bench",
+    )
     wrong = [
         f"{m} imports {i}"
         for m in graph.find_descendants("core") | {"core"}

@@ -14,6 +14,7 @@ import pytest
 from temporalio.client import Client
 
 import starter
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core import db, logs, outage
 from core.cli import EXIT_UNAVAILABLE
@@ -164,7 +165,7 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 async def test_status_and_list_answer_from_temporal_while_the_database_is_down(
     client: Client, pool: asyncpg.Pool, task_queue: str, temporal_address: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline_in(3600), allow_empty=True)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True))
     dead = f"postgresql://app:pw-not-shown@127.0.0.1:{free_port()}/gone"
     common = ["--temporal-address", temporal_address, "--task-queue", task_queue, "--database-url", dead]
 

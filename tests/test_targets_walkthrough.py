@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 
 from cleanup.operations import check_targets
 from cleanup.targets import load_targets
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, CleanupSettings, Settings
 from tests.helpers import deadline_in
 from tests.test_game_schema_contract import run_cohort
 from worker import build_activities, build_worker
@@ -54,8 +54,11 @@ async def arcade(pool: asyncpg.Pool, targets_file: Path) -> asyncpg.Pool:
 
 
 @pytest_asyncio.fixture
-async def arcade_worker(client: Client, arcade: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
-    async with build_worker(client, task_queue, await build_activities(arcade)) as w:
+async def arcade_worker(
+    client: Client, arcade: asyncpg.Pool, task_queue: str, targets_file: Path
+) -> AsyncIterator[Worker]:
+    settings = Settings(cleanup=CleanupSettings(targets_file=targets_file))  # the worker's, read once
+    async with build_worker(client, task_queue, await build_activities(arcade, settings=settings)) as w:
         yield w
 
 
@@ -155,7 +158,9 @@ async def test_targets_check_says_what_the_page_says(arcade, targets_file):
     assert "ANY((($1::text[])::uuid[]))" in report.follow_ups[0].statement  # the recorded key type
 
 
-async def test_the_walkthrough_cleans_a_cohort_as_the_page_says(client, arcade, task_queue, arcade_worker):
+async def test_the_walkthrough_cleans_a_cohort_as_the_page_says(
+    client, arcade, task_queue, arcade_worker, targets_file
+):
     ids = await seed(arcade, players=40, groups=6)
     cohort, others = ids[:25], ids[25:]
     ledger = await arcade.fetch(
@@ -196,4 +201,4 @@ async def test_the_walkthrough_cleans_a_cohort_as_the_page_says(client, arcade, 
     left = await personal_left(arcade, others)
     assert (left["ledger"], left["memberships"]) == (3 * len(others), 2 * len(others))
     receipt = json.loads(await arcade.fetchval("SELECT follow_ups::text FROM erasure_receipts LIMIT 1"))
-    assert [f["name"] for f in receipt] == [f.name for f in load_targets().follow_up]
+    assert [f["name"] for f in receipt] == [f.name for f in load_targets(targets_file).follow_up]

@@ -24,6 +24,7 @@ from core.config import PROJECT_ROOT, Settings
 from core.errors import is_deterministic
 from core.failpoints import ONCE_DIR_ENV
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
+from ledger.operations import ReconcileRequest
 from outbox.models import RelayBatchSettings
 from worker import open_pool
 
@@ -166,7 +167,10 @@ async def test_a_shard_waiting_for_its_lock_at_the_start_keeps_heartbeating(clie
         await holder.execute("BEGIN")
         await holder.execute("SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), 0)", day)
         started = await start_reconciliation(
-            client, pool, task_queue, day, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+            client,
+            pool,
+            task_queue,
+            ReconcileRequest(business_date=day, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)),
         )
         handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
 

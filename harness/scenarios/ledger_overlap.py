@@ -29,7 +29,7 @@ from core import db
 from harness.checks import ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger.models import LedgerReconciliationResult
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 HEARTBEAT_TIMEOUT = 2.0
@@ -76,7 +76,12 @@ async def run(ctx: Ctx) -> Row:
             business_date,
         )
         started = await start_reconciliation(
-            client, pool, tq, business_date, max_parallel=1, batch_size=50, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            client,
+            pool,
+            tq,
+            ReconcileRequest(
+                business_date=business_date, max_parallel=1, batch_size=50, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            ),
         )
         wf = started.workflow_id
 
@@ -141,7 +146,10 @@ async def run(ctx: Ctx) -> Row:
             business_date,
         )
         recheck = await start_reconciliation(
-            client, pool, tq, business_date, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, recheck=True
+            client,
+            pool,
+            tq,
+            ReconcileRequest(business_date=business_date, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, recheck=True),
         )
         late = await _result(client, recheck.workflow_id)
         row.runs += 1

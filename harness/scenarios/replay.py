@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 import asyncpg
 from temporalio.client import Client
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
     ClaimChunkedInput,
     ClaimResult,
@@ -32,7 +33,7 @@ from harness.checks import (
 )
 from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
 from ledger.models import ReconcileShardInput, SettleLedgerInput, ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
@@ -74,7 +75,9 @@ async def run(ctx: Ctx) -> Row:
             n, partitions = rng.randint(40, 120) * ctx.profile.scale, 3
             prefix, deadline = ctx.ids.prefix("rp"), ctx.ids.past_deadline()
             await seed_cohort(pool, prefix, deadline, n)
-            started = await start_cleanup(client, pool, tq, deadline=deadline, partitions=partitions, batch_size=25)
+            started = await start_cleanup(
+                client, pool, tq, StartCleanup(deadline=deadline, partitions=partitions, batch_size=25)
+            )
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             first: CleanupResult = await handle.result()
             wf = started.workflow_id
@@ -115,7 +118,9 @@ async def run(ctx: Ctx) -> Row:
             # -- ledger: every shard and the settlement again -----------------------------------------
             d = ctx.ids.business_date()
             seeded = await seed_day(pool, d, rng.randint(300, 600) * ctx.profile.scale, 3)
-            await start_reconciliation(client, pool, tq, d, batch_size=100, heartbeat_timeout_seconds=5)
+            await start_reconciliation(
+                client, pool, tq, ReconcileRequest(business_date=d, batch_size=100, heartbeat_timeout_seconds=5)
+            )
             await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(d)).result()
             before = await ledger_digest(pool)
             lwf = ledger_workflow_id(d)

@@ -18,7 +18,7 @@ from harness.checks import ledger_digest, ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger import schedule as ls
 from ledger.models import ScheduledLedgerInput, ScheduledLedgerResult, ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 
@@ -68,7 +68,9 @@ async def run(ctx: Ctx) -> Row:
             client, tq, options=ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0), schedule_id=schedule_id
         )
         paused = await ls.pause_schedule(client, "harness: maintenance window", schedule_id)
-        await start_reconciliation(client, pool, tq, manual, heartbeat_timeout_seconds=2.0)
+        await start_reconciliation(
+            client, pool, tq, ReconcileRequest(business_date=manual, heartbeat_timeout_seconds=2.0)
+        )
         await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(manual)).result()
         await ls.unpause_schedule(client, "", schedule_id)
         await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
