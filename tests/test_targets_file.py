@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,29 +54,28 @@ BROKEN = [
 REFUSED_DATABASE = "postgresql://nobody@127.0.0.1:1/none"
 
 
-def run(argv: list[str], targets: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+def run(argv: list[str], targets: Path) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"DATABASE_URL": REFUSED_DATABASE, "CLEANUP_TARGETS_FILE": str(targets)}
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=60)
-    return done, time.monotonic() - started
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=60)
 
 
 @pytest.mark.parametrize(("name", "text", "line", "says"), BROKEN, ids=[b[0] for b in BROKEN])
 def test_targets_check_names_file_line_and_key_with_the_fix(tmp_path, name, text, line, says):
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
-    done, elapsed = run([sys.executable, "starter.py", "targets", "check", "--file", str(path)], path)
+    done = run([sys.executable, "starter.py", "targets", "check", "--file", str(path)], path)
     assert done.returncode == 2, done.stderr
     assert f"{path}:{line}: " in done.stderr and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
-    assert elapsed < 1.0, f"{elapsed:.2f}s"
+    # Judged before any connection: the refused database is never reached (no exit 75, no wait).
+    assert "127.0.0.1:1" not in done.stderr and "DATABASE_URL" not in done.stderr
 
 
 def test_the_worker_refuses_a_broken_targets_file_the_same_way(tmp_path):
     name, text, line, says = BROKEN[0]
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
-    done, _ = run([sys.executable, "worker.py", "--temporal-address", "127.0.0.1:1"], path)
+    done = run([sys.executable, "worker.py", "--temporal-address", "127.0.0.1:1"], path)
     assert done.returncode == 2, done.stderr
     assert f"{path}:{line}: " in done.stderr and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
