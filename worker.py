@@ -25,11 +25,11 @@ from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
+from budget.controller import LoadBudget
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
 from core import db, embedded, fleet, health, logs, metrics, outage
-from core.budget import LoadBudget
 from core.cli import CliParser, add_connection_flags, bounded_int
 from core.config import PlannerSettings, Settings
 from core.errors import InputError, Unavailable

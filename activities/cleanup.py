@@ -18,6 +18,7 @@ import asyncpg
 from temporalio import activity
 
 import cleanup
+from budget.controller import LoadBudget, Waiting, under_budget
 from cleanup.batches import BatchResult, CompiledCleanup, Pulse, run_keyset_batch
 from cleanup.errors import CleanupFailure, cleanup_failure
 from cleanup.models import (
@@ -45,7 +46,6 @@ from cleanup.models import (
 from cleanup.planner import held_by_pause
 from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
-from core.budget import LoadBudget, Waiting, under_budget
 from core.errors import ErrorType, failure, handed_back
 from core.outage import resume_details
 from core.queries import load
@@ -123,7 +123,7 @@ async def claim_in_chunks(
     cleanup_claim_progress. A retry (or a second delivery) resumes after the last committed chunk
     and reports the same result, read back from the database.
 
-    With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
+    With a `budget` (budget.controller), each chunk is a budgeted batch like a partition's: it takes a
     slot and its rows first, and is at most the budget's `max_claim_rows` accounts while the budget
     throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
@@ -320,7 +320,7 @@ async def clean_partition_batches(run: PartitionRun, checkpoint: PartitionCheckp
     lock) keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
-    With a `run.budget` (core.budget), each batch first takes its slot and rows of the database's
+    With a `run.budget` (budget.controller), each batch first takes its slot and rows of the database's
     load budget, waiting while there are none.
     With `input.follow_claim` the partition follows the cohort's claim (ClaimFollower), looking for
     a new chunk every `CLAIM_POLL_SECONDS`.

@@ -48,8 +48,8 @@ from bench.cohort_cleanup import (
 )
 from bench.common import Stack, load_average, machine, run_benchmark, stack
 from bench.planner_lateness import parse_overrides, start_planner_workers
+from budget.controller import BudgetChange, budget_status, set_budget
 from core import db
-from core.budget import budget_status, set_budget
 from core.config import PlannerSettings
 from core.queries import load
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -289,7 +289,7 @@ async def run(
                 if m == "off":
                     await s.budget_off()
                 else:
-                    await set_budget(s.pool, enabled=True, changed_by="benchmark")
+                    await set_budget(s.pool, BudgetChange(enabled=True), changed_by="benchmark")
                 await settle(s.pool)
                 floor = await floor_cleanup_on(ahead, floor_at[m])
                 assert floor["cleaned"] == accounts, floor

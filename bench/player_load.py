@@ -21,12 +21,12 @@ Per objective (the `curve`): the throughput, the players' p99 and its ratio to t
 the paced floor's p99 at the same throughput, `p99_over_paced_floor` (goal <= 1.1: the budget wastes
 nothing against ideal pacing) and `objective_held_fraction` (goal >= 0.95): the share of the
 10-second windows of the budgeted cleanup (a last partial window counts when it lasts 5 s or more)
-in which the objective held. The objective is the budget's own (core/budget.py): the commit probe,
+in which the objective held. The objective is the budget's own (budget/controller.py): the commit probe,
 a one-row write that commits as a player's would, as a mean per window, at most `probe_ratio` x its
 quiet baseline (unless within `probe_min_ms` of it), and at most `probe_max_ms` when set. It is not
 the players' own commits: the budget never sees those. Whether it held is judged by the benchmark's
 own commit probe (the same kind of statement on a connection of its own, every
-`probe_interval_seconds`), with core.budget.stress_reasons, against that probe's mean in the
+`probe_interval_seconds`), with budget.controller.stress_reasons, against that probe's mean in the
 players-alone window right before the phase (the budget's baseline is its probe with no batch
 running and the players on). The budget's own probes are its controller's reading of itself,
 summed and reset inside every adjustment: a check of the objective reads the database apart.
@@ -60,10 +60,18 @@ import bench
 from bench import report
 from bench.common import Stack, machine, run_benchmark, stack, trace_budget, wait_for_worker
 from bench.observe import Observer
+from budget.controller import (
+    BudgetChange,
+    BudgetSettings,
+    Observed,
+    StressLimits,
+    budget_status,
+    set_budget,
+    stress_reasons,
+)
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core import db
-from core.budget import BudgetSettings, Observed, StressLimits, budget_status, set_budget, stress_reasons
 from core.config import read
 from core.queries import load
 from demo.fixture import seed_accounts
@@ -368,7 +376,7 @@ def objective_windows(
 ) -> list[dict[str, Any]]:
     """The span `ran` (wall-clock start, end) cut into windows of `window_seconds` (a last partial
     window counts when it lasts half a window or more); in each, the commit probes' mean (`probes`:
-    (start, ms)) judged as the budget judges it (core.budget.stress_reasons against `limits` and
+    (start, ms)) judged as the budget judges it (budget.controller.stress_reasons against `limits` and
     `baseline_ms`), and the players' p99 (`players`: (scheduled, seconds)). A window in which no
     probe started did not hold: the probe was stuck longer than the window."""
     start, end = ran
@@ -527,6 +535,10 @@ def curve_point(
     return {"point": point, "windows": windows}
 
 
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 async def run(
     accounts: int = 40_000,
     players: int = 20_000,
@@ -592,7 +604,7 @@ async def run(
             await asyncio.sleep(min(3.0, alone_seconds))  # warm-up, not recorded
             clean = functools.partial(cleanup, s, partitions=partitions, parallel=parallel, batch_size=batch_size)
             await ph.alone("alone")
-            await set_budget(s.pool, enabled=False)
+            await set_budget(s.pool, BudgetChange(enabled=False))
             off = await ph.run("no_budget", lambda: clean(seeds["off"]))
             off_budget = (await budget_status(s.pool)).model_dump()
             await ph.alone("alone_between")
@@ -600,15 +612,15 @@ async def run(
             before = "alone_between"
             for i, objective in enumerate(objectives):
                 label = objective.label
-                await set_budget(
-                    s.pool,
+                change = BudgetChange(
                     enabled=True,
                     reset_scale=True,
                     probe_ratio=objective.probe_ratio,
                     probe_max_ms=objective.probe_max_ms,
-                    max_in_flight=(caps or {}).get("max_in_flight"),  # None: the workers' default
+                    max_in_flight=_int_or_none((caps or {}).get("max_in_flight")),  # None: the workers' default
                     rows_per_second=(caps or {}).get("rows_per_second"),
                 )
+                await set_budget(s.pool, change)
                 trace: list[dict[str, Any]] = []
                 tracing = asyncio.ensure_future(trace_budget(s.pool, trace))
                 try:

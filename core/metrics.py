@@ -25,7 +25,7 @@ Counters (names as scraped; docs/observability.md):
   cleanup_database_clock_behind_seconds  gauge: the database clock behind a claim's timer (0: in step)
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
   planner_restarts{reason}            the planner started again by a worker's watchdog (closed / stuck)
-  load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py; -1: no limit)
+  load_budget_in_flight_limit         gauge: batches allowed in flight now (budget/controller.py; -1: no limit)
   load_budget_rows_per_second_limit   gauge: rows per second allowed now (-1: no limit)
   load_budget_throttled               gauge: 1 while stress has the budget throttle the work, else 0
   load_budget_stress{signal}          gauge, at each adjustment: 1 for each signal showing stress
@@ -267,7 +267,7 @@ def record_planner_restart(reason: str) -> None:
     count("planner_restarts", 1, {"reason": reason})
 
 
-# --- load budget (core/budget.py) -------------------------------------------------------------------
+# --- load budget (budget/controller.py) -------------------------------------------------------------------
 
 
 STRESS_SIGNALS = ("commit_probe", "commit_probe_ms", "batch_latency", "lock_waits", "replication_lag")

@@ -20,14 +20,9 @@ import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 
 from activities.cleanup import CleanupActivities, PartitionRun, clean_partition_batches
-from cleanup.batches import CompiledCleanup
-from cleanup.models import CleanupPartitionInput, CleanupResult, PartitionCheckpoint
-from cleanup.operations import start_cleanup
-from cleanup.planner import planner_status
-from cleanup.targets import load_targets
-from core import db
-from core.budget import (
+from budget.controller import (
     SQL,
+    BudgetChange,
     BudgetLimit,
     BudgetSettings,
     LoadBudget,
@@ -39,6 +34,12 @@ from core.budget import (
     set_budget,
     stress_reasons,
 )
+from cleanup.batches import CompiledCleanup
+from cleanup.models import CleanupPartitionInput, CleanupResult, PartitionCheckpoint
+from cleanup.operations import start_cleanup
+from cleanup.planner import planner_status
+from cleanup.targets import load_targets
+from core import db
 from core.config import PROJECT_ROOT, read
 from ledger.operations import start_reconciliation
 from tests.helpers import claim_one_partition, deadline_in, effect_counts, seed, wait_until
@@ -137,7 +138,7 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_runn
         return applied >= 100 and await started_activities(client, started.workflow_id) == 8
 
     await wait_until(partitions_running, within=120)
-    await set_budget(pool, max_in_flight=0)  # at 200 rows/s the 800 accounts take 4 s: mid-way here
+    await set_budget(pool, BudgetChange(max_in_flight=0))  # at 200 rows/s the 800 accounts take 4 s: mid-way here
     paused = await pool.fetchval("SELECT denied FROM load_budget")
 
     async def all_stopped() -> bool:
@@ -182,7 +183,7 @@ async def test_a_paused_budget_holds_a_reconciliation_until_it_is_set(client, po
     """A shard waits (heartbeating) on a paused budget instead of failing; a change reaches it."""
     d = date(2026, 10, 26)
     await seed_day(pool, d, payments=600, shards=2)
-    await set_budget(pool, max_in_flight=0)
+    await set_budget(pool, BudgetChange(max_in_flight=0))
     started = await start_reconciliation(
         client, pool, task_queue, d, batch_size=100, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
     )
@@ -190,7 +191,7 @@ async def test_a_paused_budget_holds_a_reconciliation_until_it_is_set(client, po
     assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == 0
     assert await pool.fetchval("SELECT count(*) FROM ledger_shard_reports") == 0
 
-    await set_budget(pool, max_in_flight=1)
+    await set_budget(pool, BudgetChange(max_in_flight=1))
     handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.settlement.balanced and result.settlement.corrected > 0
@@ -381,7 +382,7 @@ async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per
     """Switched off by the operator, the budget limits nothing: a worker that has read so runs its
     batches without the acquire and release statements (each one on the budget's one hot row,
     under its lock) until `off_recheck_seconds` have passed, then reads the row again."""
-    await set_budget(pool, enabled=False)
+    await set_budget(pool, BudgetChange(enabled=False))
     asked_once = LoadBudget(pool, BudgetSettings(off_recheck_seconds=3600))
     before = (await budget_status(pool, asked_once.settings)).granted
     grants = []
@@ -391,7 +392,7 @@ async def test_a_budget_switched_off_costs_one_statement_per_recheck_not_two_per
     assert all(g.slot is None for g in grants), "off: no slot taken"
     assert (await budget_status(pool, asked_once.settings)).granted - before == 1, "one acquire, not 20"
 
-    await set_budget(pool, enabled=True)
+    await set_budget(pool, BudgetChange(enabled=True))
     asks_each_time = LoadBudget(pool, BudgetSettings(off_recheck_seconds=0, quiet_seconds=0))
     async with asks_each_time.batch("test", 10) as grant:
         assert grant.slot is not None, "switched on again: the next read of the row takes a slot"
@@ -564,7 +565,7 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     probes measure one; probes that are slow while batches run then mean stress (players present).
     With nobody else on the database, no such moment: it would stall the work for nothing."""
     await pool.execute(SLOW_WHILE_BATCHES_RUN)
-    await set_budget(pool, max_in_flight=4)
+    await set_budget(pool, BudgetChange(max_in_flight=4))
     settings = BudgetSettings(
         rows_per_second=1e6,
         latency_ms=1e6,
@@ -704,7 +705,7 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
     cleanup.budget = LoadBudget(pool, read(BudgetSettings).model_copy(update={"lease_seconds": 3600.0}))
     activities = [cleanup.claim_cleanup_in_chunks, cleanup.cleanup_partition, cleanup.settle_cleanup]
     async with build_worker(client, task_queue, activities):
-        await set_budget(pool, max_in_flight=1, rows_per_second=1e6, latency_ms=1e6)
+        await set_budget(pool, BudgetChange(max_in_flight=1, rows_per_second=1e6, latency_ms=1e6))
         deadline = deadline_in(2)
         accounts = await seed(pool, deadline, 200)
         async with pool.acquire() as player:

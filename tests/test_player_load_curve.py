@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import player_load
-from core.budget import BudgetSettings, StressLimits
+from budget.controller import BudgetSettings, StressLimits
 
 START = 1000.0
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import db, embedded
 from core.cli import Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
+
+if TYPE_CHECKING:
+    from budget.controller import BudgetChange
 
 INT_MAX = 2**31 - 1  # the integer limits are stored as PostgreSQL integers
 LIMITS: dict[str, type] = {
@@ -60,36 +63,31 @@ def _human(d: dict[str, Any]) -> str:
 
 
 async def cmd_budget_show(args: argparse.Namespace, settings: Settings) -> None:
-    await _budget(args, settings, change=False)
+    await _budget(args, settings, None)
 
 
 async def cmd_budget_set(args: argparse.Namespace, settings: Settings) -> None:
+    from budget.controller import BudgetChange  # lazy: keeps `--help` fast to start
+
     changes: dict[str, Any] = {
         name: parse_limit(name, value) for name in LIMITS if (value := getattr(args, name)) is not None
     }
     enabled = {"on": True, "off": False}.get(args.enabled) if args.enabled else None
     if not changes and enabled is None and not args.reset_scale:
         raise InputError("nothing to set: give a limit (e.g. --max-in-flight 4), --enabled or --reset-scale")
-    await _budget(args, settings, change=True, enabled=enabled, changes=changes)
+    await _budget(args, settings, BudgetChange(enabled=enabled, reset_scale=args.reset_scale, **changes))
 
 
-async def _budget(
-    args: argparse.Namespace,
-    settings: Settings,
-    *,
-    change: bool,
-    enabled: bool | None = None,
-    changes: dict[str, Any] | None = None,
-) -> None:
-    from core.budget import budget_status, set_budget  # lazy: keeps `starter.py --help` fast to start
+async def _budget(args: argparse.Namespace, settings: Settings, change: BudgetChange | None) -> None:
+    from budget.controller import budget_status, set_budget  # lazy: keeps `--help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
     url = embedded.database_url(settings)
     await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:
-        if change:
-            await set_budget(pool, enabled=enabled, reset_scale=args.reset_scale, **(changes or {}))
+        if change is not None:
+            await set_budget(pool, change)
         emit(args, (await budget_status(pool)).model_dump(), _human)
     finally:
         await pool.close()

@@ -1,7 +1,7 @@
 """The load budget: how much cleanup and reconciliation work may run on the players' database at once.
 
 One budget for every job together, across all worker processes and nodes, kept in Postgres
-(migration 012, statements in core/budget.sql):
+(migration 012, statements in budget/budget.sql):
 
 - **in flight**: a batch holds a row of `load_budget_slots` while it runs; at most the effective
   in-flight limit of such rows exist. Acquires are serialised by a transaction-scoped advisory
@@ -30,7 +30,7 @@ One budget for every job together, across all worker processes and nodes, kept i
   not stress. The other signals apply either way.
 - **a batch blocked on a lock** (a session of this role waiting on a row lock for
   `blocked_after_seconds`) does not count against `max_in_flight`: it uses neither CPU nor WAL.
-- The budget's own writes commit without waiting for the WAL flush (core/budget.sql).
+- The budget's own writes commit without waiting for the WAL flush (budget/budget.sql).
 - **operator control**: `starter.py budget show|set` changes the row; every acquire reads it, so a
   change reaches running partitions at their next batch (and waiting ones at their next try).
 
@@ -956,38 +956,45 @@ def _objective(limits: StressLimits, baseline_ms: float | None) -> str:
     return f"{text}; at most {limits.max_lock_waits} lock waits; replication lag at most {limits.max_lag:g} s"
 
 
-_UNCHANGED = object()
+class BudgetChange(Model):
+    """What `set_budget` changes for every worker. A field left out is left as it is; a limit given
+    as None goes back to the workers' LOAD_BUDGET_* default (`model_fields_set` tells the two apart).
+    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress)."""
+
+    enabled: bool | None = None
+    max_in_flight: int | None = None
+    rows_per_second: float | None = None
+    latency_ms: float | None = None
+    max_lock_waits: int | None = None
+    max_replication_lag_seconds: float | None = None
+    probe_ratio: float | None = None
+    probe_max_ms: float | None = None
+    reset_scale: bool = False
+
+    def pair(self, name: str) -> tuple[bool, Any]:
+        """(whether the limit changes, its new value: None is the workers' default)."""
+        return name in self.model_fields_set, getattr(self, name)
 
 
-async def set_budget(
-    pool: asyncpg.Pool,
-    *,
-    enabled: bool | None = None,
-    max_in_flight: Any = _UNCHANGED,
-    rows_per_second: Any = _UNCHANGED,
-    latency_ms: Any = _UNCHANGED,
-    max_lock_waits: Any = _UNCHANGED,
-    max_replication_lag_seconds: Any = _UNCHANGED,
-    probe_ratio: Any = _UNCHANGED,
-    probe_max_ms: Any = _UNCHANGED,
-    reset_scale: bool = False,
-    changed_by: str | None = None,
-) -> None:
-    """Change the budget for every worker; a limit given as None goes back to the workers' default.
-    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress).
+# The limits `budget set` changes, in the order of the set_budget statement's pairs.
+CHANGEABLE = (
+    "max_in_flight",
+    "rows_per_second",
+    "latency_ms",
+    "max_lock_waits",
+    "max_replication_lag_seconds",
+    "probe_ratio",
+)
 
-    Why eleven parameters: after the pool, each keyword-only one is one setting of `budget set`,
-    and a setting not given is left as it is (the `_UNCHANGED` default, distinct from None, which
-    means "back to the default"); a model of them would need that third state per field too."""
-    pairs: list[object] = []
-    for value in (max_in_flight, rows_per_second, latency_ms, max_lock_waits, max_replication_lag_seconds, probe_ratio):
-        pairs += [value is not _UNCHANGED, None if value is _UNCHANGED else value]
+
+async def set_budget(pool: asyncpg.Pool, change: BudgetChange, *, changed_by: str | None = None) -> None:
+    """Change the budget for every worker (`change` says what; docs/budget.md, Operator control)."""
+    pairs = [v for name in CHANGEABLE for v in change.pair(name)]
     await pool.execute(
         SQL.set_budget,
-        enabled,
+        change.enabled,
         *pairs,
-        reset_scale,
+        change.reset_scale,
         changed_by or _holder(),
-        probe_max_ms is not _UNCHANGED,
-        None if probe_max_ms is _UNCHANGED else probe_max_ms,
+        *change.pair("probe_max_ms"),
     )

@@ -1,4 +1,4 @@
--- The load budget's statements (core/budget.py). Acquires are serialised by a transaction-scoped
+-- The load budget's statements (budget/controller.py). Acquires are serialised by a transaction-scoped
 -- advisory lock taken in a statement of its own, so each acquire's snapshot already sees every
 -- slot taken before it (advisory waits are not counted as lock stress).
 --
