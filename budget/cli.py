@@ -27,7 +27,12 @@ LIMITS: dict[str, type] = {
     "max_replication_lag_seconds": float,
     "probe_ratio": float,
     "probe_max_ms": float,
+    "probe_added_ms": float,
+    "lateness_objective_seconds": float,
+    "deadline_max_in_flight": int,
 }
+AT_MOST_256 = ("max_in_flight", "deadline_max_in_flight")
+FROM_ZERO = ("max_in_flight", "max_lock_waits", "deadline_max_in_flight")
 
 
 def parse_limit(name: str, text: str) -> int | float | None:
@@ -42,18 +47,16 @@ def parse_limit(name: str, text: str) -> int | float | None:
         raise InputError(f"--{name.replace('_', '-')} is out of range: must be a finite number, got {text!r}")
     if LIMITS[name] is int and value > INT_MAX:
         raise InputError(f"--{name.replace('_', '-')} is out of range, got {text!r}")
-    low = 0 if name in ("max_in_flight", "max_lock_waits") else 1 + 1e-9 if name == "probe_ratio" else 1e-9
-    if value < low or (name == "max_in_flight" and value > 256):
-        bounds = (
-            "0-256" if name == "max_in_flight" else ">= 0" if low == 0 else "> 1" if name == "probe_ratio" else "> 0"
-        )
+    low = 0 if name in FROM_ZERO else 1 + 1e-9 if name == "probe_ratio" else 1e-9
+    if value < low or (name in AT_MOST_256 and value > 256):
+        bounds = "0-256" if name in AT_MOST_256 else ">= 0" if low == 0 else "> 1" if name == "probe_ratio" else "> 0"
         raise InputError(f"--{name.replace('_', '-')} must be {bounds}, got {text!r}")
     return value
 
 
 def _human(d: dict[str, Any]) -> str:
     # What it does and why first, then the settings and the rest.
-    first = ("enabled", "doing", "limited_by", "objective")
+    first = ("enabled", "doing", "limited_by", "objective", "deadline")
     shown = {k: d[k] for k in first} | {k: v for k, v in d.items() if k != "slots" and k not in first}
     for name in LIMITS:
         value = d[name]["value"]
@@ -99,8 +102,11 @@ LIMIT_HELP = {
     "latency_ms": "mean batch latency per 1000 rows that means stress",
     "max_lock_waits": "lock waits in the database that means stress",
     "max_replication_lag_seconds": "standby lag that means stress",
-    "probe_ratio": "commit probe latency / its quiet baseline that means stress (> 1)",
+    "probe_ratio": "optional bound: commit probe latency / its quiet baseline that means stress (> 1)",
     "probe_max_ms": "commit probe latency (mean per window) that means stress, in ms",
+    "probe_added_ms": "the players' objective: ms a commit may take above its quiet baseline (mean per window)",
+    "lateness_objective_seconds": "the deadline objective: seconds after its deadline a cohort may finish",
+    "deadline_max_in_flight": "batches in flight the deadline objective may hold past the players' objective",
 }
 
 

@@ -163,7 +163,7 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_runn
     assert batches >= 16 and 1 <= observed <= 2, (observed, batches)
     status = await budget_status(pool)
     assert 1 <= status.peak_in_flight <= 2 and status.in_flight == 0
-    assert status.rows_done >= 1600 and status.denied > 0, "the claim's 800 rows and the partitions' 800"
+    assert status.rows_done == 800 and status.denied > 0, "an account counts once: cleaned, not also claimed"
     claim = await pool.fetchrow(
         "SELECT count(*) AS streams, sum(chunks) AS chunks, max(max_chunk_rows) AS max_chunk_rows"
         " FROM cleanup_claim_progress"
@@ -281,7 +281,7 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
         status = await budget_status(pools[1], ONE_SLOT_FOR_AN_HOUR)
         assert [s.holder.split()[-1] for s in status.slots] == ["other"]
 
-        await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None)
+        await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None, None)
         again = await asyncio.wait_for(holder.acquire("holder", 1), 60)
         assert again.slot == 0 and (await holder.session_identity())[0] != pid, "a new session holds it"
     finally:
@@ -315,7 +315,7 @@ async def test_a_restart_frees_every_slot_and_its_slow_first_probes_are_not_stre
         grant = await asyncio.wait_for(after.acquire("after the restart", 1), 60)
         assert grant.slot == 0, "the slot held before the crash is free"
 
-        player = await a_session_in_a_transaction(pg.admin_url, "game")  # the players are on it
+        player = await a_session_at_work(pg.admin_url, "game")  # the players are on it
         await pools[1].execute(SLOW_BUSY_PROBES)
         await probe_once(pools[1])
         verdict = await after.maybe_adjust()
@@ -353,24 +353,41 @@ async def probe_once(pool: asyncpg.Pool, holder: str = "one probe") -> None:
     (it records nothing else: no previous probe is given)."""
     async with pool.acquire() as conn:
         players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
-        await conn.fetchval(SQL.probe, holder, None, None, players)
+        await conn.fetchval(SQL.probe, holder, None, None, players, 10.0)
 
 
-async def a_session_in_a_transaction(url: str, application_name: str) -> asyncpg.Connection:
-    """A session named `application_name` (a player's, unless it has this service's prefix) that is
-    inside a transaction, hence not idle, until it is closed."""
-    conn = await asyncpg.connect(url, server_settings={"application_name": application_name})
-    await conn.execute("BEGIN")
+async def a_session_at_work(url: str, application_name: str) -> asyncpg.Connection:
+    """A session named `application_name` (a player's, unless it has this service's prefix) running a
+    statement until it is closed: every presence sample sees it at work."""
+    # pg_sleep does not notice its client is gone: the statement timeout ends it after the test.
+    settings = {"application_name": application_name, "statement_timeout": "120s"}
+    conn = await asyncpg.connect(url, server_settings=settings)
+    running = asyncio.ensure_future(conn.execute("SELECT pg_sleep(3600)"))
+    running.add_done_callback(lambda f: f.cancelled() or f.exception())
+    await wait_until(lambda: conn_is_active(url, application_name), within=60)
     return conn
+
+
+async def conn_is_active(url: str, application_name: str) -> bool:
+    probe = await asyncpg.connect(url)
+    try:
+        return bool(
+            await probe.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND state = 'active')",
+                application_name,
+            )
+        )
+    finally:
+        await probe.close()
 
 
 @pytest_asyncio.fixture
 async def other_session(db_url: str) -> AsyncIterator[Callable[[str], Awaitable[asyncpg.Connection]]]:
-    """Opens `a_session_in_a_transaction` on the test's database; each is closed after the test."""
+    """Opens `a_session_at_work` on the test's database; each is closed after the test."""
     opened: list[asyncpg.Connection] = []
 
     async def open_one(application_name: str) -> asyncpg.Connection:
-        opened.append(await a_session_in_a_transaction(db_url, application_name))
+        opened.append(await a_session_at_work(db_url, application_name))
         return opened[-1]
 
     yield open_one
@@ -583,16 +600,18 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
         return bool(await pool.fetchval("SELECT coalesce(quiet_until > clock_timestamp(), false) FROM load_budget"))
 
     # Another worker's probes, all taken while a batch held a slot, and no baseline yet.
-    for players_seen in (None, "clock_timestamp()"):
+    for busy_samples in (0, 10):  # of 10 presence samples: none at work, then all of them
         await pool.execute(
-            "INSERT INTO load_budget_probes (holder, probed_at, busy_ms_sum, busy_n, players_seen_at)"
-            f" VALUES ('other', clock_timestamp(), 1000, 2, {players_seen or 'NULL'})"
-            " ON CONFLICT (holder) DO UPDATE"
-            " SET busy_ms_sum = 1000, busy_n = 2, players_seen_at = excluded.players_seen_at"
+            "INSERT INTO load_budget_probes"
+            " (holder, probed_at, busy_ms_sum, busy_n, presence_n, presence_busy, presence_since)"
+            " VALUES ('other', clock_timestamp(), 1000, 2, 10, $1, clock_timestamp())"
+            " ON CONFLICT (holder) DO UPDATE SET busy_ms_sum = 1000, busy_n = 2, presence_n = 10,"
+            " presence_busy = excluded.presence_busy, presence_since = excluded.presence_since",
+            busy_samples,
         )
         verdict = await budget.maybe_adjust()
         assert verdict is not None and verdict["stress"] is None, "no baseline: no verdict from the probe"
-        assert await quiet_moment_asked() is (players_seen is not None), "a quiet moment only for players"
+        assert await quiet_moment_asked() is (busy_samples > 0), "a quiet moment only for players"
     assert await pool.fetchval("SELECT probe_baseline_ms FROM load_budget") is None
     await other_session("game")  # the players are on the database from now on
 
@@ -625,7 +644,7 @@ async def test_the_commit_probe_holds_the_work_back_only_while_players_are_prese
     """The work's own load slows the commit probe far past its objective (every probe is slowed
     while a slot is held). With nobody but this service on the database, however busy its own
     sessions are, that protects nobody: the budget does not throttle and `budget show` says the
-    players are absent. With a player's session inside a transaction, the same probes throttle it."""
+    players are absent. With a player's session at work, the same probes throttle it."""
     await pool.execute(SLOW_WHILE_BATCHES_RUN)
     await pool.execute(LEARNED_BASELINE_OF_THIS_SERVER_RUN)
     settings = BudgetSettings(latency_ms=1e6, adjust_seconds=0.001, probe_interval_seconds=0.05, quiet_seconds=0)
@@ -784,7 +803,7 @@ async def test_a_worker_with_no_work_learns_the_baseline_from_its_idle_probes(po
     watching = asyncio.ensure_future(budget.watch())
     try:
         await wait_until(lambda: pool.fetchval("SELECT probe_baseline_ms < 100 FROM load_budget"), within=60)
-        players_seen = await pool.fetchval("SELECT count(*) FROM load_budget_probes WHERE players_seen_at IS NOT NULL")
+        players_seen = await pool.fetchval("SELECT coalesce(sum(presence_busy), 0) FROM load_budget_probes")
         assert players_seen >= 1, "an idle probe samples the players too"
     finally:
         watching.cancel()
