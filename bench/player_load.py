@@ -263,9 +263,9 @@ PROBE = (
     "INSERT INTO bench_commit_probe (probe, probed_at) VALUES (1, clock_timestamp())"
     " ON CONFLICT (probe) DO UPDATE SET probed_at = excluded.probed_at"
 )
-DEFAULT_OBJECTIVES = "default,ratio=1.5,ratio=3"
+DEFAULT_OBJECTIVES = "default,added_ms=2,ratio=2"
 # `--objectives` keys: the budget's settings they set (`budget set --probe-ratio / --probe-max-ms`).
-OBJECTIVE_KEYS = {"ratio": "probe_ratio", "max_ms": "probe_max_ms"}
+OBJECTIVE_KEYS = {"added_ms": "probe_added_ms", "ratio": "probe_ratio", "max_ms": "probe_max_ms"}
 WINDOW_SECONDS = 10.0
 # Every cohort and the players are seeded up front: keep the database modest, the machine is shared
 # (room for 100,000-account cohorts under three objectives, when 40,000 clean too fast to be judged).
@@ -276,6 +276,7 @@ MAX_SEEDED_ACCOUNTS = 800_000
 class Objective:
     """One setting of the budget's objective; None: the workers' default (LOAD_BUDGET_PROBE_*)."""
 
+    probe_added_ms: float | None = None
     probe_ratio: float | None = None
     probe_max_ms: float | None = None
 
@@ -290,6 +291,7 @@ class Objective:
             latency_ms=math.inf,
             max_lock_waits=0,
             max_lag=math.inf,
+            probe_added_ms=self.probe_added_ms or settings.probe_added_ms,
             probe_ratio=self.probe_ratio or settings.probe_ratio,
             probe_min_ms=settings.probe_min_ms,
             probe_max_ms=self.probe_max_ms or settings.probe_max_ms,
@@ -297,8 +299,10 @@ class Objective:
 
     def describe(self, settings: BudgetSettings) -> str:
         limits = self.limits(settings)
-        text = f"commit probe <= {limits.probe_ratio:g} x baseline"
-        return text + (f" and <= {limits.probe_max_ms:g} ms" if limits.probe_max_ms is not None else "")
+        bounds = [f"baseline + {limits.probe_added_ms:g} ms"] if limits.probe_added_ms is not None else []
+        bounds += [f"{limits.probe_ratio:g} x baseline"] if limits.probe_ratio is not None else []
+        bounds += [f"{limits.probe_max_ms:g} ms"] if limits.probe_max_ms is not None else []
+        return "commit probe <= " + " and <= ".join(bounds)
 
 
 def parse_objectives(text: str) -> list[Objective]:
@@ -615,6 +619,7 @@ async def run(
                 change = BudgetChange(
                     enabled=True,
                     reset_scale=True,
+                    probe_added_ms=objective.probe_added_ms,
                     probe_ratio=objective.probe_ratio,
                     probe_max_ms=objective.probe_max_ms,
                     max_in_flight=_int_or_none((caps or {}).get("max_in_flight")),  # None: the workers' default
