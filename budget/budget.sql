@@ -188,8 +188,10 @@ RETURNING l.rate_limit, l.probe_max_ms,
 -- name: sample_players
 -- Whether a player is at work now: a client session of this database that is not this service's (by
 -- application_name, whatever the login: $1 is the prefix of this service's, core.db.APPLICATION_NAME)
--- running a statement. Idle sessions (a pool, a statement that ended), sessions idle in a
--- transaction and background processes (autovacuum) are not. Another role's session shows no state
+-- running a statement in a transaction that writes (it holds a transaction ID until its commit is
+-- flushed: the commit the players' objective protects). Idle sessions (a pool, a statement that
+-- ended), reads (a monitoring poll, a progress query, a report), sessions idle in a transaction and
+-- background processes (autovacuum) are not. Another role's session shows no state
 -- (nor backend type) unless this role has pg_read_all_stats: it counts as running, so without the
 -- grant the game's open connections read as players. One sample is one look; presence is the busy
 -- share of the samples over a window (collect_probes), so a short query now and then is no player.
@@ -201,7 +203,7 @@ SELECT EXISTS (
       AND a.pid <> pg_backend_pid()
       AND coalesce(a.backend_type, 'client backend') = 'client backend'
       AND left(coalesce(a.application_name, ''), length($1::text)) <> $1::text
-      AND (a.state IS NULL OR a.state IN ('active', 'fastpath function call'))
+      AND (a.state IS NULL OR a.state IN ('active', 'fastpath function call') AND a.backend_xid IS NOT NULL)
 ) AS players;
 
 -- name: probe

@@ -358,11 +358,12 @@ async def probe_once(pool: asyncpg.Pool, holder: str = "one probe") -> None:
 
 async def a_session_at_work(url: str, application_name: str) -> asyncpg.Connection:
     """A session named `application_name` (a player's, unless it has this service's prefix) running a
-    statement until it is closed: every presence sample sees it at work."""
+    statement in a writing transaction (txid_current() assigns it an ID) until it is closed: every
+    presence sample sees it at work."""
     # pg_sleep does not notice its client is gone: the statement timeout ends it after the test.
     settings = {"application_name": application_name, "statement_timeout": "120s"}
     conn = await asyncpg.connect(url, server_settings=settings)
-    running = asyncio.ensure_future(conn.execute("SELECT pg_sleep(3600)"))
+    running = asyncio.ensure_future(conn.execute("SELECT txid_current(), pg_sleep(3600)"))
     running.add_done_callback(lambda f: f.cancelled() or f.exception())
     await wait_until(lambda: conn_is_active(url, application_name), within=60)
     return conn
@@ -627,7 +628,7 @@ async def test_a_slow_commit_probe_against_its_quiet_baseline_shrinks_the_budget
     status = await budget_status(pool, settings)
     probe, baseline = status.observed.commit_probe_ms, status.commit_probe_baseline_ms
     # the window's mean of every probe, between the batches too: most of them slowed by 500 ms
-    assert probe is not None and baseline is not None and probe > 100 * baseline
+    assert probe is not None and baseline is not None and probe > 250 > baseline, "most of them slowed by 500 ms"
     assert "commit probe" in str(status.stress) and status.throttled and "commit probe" in status.limited_by
     assert status.effective_in_flight == 1, "half of the one batch it ran at a time, and at least one"
     assert status.observed.players_present is True and "players absent" not in status.limited_by

@@ -48,11 +48,13 @@ async def presence(pool: asyncpg.Pool) -> tuple[bool, float | None]:
 
 
 async def test_an_idle_pool_and_a_monitor_poll_are_not_players_and_a_busy_session_is(pool, db_url):
-    """Ten idle connections of the game's pool are never at work; a monitoring session's poll is at
-    work in one sample of forty (2.5% of the window, under the 5% that makes players); a session
-    running a statement is at work in every sample."""
+    """Ten idle connections of the game's pool are never at work, nor is a monitoring poll however
+    long it runs (it reads: the players' objective protects commits); a game session writing in one
+    sample of forty (2.5% of the window) is under the 5% that makes players; a game session writing
+    in every sample is a player."""
     idle_pool = [await asyncpg.connect(db_url, server_settings={"application_name": "game pool"}) for _ in range(10)]
     monitor = await asyncpg.connect(db_url, server_settings={"application_name": "monitoring"})
+    game = await asyncpg.connect(db_url, server_settings={"application_name": "game"})
     busy: asyncpg.Connection | None = None
     try:
         await sample(pool, 20)
@@ -60,20 +62,27 @@ async def test_an_idle_pool_and_a_monitor_poll_are_not_players_and_a_busy_sessio
 
         polling = asyncio.ensure_future(monitor.execute("SELECT pg_sleep(3600) FROM pg_stat_activity LIMIT 1"))
         await _until_state(pool, "monitoring", "active")
-        await sample(pool, 1)  # the one sample that catches the monitor's poll at work
+        await sample(pool, 20)
+        assert await presence(pool) == (False, 0.0), "a monitoring poll reads: no player, even while it runs"
         await pool.execute("SELECT pg_cancel_backend($1)", monitor.get_server_pid())
         await asyncio.gather(polling, return_exceptions=True)
-        await _until_state(pool, "monitoring", "idle")
+
+        writing = asyncio.ensure_future(game.execute("SELECT txid_current(), pg_sleep(3600)"))
+        await _until_state(pool, "game", "active")
+        await sample(pool, 1)  # the one sample that catches the game's write
+        await pool.execute("SELECT pg_cancel_backend($1)", game.get_server_pid())
+        await asyncio.gather(writing, return_exceptions=True)
+        await _until_state(pool, "game", "idle")
         await sample(pool, 19)
         present, share = await presence(pool)
-        assert not present and share is not None and 0 < share < 0.05, "a poll now and then is no player"
+        assert not present and share is not None and 0 < share < 0.05, "a write now and then is no player"
 
-        busy = await a_session_at_work(db_url, "game")
-        await sample(pool, 20)
+        busy = await a_session_at_work(db_url, "game at work")
+        await sample(pool, 40)
         present, share = await presence(pool)
-        assert present and share is not None and share >= 0.05, "a session at work is a player"
+        assert present and share is not None and share >= 0.05, "a session writing all along is a player"
     finally:
-        for conn in [*idle_pool, monitor, *([busy] if busy else [])]:
+        for conn in [*idle_pool, monitor, game, *([busy] if busy else [])]:
             await pool.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
             conn.terminate()
 
