@@ -357,7 +357,9 @@ async def run(
             await ahead.close()
         memory = s.memory()
         alive = [w.poll() is None for w in s.workers]
+    scenario = {"scenario": "cohort_through_planner" + ("" if side == "none" else f"_{side}")}
     return summary(accounts, workers, runs, seed_seconds, [load_before, load_average()]) | {
+        **scenario,
         "planner_overrides": planner,
         "side_load": side,
         **memory,
