@@ -24,10 +24,15 @@ One budget for every job together, across all worker processes and nodes, kept i
   while no slot is held anywhere make the baseline (and when there were none for
   `baseline_seconds`, nothing is granted for `quiet_seconds` so that there are).
 - **players present**: with each probe (outside its timing), the process samples whether a session
-  of the database other than this service's (by application_name) is active. The commit probe's
-  objective holds the work back only while players are present (seen within
-  `players_memory_seconds`): on a database nobody else uses, the work's own load on the probe is
-  not stress. The other signals apply either way.
+  of the database other than this service's (by application_name) is writing (a statement in a
+  transaction that holds an ID). The commit probe's objective holds the work back only while
+  players are present (at least `presence_busy_fraction` of the samples of the last
+  `presence_window_seconds`): on a database nobody else writes to, the work's own load on the
+  probe is not stress. The other signals apply either way.
+- **the deadline objective**: a cohort's claim registers its deadline and accounts
+  (`register_cohort`), its batches count them done; each adjustment grants at least the rate that
+  finishes every cohort within `lateness_objective_seconds` of its deadline, up to
+  `deadline_max_in_flight` batches in flight (`with_deadline`).
 - **a batch blocked on a lock** (a session of this role waiting on a row lock for
   `blocked_after_seconds`) does not count against `max_in_flight`: it uses neither CPU nor WAL.
 - The budget's own writes commit without waiting for the WAL flush (budget/budget.sql).
@@ -543,7 +548,7 @@ class LoadBudget:
         """What the window that `claimed` closed saw: the batches' latency and rows per second, the
         database's lock waits and replication lag, the commit probes and their quiet baseline, and
         whether players were present (at least `presence_busy_fraction` of the samples of the last
-        `presence_window_seconds` saw a session not the service's running a statement)."""
+        `presence_window_seconds` saw a session not the service's writing)."""
         stress = await self.pool.fetchrow(SQL.sample_stress)
         collected = await self.pool.fetchrow(SQL.collect_probes, self.settings.presence_window_seconds)
         assert stress is not None and collected is not None

@@ -302,9 +302,9 @@ class BudgetSettings(Section):
     probe_max_ms: float | None = setting(None, "optional bound: the commit probe's mean in ms (unset: none)", gt=0)
     # Players are sessions doing work: present while, of the samples taken in the last
     # `presence_window_seconds`, at least `presence_busy_fraction` saw a session not this service's
-    # running a statement (docs/budget.md, Who counts as a player).
+    # writing: a statement in a transaction that holds an ID (docs/budget.md, Who counts as a player).
     presence_busy_fraction: float = setting(
-        0.05, "players are present while at least this share of the samples saw one running a statement", gt=0, le=1
+        0.05, "players are present while at least this share of the samples saw one writing", gt=0, le=1
     )
     presence_window_seconds: float = setting(10.0, "the window of samples that decides presence", gt=0, le=3600)
     # The deadline objective: every cohort finishes within `lateness_objective_seconds` of its
