@@ -137,7 +137,7 @@ async def claim_in_chunks(
         accounts = await pool.fetchval(SQL.cohort_accounts, input.deadline_from, input.deadline_until)
         await budget.register_cohort(input.cleanup_id, input.deadline_from, accounts)
     while True:
-        async with under_budget(budget, "claim", 0, waiting_for_budget) as grant:
+        async with under_budget(budget, "claim", 0, waiting_for_budget, input.cleanup_id) as grant:
             # The grant read the limits in force now: a rate limit makes the chunk small.
             chunk_size = budget.claim_rows(input.chunk_size) if budget and grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):

@@ -119,13 +119,15 @@ WHERE slot = $1 AND lease = $2;
 
 -- name: release
 -- $1 slot (NULL when the budget was off), $2 lease, $3 rows done, $4 ms per 1000 rows (NULL: failed
--- or no rows), $5 the cohort whose accounts the batch cleaned (NULL: none): they count as done there.
+-- or no rows), $5 the cohort the batch worked for (NULL: none): its accounts count as done there, and
+-- the cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
+-- switched off or cancelled, is forgotten: deadline_demand).
 WITH gone AS (
     DELETE FROM load_budget_slots WHERE slot = $1 AND lease = $2 RETURNING rows
 ),
 cohort AS (
     UPDATE load_budget_cohorts SET done = done + $3::int, updated_at = clock_timestamp()
-    WHERE cohort = $5::text AND $3::int > 0
+    WHERE cohort = $5::text
 )
 UPDATE load_budget
 SET tokens = tokens + coalesce((SELECT greatest(0, rows - $3::int) FROM gone), 0),
@@ -137,8 +139,9 @@ WHERE name = 'database';
 -- name: register_cohort
 -- A cohort the deadline objective serves: $1 its key, $2 its deadline (its earliest account's), $3
 -- its accounts. A second registration (a retried claim, another claim stream) keeps what is done.
+-- Not while the operator has the budget off: its batches then count nothing done.
 INSERT INTO load_budget_cohorts (cohort, deadline, accounts, updated_at)
-VALUES ($1, $2, $3, clock_timestamp())
+SELECT $1, $2, $3, clock_timestamp() FROM load_budget WHERE name = 'database' AND enabled
 ON CONFLICT (cohort) DO UPDATE
 SET deadline = least(load_budget_cohorts.deadline, excluded.deadline),
     accounts = greatest(load_budget_cohorts.accounts, excluded.accounts),

@@ -815,8 +815,10 @@ def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
     return max(1, math.ceil(rate * latency_ms_per_1000_rows / 1_000_000))
 
 
-# A cohort untouched this long is forgotten: its cleanup ended (or was cancelled) without saying so.
-COHORT_FORGOTTEN_SECONDS = 3600.0
+# A cohort none of whose batches (claim chunks included) released for this long is forgotten: its
+# cleanup ended without counting it done (the budget was switched off under it, it was cancelled).
+# A throttled cohort releases a batch every few seconds at least; a paused one asks for nothing.
+COHORT_FORGOTTEN_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
