@@ -306,9 +306,10 @@ class Objective:
 
 
 def parse_objectives(text: str) -> list[Objective]:
-    """`default,ratio=1.5,ratio=3,max_ms=20,ratio=3+max_ms=20`: settings separated by commas, each
-    `default` or keys joined by `+`: `ratio` (the commit probe / its quiet baseline, a finite number
-    > 1, as `budget set --probe-ratio` takes) and `max_ms` (the commit probe at most this, finite, > 0)."""
+    """`default,added_ms=2,ratio=3,max_ms=20,ratio=3+max_ms=20`: settings separated by commas, each
+    `default` or keys joined by `+`: `added_ms` (ms above the quiet baseline, finite, > 0), `ratio`
+    (the commit probe / its quiet baseline, a finite number > 1, as `budget set --probe-ratio`
+    takes) and `max_ms` (the commit probe at most this, finite, > 0)."""
     objectives: list[Objective] = []
     for item in (part.strip() for part in text.split(",")):
         objective = Objective() if item == "default" else _objective(item)
@@ -756,7 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_objectives,
         default=DEFAULT_OBJECTIVES,
         help=f"the budget's objectives, one budgeted cleanup each (default: {DEFAULT_OBJECTIVES}); "
-        "`default`, or `ratio=R` (commit probe / its quiet baseline, > 1), `max_ms=M` (commit probe, ms), "
+        "`default`, or `added_ms=A` (ms above the quiet baseline), `ratio=R` (commit probe / its quiet"
+        " baseline, > 1), `max_ms=M` (commit probe, ms), "
         "joined by + (ratio=3+max_ms=20), separated by commas",
     )
     parser.add_argument("--max-in-flight", type=int, help="a cap on every budgeted phase (default: none)")
