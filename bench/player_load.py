@@ -22,8 +22,8 @@ the paced floor's p99 at the same throughput, `p99_over_paced_floor` (goal <= 1.
 nothing against ideal pacing) and `objective_held_fraction` (goal >= 0.95): the share of the
 10-second windows of the budgeted cleanup (a last partial window counts when it lasts 5 s or more)
 in which the objective held. The objective is the budget's own (budget/controller.py): the commit probe,
-a one-row write that commits as a player's would, as a mean per window, at most `probe_ratio` x its
-quiet baseline (unless within `probe_min_ms` of it), and at most `probe_max_ms` when set. It is not
+a one-row write that commits as a player's would, as a mean per window, at most `probe_added_ms` above
+its quiet baseline, and at most `probe_ratio` x it (unless within `probe_min_ms`) and `probe_max_ms` when set. It is not
 the players' own commits: the budget never sees those. Whether it held is judged by the benchmark's
 own commit probe (the same kind of statement on a connection of its own, every
 `probe_interval_seconds`), with budget.controller.stress_reasons, against that probe's mean in the
