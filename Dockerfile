@@ -22,16 +22,16 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && rm /tmp/requirements.txt
 
 # Then the project itself, without any extra (the embedded binaries are for development only) and
-# without the harness and the benchmarks, which run from a checkout.
+# without the development side (devstack, the demo, the harness, the benchmarks), which runs from a checkout.
 COPY README.md worker.py starter.py ./
 COPY core ./core
 COPY budget ./budget
 COPY cleanup ./cleanup
 COPY ledger ./ledger
 COPY outbox ./outbox
-COPY demo ./demo
 COPY workflows ./workflows
 COPY activities ./activities
+COPY deadline_cleanup ./deadline_cleanup
 RUN pip install --no-deps . \
     && rm -rf build ./*.egg-info
 

@@ -1,10 +1,11 @@
-"""The operator CLI: start cleanups, record renewals, inspect runs, run the demo.
+"""The operator CLI: start cleanups, record renewals, inspect runs and the jobs (the demo, the seeding and the
+fault harness run from a checkout: `python -m devstack`, `./dev`).
 
 Exit codes: 0 success, 1 an unexpected error (a one-line message; CLEANUP_DEBUG=1 for the
 traceback), 2 bad input or configuration (nothing was started), 3 a renewal that came too late, 75
 the database or Temporal temporarily unavailable (retry later). Under --json an error is one JSON
-object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `list` and
-`planner status` answer what Temporal knows and say which part is missing; while every worker is
+object on stderr: {"error", "message", "hint"}. While the database is down, `status`, `cleanup list`
+and `planner status` answer what Temporal knows and say which part is missing; while every worker is
 down, the status commands answer within seconds from Temporal's describe and the database, and say
 that no worker answered.
 Secrets (API key, encryption key, database password) never appear in what the CLI prints.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import os
 import sys
 import traceback
 from typing import Any
@@ -26,7 +26,7 @@ from budget import cli as budget_cli
 from cleanup import cli as cleanup_cli
 from cleanup import grants as cleanup_grants
 from cleanup.targets import load_targets
-from core import db, embedded
+from core import addresses, db
 from core.cli import (
     EXIT_ERROR,
     EXIT_INPUT,
@@ -35,15 +35,13 @@ from core.cli import (
     Commands,
     add_connection_flags,
     emit,
-    key_values,
     reject_non_finite,
     report_error,
     table,
 )
-from core.config import Settings, dev_env_file, mask_url
+from core.config import Settings, mask_url, process_switch
 from core.errors import InputError, Unavailable
 from core.process import exit_now
-from demo import cli as demo_cli
 from ledger import cli as ledger_cli
 from outbox import cli as outbox_cli
 
@@ -51,21 +49,19 @@ from outbox import cli as outbox_cli
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     """The only command that changes the schema: each pending file in its own transaction (with a
     lock timeout), then the worker role's grants on the declared targets, table by table."""
-    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    url = addresses.database_url(settings)  # the database only: no Temporal needed
     applied = await db.await_db(url, db.migrate_url(url))
     data: dict[str, Any] = {"applied": applied}
     if args.demo_game:
-        from demo.fixture import create_game_schema
-
-        await create_game_schema(url)
-    data |= await cleanup_grants.grant_targets_url(url, load_targets())
+        await cleanup_grants.create_demo_game(url)
+    data |= await cleanup_grants.grant_targets_url(url, load_targets(settings.cleanup.targets_file))
     if args.grant_worker_role:
         data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
     emit(args, data, _migrated_text)
 
 
 async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> None:
-    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    url = addresses.database_url(settings)  # the database only: no Temporal needed
     rows = await db.await_db(url, db.migration_status_url(url))
     emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
     changed = [r["name"] for r in rows if r["state"] == "changed"]
@@ -73,51 +69,62 @@ async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> No
         raise InputError(f"applied migration files changed since they were applied: {', '.join(changed)}")
 
 
+async def cmd_migrate_sql(args: argparse.Namespace, settings: Settings) -> None:
+    """`migrate sql`: what `migrate apply` would run, printed for review, nothing run. Without
+    --all the database says which files are pending (read only); with it no connection is made."""
+    if args.all:
+        files = db.migration_files()
+    else:
+        url = addresses.database_url(settings)
+        files = await db.await_db(url, db.pending_files_url(url))
+    script = db.migration_script(files)
+    emit(args, {"pending": [p.name for p in files], "sql": script}, lambda d: d["sql"].rstrip("\n"))
+
+
 def _migrated_text(d: dict[str, Any]) -> str:
     text = f"applied: {', '.join(d['applied']) or 'nothing (up to date)'}"
     text += "\ngranted to the worker role: " + ("; ".join(d["granted"]) or "nothing")
     if d["missing"]:
         text += f"\ndeclared target tables that do not exist (not granted): {', '.join(d['missing'])}"
+    for problem in d.get("follow_ups_not_granted", []):
+        text += f"\nfollow-up not planned, its tables not granted: {problem}"
     return text
 
 
-async def cmd_dev_up(args: argparse.Namespace, settings: Settings) -> None:
-    """`dev up` starts the embedded stack (the one command that does, with ./dev and the tests) and
-    records its addresses in <state dir>/dev/env, where this checkout's later commands find them."""
-    started = embedded.missing_addresses(settings)
-    resolved = embedded.resolve(settings, start=True)
-    env_file = embedded.write_dev_env(resolved, started) if started else None
-    emit(
-        args,
-        {
-            "temporal": resolved.temporal_address,
-            "ui": resolved.ui_url(),
-            "database_url": mask_url(resolved.database_url),
-            "env_file": str(env_file) if env_file else None,
-        },
-        key_values,
-    )
+# Old spellings, kept working: a first command word -> the noun and verb it now is. The parser (so
+# --help and the docs tests) knows only the nouns; tests/test_cli_shape.py runs every alias.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "renew": ("account", "renew"),
+    "hold": ("account", "hold"),
+    "release": ("account", "release"),
+    "list": ("cleanup", "list"),
+    "failed": ("cleanup", "failed"),
+    "retry-failed": ("cleanup", "retry"),
+    "prune": ("cleanup", "prune"),
+    "reconcile": ("ledger", "reconcile"),
+}
 
 
-async def cmd_dev_down(args: argparse.Namespace, settings: Settings) -> None:
-    stopped = embedded.DevServer(settings.state_dir).stop()
-    was_running = embedded.stop_embedded_postgres(settings.state_dir)
-    dev_env_file(settings.state_dir).unlink(missing_ok=True)
-    emit(
-        args,
-        {"temporal": stopped, "postgres": "stopped" if was_running else "not running"},
-        lambda d: f"embedded Temporal dev server: {stopped}; embedded Postgres: {d['postgres']}",
-    )
+# The development commands, which run from a checkout only: named with where they went, since the
+# installed command never loads them (tests/test_cli_shape.py).
+CHECKOUT_COMMANDS = {"seed": "seed", "demo": "demo", "dev": "up|down", "harness": "harness"}
 
 
-async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
-    """The fault harness loads only when invoked: the operator CLI does not import it otherwise."""
-    try:
-        from harness.cli import run_harness_cli
-    except ModuleNotFoundError as err:  # an installed package: the harness stays in the checkout
-        raise InputError("the fault harness runs from a checkout only: `python starter.py harness`") from err
+def command_index(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Where the command word of `argv` is: the first word after the global options (and their values)."""
+    takes_value = {flag for a in parser._actions if a.nargs != 0 for flag in a.option_strings}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in takes_value else 1  # `--flag=value` is one word
+    return i
 
-    await run_harness_cli(args.harness_args, settings)
+
+def expand_alias(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with its command word spelled as ALIASES says."""
+    i = command_index(parser, argv)
+    if i < len(argv) and argv[i] in ALIASES:
+        return [*argv[:i], *ALIASES[argv[i]], *argv[i + 1 :]]
+    return argv
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,19 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(commands)
     outbox_cli.register(commands)
     budget_cli.register(commands)
-    demo_cli.register(commands)
     p = commands.add("status", commands.status, "show one run by workflow ID (a cleanup or a ledger date)")
     p.add_argument("workflow_id", help="a cleanup's or a ledger reconciliation's workflow ID")
-    demo_cli.register_demo(commands)
-    _add_processes(commands)
+    _add_worker(commands)
     return parser
 
 
 def _add_migrate(commands: Commands) -> None:
-    """`migrate apply|status`: the database schema."""
+    """`migrate apply|status|sql`: the database schema."""
     migrate = commands.group(
         "migrate",
-        "the database schema: apply it (the default verb: `migrate` is `migrate apply`) or show it",
+        "the database schema: apply it (the default verb: `migrate` is `migrate apply`), show it, or print"
+        " the pending DDL for review",
         default="apply",
     )
     p = migrate.add("apply", cmd_migrate, "apply the pending migrations (idempotent), then grant the worker role")
@@ -158,32 +164,39 @@ def _add_migrate(commands: Commands) -> None:
         help="then make this existing login a member of the least-privileged role cleanup_worker",
     )
     migrate.add("status", cmd_migrate_status, "each migration file: applied, pending or changed since applied")
+    p = migrate.add("sql", cmd_migrate_sql, "print the DDL `migrate apply` would run on this database, for review")
+    p.add_argument("--all", action="store_true", help="every migration file, as for an empty database (no connection)")
 
 
-def _add_processes(commands: Commands) -> None:
-    """`dev up|down`, `worker` and `harness`: processes, whose own parsers read `worker`'s and
-    `harness`'s arguments (see main)."""
-    dev = commands.group("dev", "the embedded Temporal dev server and Postgres of this checkout")
-    dev.add("up", cmd_dev_up, "start them (if not running) and record their addresses for later commands")
-    dev.add("down", cmd_dev_down, "stop them and forget their addresses")
-
+def _add_worker(commands: Commands) -> None:
+    """`worker`: a process, whose own parser (worker.main) reads its arguments (see run)."""
     help = "run a worker (`worker --help` for its options; the global options above apply too)"
     p = commands.sub.add_parser("worker", help=help, description=help, add_help=False)
-    p.set_defaults(handler=None)  # its arguments are parsed by worker.main (see main)
-
-    help = "run the fault-injection harness (`harness --help` for its options)"
-    p = commands.sub.add_parser("harness", help=help, description=help, add_help=False)
-    p.set_defaults(handler=cmd_harness)  # its arguments are parsed by harness.cli (see main)
+    p.set_defaults(handler=None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    CliParser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    i = command_index(parser, argv)
+    if i < len(argv) and argv[i] in CHECKOUT_COMMANDS:
+        moved = CHECKOUT_COMMANDS[argv[i]]
+        where = f"`./dev {moved}` or `python -m devstack {moved}`"
+        message = f"{argv[i]!r} is not a command of deadline-cleanup: it runs from a checkout, as {where}"
+        return report_error(EXIT_INPUT, message, as_json="--json" in argv)
+    return run(parser, expand_alias(parser, argv))
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse `argv` with `parser` (this CLI's, or `python -m devstack`'s), then run the command's
+    handler with the settings, mapping errors to the exit codes above. A command that sets
+    `takes_rest` gets the arguments its parser does not know as `args.rest`."""
+    CliParser.json_errors = "--json" in argv
     args, rest = parser.parse_known_args(argv)
     if args.command == "worker":
         return run_worker_command(args, rest)
-    if args.command == "harness":
-        args.harness_args = rest
+    if getattr(args, "takes_rest", False):
+        args.rest = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     reject_non_finite(parser, args)
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if db.is_database_error(err):  # a command that opened the database without CliContext
             message = str(db.unavailable(settings.database_url, err))
             return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
-        if os.environ.get("CLEANUP_DEBUG"):
+        if process_switch("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)
         return report_error(EXIT_ERROR, redact(f"{type(err).__name__}: {err}", settings), as_json=as_json)
     return 0

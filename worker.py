@@ -29,9 +29,9 @@ from budget.controller import LoadBudget
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
-from core import db, embedded, fleet, health, logs, metrics, outage
+from core import addresses, db, fleet, health, logs, metrics, outage
 from core.cli import CliParser, add_connection_flags, bounded_int
-from core.config import PlannerSettings, Settings
+from core.config import Settings
 from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
@@ -48,14 +48,15 @@ async def build_activities(
     settings: Settings | None = None,
     budget: LoadBudget | None = None,
 ) -> list[object]:
-    """The activities of every job. `settings`: the worker's (None: the sections are read from the
-    environment, as a test's worker does); `budget`: the process's load budget (None: one of their
-    own for the cleanup and for the ledger)."""
-    targets_file = settings.cleanup.targets_file if settings else None  # None: load_targets reads it
-    cleanup = await CleanupActivities.create(pool, load_targets(targets_file), claim_pool=claim_pool, budget=budget)
+    """The activities of every job. `settings`: the worker's (None: the defaults, as a test's worker
+    takes); `budget`: the process's load budget (None: one of their own for the cleanup and for the
+    ledger)."""
+    settings = settings or Settings()
+    targets = load_targets(settings.cleanup.targets_file)
+    cleanup = await CleanupActivities.create(pool, targets, claim_pool, budget, settings.cleanup)
     # The relay's short statements use the connections kept apart: reminders must not queue behind
     # batches that wait on players' row locks and hold every connection of the main pool.
-    relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox if settings else None)
+    relay = OutboxRelayActivities.from_settings(claim_pool or pool, settings.outbox)
     return [
         cleanup.claim_cleanup,
         cleanup.check_account_renewed,
@@ -74,12 +75,12 @@ def planner_activities(pool: asyncpg.Pool) -> list[object]:
     return [planner.plan_deadline_buckets, planner.sweep_overdue_accounts]
 
 
-async def ensure_planner_running(
-    client: Client, task_queue: str, pool: asyncpg.Pool | None = None, settings: PlannerSettings | None = None
-) -> bool:
-    """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs."""
+async def ensure_planner_running(client: Client, settings: Settings, pool: asyncpg.Pool | None = None) -> bool:
+    """Running workers is enough: each one ensures the planner (a running one is kept). True: it runs.
+    A planner it starts runs as `settings` say (its own section, and the cleanups' defaults)."""
     try:
-        workflow_id, started = await ensure_planner(client, task_queue, settings, pool=pool)
+        s = settings
+        workflow_id, started = await ensure_planner(client, s.task_queue, s.planner, pool, s.cleanup.defaults)
     except RPCError as err:
         log.warning("could not ensure the deadline planner: %s", err.message)
         return False
@@ -89,20 +90,22 @@ async def ensure_planner_running(
 
 async def keep_planner_running(
     client: Client,
-    task_queue: str,
-    every: float,
+    settings: Settings,
     seen: Callable[[], None] | None = None,
     pool: asyncpg.Pool | None = None,
-    settings: PlannerSettings | None = None,
 ) -> None:
     """The planner's watchdog, in every worker that ensures it: a closed or stuck planner is started
-    again within `every` seconds (cleanup.planner.watch_planner), so no failure of the planner's own
+    again within `settings.planner_watchdog_seconds` (cleanup.planner.watch_planner), so no failure of the planner's own
     run (a step that failed for good, a termination, a task failing over and over) stops it for long."""
     stuck = 0
     while True:
-        await asyncio.sleep(every * random.uniform(0.8, 1.2))  # workers look at different moments
+        await asyncio.sleep(
+            settings.planner_watchdog_seconds * random.uniform(0.8, 1.2)
+        )  # workers look at different moments
         try:
-            outcome, stuck = await watch_planner(client, task_queue, stuck, pool=pool, settings=settings)
+            outcome, stuck = await watch_planner(
+                client, settings.task_queue, stuck, pool, settings.planner, settings.cleanup.defaults
+            )
             if seen is not None and outcome != "stuck":  # running, or started again just now
                 seen()
         except RPCError as err:  # the server is away: look again next time
@@ -114,18 +117,38 @@ def ledger_activities(pool: asyncpg.Pool, budget: LoadBudget | None = None) -> l
     return [ledger.check_ledger_day, ledger.reconcile_shard, ledger.settle_ledger_date]
 
 
+class WorkerOptions(NamedTuple):
+    """The options of the one `Worker` that `build_worker` builds; `from_settings` takes the
+    worker's settings (WORKER_*), the defaults are theirs."""
+
+    max_concurrent_activities: int = 16
+    graceful_shutdown_seconds: float = 20.0
+    sticky_queue_timeout_seconds: float = 3.0
+    workflow_task_polls: int | None = None
+    activity_task_polls: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WorkerOptions:
+        return cls(
+            max_concurrent_activities=settings.max_concurrent_activities,
+            graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
+            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
+            workflow_task_polls=settings.worker_workflow_task_polls,
+            activity_task_polls=settings.worker_activity_task_polls,
+        )
+
+
+DEFAULT_WORKER_OPTIONS = WorkerOptions()
+
+
 def build_worker(
     client: Client,
     task_queue: str,
     activities: Sequence[object],
     *,
-    max_concurrent_activities: int = 16,
     extra_workflows: Sequence[type] = (),
-    graceful_shutdown_seconds: float = 20.0,
-    sticky_queue_timeout_seconds: float = 3.0,
     pool: asyncpg.Pool | None = None,
-    workflow_task_polls: int | None = None,
-    activity_task_polls: int | None = None,
+    options: WorkerOptions = DEFAULT_WORKER_OPTIONS,
 ) -> Worker:
     """With the activities' `pool`, an attempt that lost its database connection waits for the
     database and runs again at once (core.outage) instead of waiting out Temporal's back-off.
@@ -133,25 +156,21 @@ def build_worker(
     Recovery after a worker dies: its activities are retried elsewhere after their heartbeat
     timeout (core.heartbeat), whose heartbeats reach the server at least every second here; a
     workflow task it held times out after WORKFLOW_TASK_TIMEOUT (core.temporal); a workflow task
-    for a workflow it had cached waits `sticky_queue_timeout_seconds` on its sticky queue first.
-    On SIGTERM it stops polling and hands its sticky queue back to the server at once, so the next
-    step of an activity that completes meanwhile starts elsewhere (tests/test_worker_shutdown.py).
-
-    Ten parameters on purpose: after the client, queue and activities, each is one keyword-only
-    option of the single `Worker` built below, with its default, so a test names only the few it
-    sets; grouping them would only add a model each caller builds and this function unpacks."""
+    for a workflow it had cached waits `options.sticky_queue_timeout_seconds` on its sticky queue
+    first. On SIGTERM it stops polling and hands its sticky queue back to the server at once, so the
+    next step of an activity that completes meanwhile starts elsewhere (tests/test_worker_shutdown.py)."""
     probe = functools.partial(db.ping, pool) if pool is not None else None
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[*ALL_WORKFLOWS, *extra_workflows],
         activities=list(activities),  # type: ignore[arg-type]
-        max_concurrent_activities=max_concurrent_activities,
-        graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_seconds),
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
+        max_concurrent_activities=options.max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=options.graceful_shutdown_seconds),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=options.sticky_queue_timeout_seconds),
         max_heartbeat_throttle_interval=MAX_HEARTBEAT_THROTTLE,
-        max_concurrent_workflow_task_polls=workflow_task_polls,
-        max_concurrent_activity_task_polls=activity_task_polls,
+        max_concurrent_workflow_task_polls=options.workflow_task_polls,
+        max_concurrent_activity_task_polls=options.activity_task_polls,
         interceptors=[outage.OutageInterceptor(probe)],
     )
 
@@ -217,7 +236,7 @@ async def run_worker(
     extras = WorkerExtras(extra_workflows, extra_activities, on_ready, planner)
     # A mistake in the targets file exits 2 naming its file and line before anything is started.
     load_targets(settings.cleanup.targets_file)
-    settings = embedded.resolve(settings)
+    settings = addresses.require(settings)
     assert settings.database_url is not None
     runtime = metrics_runtime(settings)
     if runtime is not None and settings.metrics_port is not None:
@@ -257,18 +276,14 @@ async def _run_worker(
     try:
         readiness.client = client = await connect(settings, runtime=runtime)
         await _check_search_attributes(client, settings.temporal_namespace)
-        budget = LoadBudget(pool)  # one per process: its batches, its probes, its idle baseline
+        budget = LoadBudget(pool, settings.budget)  # one per process: its batches, its probes, its idle baseline
         worker = build_worker(
             client,
             settings.task_queue,
             [*(await build_activities(pool, claim_pool, settings, budget)), *extras.activities],
-            max_concurrent_activities=settings.max_concurrent_activities,
             extra_workflows=extras.workflows,
-            graceful_shutdown_seconds=settings.worker_graceful_shutdown_seconds,
-            sticky_queue_timeout_seconds=settings.worker_sticky_queue_timeout_seconds,
             pool=pool,
-            workflow_task_polls=settings.worker_workflow_task_polls,
-            activity_task_polls=settings.worker_activity_task_polls,
+            options=WorkerOptions.from_settings(settings),
         )
         log.info(
             "worker polling %s on %s (payload encryption %s)",
@@ -337,16 +352,9 @@ async def _start_companions(
     tasks.append(asyncio.create_task(keep_pruning(pool, settings.cleanup.retention_days, budget)))
     if extras.planner and settings.planner_enabled:
         readiness.planner_expected = True
-        if await ensure_planner_running(client, settings.task_queue, pool, settings.planner):
+        if await ensure_planner_running(client, settings, pool):
             readiness.planner_seen()
-        watchdog = keep_planner_running(
-            client,
-            settings.task_queue,
-            settings.planner_watchdog_seconds,
-            readiness.planner_seen,
-            pool,
-            settings.planner,
-        )
+        watchdog = keep_planner_running(client, settings, readiness.planner_seen, pool)
         tasks.append(asyncio.create_task(watchdog))
     return tasks
 

@@ -46,6 +46,7 @@ from cleanup.models import (
 from cleanup.planner import held_by_pause
 from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
+from core.config import CleanupSettings
 from core.errors import ErrorType, failure, handed_back
 from core.outage import resume_details
 from core.queries import load
@@ -167,18 +168,21 @@ async def _claim_chunk(
     await conn.execute(SQL.claim_chunk_plan)
     row = await conn.fetchrow(
         SQL.claim_chunk,
-        input.cleanup_id,
-        input.deadline_from,
-        input.deadline_until,
-        progress["cursor_deadline"],
-        progress["cursor_account"],
-        chunk_size,
-        input.stream_partitions,
-        sum(per_partition),
-        input.streams,
-        input.stream,
-        CLAIM_RUN_ACCOUNTS,
-        claiming_namespace(),
+        *SQL.bind(
+            "claim_chunk",
+            cleanup_id=input.cleanup_id,
+            deadline_from=input.deadline_from,
+            deadline_until=input.deadline_until,
+            cursor_deadline=progress["cursor_deadline"],
+            cursor_account=progress["cursor_account"],
+            chunk_size=chunk_size,
+            stream_partitions=input.stream_partitions,
+            claimed_before=sum(per_partition),
+            streams=input.streams,
+            stream=input.stream,
+            run_accounts=CLAIM_RUN_ACCOUNTS,
+            namespace=claiming_namespace(),
+        ),
     )
     assert row is not None
     for p in row["partitions"]:
@@ -232,12 +236,13 @@ async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, clea
             CleanupFailure.TARGETS_MISMATCH,
             f"cleanup {cleanup_id} runs with target set {recorded}; this worker's is {compiled.fingerprint}",
         )
-    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets))
+    _OTHER_SETS[recorded] = await CompiledCleanup.compile(pool, targets_from_json(targets), compiled.settings)
     return _OTHER_SETS[recorded]
 
 
 # Target sets of cleanups that started before this worker's set was deployed, compiled once.
 _OTHER_SETS: dict[str, CompiledCleanup] = {}
+DEFAULT_CLEANUP_SETTINGS = CleanupSettings()
 
 
 @dataclass(frozen=True)
@@ -412,7 +417,7 @@ class CleanupActivities:
         self.claim_pool = claim_pool or pool
         self.partition_batch_sql = partition_batch_sql
         self.compiled = compiled or CompiledCleanup.from_batch_sql(partition_batch_sql)
-        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
+        self.budget = budget or LoadBudget(pool)  # the worker passes its own; the operator's row wins
 
     @classmethod
     async def create(
@@ -421,9 +426,11 @@ class CleanupActivities:
         targets: CleanupTargets,
         claim_pool: asyncpg.Pool | None = None,
         budget: LoadBudget | None = None,
+        settings: CleanupSettings = DEFAULT_CLEANUP_SETTINGS,
     ) -> CleanupActivities:
-        """Check the declared targets against the live schema, then compile them once."""
-        compiled = await CompiledCleanup.compile(pool, targets)
+        """Check the declared targets against the live schema, then compile them once, with the
+        worker's `settings.cleanup` (the anonymize key, the reminders)."""
+        compiled = await CompiledCleanup.compile(pool, targets, settings)
         await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
         # Warned, not refused: without the index every batch reads the table whole (late, not wrong).
         for m in compiled.missing_indexes:
@@ -447,36 +454,29 @@ class CleanupActivities:
 
     @activity.defn(name=CLAIM_CLEANUP)
     async def claim_cleanup(self, input: ClaimCleanupInput) -> ClaimResult:
-        """Move the cohort's still-active accounts to 'cleaning' and assign partitions.
-
-        Re-running it claims nothing new and reports the same claim, read back from the database.
-        """
+        """Move one still-active account to 'cleaning' (a cohort claims in chunks:
+        `claim_cleanup_in_chunks`). Re-running it claims nothing new and reports the same claim,
+        read back from the database."""
         await self._hold_if_paused(input.cleanup_id)
         await wait_for_database_clock(self.pool, input.deadline, cleanup_id=input.cleanup_id)
         async with self.pool.acquire() as conn, db.transaction(conn):
             skipped_renewed = skipped_stale = 0
-            if input.account_id is None:
-                await conn.execute(
-                    SQL.claim_cohort, input.cleanup_id, input.deadline, input.partitions, claiming_namespace()
+            await conn.execute(
+                SQL.claim_account,
+                input.cleanup_id,
+                input.account_id,
+                input.deadline,
+                input.expected_version,
+                claiming_namespace(),
+            )
+            state = await conn.fetchrow(SQL.account_state, input.account_id)
+            if state is None:
+                raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
+            if state["claimed_by"] != input.cleanup_id:
+                renewed = state["status"] == "renewed" or (
+                    state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
                 )
-                skipped_renewed = await conn.fetchval(SQL.cohort_renewed_count, input.deadline)
-            else:
-                await conn.execute(
-                    SQL.claim_account,
-                    input.cleanup_id,
-                    input.account_id,
-                    input.deadline,
-                    input.expected_version,
-                    claiming_namespace(),
-                )
-                state = await conn.fetchrow(SQL.account_state, input.account_id)
-                if state is None:
-                    raise cleanup_failure(CleanupFailure.UNKNOWN_ACCOUNT, f"unknown account {input.account_id}")
-                if state["claimed_by"] != input.cleanup_id:
-                    renewed = state["status"] == "renewed" or (
-                        state["cleanup_version"] != input.expected_version and state["renewed_at"] is not None
-                    )
-                    skipped_renewed, skipped_stale = (1, 0) if renewed else (0, 1)
+                skipped_renewed, skipped_stale = (1, 0) if renewed else (0, 1)
             per_partition = [0] * input.partitions
             for row in await conn.fetch(SQL.claims_per_partition, input.cleanup_id):
                 per_partition[row["partition_no"]] = row["claimed"]
@@ -643,4 +643,4 @@ class CleanupActivities:
         assert row is not None
         if written.endswith(" 1"):  # this delivery wrote the settlement: count its skips once
             metrics.record_cleanup_settled(skipped_renewed=row["skipped_renewed"], skipped_stale=row["skipped_stale"])
-        return CleanupSettlement.model_validate(dict(row) | {"failed_reasons": reasons})
+        return CleanupSettlement.from_row(row, failed_reasons=reasons)

@@ -275,7 +275,7 @@ class LedgerActivities:
 
     def __init__(self, pool: asyncpg.Pool, budget: LoadBudget | None = None) -> None:
         self.pool = pool
-        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
+        self.budget = budget or LoadBudget(pool)  # the worker passes its own; the operator's row wins
 
     @activity.defn(name=CHECK_LEDGER_DAY)
     async def check_ledger_day(self, input: LedgerDayCheck) -> LedgerDay:
@@ -411,4 +411,4 @@ class LedgerActivities:
             row = await conn.fetchrow(SQL.get_settlement, input.business_date)
         failpoints.hit(f"{SETTLE_LEDGER_DATE}.after_commit")
         assert row is not None
-        return LedgerSettlement.model_validate(dict(row))
+        return LedgerSettlement.from_row(row)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps of one str, in C
 from typing import Literal, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
@@ -34,12 +35,13 @@ from temporalio import activity
 
 import outbox
 from core import db, failpoints, metrics
-from core.config import OutboxSettings, read
+from core.config import OutboxSettings
 from core.heartbeat import heartbeating
 from core.outage import OUTAGE
 from core.queries import load
 from outbox.errors import HeaderInjectionError, OutboxFailure, outbox_failure
 from outbox.models import (
+    FAILURE_BATCH_ANSWER,
     FAILURE_CONNECTION,
     FAILURE_TIMEOUT,
     NOT_SENT_LEASE_SHORT,
@@ -54,6 +56,10 @@ SQL = load(outbox.__file__)
 log = logging.getLogger(__name__)
 
 SEND_PATH = "/v1/messages"
+# The provider's batch endpoint (MAIL_PROVIDER_BATCH_MAX > 1): one request, one result per event.
+SEND_BATCH_PATH = "/v1/messages/batch"
+# A batch answer may be read this much longer per event it carries (one result each).
+BATCH_RESPONSE_BYTES_PER_EVENT = 2048
 ERROR_TEXT_LIMIT = 1000
 # What of a dead letter's reason (the provider's reply included) a log line shows.
 LOG_REPLY_LIMIT = 200
@@ -69,6 +75,9 @@ DB_RETRY_INITIAL_SECONDS = 0.1
 DB_RETRY_MAX_SECONDS = 1.0
 
 OutcomeKind = Literal["delivered", "retry", "dead"]
+# What one event's outcome is judged from: the provider's answer for it, or why there is none
+# (the failure's text and kind, as `classify` takes them).
+EventAnswer = tuple["ProviderAnswer | None", str | None, str | None]
 _JITTER = random.Random()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,500}$")  # an Idempotency-Key: printable ASCII, no space
@@ -196,6 +205,65 @@ def failure_summary(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n}\u00d7 {kind}" for kind, n in ordered if n > 0)
 
 
+def message_json(row: Mapping[str, object]) -> str:
+    """One event as a message of a batch request (what json.dumps would write, field by field). The
+    payload is the database's own JSON text (jsonb output), put in as it is rather than parsed and
+    encoded again."""
+    key = json_string(str(row["event_key"]))
+    payload = row["payload"]
+    return (
+        f'{{"idempotency_key": {key}, "event_key": {key}, "kind": {json_string(str(row["kind"]))}, '
+        f'"account_id": {json_string(str(row["account_id"]))}, "source_id": {json_string(str(row["source_id"]))}, '
+        f'"payload": {payload if isinstance(payload, str) else json.dumps(payload)}}}'
+    )
+
+
+def batch_event_answers(
+    answer: ProviderAnswer | None, failure: str | None, failure_kind: str | None, keys: list[str]
+) -> dict[str, EventAnswer]:
+    """Each event's answer from the answer to the batch request that carried it.
+
+    No answer (timeout, broken connection), or a whole-batch 429, 5xx, 408, 401/403: that answer is
+    every event's, and `classify` treats it as it would a single send's (so a 429's Retry-After holds
+    for all). Any other 4xx for the whole request refuses the batch, not an event: a failure that is
+    retried, never an event's dead letter. A 2xx carries one result per event, found by idempotency
+    key: an event with no readable result counts a failure and is sent again (the key deduplicates).
+    """
+    if answer is None:
+        return {k: (None, failure, failure_kind) for k in keys}
+    if not 200 <= answer.status < 300:
+        if 400 <= answer.status < 500 and answer.status not in (401, 403, 408, 429):
+            refused = f"the provider refused the whole batch: HTTP {answer.status}: {answer.text()}"
+            return {k: (None, refused, f"batch {answer.status}") for k in keys}
+        return {k: (answer, None, None) for k in keys}
+    try:
+        results = json.loads(answer.body)["results"]
+        found = {r["idempotency_key"]: r for r in results if isinstance(r, dict) and isinstance(r.get("status"), int)}
+    except (ValueError, TypeError, KeyError):
+        unreadable = f"the provider's batch answer has no readable results: {answer.text(200)}"
+        return {k: (None, unreadable, FAILURE_BATCH_ANSWER) for k in keys}
+    missing: EventAnswer = (None, "no result for this event in the provider's batch answer", FAILURE_BATCH_ANSWER)
+    return {k: (_result_answer(found[k]), None, None) if k in found else missing for k in keys}
+
+
+@functools.cache
+def _accepted(status: int) -> ProviderAnswer:
+    """The answer of every accepted event of a batch with this status: one object, not one per event."""
+    return ProviderAnswer(status, {})
+
+
+def _result_answer(result: Mapping[str, object]) -> ProviderAnswer:
+    """One result of a batch answer as the answer to a single send: its status, its own Retry-After,
+    and (unless accepted) its error text, which a retry or a dead letter records."""
+    status = int(str(result["status"]))
+    if 200 <= status < 300:
+        return _accepted(status)
+    retry_after = result.get("retry_after")
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+    text = result.get("error") or json.dumps(result)
+    return ProviderAnswer(status, headers, str(text).encode())
+
+
 def classify(
     answer: ProviderAnswer | None,
     failure: str | None,
@@ -277,9 +345,16 @@ class OutboxRelayActivities:
     """Holds the pool, the provider's address and token, and one pooled httpx client; one per worker."""
 
     def __init__(
-        self, pool: asyncpg.Pool, provider_url: str | None, token: str | None, allow_http: bool = False
+        self,
+        pool: asyncpg.Pool,
+        provider_url: str | None,
+        token: str | None,
+        allow_http: bool = False,
+        batch_max: int = 0,
     ) -> None:
         self.pool = pool
+        # Events per request to the provider's batch endpoint; 0 or 1: one request per event.
+        self.batch_max = batch_max
         self._base = parse_base_url(provider_url, allow_http) if provider_url else None
         self._token = token or None
         if self._token is not None:
@@ -287,17 +362,18 @@ class OutboxRelayActivities:
         self._http: httpx.AsyncClient | None = None
 
     @classmethod
-    def from_settings(cls, pool: asyncpg.Pool, settings: OutboxSettings | None = None) -> OutboxRelayActivities:
+    def from_settings(cls, pool: asyncpg.Pool, settings: OutboxSettings) -> OutboxRelayActivities:
         """MAIL_PROVIDER_URL and MAIL_PROVIDER_TOKEN (if either is unset the activity fails clearly);
-        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback. `settings`: the worker's outbox
-        section (None: read from the environment)."""
-        found = settings or read(OutboxSettings)
+        MAIL_PROVIDER_ALLOW_HTTP=1 allows http:// beyond loopback; MAIL_PROVIDER_BATCH_MAX > 1 sends
+        that many events per request to the batch endpoint. `settings`: the worker's outbox
+        section."""
+        found = settings
         token = found.provider_token.get_secret_value() if found.provider_token else None
-        return cls(pool, found.provider_url, token, found.provider_allow_http)
+        return cls(pool, found.provider_url, token, found.provider_allow_http, found.provider_batch_max)
 
     def __repr__(self) -> str:  # never the token
         where = self._base.geturl() if self._base else "unconfigured"
-        return f"OutboxRelayActivities(provider={where!r})"
+        return f"OutboxRelayActivities(provider={where!r}, batch_max={self.batch_max})"
 
     @property
     def configured(self) -> bool:
@@ -414,33 +490,54 @@ class OutboxRelayActivities:
     async def _send_all(
         self, rows: list[asyncpg.Record], s: RelayBatchSettings, send_until: float, progress: dict[str, int]
     ) -> dict[int, Outcome]:
-        """Send with at most `concurrency` requests in flight, over the instance's pooled connections.
+        """Send with at most `concurrency` requests in flight, over the instance's pooled connections:
+        one request per event, or (batch_max > 1) per `batch_max` events to the batch endpoint.
 
         Once the worker shuts down gracefully (SIGTERM, a deploy), no new request starts: the requests
         in flight finish, and the rows not sent are released (due at once, not a failure) when the
         outcomes are recorded, so another worker's relay sends them without waiting for the lease."""
-        queue: asyncio.Queue[asyncpg.Record] = asyncio.Queue()
-        for row in sorted(rows, key=lambda r: int(r["event_id"])):  # oldest first (RETURNING has no order)
-            queue.put_nowait(row)
+        ordered = sorted(rows, key=lambda r: int(r["event_id"]))  # oldest first (RETURNING has no order)
+        size = max(self.batch_max, 1)
+        queue: asyncio.Queue[list[asyncpg.Record]] = asyncio.Queue()
+        for i in range(0, len(ordered), size):
+            queue.put_nowait(ordered[i : i + size])
         outcomes: dict[int, Outcome] = {}
         client = self._client()
 
         async def sender() -> None:
             while not queue.empty():
-                row = queue.get_nowait()
-                if time.monotonic() + s.request_timeout_seconds > send_until:
-                    # Not sent: the lease would run out before an answer could be recorded. Not a failure.
-                    outcomes[row["event_id"]] = Outcome("retry", None, 0.0, NOT_SENT_LEASE_SHORT)
-                    continue
-                if activity.is_worker_shutdown():
-                    outcomes[row["event_id"]] = Outcome("retry", None, 0.0, NOT_SENT_SHUTDOWN)
-                    continue
-                outcomes[row["event_id"]] = await self._send_one(client, row, s)
+                chunk = queue.get_nowait()
+                unsent = self._not_sent(s, send_until)
+                if unsent is not None:
+                    outcomes.update((row["event_id"], unsent) for row in chunk)
+                elif size == 1:
+                    outcomes[chunk[0]["event_id"]] = await self._send_one(client, chunk[0], s)
+                else:
+                    outcomes.update(await self._send_batch(client, chunk, s))
                 progress["sent"] = len(outcomes)
                 activity.heartbeat(dict(progress))
 
-        await asyncio.gather(*(sender() for _ in range(min(s.concurrency, len(rows)))))
+        await asyncio.gather(*(sender() for _ in range(min(s.concurrency, queue.qsize()))))
         return outcomes
+
+    @staticmethod
+    def _not_sent(s: RelayBatchSettings, send_until: float) -> Outcome | None:
+        """Why no request may start now (released unsent, due at once, not a failure), or None."""
+        if time.monotonic() + s.request_timeout_seconds > send_until:
+            return Outcome("retry", None, 0.0, NOT_SENT_LEASE_SHORT)  # no time left to record an answer
+        if activity.is_worker_shutdown():
+            return Outcome("retry", None, 0.0, NOT_SENT_SHUTDOWN)
+        return None
+
+    def _headers(self, key: str | None = None) -> dict[str, str]:
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return safe_headers(headers)
 
     async def _send_one(self, client: httpx.AsyncClient, row: asyncpg.Record, s: RelayBatchSettings) -> Outcome:
         if not _HEADER_SAFE.match(row["event_key"]):
@@ -455,25 +552,57 @@ class OutboxRelayActivities:
                 "payload": json.loads(row["payload"]),
             }
         ).encode()
-        headers = safe_headers(
-            {
-                "Authorization": f"Bearer {self._token}",
-                "Idempotency-Key": row["event_key"],
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-            }
-        )
-        answer: ProviderAnswer | None = None
-        failure: str | None = None
-        failure_kind: str | None = None
+        answer = await self._request(client, SEND_PATH, body, self._headers(row["event_key"]), s)
+        return self._outcome(row, answer, s)
+
+    async def _send_batch(
+        self, client: httpx.AsyncClient, rows: list[asyncpg.Record], s: RelayBatchSettings
+    ) -> dict[int, Outcome]:
+        """One request to the batch endpoint; each event's outcome from its own result in the answer,
+        judged by the same policy as a single send (so one event's 422 is its dead letter alone)."""
+        outcomes: dict[int, Outcome] = {}
+        valid = []
+        for row in rows:
+            if _HEADER_SAFE.match(row["event_key"]):
+                valid.append(row)
+            else:  # the same rule as a single send's header: the provider keys on it
+                outcomes[row["event_id"]] = Outcome(
+                    "dead", None, 0.0, "event key is not a valid Idempotency-Key (printable ASCII only)"
+                )
+        if not valid:
+            return outcomes
+        body = ('{"messages": [' + ", ".join(message_json(r) for r in valid) + "]}").encode()
+        limit = MAX_RESPONSE_BYTES + BATCH_RESPONSE_BYTES_PER_EVENT * len(valid)
+        answered = await self._request(client, SEND_BATCH_PATH, body, self._headers(), s, limit)
+        each = batch_event_answers(*answered, [r["event_key"] for r in valid])
+        for row in valid:
+            outcomes[row["event_id"]] = self._outcome(row, each[row["event_key"]], s)
+        return outcomes
+
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        s: RelayBatchSettings,
+        limit: int = MAX_RESPONSE_BYTES,
+    ) -> EventAnswer:
+        """POST, bounded by the request timeout: the answer, or why there is none (text, failure kind)."""
         try:
             # httpx's timeout bounds each phase (connect, write, each read); this bounds the whole request.
             async with asyncio.timeout(s.request_timeout_seconds):
-                answer = await self._post(client, body, headers, s.request_timeout_seconds)
+                return await self._post(client, path, body, headers, s.request_timeout_seconds, limit), None, None
         except (TimeoutError, httpx.TimeoutException):
-            failure, failure_kind = f"timeout: no answer within {s.request_timeout_seconds:g}s", FAILURE_TIMEOUT
+            return None, f"timeout: no answer within {s.request_timeout_seconds:g}s", FAILURE_TIMEOUT
         except httpx.HTTPError as err:  # connection refused/reset, broken answer, ...: never the headers
-            failure, failure_kind = f"connection error: {type(err).__name__}: {err}", FAILURE_CONNECTION
+            return None, f"connection error: {type(err).__name__}: {err}", FAILURE_CONNECTION
+
+    def _outcome(self, row: asyncpg.Record, answered: EventAnswer, s: RelayBatchSettings) -> Outcome:
+        """The retry policy applied to one event's answer, with the token redacted from its error."""
+        answer, failure, failure_kind = answered
+        if answer is not None and 200 <= answer.status < 300:
+            return Outcome("delivered", answer.status)  # what classify says, without reading past failures
         counted = row["failure_counts"]
         failures = json.loads(counted) if isinstance(counted, str) else dict(counted or {})
         outcome = classify(answer, failure, row["attempts"], s, failures=failures, failure_kind=failure_kind)
@@ -489,12 +618,18 @@ class OutboxRelayActivities:
 
     @staticmethod
     async def _post(
-        client: httpx.AsyncClient, body: bytes, headers: dict[str, str], phase_timeout: float
+        client: httpx.AsyncClient,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        phase_timeout: float,
+        limit: int = MAX_RESPONSE_BYTES,
     ) -> ProviderAnswer:
-        async with client.stream("POST", SEND_PATH, content=body, headers=headers, timeout=phase_timeout) as response:
-            data = b""
+        async with client.stream("POST", path, content=body, headers=headers, timeout=phase_timeout) as response:
+            data = bytearray()
             async for chunk in response.aiter_bytes():
                 data += chunk
-                if len(data) >= MAX_RESPONSE_BYTES:
+                if len(data) >= limit:
                     break
-            return ProviderAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()}, data)
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            return ProviderAnswer(response.status_code, headers, bytes(data))

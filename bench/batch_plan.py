@@ -46,10 +46,11 @@ from bench.common import run_benchmark
 from cleanup.batches import CompiledCleanup
 from cleanup.models import ClaimChunkedInput
 from cleanup.targets import load_targets
-from core import db, embedded
+from core import db
 from core.config import Settings
 from core.queries import load
 from demo.fixture import create_game_schema, seed_accounts
+from devstack import embedded
 from ledger.seed import seed_ledger_day, seed_spec
 
 LEDGER_SQL = load(ledger.__file__)

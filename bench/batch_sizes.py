@@ -55,7 +55,7 @@ from bench.cohort_cleanup import (
 from bench.common import load_average, machine, run_benchmark
 from bench.observe import schedstat
 from cleanup.batches import CompiledCleanup, run_keyset_batch
-from cleanup.models import DEFAULT_CLAIM_STREAMS
+from cleanup.models import DEFAULTS
 from cleanup.targets import load_targets
 from core import db
 
@@ -326,7 +326,7 @@ async def run(
             await pool.execute("VACUUM ANALYZE", timeout=LONG_STATEMENT_SECONDS)
             await pool.execute(AUTOVACUUM_OFF)
             cleanup_id = "batch-sizes"
-            await claim_in_streams(pool, cleanup_id, deadline, parallel, min(DEFAULT_CLAIM_STREAMS, parallel))
+            await claim_in_streams(pool, cleanup_id, deadline, parallel, min(DEFAULTS.claim_streams, parallel))
             compiled = await CompiledCleanup.compile(pool, load_targets())
             await settle(pool)
             load_at_start = load_average()

@@ -2,7 +2,7 @@
 
 Seeds one cohort (accounts only, no game data, one deadline) in a fresh database on $DATABASE_URL's
 server, claims it with the same function the `claim_cleanup_in_chunks` activity runs, in as many
-claim streams at once as a cohort's cleanup uses (`DEFAULT_CLAIM_STREAMS`), and prints one
+claim streams at once as a cohort's cleanup uses (`DEFAULTS.claim_streams`), and prints one
 JSON document: every statement's duration as the client saw it (the longest one is what bounds the
 claim, whatever the cohort), every chunk's transaction, the total, the WAL the server wrote during
 the claim (`pg_current_wal_lsn` before and after; server-wide, so another database's writes count
@@ -33,7 +33,7 @@ import bench
 import cleanup
 from activities.cleanup import claim_in_chunks
 from bench.common import machine, run_benchmark
-from cleanup.models import CLAIM_RUN_ACCOUNTS, DEFAULT_CLAIM_STREAMS, ClaimChunkedInput
+from cleanup.models import CLAIM_RUN_ACCOUNTS, DEFAULTS, ClaimChunkedInput
 from core import db
 from core.queries import load
 
@@ -44,7 +44,7 @@ CLAIM_TABLES = ["accounts", "cleanup_claims", "cleanup_claim_progress"]
 
 def _statement_name(query: str) -> str:
     text = query.strip().rstrip(";")
-    names = {body: name for name, body in dict(CLAIM_SQL).items()}
+    names: dict[str, str] = {body: name for name, body in dict.items(CLAIM_SQL)}
     if text in names:
         return names[text]
     return " ".join(text.split())[:60]
@@ -64,18 +64,21 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
         await conn.execute(CLAIM_SQL.claim_chunk_plan)
         plan = await conn.fetchval(
             "EXPLAIN (ANALYZE, WAL, FORMAT JSON) " + CLAIM_SQL.claim_chunk,
-            "wal-sample",
-            deadline,
-            deadline + timedelta(microseconds=1),
-            datetime(1, 1, 1, tzinfo=UTC),
-            "",
-            chunk,
-            partitions,
-            0,
-            1,  # one claim stream: the whole range
-            0,
-            CLAIM_RUN_ACCOUNTS,
-            "bench",  # the claiming namespace
+            *CLAIM_SQL.bind(
+                "claim_chunk",
+                cleanup_id="wal-sample",
+                deadline_from=deadline,
+                deadline_until=deadline + timedelta(microseconds=1),
+                cursor_deadline=datetime(1, 1, 1, tzinfo=UTC),
+                cursor_account="",
+                chunk_size=chunk,
+                stream_partitions=partitions,
+                claimed_before=0,
+                streams=1,  # one claim stream: the whole range
+                stream=0,
+                run_accounts=CLAIM_RUN_ACCOUNTS,
+                namespace="bench",
+            ),
         )
         await tr.rollback()
     finally:
@@ -94,7 +97,7 @@ async def chunk_wal_sample(url: str, deadline: datetime, chunk: int, partitions:
 async def run(
     accounts: int,
     chunk: int = 10_000,
-    streams: int = DEFAULT_CLAIM_STREAMS,
+    streams: int = DEFAULTS.claim_streams,
     partitions: int = 16,
     idle_seconds: float = 10.0,
 ) -> dict[str, Any]:
@@ -224,7 +227,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--accounts", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=10_000)
-    parser.add_argument("--streams", type=int, default=DEFAULT_CLAIM_STREAMS, help="claim streams at once")
+    parser.add_argument("--streams", type=int, default=DEFAULTS.claim_streams, help="claim streams at once")
     args = parser.parse_args()
     print(json.dumps(run_benchmark(run(args.accounts, args.chunk, args.streams)), indent=2, default=str))
 

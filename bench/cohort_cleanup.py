@@ -67,8 +67,9 @@ from bench.common import (
 )
 from bench.observe import Observer
 from budget.controller import budget_status
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
-    DEFAULT_CLAIM_STREAMS,
+    DEFAULTS,
     ClaimChunkedInput,
     ClaimResult,
     CleanupPartitionInput,
@@ -79,7 +80,6 @@ from cleanup.models import (
     following_partitions,
 )
 from cleanup.operations import start_cleanup
-from cleanup.planner_models import PlannerSettings
 from cleanup.targets import load_targets
 from core.queries import load
 from demo.fixture import seed_accounts
@@ -98,7 +98,7 @@ SWEEP_SAMPLE_SECONDS = 0.02
 # Partitions at a time: the planner's default, the cohort cleanups that run with nobody starting
 # them (8, `starter.py cleanup`'s default, is 10 backends with the claim streams on a 2-core server:
 # `--compare-parallel 8` measures what that costs beside it).
-DEFAULT_PARALLEL = PlannerSettings().max_parallel_partitions
+DEFAULT_PARALLEL = DEFAULTS.max_parallel_partitions
 
 
 async def seed_cohort(pool: Any, prefix: str, deadline: datetime, count: int) -> None:
@@ -168,7 +168,7 @@ async def direct_cleanup(
     follow: bool = True,
     observer: Observer | None = None,
 ) -> dict[str, Any]:
-    """The pipeline's steps without Temporal: the chunked claim in `DEFAULT_CLAIM_STREAMS` streams
+    """The pipeline's steps without Temporal: the chunked claim in `DEFAULTS.claim_streams` streams
     (on `claim_pool`, one connection per stream, so the claim's own CPU can be read) with every
     partition following its stream, the join, the settlement.
 
@@ -180,7 +180,7 @@ async def direct_cleanup(
     assert claim_pool is not None
     if follow:
         partitions = following_partitions(partitions, parallel)  # as the pipeline: all of them at once
-    streams = min(DEFAULT_CLAIM_STREAMS, partitions)
+    streams = min(DEFAULTS.claim_streams, partitions)
     claim_pids = await backend_pids(claim_pool, streams)
     claim_cpu_before = [cpu_seconds(pid) for pid in claim_pids]
     load_before, cpu_before = load_average(), await database_cpu_seconds(acts.pool)
@@ -326,10 +326,7 @@ async def pipeline_cleanup(
         s.client,
         s.pool,
         s.settings.task_queue,
-        deadline=deadline,
-        partitions=partitions,
-        max_parallel_partitions=parallel,
-        batch_size=batch_size,
+        StartCleanup(deadline=deadline, partitions=partitions, max_parallel_partitions=parallel, batch_size=batch_size),
     )
     handle = s.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await handle.result()

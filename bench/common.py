@@ -21,11 +21,12 @@ import asyncpg
 from temporalio.client import Client
 
 from budget.controller import BudgetChange, set_budget
-from cleanup.models import DEFAULT_CLAIM_STREAMS
-from core import db, embedded
+from cleanup.models import DEFAULTS
+from core import db
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
+from devstack import embedded
 
 T = TypeVar("T")
 
@@ -227,7 +228,7 @@ async def stack(pool_size: int = 8) -> AsyncIterator[Stack]:
         await create_game_schema(url)
         pool = await db.create_pool(url, max_size=pool_size)
         client = await connect(settings)
-        claim_backends = await db.create_pool(url, min_size=DEFAULT_CLAIM_STREAMS, max_size=DEFAULT_CLAIM_STREAMS)
+        claim_backends = await db.create_pool(url, min_size=DEFAULTS.claim_streams, max_size=DEFAULTS.claim_streams)
         s = Stack(
             settings,
             client,

@@ -38,7 +38,7 @@ import bench
 import bench.floor
 from bench.cohort_cleanup import AUTOVACUUM_OFF, DEFAULT_PARALLEL, LONG_STATEMENT_SECONDS, pipeline_cleanup, settle
 from bench.common import Stack, load_average, machine, run_benchmark, stack, wait_for_worker
-from cleanup.planner_models import PlannerSettings
+from cleanup.models import DEFAULTS
 from cleanup.targets import ANONYMIZE_KEY_ENV, anonymize_key_pads, q
 from core.config import PROJECT_ROOT
 from core.queries import load
@@ -49,7 +49,7 @@ GAME_SCHEMA = "game_server"
 GAME_DIR = PROJECT_ROOT / "tests" / "game_server"
 KEY = "benchmark-anonymize-key-of-the-game-server"
 # Partitions and partitions at a time: the planner's defaults, as every cohort cleanup nobody starts by hand.
-DEFAULT_PARTITIONS = PlannerSettings().partitions
+DEFAULT_PARTITIONS = DEFAULTS.partitions
 
 
 async def seed_cohorts(pool: asyncpg.Pool, deadlines: list[datetime], users: int) -> dict[str, float]:

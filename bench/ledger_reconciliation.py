@@ -61,7 +61,7 @@ from ledger.models import (
     ShardCheckpoint,
     ShardReport,
 )
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
@@ -183,12 +183,14 @@ async def pipeline_reconciliation(
         s.client,
         s.pool,
         s.settings.task_queue,
-        business_date,
-        max_parallel=parallel,
-        batch_size=batch_size,
-        tolerance_cents=TOLERANCE_CENTS,
-        id_prefix=id_prefix,
-        recheck=recheck,
+        ReconcileRequest(
+            business_date=business_date,
+            max_parallel=parallel,
+            batch_size=batch_size,
+            tolerance_cents=TOLERANCE_CENTS,
+            id_prefix=id_prefix,
+            recheck=recheck,
+        ),
     )
     assert started.started, f"{started.workflow_id} already existed"
     handle = s.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)

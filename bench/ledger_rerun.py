@@ -1,7 +1,7 @@
 """Re-checks of a reconciled night: `python -m bench.ledger_rerun --payments 1000000`.
 
 One business date is reconciled through the pipeline (`start_reconciliation`, date-keyed workflow
-ID, worker process). Then, as an operator does after late data (`starter.py reconcile --date D
+ID, worker process). Then, as an operator does after late data (`starter.py ledger reconcile --date D
 --recheck`), it is re-checked twice, each a new run of the same workflow under its own ID:
 
 1. **unchanged**: nothing changed since the night. Every shard's fingerprint (read under the
@@ -286,7 +286,8 @@ async def run(
         "batch_size": batch_size,
         "load_budget": "default (LOAD_BUDGET_* settings)" if budget else "off (budget set --enabled off)",
         "seed_seconds": round(seed_seconds, 2),
-        "rerun_how": "a re-check (`reconcile --date D --recheck`): a new run of the date under its own workflow ID",
+        "rerun_how": "a re-check (`ledger reconcile --date D --recheck`): a new run of the date under its own"
+        " workflow ID",
         "first_run_seconds": round(first["seconds"], 3),
         "rerun_seconds": round(rerun["seconds"], 3),
         "first_run_payments_per_s": round(payments / first["seconds"], 1),

@@ -37,6 +37,7 @@ from bench.planner_lateness import (
     start_planner_workers,
     wait_all_cleaned,
 )
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core.queries import load
 
@@ -56,7 +57,7 @@ async def _start_single(s: Stack, parallel: int) -> dict[str, Any]:
     async def starter() -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            await start_cleanup(s.client, s.pool, s.settings.task_queue, account_id=rows[i]["account_id"])
+            await start_cleanup(s.client, s.pool, s.settings.task_queue, StartCleanup(account_id=rows[i]["account_id"]))
             behind = (await database_now(s.pool) - rows[i]["renewal_deadline"]).total_seconds()
             if behind > 0:
                 late.append(behind)

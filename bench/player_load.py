@@ -69,6 +69,7 @@ from budget.controller import (
     set_budget,
     stress_reasons,
 )
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core import db
@@ -467,10 +468,7 @@ async def cleanup(s: Stack, seeded: datetime, partitions: int, parallel: int, ba
         s.client,
         s.pool,
         s.settings.task_queue,
-        deadline=deadline,
-        partitions=partitions,
-        max_parallel_partitions=parallel,
-        batch_size=batch_size,
+        StartCleanup(deadline=deadline, partitions=partitions, max_parallel_partitions=parallel, batch_size=batch_size),
     )
     handle = s.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await handle.result()

@@ -74,6 +74,10 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "history events per account, one deadline a second (every workflow's history / accounts)",
         "python -m bench.planner_events --curve 3,5,10,20",
     ),
+    "outbox_delivery": (
+        "relay / provider floor (batches of 500, no database), reminders delivered/s",
+        "python -m bench.outbox_delivery --events 100000",
+    ),
 }
 # A benchmark whose output has no `ratio`: its main figure and that figure's goal.
 MAIN_FIGURE = {
@@ -95,7 +99,16 @@ NESTED_FIGURES = {
 # A result recorded while its scenario's `ratio` compared something else: the key only the current
 # results have, and what the recorded ratio compares.
 EARLIER_RATIO = {"player_load": ("curve", "players' p99 with the default budget / players alone")}
-SIZE_KEYS = ("accounts", "accounts_per_cohort", "payments", "workflows", "live_players", "poisoned", "users_per_cohort")
+SIZE_KEYS = (
+    "events",
+    "accounts",
+    "accounts_per_cohort",
+    "payments",
+    "workflows",
+    "live_players",
+    "poisoned",
+    "users_per_cohort",
+)
 
 
 @dataclass(frozen=True)

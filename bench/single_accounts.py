@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from bench.bare_workflow import BareDeadlineWorkflow
 from bench.common import machine, run_benchmark, stack, wait_for_worker
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from demo.fixture import seed_accounts
 
@@ -60,7 +61,7 @@ async def run(workflows: int) -> dict[str, Any]:
         t = time.perf_counter()
         await _bounded(
             workflows,
-            lambda i: start_cleanup(s.client, s.pool, s.settings.task_queue, account_id=ids[i]),
+            lambda i: start_cleanup(s.client, s.pool, s.settings.task_queue, StartCleanup(account_id=ids[i])),
         )
         start_seconds = time.perf_counter() - t
         assert datetime.now(UTC) < deadline, "starting took longer than the lead; raise the lead"

@@ -10,7 +10,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Any
 
-from core import db, embedded
+from core import addresses, db
 from core.cli import Commands, emit, key_values, table
 from core.config import Settings
 from core.errors import InputError
@@ -85,13 +85,13 @@ async def _budget(args: argparse.Namespace, settings: Settings, change: BudgetCh
     from budget.controller import budget_status, set_budget  # lazy: keeps `--help` fast to start
 
     # Only the database: no Temporal server is needed, nor started.
-    url = embedded.database_url(settings)
+    url = addresses.database_url(settings)
     await db.check_schema_url(url)
     pool = await db.create_pool(url, max_size=2)
     try:
         if change is not None:
             await set_budget(pool, change)
-        emit(args, (await budget_status(pool)).model_dump(), _human)
+        emit(args, (await budget_status(pool, settings.budget)).model_dump(), _human)
     finally:
         await pool.close()
 

@@ -64,7 +64,6 @@ import asyncpg
 
 from core import db, metrics
 from core.config import BudgetSettings as BudgetSettings  # declared with every other setting
-from core.config import read
 from core.model import Model
 from core.queries import load
 
@@ -119,7 +118,7 @@ class LoadBudget:
 
     def __init__(self, pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> None:
         self.pool = pool
-        self.settings = settings or read(BudgetSettings)
+        self.settings = settings or BudgetSettings()  # the worker passes its own (Settings.budget)
         self.holder = _holder()
         self._active = 0  # batches of this process waiting for the budget or in flight
         self._prober: asyncio.Future[None] | None = None
@@ -972,7 +971,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     """What `budget show` and `planner status` print: what the budget does now and why (the rate and
     in-flight limits in force, what sets them, the objective and the last observation against it),
     the operator's caps (and where they come from), what is in flight now, and the counters."""
-    s = settings or read(BudgetSettings)
+    s = settings or BudgetSettings()
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
     slots = [BudgetSlot(**r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]

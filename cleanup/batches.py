@@ -14,12 +14,13 @@ at most `STATEMENT_ACCOUNTS` of them at a time, then one COMMIT. When it fails:
   statement rolled back, so nothing of its cleanup is applied. Every other account is cleaned.
 
 With k bad accounts in a batch of n this costs O(k log n) statements, one per account only for the
-isolated ones. Shared by the cleanup activity and by `retry-failed` (cleanup.review).
+isolated ones. Shared by the cleanup activity and by `cleanup retry` (cleanup.review).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -29,8 +30,9 @@ import asyncpg
 
 from cleanup.anonymize_key import store_key
 from cleanup.errors import AccountCleanupFailed
+from cleanup.follow_ups import CompiledFollowUp, failed_follow_up, run_phase
 from cleanup.models import PartitionCounts
-from cleanup.target_check import TargetsRefused, plan_targets, read_catalog
+from cleanup.target_check import TargetsRefused, check_follow_ups, plan_targets, read_catalog
 from cleanup.target_report import MissingIndex, missing_indexes
 from cleanup.targets import (
     CleanupTargets,
@@ -38,11 +40,11 @@ from cleanup.targets import (
     compile_partition_batch,
     compile_preview,
     compile_target_probes,
-    configured_anonymize_key,
+    judge_statement,
     subset_statement,
 )
 from core import db, failpoints
-from core.config import CleanupSettings, read
+from core.config import CleanupSettings
 from core.errors import is_deterministic, is_schema_error, sqlstate_of
 from core.heartbeat import run_heartbeating
 from core.queries import load
@@ -60,6 +62,7 @@ IN_BATCH = "cleanup_partition.in_batch"  # failpoint inside each keyset batch's 
 # accounts: a batch larger than this is one transaction of statements of this size, so the batch size
 # changes the number of COMMITs only (docs/decisions/0015-statement-size.md).
 STATEMENT_ACCOUNTS = 1000
+DEFAULT_SETTINGS = CleanupSettings()
 _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 
 
@@ -67,12 +70,10 @@ _QUOTED_TABLE = re.compile(r'table "([^"]+)"')
 REMINDERS_ON = "/*reminders*/true"
 
 
-def with_reminders(sql: str, on: bool | None = None) -> str:
-    """`sql` with the reminders switched as CLEANUP_REMINDERS says (or `on`). Off, the reminders'
-    rows are filtered out by a constant `false`: one statement text for every worker with the same
+def with_reminders(sql: str, on: bool) -> str:
+    """`sql` with the reminders switched `on` or off (CLEANUP_REMINDERS). Off, the reminders' rows
+    are filtered out by a constant `false`: one statement text for every worker with the same
     settings, whose `reminders` count is 0 (the settlement counts the outbox rows: 0 as well)."""
-    if on is None:
-        on = read(CleanupSettings).reminders
     if REMINDERS_ON not in sql:
         raise ValueError("the statement has no reminders switch")
     return sql if on else sql.replace(REMINDERS_ON, "false")
@@ -90,6 +91,11 @@ class CompiledCleanup:
     tables: frozenset[str] = field(default_factory=frozenset)
     fingerprint: str | None = None
     missing_indexes: tuple[MissingIndex, ...] = ()  # reported, not refused (cleanup.target_report)
+    follow_ups: tuple[CompiledFollowUp, ...] = ()  # run in each batch's transaction (cleanup.follow_ups)
+    follow_up_tables: tuple[tuple[str, ...], ...] = ()  # per follow-up, the tables its plan names
+    # What it was compiled with (the anonymize key, the reminders): another target set a cleanup
+    # recorded is compiled with the same.
+    settings: CleanupSettings = field(default_factory=CleanupSettings)
 
     @classmethod
     def from_batch_sql(cls, batch_sql: str) -> CompiledCleanup:
@@ -97,13 +103,17 @@ class CompiledCleanup:
         return cls(batch_sql=batch_sql, subset_sql=subset_statement(batch_sql))
 
     @classmethod
-    async def compile(cls, pool: asyncpg.Pool, targets: CleanupTargets) -> CompiledCleanup:
+    async def compile(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, settings: CleanupSettings = DEFAULT_SETTINGS
+    ) -> CompiledCleanup:
         """Check the declared targets against the live schema, compile them, and run every compiled
         statement once in a rolled-back transaction under this pool's role: what passes here cannot
         fail alike for every account at the deadline. Raises TargetsRefused naming target and fix.
         A lost connection refuses nothing: the check runs again on a new one (a few times, then the
-        loss is raised as it is)."""
-        key = configured_anonymize_key() if targets.hashes else None
+        loss is raised as it is). `settings`: the anonymize key (for targets that hash) and the
+        reminders' switch (the worker's `settings.cleanup`)."""
+        secret = settings.anonymize_key
+        key = (secret.get_secret_value() if secret else "") if targets.hashes else None
         try:
             if key is not None:
                 anonymize_key_pads(key)
@@ -111,7 +121,7 @@ class CompiledCleanup:
             raise TargetsRefused([str(err)]) from None
         for attempt in range(1, COMPILE_ATTEMPTS + 1):
             try:
-                return await cls._compile_on(pool, targets, key)
+                return await cls._compile_on(pool, targets, key, settings)
             except Exception as err:
                 if attempt == COMPILE_ATTEMPTS or not db.connection_lost(err):
                     raise
@@ -120,13 +130,17 @@ class CompiledCleanup:
         raise AssertionError("unreachable")
 
     @classmethod
-    async def _compile_on(cls, pool: asyncpg.Pool, targets: CleanupTargets, key: str | None) -> CompiledCleanup:
+    async def _compile_on(
+        cls, pool: asyncpg.Pool, targets: CleanupTargets, key: str | None, settings: CleanupSettings
+    ) -> CompiledCleanup:
+        reminders = settings.reminders
         async with pool.acquire() as conn:
             if key is not None:
                 await store_key(conn, key)  # before the trial: the statements read it from the table
             catalog = await read_catalog(conn, targets)
             plans = plan_targets(targets, catalog)
-            batch_sql = with_reminders(compile_partition_batch(targets, plans))
+            follow_ups = await check_follow_ups(conn, targets)
+            batch_sql = with_reminders(compile_partition_batch(targets, plans), reminders)
             compiled = cls(
                 batch_sql=batch_sql,
                 subset_sql=subset_statement(batch_sql),
@@ -135,8 +149,12 @@ class CompiledCleanup:
                 | frozenset(t.archive_table for t in targets.target if t.archive_table),
                 fingerprint=targets.fingerprint,
                 missing_indexes=tuple(missing_indexes(targets, catalog)),
+                follow_ups=tuple(f.follow_up for f in follow_ups),
+                follow_up_tables=tuple(f.tables for f in follow_ups),
+                settings=settings,
             )
-            await compiled._trial(conn, targets, with_reminders(compile_preview(targets, plans, "account")))
+            preview = with_reminders(compile_preview(targets, plans, "account"), reminders)
+            await compiled._trial(conn, targets, preview)
         return compiled
 
     async def _trial(self, conn: asyncpg.Connection, targets: CleanupTargets, preview_sql: str) -> None:
@@ -147,6 +165,11 @@ class CompiledCleanup:
             ("the subset statement", self.subset_sql, ("", 0, [], 0)),
             ("the dry-run statement", preview_sql, ("",)),
         ]
+        if self.follow_ups:
+            runs += [
+                ("the batch's judgement", judge_statement(self.batch_sql), ("", 0, "", 1)),
+                ("the subset's judgement", judge_statement(self.subset_sql), ("", 0, [], 0)),
+            ]
         # A probe's key is cast to its column's type, which no placeholder account fits: EXPLAIN
         # parses, plans and checks privileges without running it.
         runs += [(f"target {table}", "EXPLAIN " + sql, ("",)) for table, sql in self.probes]
@@ -166,6 +189,36 @@ class CompiledCleanup:
     def args(self, *params: object) -> tuple[object, ...]:
         return params
 
+    async def run(self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...]) -> asyncpg.Record:
+        """Run the batch statement `sql` (either form) with `args` in the caller's transaction, with
+        the follow-ups around it: "before" on the accounts it is about to clean (judged and locked by
+        the same verdicts), "after" on those it cleaned; then its receipts, with their counts. Batches
+        with follow-ups run one at a time (an advisory lock to COMMIT: docs/decisions/0016)."""
+        if not self.follow_ups:
+            row = await conn.fetchrow(sql, *args)
+            assert row is not None
+            return row
+        await conn.execute(SQL.follow_up_batches_one_at_a_time)  # held to COMMIT; again: a no-op
+        judged: list[str] = []
+        counts: list[dict[str, object]] = []
+        before = any(f.phase == "before" for f in self.follow_ups)
+        if before:
+            judged = list(await conn.fetchval(judge_statement(sql), *args))
+            counts += await run_phase(conn, self.follow_ups, "before", judged)
+        row = await conn.fetchrow(sql, *args)
+        assert row is not None
+        applied = list(row["applied_keys"])
+        if before and applied != judged:
+            # The accounts are locked from the judgement on, so their verdicts stay; a claim committed
+            # in between could change the batch: retried as a whole (transient), never half-followed.
+            raise FollowUpsOutOfStep("the batch changed between its before follow-ups and its targets")
+        counts += await run_phase(conn, self.follow_ups, "after", applied)
+        if applied:
+            await conn.execute(
+                SQL.insert_deferred_receipts, row["receipts"], args[0], self.fingerprint, json.dumps(counts)
+            )
+        return row
+
 
 def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresError) -> str:
     """A trial failure as a problem naming the target (by the table the error names) and its fix."""
@@ -177,6 +230,11 @@ def _trial_problem(what: str, targets: CleanupTargets, err: asyncpg.PostgresErro
     )
     column = getattr(err, "column_name", None)
     return f"{where}{f' column {column!r}' if column else ''}: [{err.sqlstate}] {err} ({what}; fix: {fix})"
+
+
+class FollowUpsOutOfStep(Exception):
+    """A batch whose accounts changed between its before follow-ups and its targets (not an account's
+    fault: no SQLSTATE, so the batch is retried, not isolated)."""
 
 
 @dataclass(frozen=True)
@@ -237,11 +295,10 @@ async def run_keyset_batch(
             while rows < batch_size:
                 step = min(STATEMENT_ACCOUNTS, batch_size - rows)
                 row = await run_heartbeating(
-                    conn.fetchrow(compiled.batch_sql, *compiled.args(cleanup_id, partition_no, last, step)),
+                    compiled.run(conn, compiled.batch_sql, compiled.args(cleanup_id, partition_no, last, step)),
                     pulse.beat,
                     pulse.interval,
                 )
-                assert row is not None
                 counts, rows = counts + counts_of(row), rows + row["batch_rows"]
                 last = row["last_account_id"] or last
                 if row["batch_rows"] < step:
@@ -258,7 +315,7 @@ async def run_keyset_batch(
             raise
         failures: list[AccountCleanupFailed] = []
         if surfaced:  # the schema or a privilege, alike for every account: recorded, not bisected
-            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, None)
+            failed = await _record_failures(pool, cleanup_id, partition_no, ids, err, _follow_up_target(err))
             failures += failed
             counts = PartitionCounts(failed=len(failed))
             return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
@@ -292,10 +349,9 @@ async def _subset(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, partition_no: int, account_ids: Sequence[str]
 ) -> PartitionCounts:
     async with pool.acquire() as conn, db.transaction(conn):
-        row = await conn.fetchrow(
-            compiled.subset_sql, *compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
+        row = await compiled.run(
+            conn, compiled.subset_sql, compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
         )
-    assert row is not None
     return counts_of(row)
 
 
@@ -339,9 +395,19 @@ async def _record_failure(
     account_id: str,
     error: BaseException,
 ) -> AccountCleanupFailed | None:
-    target = _target_from_error(error, compiled) or await _probe_target(pool, compiled, account_id)
+    target = (
+        _follow_up_target(error)
+        or _target_from_error(error, compiled)
+        or await _probe_target(pool, compiled, account_id)
+    )
     failed = await _record_failures(pool, cleanup_id, partition_no, [account_id], error, target)
     return failed[0] if failed else None
+
+
+def _follow_up_target(error: BaseException) -> str | None:
+    """How a failure record names the follow-up statement an error came from (`follow_up <name>`)."""
+    name = failed_follow_up(error)
+    return f"follow_up {name}" if name else None
 
 
 async def _record_failures(

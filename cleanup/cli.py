@@ -1,5 +1,6 @@
-"""The cleanup commands of starter.py: `cleanup`, `renew`, `hold`, `release`, `account history`,
-`list`, `failed`, `retry-failed`, `prune`, `planner status|pause|resume|start`, and `status` of a cleanup.
+"""The cleanup commands of starter.py: `cleanup start|status|list|failed|retry|prune`, `account
+renew|hold|release|history|dismiss`, `planner status|pause|resume|start`, `targets check|rotate-key`,
+and `status` of a cleanup.
 
 Bad input raises InputError (exit 2); a renewal that came too late exits 3. The operations are
 plain functions in cleanup.operations, which game backends may call directly.
@@ -18,13 +19,13 @@ from typing import Any, Literal
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from cleanup.inputs import StartCleanup, parse_failed_tolerance
 from cleanup.models import CLEANUP_ID_PATTERN, STATUS_QUERY, CleanupResult, CleanupStatus, planner_workflow_id
 from cleanup.operations import (
     cleanup_status,
     dismiss_account,
     hold_account,
     list_cleanups,
-    parse_failed_tolerance,
     release_account,
     renew,
     start_cleanup,
@@ -57,10 +58,7 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
     parse_failed_tolerance(args.max_failed)  # bad input: exit 2 before anything starts
     deadline = parse_instant(args.deadline) if args.deadline else None
     async with CliContext(settings) as ctx:
-        started = await start_cleanup(
-            ctx.client,
-            ctx.pool,
-            ctx.settings.task_queue,
+        request = StartCleanup(
             deadline=deadline,
             account_id=args.account,
             partitions=args.partitions,
@@ -72,6 +70,8 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
             heartbeat_timeout_seconds=args.heartbeat_timeout,
             heartbeat_interval_seconds=args.heartbeat_interval,
         )
+        defaults = ctx.settings.cleanup.defaults
+        started = await start_cleanup(ctx.client, ctx.pool, ctx.settings.task_queue, request, defaults)
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
         if args.wait:
             data["result"] = await wait_for_cleanup(ctx.client, started.workflow_id)
@@ -79,24 +79,39 @@ async def cmd_cleanup(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _started_text(d: dict[str, Any], *, wait: bool) -> str:
+    deadline = f"deadline {d['deadline']}"
+    if d.get("deadline_until"):  # the planner's cohort of a range of deadlines
+        deadline = f"deadlines from {d['deadline']} to before {d['deadline_until']}"
     if d["started"]:
-        lines = [
-            f"started: {d['workflow_id']}",
-            f"deadline {d['deadline']}, {d['accounts_in_scope']} account(s) in scope",
-        ]
+        lines = [f"started: {d['workflow_id']}", f"{deadline}, {d['accounts_in_scope']} account(s) in scope"]
     elif d.get("joined"):  # running already: this start joined it (even when it raced the one that started it)
-        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", f"deadline {d['deadline']}"]
+        lines = [f"already running: {d['workflow_id']} (run {d['run_id']})", deadline]
     else:
-        lines = [f"already exists (not started again): {d['workflow_id']}", f"deadline {d['deadline']}"]
+        lines = [f"already exists (not started again): {d['workflow_id']}", deadline]
         if d.get("outcome"):
             lines.append(f"finished: outcome {d['outcome']}")
         elif d.get("temporal_status"):
             lines.append(f"run {d['temporal_status'].lower()}")
+    if d.get("planner"):
+        lines.append(f"planner: {d['planner']}")
     if d.get("ui"):
         lines.append(d["ui"])
     if wait:
-        lines.append(f"outcome: {d['result']['outcome']}, settlement: {d['result']['settlement']}")
+        lines.append(_result_text(d["result"]))
     return "\n".join(lines)
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    """What this cleanup did, from its settlement (its own claims, counted in the database): not the
+    size of the cohort at its start, which renewals and other cleanups may have taken from."""
+    s = result.get("settlement")
+    if not s:
+        return f"outcome: {result['outcome']}"
+    return (
+        f"outcome: {result['outcome']}; this cleanup claimed {s['claimed']} account(s): cleaned {s['cleaned']}, "
+        f"skipped renewed {s['skipped_renewed']}, skipped stale {s['skipped_stale']}, "
+        f"already applied {s['already_applied']}, failed {s['failed']}"
+    )
 
 
 async def wait_for_cleanup(client: Client, workflow_id: str) -> dict[str, Any]:
@@ -179,7 +194,22 @@ def _history_text(d: dict[str, Any]) -> str:
         lines.append(
             f"  {c['applied_at']} cleaned v{c['cleanup_version']} by {c['cleanup_id']}: {rows}; reminder {reminder}"
         )
+        lines += _receipt_extras(c)
     return "\n".join(lines)
+
+
+def _receipt_extras(c: dict[str, Any]) -> list[str]:
+    """A cleaned version's target set (and those it replaced) and its batch's follow-up counts."""
+    lines = []
+    if c.get("target_set"):
+        replaced = c.get("replaced_target_sets") or []
+        instead = f" (replacing {', '.join(replaced)}: retry-failed --with-current-targets)" if replaced else ""
+        lines.append(f"    target set {c['target_set']}{instead}")
+    for f in c.get("follow_ups") or []:
+        lines.append(
+            f"    follow-up {f['name']} ({f['phase']}): {f['rows']} row(s) for its batch of {f['batch_accounts']}"
+        )
+    return lines
 
 
 async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> None:
@@ -244,7 +274,7 @@ FAILED_COLUMNS = [
 
 
 async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import list_failed  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with database_pool(settings, migrate=True) as pool:
         rows = [
@@ -254,7 +284,7 @@ async def cmd_failed(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def cmd_prune(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.retention import prune  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.retention import prune  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     days = args.retention_days or settings.cleanup.retention_days
     async with database_pool(settings, migrate=True) as pool:
@@ -274,12 +304,15 @@ def _pruned_text(d: dict[str, Any]) -> str:
 
 
 async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import retry_failed  # lazy: keeps `starter.py --help` and `account renew` fast to start
     from cleanup.targets import load_targets
 
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=True) as pool:
-        data = (await retry_failed(pool, targets, args.cleanup, adopt_targets=args.with_current_targets)).model_dump()
+        retried = await retry_failed(
+            pool, targets, args.cleanup, adopt_targets=args.with_current_targets, settings=settings.cleanup
+        )
+        data = retried.model_dump()
 
     def human(d: dict[str, Any]) -> str:
         text = (
@@ -295,16 +328,19 @@ async def cmd_retry_failed(args: argparse.Namespace, settings: Settings) -> None
 
 async def cmd_cleanup_dry_run(args: argparse.Namespace, settings: Settings) -> None:
     """Reads the database only: no Temporal connection, no migration, one read-only transaction."""
-    from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.review import preview_cleanup  # lazy: keeps `starter.py --help` and `account renew` fast to start
     from cleanup.targets import load_targets
 
     deadline = parse_instant(args.deadline) if args.deadline else None
     window = None
     if args.window_from:
         window = (parse_instant(args.window_from), parse_instant(args.window_to) if args.window_to else None)
-    targets = load_targets()
+    targets = load_targets(settings.cleanup.targets_file)
     async with database_pool(settings, migrate=False) as pool:
-        preview = await preview_cleanup(pool, targets, deadline=deadline, account_id=args.account, window=window)
+        reminders = settings.cleanup.reminders
+        preview = await preview_cleanup(
+            pool, targets, deadline=deadline, account_id=args.account, window=window, reminders=reminders
+        )
     emit(args, preview.model_dump(), _dry_run_text)
 
 
@@ -321,7 +357,19 @@ def _dry_run_text(d: dict[str, Any]) -> str:
         f"reminders to write: {d['reminders']}",
         table(d["targets"], ["table", "match_column", "action", "archive_table", "rows"]),
     ]
+    lines += _follow_ups_text(d["follow_ups"], "planned, not run by a dry run; rows counted in each receipt")
     return "\n".join(lines)
+
+
+def _follow_ups_text(follow_ups: list[dict[str, Any]], note: str) -> list[str]:
+    """The declared follow-up statements, each with its phase and the tables it touches."""
+    if not follow_ups:
+        return []
+    lines = [f"follow-up statements, in each batch's transaction ({note}):"]
+    for f in follow_ups:
+        lines.append(f"  {f['name']} ({f['phase']} the targets; tables {', '.join(f['tables']) or '-'})")
+        lines.append(f"    {' '.join(f['statement'].split())}")
+    return lines
 
 
 async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> None:
@@ -329,18 +377,20 @@ async def cmd_targets_check(args: argparse.Namespace, settings: Settings) -> Non
     from cleanup.operations import check_targets
     from cleanup.targets import load_targets, targets_path
 
-    load_targets(targets_path(args.file))  # a TOML or schema mistake: exit 2 at once, naming file and line
+    file = targets_path(args.file or settings.cleanup.targets_file)
+    load_targets(file)  # a TOML or schema mistake: exit 2 at once, naming file and line
     async with database_pool(settings, migrate=True) as pool:
-        report = await check_targets(pool, str(args.file) if args.file else None)
+        report = await check_targets(pool, file, settings.cleanup)
     emit(args, report, _targets_text)
 
 
 async def cmd_targets_rotate_key(args: argparse.Namespace, settings: Settings) -> None:
     """The key goes to the database over COPY, never as a statement parameter (docs/targets.md)."""
     from cleanup.anonymize_key import fingerprint, store_key
-    from cleanup.targets import anonymize_key_pads, configured_anonymize_key
+    from cleanup.targets import anonymize_key_pads
 
-    key = configured_anonymize_key()
+    secret = settings.cleanup.anonymize_key
+    key = secret.get_secret_value() if secret else ""
     try:
         anonymize_key_pads(key)
     except ValueError as err:
@@ -367,6 +417,7 @@ def _targets_text(d: dict[str, Any]) -> str:
             changed = ", ".join(f"{c} {what}" for c, what in r["changed_columns"].items())
             lines.append(f"{r['table']} (by {r['match_column']}): changes {changed}")
             lines.append(f"  leaves unchanged: {', '.join(r['unchanged_columns']) or '(none)'}")
+    lines += _follow_ups_text(d.get("follow_ups", []), "$1: the batch's account keys")
     for m in d["missing_indexes"]:
         lines.append(
             f"WARNING: target {m['target']}: no index on {m['table']}.{m['match_column']} "
@@ -398,7 +449,7 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         "overdue now": d["overdue"],
         "held past their deadline": f"{d['held_overdue']} (legal hold; cleaned once released)",
         "failed, pending review": f"{d['failed_pending_review']} ({d['failed_by_schema_error']} by a schema or "
-        "privilege error: fix it, then `retry-failed`)",
+        "privilege error: fix it, then `cleanup retry`)",
         "overdue swept": f"{d['overdue_swept']} account(s) in {d['overdue_sweeps']} sweep(s)",
         "stranded claims recovered": f"{d['stranded_claims_recovered']} in {d['stranded_recoveries']} recovery(ies)",
         "lateness (last hour)": f"{lateness['cleanups']} cleanups, p50 {secs(lateness['p50'])}, "
@@ -418,7 +469,9 @@ async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> No
     from cleanup.planner import PLANNER_DB_PART, planner_status  # lazy: keeps `starter.py --help` fast
 
     async with CliContext(settings, database="optional") as ctx:
-        data = (await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue)).given()
+        data = (
+            await planner_status(ctx.client, ctx.optional_pool, ctx.settings.task_queue, ctx.settings.planner)
+        ).given()
         if ctx.database_missing and "database" in data:
             data["database"] = f"{ctx.database_missing}; {PLANNER_DB_PART}"
         _add_ui(data, ctx.settings, data["workflow_id"])
@@ -426,10 +479,11 @@ async def cmd_planner_status(args: argparse.Namespace, settings: Settings) -> No
 
 
 async def cmd_planner_start(args: argparse.Namespace, settings: Settings) -> None:
-    from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.planner import ensure_planner  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with CliContext(settings) as ctx:
-        workflow_id, started = await ensure_planner(ctx.client, ctx.settings.task_queue, pool=ctx.pool)
+        s = ctx.settings
+        workflow_id, started = await ensure_planner(ctx.client, s.task_queue, s.planner, ctx.pool, s.cleanup.defaults)
         data = {"workflow_id": workflow_id, "started": started}
         _add_ui(data, ctx.settings, workflow_id)
     emit(args, data)
@@ -446,7 +500,7 @@ async def cmd_planner_resume(args: argparse.Namespace, settings: Settings) -> No
 async def _signal_planner(
     args: argparse.Namespace, settings: Settings, action: Literal["pause", "resume"], reason: str, hold: bool
 ) -> None:
-    from cleanup.planner import signal_planner  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from cleanup.planner import signal_planner  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     async with CliContext(settings) as ctx:
         queue = ctx.settings.task_queue
@@ -463,9 +517,17 @@ CLEANUP_FILTER_HELP = "only this cleanup (workflow ID); default: every cleanup"
 def register(commands: Commands) -> None:
     """Add the cleanup commands to starter.py; route the cleanup workflow IDs of `status`."""
     commands.route_status(CLEANUP_ID_PATTERN, cmd_status)
-    _add_start(commands)
-    _add_account_verbs(commands)
-    _add_review_verbs(commands)
+    cleanup = commands.group(
+        "cleanup",
+        "cleanups: start one (the default verb: `cleanup --deadline ...` is `cleanup start ...`), show one,"
+        " list them, review and retry the accounts that failed, prune the bookkeeping",
+        default="start",
+    )
+    _add_start(cleanup)
+    p = cleanup.add("status", cmd_status, "show one cleanup by workflow ID: phase, progress, outcome")
+    p.add_argument("workflow_id", help="the cleanup's workflow ID (as `cleanup list` shows it)")
+    _add_review_verbs(cleanup)
+    _add_account_verbs(commands.group("account", "one account: renew, hold, release, its history, dismiss"))
     _add_planner(commands)
     _add_targets(commands)
 
@@ -494,9 +556,9 @@ def _add_targets(commands: Commands) -> None:
     )
 
 
-def _add_start(commands: Commands) -> None:
-    """`cleanup`: start the cleanup of a cohort or of one account (one flag per start_cleanup option)."""
-    p = commands.add("cleanup", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
+def _add_start(cleanup: Commands) -> None:
+    """`cleanup start`: the cleanup of a cohort or of one account (one flag per start_cleanup option)."""
+    p = cleanup.add("start", cmd_cleanup, "start the cleanup of a cohort (--deadline) or one account (--account)")
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--deadline", help="renewal deadline of the cohort, e.g. 2026-11-01T09:00:00Z")
     scope.add_argument("--account", help="one account ID, e.g. acct_123 (its deadline comes from the database)")
@@ -512,9 +574,11 @@ def _add_start(commands: Commands) -> None:
         metavar="INSTANT",
         help="the end of the --from window: deadlines before this instant (excluded; default: no end)",
     )
-    p.add_argument("--partitions", type=int, default=16, help="parallel partitions (1-256, default 16)")
-    p.add_argument("--max-parallel", type=int, default=8, help="partitions running at once (default 8)")
-    p.add_argument("--batch-size", type=int, default=1000, help="accounts per batch transaction (default 1000)")
+    p.add_argument("--partitions", type=int, help="parallel partitions (1-256; default CLEANUP_PARTITIONS, 8)")
+    p.add_argument(
+        "--max-parallel", type=int, help="partitions running at once (default CLEANUP_MAX_PARALLEL_PARTITIONS, 4)"
+    )
+    p.add_argument("--batch-size", type=int, help="accounts per batch transaction (default CLEANUP_BATCH_SIZE, 1000)")
     p.add_argument("--note", default="", help="operator note kept in the workflow memo (e.g. a ticket)")
     p.add_argument("--allow-empty", action="store_true", help="start even if no active account has that deadline")
     p.add_argument("--wait", action="store_true", help="wait for the result, with a progress bar on a terminal")
@@ -543,9 +607,9 @@ def _add_start(commands: Commands) -> None:
     )
 
 
-def _add_account_verbs(commands: Commands) -> None:
-    """`renew`, `hold`, `account history` and `release`: one account each."""
-    command = commands.add
+def _add_account_verbs(account: Commands) -> None:
+    """`account renew|hold|release|history|dismiss`: one account each."""
+    command = account.add
     p = command("renew", cmd_renew, "record a renewal (database first), then signal the cleanup")
     p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--until", help="new renewal deadline; without it the account is renewed for good")
@@ -555,30 +619,29 @@ def _add_account_verbs(commands: Commands) -> None:
     p.add_argument("account_id", help=ACCOUNT_HELP)
     p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
-    account = commands.group("account", "what is recorded of one account")
-    p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
-    p.add_argument("account_id", help=ACCOUNT_HELP)
-    p = account.add("dismiss", cmd_dismiss, "dismiss a registration that can never be cleaned (never claimed again)")
-    p.add_argument("account_id", help="the account's ID exactly as registered (as `failed` lists it)")
-    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
-
     p = command("release", cmd_release, "end an account's legal hold: cleaned at its deadline, or now if passed")
     p.add_argument("account_id", help=ACCOUNT_HELP)
 
+    p = account.add("history", cmd_account, "an account's history: its erasure receipt (no personal data)")
+    p.add_argument("account_id", help=ACCOUNT_HELP)
+    p = account.add("dismiss", cmd_dismiss, "dismiss a registration that can never be cleaned (never claimed again)")
+    p.add_argument("account_id", help="the account's ID exactly as registered (as `cleanup failed` lists it)")
+    p.add_argument("--reason", required=True, help="why (kept in the account's history; no personal data)")
 
-def _add_review_verbs(commands: Commands) -> None:
-    """`list`, `failed` and `retry-failed`: the cleanups and the accounts whose cleanup failed."""
-    command = commands.add
+
+def _add_review_verbs(cleanup: Commands) -> None:
+    """`cleanup list|failed|retry|prune`: the cleanups, the accounts whose cleanup failed, the bookkeeping."""
+    command = cleanup.add
     p = command("list", cmd_list, "list cleanups with their phase and progress")
     p.add_argument("--limit", type=count_argument(1), default=50, help="cleanups to show (default 50)")
 
     p = command("failed", cmd_failed, "list accounts whose cleanup failed, with the database's reason")
     p.add_argument("--cleanup", metavar="ID", help=CLEANUP_FILTER_HELP)
-    p.add_argument("--all", action="store_true", help="include failures already resolved by retry-failed")
+    p.add_argument("--all", action="store_true", help="include failures already resolved by `cleanup retry`")
     p.add_argument("--limit", type=count_argument(1), default=100, help="rows to show (default 100)")
 
     p = command(
-        "retry-failed",
+        "retry",
         cmd_retry_failed,
         "retry the failed accounts after fixing the cause (same idempotency key: never cleaned twice)",
     )

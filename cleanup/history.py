@@ -51,6 +51,16 @@ class TargetCount(Model):
     rows: int
 
 
+class FollowUpCount(Model):
+    """A declared follow-up statement run with the batch the account was cleaned in: the rows it
+    changed for that whole batch (of `batch_accounts` accounts), before or after its targets."""
+
+    name: str
+    phase: str
+    rows: int
+    batch_accounts: int
+
+
 class Reminder(Model):
     """The renewal reminder the cleanup queued in the outbox, and its delivery."""
 
@@ -67,6 +77,9 @@ class Cleaned(Model):
     cleanup_id: str
     applied_at: datetime
     targets: list[TargetCount] | None  # None: cleaned before receipts were kept
+    target_set: str | None = None  # the target set's fingerprint (None: a receipt written before it was named)
+    replaced_target_sets: list[str] = []  # sets the cleanup ran with before `retry-failed --with-current-targets`
+    follow_ups: list[FollowUpCount] | None = None  # None: no follow-up declared (or before they were kept)
     reminder: Reminder | None
 
 
@@ -135,6 +148,9 @@ def _cleaned(row: asyncpg.Record) -> Cleaned:
     targets: Any = row["targets"]
     if isinstance(targets, str):  # jsonb arrives as text without a codec
         targets = json.loads(targets)
+    follow_ups: Any = row["follow_ups"]
+    if isinstance(follow_ups, str):
+        follow_ups = json.loads(follow_ups)
     reminder = None
     if row["reminder_status"] is not None:
         reminder = Reminder(
@@ -148,5 +164,8 @@ def _cleaned(row: asyncpg.Record) -> Cleaned:
         cleanup_id=row["cleanup_id"],
         applied_at=row["applied_at"],
         targets=[TargetCount(**t) for t in targets] if targets is not None else None,
+        target_set=row["target_set"],
+        replaced_target_sets=list(row["replaced_target_sets"] or []),
+        follow_ups=[FollowUpCount(**f) for f in follow_ups] if follow_ups is not None else None,
         reminder=reminder,
     )

@@ -16,7 +16,7 @@ FROM renewals WHERE account_id = $1 ORDER BY renewal_id;
 -- name: account_cleanups
 -- Each version applied, with its receipt (rows per target) and its reminder's delivery (the
 -- reminder's key is the account's key and version: a unique-index lookup).
-SELECT d.cleanup_version, d.cleanup_id, d.applied_at, r.targets,
+SELECT d.cleanup_version, d.cleanup_id, d.applied_at, r.targets, r.target_set, r.replaced_target_sets, r.follow_ups,
        o.status AS reminder_status, o.created_at AS reminder_queued_at, o.delivered_at AS reminder_delivered_at,
        o.attempts AS reminder_attempts
 FROM cleanup_applied d

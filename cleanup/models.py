@@ -9,22 +9,17 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, AliasChoices, AwareDatetime, Field, model_validator
 
-from core.config import CleanupSettings, read
-from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
+from core.config import MAX_PARTITIONS, CleanupDefaults
 from core.model import Model
 
 # The game's own account key printed as text (text, UUID or bigint): 1-200 characters, none of them
 # a control character (the same rule as the CHECK on accounts.account_id).
 ACCOUNT_ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,200}$"
-MAX_PARTITIONS = 256
-# Accounts per statement of a cohort's chunked claim (its longest statement grows with this, not
-# with the cohort).
-DEFAULT_CLAIM_CHUNK_SIZE = 10_000
-# Claims of one cohort running at once (cohorts of one instant whose partitions follow the claim):
-# each stream claims the accounts of one hash class in account order for its own partitions.
-DEFAULT_CLAIM_STREAMS = 2
+# Each default of a cleanup (partitions, parallelism, batch size, claim chunks and streams,
+# heartbeats) has one home: core.config.CleanupDefaults, the planner's and an operator's alike.
+DEFAULTS = CleanupDefaults()
 # A stream deals its claims to its partitions in runs of this many consecutive accounts, not one by
 # one: rows of neighbouring accounts share pages (accounts, saves, items, matches), and partitions
 # dealt one account each would all lock and write every page at once (LWLock:BufferContent).
@@ -71,17 +66,6 @@ CLEAN_SMALL_COHORT = "clean_small_cohort"
 CLEANUP_ID_PATTERN = r"cleanup-.+"
 
 
-# A partition (or the chunked claim) whose worker died is retried elsewhere once no heartbeat came
-# for this long (core.heartbeat: 7 s); a worker shut down gracefully (SIGTERM) hands its partitions
-# back at once instead (activities/cleanup.py).
-def heartbeat_from_env() -> tuple[float, float | None]:
-    """(timeout, interval) of the partition heartbeat: CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (default
-    7) and CLEANUP_HEARTBEAT_INTERVAL_SECONDS (default: a third of the timeout), read when a cleanup
-    starts (core.config's cleanup section)."""
-    found = read(CleanupSettings)
-    return found.heartbeat_timeout_seconds, found.heartbeat_interval_seconds
-
-
 def _instant(deadline: datetime) -> str:
     """Compact UTC instant; sub-second digits only when present, so distinct deadlines never share an ID."""
     d = _utc(deadline)
@@ -124,13 +108,18 @@ def _queue_suffix(task_queue: str) -> str:
 
 class RenewalCleanupInput(Model):
     cleanup_id: str = Field(min_length=1, max_length=200)
-    deadline: UtcDatetime
+    # The first deadline the cleanup covers: with `deadline_until` None the one instant of all its
+    # accounts (one account's deadline, or a cohort's), else the start of the range
+    # [deadline_from, deadline_until). Recorded histories of 1.0 name it `deadline`.
+    deadline_from: UtcDatetime = Field(validation_alias=AliasChoices("deadline_from", "deadline"))
     account_id: AccountId | None = None
     expected_version: int | None = Field(default=None, ge=1)
-    partitions: int = Field(default=16, ge=1, le=MAX_PARTITIONS)
-    max_parallel_partitions: int = Field(default=8, ge=1, le=MAX_PARTITIONS)
-    batch_size: int = Field(default=1000, ge=1, le=20_000)
-    heartbeat_timeout_seconds: float = Field(default=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS, gt=0, le=3600)
+    # Set by the one builder, cleanup.inputs.cleanup_input, from the caller's request and the
+    # settings' CleanupDefaults: no default here, so no second home of one.
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    max_parallel_partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    batch_size: int = Field(ge=1, le=20_000)
+    heartbeat_timeout_seconds: float = Field(gt=0, le=3600)
     step_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     note: str = ""
     # Tolerance of accounts whose cleanup failed deterministically (cleanup_failed); beyond it the
@@ -151,11 +140,11 @@ class RenewalCleanupInput(Model):
             return True
         return self.max_failed_percent is not None and failed * 100 > self.max_failed_percent * claimed
 
-    # A deadline range [deadline, deadline_until) instead of one instant (the planner's buckets and
-    # sweeps); the run sleeps until deadline_until. None: one instant.
+    # A deadline range [deadline_from, deadline_until) instead of one instant (the planner's buckets
+    # and sweeps); the run sleeps until deadline_until. None: one instant.
     deadline_until: UtcDatetime | None = None
     # Accounts per claim statement of a cohort's chunked claim.
-    claim_chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
+    claim_chunk_size: int = Field(ge=1, le=100_000)
 
     # How often a partition heartbeats while a batch runs; None: a third
     # of the heartbeat timeout.
@@ -169,7 +158,7 @@ class RenewalCleanupInput(Model):
 
     # Claim streams of a cohort of one instant whose partitions follow the claim (at most the
     # partitions). 1: one claim activity.
-    claim_streams: int = Field(default=1, ge=1, le=MAX_CLAIM_STREAMS)
+    claim_streams: int = Field(ge=1, le=MAX_CLAIM_STREAMS)
 
     # A cohort of one instant and one partition claims, cleans and settles in one activity (the
     # planner's cohort that fits one batch). A range of one partition always does; an operator's
@@ -186,7 +175,7 @@ class RenewalCleanupInput(Model):
     @property
     def wake_at(self) -> datetime:
         if self.deadline_until is None:
-            return self.deadline
+            return self.deadline_from
         return self.deadline_until - timedelta(seconds=self.wake_early_seconds)
 
 
@@ -202,9 +191,11 @@ class AccountRenewalCheck(Model):
 
 
 class ClaimCleanupInput(Model):
+    """The claim of one account's cleanup; a cohort claims in chunks (`ClaimChunkedInput`)."""
+
     cleanup_id: str
     deadline: UtcDatetime
-    account_id: AccountId | None = None
+    account_id: AccountId
     expected_version: int | None = None
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
 
@@ -216,7 +207,7 @@ class ClaimChunkedInput(Model):
     deadline_from: UtcDatetime
     deadline_until: UtcDatetime
     partitions: int = Field(ge=1, le=MAX_PARTITIONS)
-    chunk_size: int = Field(default=DEFAULT_CLAIM_CHUNK_SIZE, ge=1, le=100_000)
+    chunk_size: int = Field(default=DEFAULTS.claim_chunk_size, ge=1, le=100_000)
     # Stream `stream` of `streams` claims the accounts whose ID hashes to it, for the partitions p
     # with p % streams == stream. One stream: the whole range.
     stream: int = Field(default=0, ge=0, lt=MAX_CLAIM_STREAMS)
@@ -261,7 +252,7 @@ class ClaimResult(Model):
 class CleanupPartitionInput(Model):
     cleanup_id: str
     partition_no: int = Field(ge=0, lt=MAX_PARTITIONS)
-    batch_size: int = Field(default=1000, ge=1, le=20_000)
+    batch_size: int = Field(default=DEFAULTS.batch_size, ge=1, le=20_000)
     heartbeat_interval_seconds: float | None = Field(default=None, gt=0, le=3600)
     # Started while the cohort's claim still runs (a cohort of one instant): a short batch is not
     # the end until the claim's progress row says it is done. False: the claim had finished before

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from pathlib import Path
+from typing import Any, Literal
 
 import asyncpg
-from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
 
+from cleanup.inputs import CleanupScope, StartCleanup, cleanup_input
 from cleanup.models import (
     CLEANUP_WORKFLOW,
-    DEFAULT_CLAIM_CHUNK_SIZE,
-    DEFAULT_CLAIM_STREAMS,
-    MAX_PARTITIONS,
+    DEFAULTS,
     PLANNER_NUDGE_SIGNAL,
     RENEWED_SIGNAL,
     STATUS_QUERY,
@@ -31,20 +29,21 @@ from cleanup.models import (
     RenewalSignal,
     account_cleanup_id,
     cohort_cleanup_id,
-    heartbeat_from_env,
     is_account_id,
     planner_workflow_id,
 )
 from cleanup.target_report import TargetsCheck
 from core import db
 from core import search_attributes as sa
+from core.config import MAX_PARTITIONS, CleanupDefaults, CleanupSettings
 from core.envelope import ensure_within_envelope
-from core.errors import InputError, validation_message
+from core.errors import InputError
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, query_or_note, start_idempotently
+from core.temporal import WorkflowStart, describe_or_none, query_or_note, start_idempotently
 
 SQL = load(__file__)
+DEFAULT_CLEANUP_SETTINGS = CleanupSettings()
 log = logging.getLogger("cleanup")
 
 
@@ -64,30 +63,6 @@ def check_account_id(value: str) -> str:
     return value
 
 
-_TOLERANCE = re.compile(r"^\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<percent>%?)\s*$")
-
-
-def parse_failed_tolerance(text: str | int | None) -> tuple[int | None, float | None]:
-    """`--max-failed`: a count (`3`) or a percent of the claimed accounts (`5%`)."""
-    if text is None:
-        return None, None
-    if isinstance(text, int):
-        if text < 0:
-            raise InputError(f"--max-failed must not be negative, got {text}")
-        return text, None
-    match = _TOLERANCE.match(text)
-    if match is None:
-        raise InputError(f"--max-failed takes a count or a percent, e.g. 3 or 5%, got {text!r}")
-    if match["percent"]:
-        percent = float(match["value"])
-        if percent > 100:
-            raise InputError(f"--max-failed percent must be at most 100%, got {text!r}")
-        return None, percent
-    if "." in match["value"]:
-        raise InputError(f"--max-failed count must be a whole number, got {text!r}")
-    return int(match["value"]), None
-
-
 class StartedCleanup(Model):
     """The cleanup `start_cleanup` started, or the run with its ID that already existed."""
 
@@ -103,6 +78,10 @@ class StartedCleanup(Model):
     # True: the run with this ID was running and this call joined it (another caller, or one racing
     # this one, started it): nothing new started. `started` and `joined` both False: a closed run.
     joined: bool = False
+    # A cohort the deadline planner's cleanup covers: the end of its range [deadline, deadline_until)
+    # (None: the one instant), and what this cleanup shares with the planner, in a sentence.
+    deadline_until: datetime | None = None
+    planner: str | None = None
 
 
 async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, str | None, str | None] | None:
@@ -117,108 +96,99 @@ async def _existing_run(client: Client, workflow_id: str) -> tuple[str | None, s
     return desc.run_id, desc.status.name if desc.status else None, outcome
 
 
-class CleanupScope(NamedTuple):
-    """What a cleanup covers: its workflow ID (the business key), deadline and accounts."""
-
-    workflow_id: str
-    deadline: datetime
-    account_id: str | None
-    expected_version: int | None
-    partitions: int
-    accounts_in_scope: int
-
-    def started(
-        self, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
-    ) -> StartedCleanup:
-        """The start's result; a run found (not started) that is RUNNING was joined."""
-        return StartedCleanup(
-            workflow_id=self.workflow_id,
-            run_id=run_id,
-            started=started,
-            deadline=self.deadline,
-            account_id=self.account_id,
-            accounts_in_scope=self.accounts_in_scope,
-            temporal_status=status,
-            outcome=outcome,
-            joined=not started and status == WorkflowExecutionStatus.RUNNING.name,
-        )
+def started_cleanup(
+    scope: CleanupScope, run_id: str | None, started: bool, status: str | None = None, outcome: str | None = None
+) -> StartedCleanup:
+    """The start's result; a run found (not started) that is RUNNING was joined."""
+    return StartedCleanup(
+        workflow_id=scope.workflow_id,
+        run_id=run_id,
+        started=started,
+        deadline=scope.deadline_from,
+        account_id=scope.account_id,
+        accounts_in_scope=scope.accounts_in_scope,
+        temporal_status=status,
+        outcome=outcome,
+        joined=not started and status == WorkflowExecutionStatus.RUNNING.name,
+        deadline_until=scope.deadline_until,
+        planner=scope.planner,
+    )
 
 
 async def start_cleanup(
-    client: Client,
-    pool: asyncpg.Pool,
-    task_queue: str,
-    *,
-    deadline: datetime | None = None,
-    account_id: str | None = None,
-    partitions: int = 16,
-    max_parallel_partitions: int = 8,
-    batch_size: int = 1000,
-    heartbeat_timeout_seconds: float | None = None,
-    heartbeat_interval_seconds: float | None = None,
-    step_timeout_seconds: float = 300.0,
-    note: str = "",
-    allow_empty: bool = False,
-    max_failed: str | int | None = None,
-    claim_chunk_size: int | None = None,
-    claim_streams: int = DEFAULT_CLAIM_STREAMS,
+    client: Client, pool: asyncpg.Pool, task_queue: str, request: StartCleanup, defaults: CleanupDefaults = DEFAULTS
 ) -> StartedCleanup:
     """Start (or find) the cleanup of a cohort or of one account; the ID comes from the business key.
 
-    Sixteen parameters on purpose: after the client, pool and queue, each is one keyword-only flag
-    of `cleanup start` with its default, so a caller names only the few it sets. The work is in
-    three steps: `resolve_scope` (what the cleanup covers), `cleanup_input` (the workflow's input,
-    judged) and `start_or_find` (the start, once per business key).
-
-    `max_failed` (a count or `N%` of the claimed accounts) is the tolerance of accounts whose cleanup
-    fails deterministically; beyond it the run fails after settling (default: no limit).
-    The heartbeat timeout and interval default to CLEANUP_HEARTBEAT_TIMEOUT_SECONDS (7 s) and
-    CLEANUP_HEARTBEAT_INTERVAL_SECONDS (a third of the timeout).
+    Three steps: `resolve_scope` (what the cleanup covers), `cleanup.inputs.cleanup_input` (the
+    workflow's input from the request and `defaults`, judged; the planner builds its cohorts' inputs
+    there too) and `start_or_find` (the start, once per business key). `defaults`: the settings'
+    (`settings.cleanup.defaults`; CleanupClient passes them).
+    A cohort of a deadline the running deadline planner owns is the planner's cleanup of its cohort
+    (`beside_planner`), and a cohort the planner already cleaned is its run (`planner_ran`).
 
     An account whose cleanup already ran (it is `cleaning` or `cleaned`) gets that run back, with
     its outcome, as a cohort started twice does; an account renewed for good is refused (exit 2),
     as there is nothing to clean.
     """
-    scope = await resolve_scope(
-        client, pool, deadline=deadline, account_id=account_id, partitions=partitions, allow_empty=allow_empty
-    )
+    try:
+        scope = await resolve_scope(client, pool, request, defaults)
+    except NoActiveAccounts:
+        assert request.deadline is not None
+        ran = await planner_ran(client, task_queue, request.deadline)
+        if ran is None:
+            raise
+        return ran
     if isinstance(scope, StartedCleanup):
         return scope
-    input = cleanup_input(
-        scope,
-        max_parallel_partitions=max_parallel_partitions,
-        batch_size=batch_size,
-        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-        heartbeat_interval_seconds=heartbeat_interval_seconds,
-        step_timeout_seconds=step_timeout_seconds,
-        note=note,
-        max_failed=max_failed,
-        claim_chunk_size=claim_chunk_size,
-        claim_streams=claim_streams,
-    )
+    if scope.account_id is None:
+        scope = await beside_planner(client, pool, task_queue, scope)
+        if isinstance(scope, StartedCleanup):
+            return scope
+    input = cleanup_input(scope, request, defaults)
     ensure_within_envelope(client, input)
     return await start_or_find(client, task_queue, scope, input)
 
 
+class NoActiveAccounts(InputError):
+    """A cohort with no active account at its deadline and no cleanup run of its own."""
+
+
+async def planner_ran(client: Client, task_queue: str, deadline: datetime) -> StartedCleanup | None:
+    """The deadline planner's cleanup that covered `deadline`, if one exists: a cohort whose accounts
+    a planner's cleanup took has that run, not nothing to clean."""
+    from cleanup.planner import planner_cleanup_ids  # lazy: the planner's imports are heavy
+
+    for workflow_id in await planner_cleanup_ids(client, task_queue, deadline):
+        found = await _existing_run(client, workflow_id)
+        if found is not None:
+            ran = CleanupScope(
+                workflow_id,
+                deadline,
+                None,
+                None,
+                1,
+                0,
+                planner="the deadline planner's cleanup that covered this deadline",
+            )
+            return started_cleanup(ran, found[0], False, found[1], found[2])
+    return None
+
+
 async def resolve_scope(
-    client: Client,
-    pool: asyncpg.Pool,
-    *,
-    deadline: datetime | None,
-    account_id: str | None,
-    partitions: int,
-    allow_empty: bool,
+    client: Client, pool: asyncpg.Pool, request: StartCleanup, defaults: CleanupDefaults = DEFAULTS
 ) -> CleanupScope | StartedCleanup:
-    """The cohort of `deadline` or the one account `account_id` (exactly one of them is given);
-    an account's run if its cleanup already ran."""
-    if (deadline is None) == (account_id is None):
+    """The cohort of `request.deadline` or the one account `request.account_id` (exactly one of them
+    is given); an account's run if its cleanup already ran."""
+    if (request.deadline is None) == (request.account_id is None):
         raise InputError("give exactly one of --deadline (a cohort) or --account (one account)")
+    partitions = defaults.partitions if request.partitions is None else request.partitions
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InputError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
-    if account_id is not None:
-        return await account_scope(client, pool, account_id)
-    assert deadline is not None
-    return await cohort_scope(client, pool, deadline, partitions, allow_empty)
+    if request.account_id is not None:
+        return await account_scope(client, pool, request.account_id)
+    assert request.deadline is not None
+    return await cohort_scope(client, pool, request.deadline, partitions, request.allow_empty)
 
 
 async def account_scope(client: Client, pool: asyncpg.Pool, account_id: str) -> CleanupScope | StartedCleanup:
@@ -237,7 +207,7 @@ async def account_scope(client: Client, pool: asyncpg.Pool, account_id: str) -> 
         found = await _existing_run(client, state["claimed_by"])
         if found is not None:
             ran = CleanupScope(state["claimed_by"], deadline, account_id, None, 1, 0)
-            return ran.started(found[0], False, found[1], found[2])
+            return started_cleanup(ran, found[0], False, found[1], found[2])
     if state["status"] in ("cleaning", "cleaned"):
         raise InputError(f"account {account_id} is already {state['status']}")
     workflow_id = account_cleanup_id(public_account_id(client, account_id), deadline)
@@ -254,49 +224,68 @@ async def cohort_scope(
     in_scope = await pool.fetchval(SQL.active_accounts_at_deadline, deadline)
     workflow_id = cohort_cleanup_id(deadline)
     if in_scope == 0 and not allow_empty and await describe_or_none(client, workflow_id) is None:
-        raise InputError(
+        raise NoActiveAccounts(
             f"no active account has renewal deadline {deadline.isoformat()}; "
             "check the instant (it must match exactly) or pass --allow-empty"
         )
     return CleanupScope(workflow_id, deadline, None, None, partitions, in_scope)
 
 
-def cleanup_input(
-    scope: CleanupScope,
-    *,
-    max_parallel_partitions: int,
-    heartbeat_timeout_seconds: float | None,
-    heartbeat_interval_seconds: float | None,
-    max_failed: str | int | None,
-    claim_chunk_size: int | None,
-    claim_streams: int,
-    **options: Any,
-) -> RenewalCleanupInput:
-    """The workflow's input: defaults from the environment filled in, bad values refused (exit 2).
-    `options`: the input's fields taken as given (batch_size, step_timeout_seconds, note)."""
-    env_timeout, env_interval = heartbeat_from_env()  # ConfigError (an InputError) names a bad variable
-    max_failed_count, max_failed_percent = parse_failed_tolerance(max_failed)
-    try:
-        return RenewalCleanupInput(
-            cleanup_id=scope.workflow_id,
-            deadline=scope.deadline,
-            account_id=scope.account_id,
-            expected_version=scope.expected_version,
-            partitions=scope.partitions,
-            max_parallel_partitions=min(max_parallel_partitions, scope.partitions),
-            heartbeat_timeout_seconds=env_timeout if heartbeat_timeout_seconds is None else heartbeat_timeout_seconds,
-            heartbeat_interval_seconds=(
-                env_interval if heartbeat_interval_seconds is None else heartbeat_interval_seconds
-            ),
-            max_failed=max_failed_count,
-            max_failed_percent=max_failed_percent,
-            claim_chunk_size=claim_chunk_size if claim_chunk_size is not None else DEFAULT_CLAIM_CHUNK_SIZE,
-            # A cohort of one instant claims in this many streams at once (at most its partitions).
-            claim_streams=min(claim_streams, scope.partitions),
-            **options,
+async def beside_planner(
+    client: Client, pool: asyncpg.Pool, task_queue: str, scope: CleanupScope
+) -> CleanupScope | StartedCleanup:
+    """A cohort of a deadline the running deadline planner owns is the planner's cleanup of its
+    cohort, started or joined under the ID the planner ensures: one run claims each account, and
+    what it reports is all of them. With the planner paused, or its cleanup of the cohort closed,
+    this cleanup runs on its own and says what it shares with the planner. A cohort cleanup of this
+    deadline that already exists is found as before (`start_or_find`)."""
+    from cleanup.planner import join_planner_cohort, planner_cohort_of  # lazy: the planner's imports are heavy
+
+    if await describe_or_none(client, scope.workflow_id) is not None:
+        return scope
+    found = await planner_cohort_of(client, pool, task_queue, scope.deadline_from)
+    if found is None:
+        return scope
+    cohort = found.cohort
+    covers = f"deadline {cohort.start.isoformat()}"
+    if cohort.until is not None:
+        covers = f"deadlines from {cohort.start.isoformat()} to before {cohort.until.isoformat()}"
+    if found.paused:
+        return scope._replace(planner=await _paused_planner_note(client, cohort.workflow_id, covers))
+    outcome = await join_planner_cohort(client, task_queue, found)
+    if outcome.started or outcome.joined:
+        joined = CleanupScope(
+            cohort.workflow_id,
+            cohort.start,
+            None,
+            None,
+            found.cohort.partitions or found.cleanups.partitions,
+            found.accounts,
+            deadline_until=cohort.until,
+            planner=f"the deadline planner's cleanup of {covers} ({found.accounts} active account(s), "
+            f"{scope.accounts_in_scope} at {scope.deadline_from.isoformat()}): one run for the cohort, with "
+            "the planner's options, so each account is claimed once",
         )
-    except ValidationError as err:
-        raise InputError(validation_message(err)) from None
+        return started_cleanup(joined, outcome.run_id, outcome.started, WorkflowExecutionStatus.RUNNING.name)
+    theirs = await describe_or_none(client, cohort.workflow_id)
+    status = theirs.status.name if theirs is not None and theirs.status else "closed"
+    return scope._replace(
+        planner=f"the deadline planner's cleanup {cohort.workflow_id} of {covers} is {status}: this "
+        "cleanup takes the accounts of this deadline still active"
+    )
+
+
+async def _paused_planner_note(client: Client, workflow_id: str, covers: str) -> str:
+    """What a cleanup beside a paused planner shares with it: the planner's cleanup of the cohort,
+    if it started one before the pause (its timer still fires)."""
+    theirs = await describe_or_none(client, workflow_id)
+    if theirs is None:
+        return "the deadline planner is paused: this cleanup runs on its own"
+    return (
+        f"the deadline planner is paused; its cleanup {workflow_id} of {covers} "
+        f"({theirs.status.name if theirs.status else 'status unknown'}) covers this deadline too: each account "
+        "goes to the cleanup that claims it first, and each cleanup reports only the accounts it claimed"
+    )
 
 
 async def start_or_find(
@@ -305,9 +294,9 @@ async def start_or_find(
     """Start the cleanup unless a run with its ID exists; that run (status, outcome) otherwise."""
     existing = await _existing_run(client, scope.workflow_id)
     if existing is not None:
-        return scope.started(existing[0], False, existing[1], existing[2])
+        return started_cleanup(scope, existing[0], False, existing[1], existing[2])
     attrs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline),
+        SearchAttributePair(sa.CLEANUP_DEADLINE, input.deadline_from),
         SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
     ]
     public_account = public_account_id(client, scope.account_id) if scope.account_id is not None else None
@@ -315,20 +304,26 @@ async def start_or_find(
         attrs.append(SearchAttributePair(sa.CLEANUP_ACCOUNT_ID, public_account))
     run_id, started, _ = await start_idempotently(
         client,
-        CLEANUP_WORKFLOW,
-        input,
-        workflow_id=scope.workflow_id,
-        task_queue=task_queue,
-        result_type=CleanupResult,
-        search_attributes=attrs,
-        memo={"partitions_done": 0, "note": input.note},
-        summary=f"cleanup of {public_account}" if public_account else f"cleanup of cohort {input.deadline.isoformat()}",
+        WorkflowStart(
+            CLEANUP_WORKFLOW,
+            input,
+            workflow_id=scope.workflow_id,
+            task_queue=task_queue,
+            result_type=CleanupResult,
+            search_attributes=attrs,
+            memo={"partitions_done": 0, "note": input.note},
+            summary=f"cleanup of {public_account}"
+            if public_account
+            else f"cleanup of cohort {input.deadline_from.isoformat()}",
+        ),
     )
     if started:
-        return scope.started(run_id, True)
+        return started_cleanup(scope, run_id, True)
     # A run with this ID that a racing caller started (joined), or a closed one (never a second).
     found = await _existing_run(client, scope.workflow_id)
-    return scope.started(run_id, False) if found is None else scope.started(found[0], False, found[1], found[2])
+    if found is None:
+        return started_cleanup(scope, run_id, False)
+    return started_cleanup(scope, found[0], False, found[1], found[2])
 
 
 class RenewalOutcome(Model):
@@ -401,7 +396,7 @@ async def renew(
             signal_errors.append(_signal_refused(account_id, own_cleanup, err))
     restarted: str | None = None
     if until is not None and own_cleanup in signalled:
-        restarted = (await start_cleanup(client, pool, task_queue, account_id=account_id)).workflow_id
+        restarted = (await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account_id))).workflow_id
     if until is not None:  # the planner picks the new deadline up; a nudge makes it look now
         await nudge_planner(client, task_queue)
     return outcome.model_copy(
@@ -600,7 +595,8 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
         out["settlement"] = RecordedSettlement(**settlement)
     failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
     if failed is not None and failed["total"]:
-        out["failed_accounts"] = f"{failed['pending']} pending review ({failed['total']} recorded); see `failed`"
+        pending = f"{failed['pending']} pending review ({failed['total']} recorded)"
+        out["failed_accounts"] = f"{pending}; see `cleanup failed`"
     return out
 
 
@@ -653,25 +649,28 @@ async def list_cleanups(client: Client, limit: int = 50) -> list[CleanupListing]
     return rows
 
 
-async def check_targets(pool: asyncpg.Pool, path: str | None = None) -> TargetsCheck:
-    """`targets check`: the worker's start-up check of the targets file (`path`, else
-    CLEANUP_TARGETS_FILE, else the built-in one) on this database, then what a cleanup does per
-    account (cleanup.target_report.TargetsCheck). A mistake in the file raises TargetsFileError, the
-    schema's TargetsRefused: both InputError (exit 2), with the fix."""
-    from pathlib import Path  # lazy: the targets' modules load only for this command
-
-    from cleanup.batches import CompiledCleanup
-    from cleanup.target_check import read_catalog
-    from cleanup.target_report import describe_targets
+async def check_targets(
+    pool: asyncpg.Pool, path: str | Path | None = None, settings: CleanupSettings = DEFAULT_CLEANUP_SETTINGS
+) -> TargetsCheck:
+    """`targets check`: the worker's start-up check of the targets file (`path`, else the built-in
+    one) on this database, with `settings` (the anonymize key, the reminders), then what a cleanup
+    does per account (cleanup.target_report.TargetsCheck). A mistake in the file raises
+    TargetsFileError, the schema's TargetsRefused: both InputError (exit 2), with the fix."""
+    from cleanup.batches import CompiledCleanup  # lazy: the targets' modules load only for this command
+    from cleanup.target_check import check_follow_ups, read_catalog
+    from cleanup.target_report import describe_follow_ups, describe_targets
     from cleanup.targets import load_targets, targets_path
 
     file = targets_path(Path(path) if path else None)
     targets = load_targets(file)
-    compiled = await CompiledCleanup.compile(pool, targets)
+    compiled = await CompiledCleanup.compile(pool, targets, settings)
     catalog = await read_catalog(pool, targets)
+    async with pool.acquire() as conn:
+        follow_ups = await check_follow_ups(conn, targets)
     return TargetsCheck(
         file=str(file),
         fingerprint=targets.fingerprint,
         targets=describe_targets(targets, catalog),
         missing_indexes=list(compiled.missing_indexes),
+        follow_ups=describe_follow_ups(follow_ups),
     )

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 import asyncpg
@@ -36,10 +36,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 import cleanup
 from budget.controller import BudgetStatus, budget_status
+from cleanup.inputs import CleanupScope, StartCleanup, cleanup_input
 from cleanup.models import (
     BUCKET_ID_PREFIX,
     CLEANUP_WORKFLOW,
-    DEFAULT_CLAIM_STREAMS,
+    DEFAULTS,
     OVERDUE_COUNT_CAP,
     PLANNER_PAUSE_SIGNAL,
     PLANNER_RESUME_SIGNAL,
@@ -47,9 +48,7 @@ from cleanup.models import (
     RELEASE_CHUNK,
     STATUS_QUERY,
     CleanupResult,
-    RenewalCleanupInput,
     bucket_cleanup_id,
-    heartbeat_from_env,
     planner_workflow_id,
     sweep_cleanup_id,
 )
@@ -66,12 +65,13 @@ from cleanup.planner_models import (
 )
 from core import db, metrics
 from core import search_attributes as sa
-from core.config import read
+from core.config import CleanupDefaults
 from core.model import Model, Report
 from core.queries import load
-from core.temporal import describe_or_none, query_or_note, start_idempotently
+from core.temporal import StartOutcome, WorkflowStart, describe_or_none, query_or_note, start_idempotently
 
 log = logging.getLogger("planner")
+DEFAULT_PLANNER = PlannerSettings()
 SQL = load(cleanup.__file__, "planner.sql")
 
 
@@ -88,41 +88,37 @@ class CohortRange(NamedTuple):
     wake_early_seconds: float = 0.0
 
 
-async def _start_cohort(client: Client, task_queue: str, settings: PlannerSettings, cohort: CohortRange) -> bool:
-    """Start (or find) one cohort cleanup of the range [start, until); True if this call started it."""
-    heartbeat_timeout, heartbeat_interval = heartbeat_from_env()
-    partitions = cohort.partitions or settings.partitions
-    input = RenewalCleanupInput(
-        cleanup_id=cohort.workflow_id,
-        deadline=cohort.start,
+async def _start_cohort(
+    client: Client, task_queue: str, defaults: CleanupDefaults, cohort: CohortRange
+) -> StartOutcome:
+    """Start (or find) one cohort cleanup of the range [start, until): started, joined or closed.
+    Its input comes from the one builder (cleanup.inputs), as an operator's cleanup does."""
+    scope = CleanupScope(
+        cohort.workflow_id,
+        cohort.start,
+        partitions=cohort.partitions,
         deadline_until=cohort.until,
-        partitions=partitions,
-        max_parallel_partitions=min(settings.max_parallel_partitions, partitions),
-        batch_size=settings.batch_size,
-        claim_chunk_size=settings.claim_chunk_size,
-        heartbeat_timeout_seconds=heartbeat_timeout,
-        heartbeat_interval_seconds=heartbeat_interval,
-        note="started by the deadline planner",
         wake_early_seconds=cohort.wake_early_seconds,
-        claim_streams=min(DEFAULT_CLAIM_STREAMS, partitions),
-        one_activity=partitions == 1,
+        one_activity=(cohort.partitions or defaults.partitions) == 1,
     )
+    input = cleanup_input(scope, StartCleanup(note="started by the deadline planner"), defaults)
     # A closed run with this ID is never repeated: one run per bucket.
-    outcome = await start_idempotently(
+    return await start_idempotently(
         client,
-        CLEANUP_WORKFLOW,
-        input,
-        workflow_id=cohort.workflow_id,
-        task_queue=task_queue,
-        result_type=CleanupResult,
-        search_attributes=[
-            SearchAttributePair(sa.CLEANUP_DEADLINE, cohort.start),
-            SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
-        ],
-        memo={"partitions_done": 0, "note": input.note},
-        summary=cohort.summary,
+        WorkflowStart(
+            CLEANUP_WORKFLOW,
+            input,
+            workflow_id=cohort.workflow_id,
+            task_queue=task_queue,
+            result_type=CleanupResult,
+            search_attributes=[
+                SearchAttributePair(sa.CLEANUP_DEADLINE, cohort.start),
+                SearchAttributePair(sa.CLEANUP_PHASE, "sleeping"),
+            ],
+            memo={"partitions_done": 0, "note": input.note},
+            summary=cohort.summary,
+        ),
     )
-    return outcome.started
 
 
 async def plan_buckets(
@@ -147,7 +143,7 @@ async def plan_buckets(
     window = timedelta(seconds=s.cohort_seconds)
     lookback = timedelta(seconds=2 * s.tick_seconds) + window
     horizon_end = now + timedelta(seconds=s.horizon_seconds)
-    cohorts = await _upcoming_cohorts(pool, s, now - lookback, horizon_end)
+    cohorts = await _upcoming_cohorts(pool, s, input.cleanups.batch_size, now - lookback, horizon_end)
     await _ensure_buckets(client, input, cohorts, ensured if ensured is not None else {}, forget_before=now - lookback)
     # Everything before `planned_until` has its cleanup; the first deadline after it must be
     # planned before it enters the horizon (at once when the cap cut this plan short).
@@ -178,16 +174,16 @@ async def plan_buckets(
 DENSE_ACCOUNTS_PER_BUCKET = 30
 
 
-def dense_threshold(s: PlannerSettings) -> int:
+def dense_threshold(s: PlannerSettings, batch_size: int) -> int:
     """The accounts above which a window of `cohort_seconds` is dense (cut into buckets): as many as
     its buckets hold at `DENSE_ACCOUNTS_PER_BUCKET` each, and never more than one batch (a sparse
     cohort is one partition of one batch)."""
     buckets = max(1, round(s.cohort_seconds / s.bucket_seconds))
-    return min(s.batch_size, DENSE_ACCOUNTS_PER_BUCKET * buckets)
+    return min(batch_size, DENSE_ACCOUNTS_PER_BUCKET * buckets)
 
 
 async def _upcoming_cohorts(
-    pool: asyncpg.Pool, s: PlannerSettings, since: datetime, until: datetime
+    pool: asyncpg.Pool, s: PlannerSettings, batch_size: int, since: datetime, until: datetime
 ) -> list[tuple[asyncpg.Record, timedelta]]:
     """The windows of `cohort_seconds` with active accounts with a deadline in [since, until), each
     with its width; a dense window (`dense_threshold`) as its buckets of `bucket_seconds` instead.
@@ -198,9 +194,9 @@ async def _upcoming_cohorts(
     bucket = timedelta(seconds=s.bucket_seconds)
     limit = s.max_buckets_per_tick
     if window <= bucket:  # no window wider than a bucket: the buckets, counted up to one batch
-        rows = await pool.fetch(SQL.upcoming_buckets, since, until, bucket, limit, s.batch_size + 1)
+        rows = await pool.fetch(SQL.upcoming_buckets, since, until, bucket, limit, batch_size + 1)
         return [(r, bucket) for r in rows]
-    dense = dense_threshold(s)
+    dense = dense_threshold(s, batch_size)
     rows = await pool.fetch(SQL.upcoming_buckets, since, until, window, limit, dense + 1)
     out: list[tuple[asyncpg.Record, timedelta]] = []
     for row in rows:
@@ -209,12 +205,41 @@ async def _upcoming_cohorts(
         else:
             end = min(row["start"] + window, until)
             fine = await pool.fetch(
-                SQL.upcoming_buckets, max(row["start"], since), end, bucket, limit - len(out), s.batch_size + 1
+                SQL.upcoming_buckets, max(row["start"], since), end, bucket, limit - len(out), batch_size + 1
             )
             out.extend((r, bucket) for r in fine)
         if len(out) >= limit:
             return out[:limit]
     return out
+
+
+def cohort_range(
+    row: asyncpg.Record, width: timedelta, s: PlannerSettings, cleanups: CleanupDefaults, task_queue: str
+) -> CohortRange:
+    """The cleanup of one upcoming cohort (`row`: start, first, last, accounts; `width`: its window or
+    bucket): its ID names the range, or the instant when every account of it shares one deadline."""
+    # A cohort that fits in one batch is one partition: one activity after the claim
+    # instead of P small ones in P / parallel rounds (the lateness of the cohort).
+    partitions = 1 if row["accounts"] <= cleanups.batch_size else None
+    if row["first"] == row["last"]:
+        instant = row["first"]
+        return CohortRange(
+            bucket_cleanup_id(instant, 0, task_queue),
+            instant,
+            None,
+            f"deadline {instant.isoformat()} (one instant)",
+            partitions=partitions,
+        )
+    start = row["start"]
+    width_ms = max(1, round(width.total_seconds() * 1000))
+    return CohortRange(
+        bucket_cleanup_id(start, width_ms, task_queue),
+        start,
+        start + width,
+        f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
+        partitions=partitions,
+        wake_early_seconds=s.wake_early_seconds,
+    )
 
 
 async def _ensure_buckets(
@@ -230,35 +255,15 @@ async def _ensure_buckets(
     s = input.settings
     limit = asyncio.Semaphore(16)
 
-    def cohort(row: asyncpg.Record, width: timedelta) -> CohortRange:
-        # A cohort that fits in one batch is one partition: one activity after the claim
-        # instead of P small ones in P / parallel rounds (the lateness of the cohort).
-        partitions = 1 if row["accounts"] <= s.batch_size else None
-        if row["first"] == row["last"]:
-            instant = row["first"]
-            return CohortRange(
-                bucket_cleanup_id(instant, 0, input.task_queue),
-                instant,
-                None,
-                f"deadline {instant.isoformat()} (one instant)",
-                partitions=partitions,
-            )
-        start = row["start"]
-        width_ms = max(1, round(width.total_seconds() * 1000))
-        return CohortRange(
-            bucket_cleanup_id(start, width_ms, input.task_queue),
-            start,
-            start + width,
-            f"deadline bucket {start.isoformat()} (+{width_ms} ms)",
-            partitions=partitions,
-            wake_early_seconds=s.wake_early_seconds,
-        )
-
     async def ensure(cohort: CohortRange) -> None:
         async with limit:
-            await _start_cohort(client, input.task_queue, s, cohort)
+            await _start_cohort(client, input.task_queue, input.cleanups, cohort)
 
-    new = [c for c in (cohort(r, w) for r, w in cohorts) if c.workflow_id not in known]
+    new = [
+        c
+        for c in (cohort_range(r, w, s, input.cleanups, input.task_queue) for r, w in cohorts)
+        if c.workflow_id not in known
+    ]
     await asyncio.gather(*(ensure(c) for c in new))
     for c in new:
         known[c.workflow_id] = c.start
@@ -385,7 +390,10 @@ async def sweep_overdue(
             return result  # still claiming or cleaning; what it does not cover waits for the next sweep
     workflow_id = sweep_cleanup_id(input.as_of, input.task_queue)
     await _start_cohort(
-        client, input.task_queue, s, CohortRange(workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}")
+        client,
+        input.task_queue,
+        input.cleanups,
+        CohortRange(workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}"),
     )
     await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
     metrics.record_overdue_swept(overdue)
@@ -403,10 +411,15 @@ async def sweep_overdue(
 
 
 async def ensure_planner(
-    client: Client, task_queue: str, settings: PlannerSettings | None = None, pool: asyncpg.Pool | None = None
+    client: Client,
+    task_queue: str,
+    settings: PlannerSettings = DEFAULT_PLANNER,
+    pool: asyncpg.Pool | None = None,
+    cleanups: CleanupDefaults = DEFAULTS,
 ) -> tuple[str, bool]:
     """Start the planner unless it runs already (the running one is kept): (workflow ID, started).
-    With the database at hand, a new run starts paused if an operator's pause is recorded there."""
+    With the database at hand, a new run starts paused if an operator's pause is recorded there.
+    `settings` and `cleanups`: the caller's (`settings.planner`, `settings.cleanup.defaults`)."""
     workflow_id = planner_workflow_id(task_queue)
     existing = await describe_or_none(client, workflow_id)
     if existing is not None and existing.status == WorkflowExecutionStatus.RUNNING:
@@ -414,18 +427,94 @@ async def ensure_planner(
     pause = await planner_pause(pool, task_queue) if pool is not None else None
     outcome = await start_idempotently(
         client,
-        PLANNER_WORKFLOW,
-        PlannerInput(
-            settings=settings or read(PlannerSettings),
-            paused=pause is not None,
-            pause_reason=pause["reason"] if pause else "",
+        WorkflowStart(
+            PLANNER_WORKFLOW,
+            PlannerInput(
+                settings=settings,
+                cleanups=cleanups,
+                paused=pause is not None,
+                pause_reason=pause["reason"] if pause else "",
+            ),
+            workflow_id=workflow_id,
+            task_queue=task_queue,
+            summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
+            repeat_closed=True,
         ),
-        workflow_id=workflow_id,
-        task_queue=task_queue,
-        summary="deadline planner: cohort cleanups per deadline bucket, overdue sweep, stranded claims",
-        repeat_closed=True,
     )
     return workflow_id, outcome.started  # False: another caller started it since the describe above
+
+
+class PlannerCohort(NamedTuple):
+    """The cohort the running planner of a task queue puts a deadline in, as its plan computes it."""
+
+    cohort: CohortRange
+    cleanups: CleanupDefaults  # the running planner's cleanup defaults
+    accounts: int  # active accounts in the cohort's range now
+    paused: bool  # an operator's pause is recorded: the planner plans nothing new meanwhile
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def planner_cohort_of(
+    client: Client, pool: asyncpg.Pool, task_queue: str, deadline: datetime
+) -> PlannerCohort | None:
+    """The planner's cohort of `deadline`: the window (or dense bucket) its plan cuts around it, on
+    the same grid and with the settings of the planner's running run. None when no planner runs on
+    `task_queue`, or when no active account has `deadline` (the cohort would not cover it)."""
+    planner = await running_planner_input(client, task_queue)
+    if planner is None:
+        return None
+    settings, cleanups = planner.settings, planner.cleanups
+    window = timedelta(seconds=settings.cohort_seconds)
+    start = EPOCH + (deadline - EPOCH) // window * window
+    for row, width in await _upcoming_cohorts(pool, settings, cleanups.batch_size, start, start + window):
+        if not row["start"] <= deadline < row["start"] + width:
+            continue
+        cohort = cohort_range(row, width, settings, cleanups, task_queue)
+        if cohort.until is None and cohort.start != deadline:
+            return None  # the window's one instant is another deadline
+        until = cohort.until or cohort.start + timedelta(microseconds=1)
+        accounts: int = await pool.fetchval(SQL.active_accounts_in_range, cohort.start, until)
+        paused = await planner_pause(pool, task_queue) is not None
+        return PlannerCohort(cohort, cleanups, accounts, paused)
+    return None
+
+
+async def running_planner_input(client: Client, task_queue: str) -> PlannerInput | None:
+    """The input (settings and cleanup defaults) of the running planner of `task_queue`, from its
+    run's history (so no worker need answer a query), or None when none runs."""
+    desc = await describe_or_none(client, planner_workflow_id(task_queue))
+    if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        (input,) = await client.data_converter.decode(payloads, [PlannerInput])
+        return input if isinstance(input, PlannerInput) else None
+    return None
+
+
+async def planner_cleanup_ids(
+    client: Client, task_queue: str, deadline: datetime, settings: PlannerSettings = DEFAULT_PLANNER
+) -> list[str]:
+    """The workflow IDs the planner gives a cleanup covering `deadline`, whichever its plan chose:
+    the instant's, the sparse window's and the dense bucket's (with the running planner's settings,
+    else `settings`: the caller's)."""
+    running = await running_planner_input(client, task_queue)
+    s = running.settings if running is not None else settings
+    ids = [bucket_cleanup_id(deadline, 0, task_queue)]
+    for seconds in dict.fromkeys((s.cohort_seconds, s.bucket_seconds)):
+        width = timedelta(seconds=seconds)
+        start = EPOCH + (deadline - EPOCH) // width * width
+        ids.append(bucket_cleanup_id(start, max(1, round(seconds * 1000)), task_queue))
+    return ids
+
+
+async def join_planner_cohort(client: Client, task_queue: str, found: PlannerCohort) -> StartOutcome:
+    """Start the planner's cleanup of the cohort, or find it: the planner ensures the same workflow
+    ID, so the two are one run whichever comes first, and each account is claimed by it once."""
+    return await _start_cohort(client, task_queue, found.cleanups, found.cohort)
 
 
 # A planner whose workflow task failed this many times in a row (a bug, a non-deterministic change
@@ -438,7 +527,8 @@ async def watch_planner(
     task_queue: str,
     stuck_checks: int = 0,
     pool: asyncpg.Pool | None = None,
-    settings: PlannerSettings | None = None,
+    settings: PlannerSettings = DEFAULT_PLANNER,
+    cleanups: CleanupDefaults = DEFAULTS,
 ) -> tuple[str, int]:
     """One look of a worker's watchdog at the planner: (what it did, stuck checks so far).
 
@@ -446,12 +536,12 @@ async def watch_planner(
     task has failed `STUCK_TASK_ATTEMPTS` times in a row at two looks in a row is terminated and
     started again. Both are safe: the planner keeps no state the database does not (bucket IDs,
     sweeps and recoveries are recorded there, and so is an operator's pause); what a restart loses
-    is its counters. `settings`: those of a planner started again (None: read from the environment)."""
+    is its counters. `settings` and `cleanups`: those of a planner started again."""
     workflow_id = planner_workflow_id(task_queue)
     desc = await describe_or_none(client, workflow_id)
     if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
         was = desc.status.name if desc is not None and desc.status else "not found"
-        _, started = await ensure_planner(client, task_queue, settings, pool=pool)
+        _, started = await ensure_planner(client, task_queue, settings, pool, cleanups)
         if started:
             log.warning("deadline planner %s was %s: started again", workflow_id, was)
             metrics.record_planner_restart("closed")
@@ -471,7 +561,7 @@ async def watch_planner(
     )
     with contextlib.suppress(RPCError):  # closed meanwhile: start it all the same
         await client.get_workflow_handle(workflow_id).terminate(reason="stuck: its workflow task kept failing")
-    await ensure_planner(client, task_queue, settings, pool=pool)
+    await ensure_planner(client, task_queue, settings, pool, cleanups)
     metrics.record_planner_restart("stuck")
     return "restarted", 0
 
@@ -586,12 +676,15 @@ class PlannerReport(Report):
     last_step_error: str | None = None
 
 
-async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: str) -> PlannerReport:
+async def planner_status(
+    client: Client, pool: asyncpg.Pool | None, task_queue: str, settings: PlannerSettings = DEFAULT_PLANNER
+) -> PlannerReport:
     """What an operator asks: is it running, what is next, what is overdue, what was recovered, lateness.
 
     Without a database (`pool` None, or the connection lost while reading) it answers what Temporal
     knows, and `database` says that the deadlines, overdue accounts, recoveries and lateness are missing;
-    without a worker to answer its status query, `live_status` says what is not shown."""
+    without a worker to answer its status query, `live_status` says what is not shown. `settings`:
+    shown when the planner's own cannot be asked (the caller's `settings.planner`)."""
     workflow_id = planner_workflow_id(task_queue)
     out: dict[str, Any] = {"workflow_id": workflow_id}
     desc = await describe_or_none(client, workflow_id)
@@ -601,7 +694,7 @@ async def planner_status(client: Client, pool: asyncpg.Pool | None, task_queue: 
         live, no_answer = await query_or_note(desc, client, STATUS_QUERY, PlannerStatus)
         if live is None:
             out["live_status"] = f"{no_answer}; its phase, totals and last steps are not shown"
-    settings = live.settings if live else read(PlannerSettings)
+    settings = live.settings if live else settings
     out["phase"] = live.phase if live else None
     out["paused"] = live.paused if live else None
     if live and live.pause_reason:

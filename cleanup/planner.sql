@@ -34,6 +34,10 @@ CROSS JOIN LATERAL (SELECT min(a.renewal_deadline) AS first, max(a.renewal_deadl
                       AND a.renewal_deadline < b.start + $3::interval) d
 ORDER BY b.start;
 
+-- name: active_accounts_in_range
+-- Active accounts with a deadline in [$1, $2): what a planner's cohort of that range would claim now.
+SELECT count(*)::int FROM accounts WHERE status = 'active' AND renewal_deadline >= $1 AND renewal_deadline < $2;
+
 -- name: next_deadline
 -- The earliest deadline of an active account at or after $1 (one probe of accounts_active_due_idx):
 -- the first one a plan did not cover, which the planner must wake for before it enters the horizon.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from cleanup.models import UtcDatetime
+from cleanup.models import DEFAULTS, UtcDatetime
+from core.config import CleanupDefaults
 from core.config import PlannerSettings as PlannerSettings  # declared with every other setting
 from core.model import Model
 
@@ -29,6 +30,9 @@ class PlannerTotals(Model):
 
 class PlannerInput(Model):
     settings: PlannerSettings = PlannerSettings()
+    # How the planner's cleanups run: the settings' defaults of whoever started the planner, the
+    # same as an operator's cleanup takes (a run of 1.0 has none here: the built-in defaults).
+    cleanups: CleanupDefaults = DEFAULTS
     paused: bool = False
     pause_reason: str = ""
     totals: PlannerTotals = PlannerTotals()
@@ -37,6 +41,7 @@ class PlannerInput(Model):
 
 class PlanTickInput(Model):
     settings: PlannerSettings
+    cleanups: CleanupDefaults = DEFAULTS
     task_queue: str
     lateness_watermark: UtcDatetime | None = None
 
@@ -56,6 +61,7 @@ class PlanTickResult(Model):
 
 class SweepInput(Model):
     settings: PlannerSettings
+    cleanups: CleanupDefaults = DEFAULTS
     task_queue: str
     # The sweep cleanup the previous iteration started: while it still runs, no second one starts.
     previous_sweep_id: str | None = None

@@ -1,20 +1,5 @@
 -- Named queries of the renewal-deadline cleanup. Loaded by core.queries.load(__file__).
 
--- name: claim_cohort
--- The linearization point: an account moves to 'cleaning' only if it is still active (not renewed).
--- A renewal that commits first makes this UPDATE skip the row; one that commits later sees 'cleaning'.
--- Only once the deadline has passed by the database clock (cleanup_clock(), the renewal rule's clock).
-WITH claimed AS (
-    UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $4
-    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
-      AND held_since IS NULL  -- a legal hold: never claimed
-    RETURNING account_id, cleanup_version
-)
-INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-SELECT $1, account_id, cleanup_version, ((row_number() OVER (ORDER BY account_id)) - 1) % $3
-FROM claimed;
-
 -- name: claim_account
 WITH claimed AS (
     UPDATE accounts
@@ -30,9 +15,6 @@ SELECT $1, account_id, cleanup_version, 0 FROM claimed;
 -- name: claims_per_partition
 SELECT partition_no, count(*)::int AS claimed
 FROM cleanup_claims WHERE cleanup_id = $1 GROUP BY partition_no;
-
--- name: cohort_renewed_count
-SELECT count(*)::int FROM accounts WHERE renewal_deadline = $1 AND status = 'renewed';
 
 -- name: account_state
 SELECT account_id, status, cleanup_version, renewal_deadline, claimed_by, renewed_at
@@ -89,6 +71,7 @@ verdicts AS (
         LIMIT 1
     ) done ON true
 ),
+/*judged*/ -- (cleanup.targets.judge_statement: the verdicts, before anything is written)
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
     SELECT account_id, claimed_version, $1, $2 FROM verdicts WHERE verdict = 'apply'
@@ -326,40 +309,41 @@ FOR UPDATE;
 SELECT done, chunks FROM cleanup_claim_progress WHERE cleanup_id = $1;
 
 -- name: claim_chunk
--- One chunk of a cohort's claim: the next $6 accounts of the deadline range [$2, $3) after the
--- keyset cursor ($4, $5) on accounts_due_idx, whatever the cohort's size. Active accounts whose
--- deadline has passed by the database clock move to 'cleaning' (a renewal that committed first
--- changed the row, and the UPDATE re-checks the row it locks); renewed ones are counted.
--- Claim stream $10 of $9 takes only the accounts whose ID hashes to it (one stream: all of them)
--- and feeds only its own partitions, $10 + $9 * i for i below $7, round-robin in runs of $11
--- consecutive accounts from $8 (accounts this stream claimed in its earlier chunks): so each
--- partition's claims come in account order, and few partitions write to any one page.
+-- One chunk of a cohort's claim: the next :chunk_size accounts of the deadline range
+-- [:deadline_from, :deadline_until) after the keyset cursor (:cursor_deadline, :cursor_account) on
+-- accounts_due_idx, whatever the cohort's size. Active accounts whose deadline has passed by the
+-- database clock move to 'cleaning' (a renewal that committed first changed the row, and the UPDATE
+-- re-checks the row it locks); renewed ones are counted. Claim stream :stream of :streams takes only
+-- the accounts whose ID hashes to it (one stream: all of them) and feeds only its own partitions,
+-- :stream + :streams * i for i below :stream_partitions, round-robin in runs of :run_accounts
+-- consecutive accounts from :claimed_before (accounts this stream claimed in its earlier chunks): so
+-- each partition's claims come in account order, and few partitions write to any one page.
 WITH scan AS (
     SELECT ctid, account_id, renewal_deadline, status
     FROM accounts
     WHERE status IN ('active', 'renewed')
-      AND renewal_deadline >= $2 AND renewal_deadline < $3
-      AND (renewal_deadline, account_id) > ($4::timestamptz, $5::text)
-      AND ($9::int = 1 OR (hashtext(account_id) & 2147483647) % $9::int = $10::int)
+      AND renewal_deadline >= :deadline_from AND renewal_deadline < :deadline_until
+      AND (renewal_deadline, account_id) > (:cursor_deadline::timestamptz, :cursor_account::text)
+      AND (:streams::int = 1 OR (hashtext(account_id) & 2147483647) % :streams::int = :stream::int)
     ORDER BY renewal_deadline, account_id
-    LIMIT $6
+    LIMIT :chunk_size
 ),
 claimed AS (
     -- By the row versions the scan just read (a TID scan: no second descent of the primary key
     -- per account, ~10% of a chunk); the UPDATE re-checks each row it locks, and a row changed
     -- since the scan is re-checked on its newest version or left to the overdue sweep.
     UPDATE accounts a
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $12
+    SET status = 'cleaning', claimed_by = :cleanup_id, claimed_at = now(), claimed_namespace = :namespace
     WHERE a.ctid = ANY (ARRAY(SELECT ctid FROM scan))
-      AND a.status = 'active' AND a.renewal_deadline >= $2 AND a.renewal_deadline < $3
+      AND a.status = 'active' AND a.renewal_deadline >= :deadline_from AND a.renewal_deadline < :deadline_until
       AND a.renewal_deadline <= cleanup_clock()
       AND a.held_since IS NULL  -- a legal hold: never claimed
     RETURNING a.account_id, a.cleanup_version
 ),
 inserted AS (
     INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-    SELECT $1, account_id, cleanup_version,
-           $10::int + $9::int * (((($8::bigint + row_number() OVER (ORDER BY account_id)) - 1) / $11::int) % $7)
+    SELECT :cleanup_id, account_id, cleanup_version,
+           :stream::int + :streams::int * ((((:claimed_before::bigint + row_number() OVER (ORDER BY account_id)) - 1) / :run_accounts::int) % :stream_partitions)
     FROM claimed
     ON CONFLICT DO NOTHING
     RETURNING partition_no
@@ -452,3 +436,23 @@ INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_
 ON CONFLICT (task_queue) DO UPDATE
 SET behind_seconds = EXCLUDED.behind_seconds, instant = EXCLUDED.instant, cleanup_id = EXCLUDED.cleanup_id,
     observed_at = now();
+
+-- name: insert_deferred_receipts
+-- The receipts of a batch with follow-up statements, written after its "after" follow-ups in the
+-- batch's transaction: $1 the receipts the batch statement returned (account, version, rows per
+-- target), $2 the cleanup, $3 its target set's fingerprint, $4 the follow-ups' counts.
+INSERT INTO erasure_receipts
+    (account_id, cleanup_version, cleanup_id, targets, target_set, replaced_target_sets, follow_ups)
+SELECT r.account_id, r.cleanup_version, $2, r.targets, $3,
+       (SELECT nullif(t.replaced_fingerprints, '{}') FROM cleanup_target_runs t WHERE t.cleanup_id = $2),
+       $4::jsonb
+FROM jsonb_to_recordset($1::jsonb) AS r (account_id text, cleanup_version integer, targets jsonb)
+ON CONFLICT DO NOTHING;
+
+-- name: follow_up_batches_one_at_a_time
+-- Batches with follow-up statements run one at a time, the lock held to their COMMIT: a follow-up
+-- reads the game's rows in its own snapshot and writes rows that another batch's follow-ups write
+-- (a friend of players of two batches), so two at once could act on what the other is changing
+-- (a decrement re-applied to a counter the other batch just recounted). Taken first in the batch's
+-- transaction, every statement after it sees every batch committed before.
+SELECT pg_advisory_xact_lock(hashtext('deadline_cleanup.follow_ups'));

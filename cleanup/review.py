@@ -9,7 +9,7 @@
 - `preview_cleanup`: the dry run, one read-only set-based statement.
 
 Failed-account status (migration 006): an isolated account is 'cleanup_failed', still claimed by
-its cleanup and renewable like an active one (`renew` bumps its version, so the failure goes stale).
+its cleanup and renewable like an active one (`account renew` bumps its version, so the failure goes stale).
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from typing import Literal
 
 import asyncpg
 
-from cleanup.batches import CompiledCleanup, run_subset, with_reminders
+from cleanup.batches import DEFAULT_SETTINGS, CompiledCleanup, run_subset, with_reminders
 from cleanup.models import PartitionCounts, cohort_cleanup_id
 from cleanup.operations import check_account_id
-from cleanup.target_check import plan_targets, read_catalog
+from cleanup.target_check import check_follow_ups, plan_targets, read_catalog
+from cleanup.target_report import FollowUpReport, describe_follow_ups
 from cleanup.targets import CleanupTargets, compile_preview
 from core import metrics
+from core.config import CleanupSettings
 from core.errors import InputError
 from core.model import Model
 from core.queries import load
@@ -96,6 +98,8 @@ class CleanupPreview(Model):
     already_renewed: int
     reminders: int
     targets: list[TargetPreview]
+    # Declared follow-up statements, planned, not run (they write): their row counts are in the receipts.
+    follow_ups: list[FollowUpReport] = []
 
 
 async def list_failed(
@@ -109,17 +113,23 @@ async def list_failed(
 
 
 async def retry_failed(
-    pool: asyncpg.Pool, targets: CleanupTargets, cleanup_id: str | None = None, *, adopt_targets: bool = False
+    pool: asyncpg.Pool,
+    targets: CleanupTargets,
+    cleanup_id: str | None = None,
+    *,
+    adopt_targets: bool = False,
+    settings: CleanupSettings = DEFAULT_SETTINGS,
 ) -> RetryResult:
     """Retry every pending failed account (of one cleanup, or all), set-based per partition. With
     `adopt_targets` (said explicitly, after fixing the targets file) a cleanup that ran with other
-    targets runs with these from now on; the set it ran with is kept beside them."""
+    targets runs with these from now on; the set it ran with is kept beside them. `settings`: the
+    caller's `settings.cleanup` (the anonymize key, the reminders), as the workers'."""
     groups = await pool.fetch(SQL.failed_to_retry, cleanup_id)
     if cleanup_id is not None and not groups:
         known = await pool.fetchval(SQL.failed_of_cleanup, cleanup_id)
         if not known:
             raise InputError(f"no failed account recorded for cleanup {cleanup_id!r}")
-    compiled = await CompiledCleanup.compile(pool, targets)  # refuses targets that do not compile
+    compiled = await CompiledCleanup.compile(pool, targets, settings)  # refuses targets that do not compile
     for cleanup in dict.fromkeys(g["cleanup_id"] for g in groups):
         if adopt_targets:
             await pool.execute(SQL.adopt_current_target_set, cleanup, targets.fingerprint)
@@ -182,11 +192,12 @@ async def preview_cleanup(
     deadline: datetime | None = None,
     account_id: str | None = None,
     window: tuple[datetime, datetime | None] | None = None,
+    reminders: bool = True,
 ) -> CleanupPreview:
     """What `cleanup` would do now: accounts in scope (a cohort's exact deadline, one account, or every
     deadline in `window` = [from, to), `to` None: no end), rows per declared target with its match
-    column, reminders to write, accounts already renewed. One read-only, repeatable-read
-    transaction; changes nothing."""
+    column, reminders to write (none with `reminders` off: the settings' CLEANUP_REMINDERS),
+    accounts already renewed. One read-only, repeatable-read transaction; changes nothing."""
     if sum(x is not None for x in (deadline, account_id, window)) != 1:
         raise InputError("give exactly one of --deadline (a cohort), --account (one account) or --from (a window)")
     if account_id is not None:
@@ -199,16 +210,17 @@ async def preview_cleanup(
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
         await same_target_set(conn, targets, cohort_cleanup_id(deadline) if deadline else None)
         plans = plan_targets(targets, await read_catalog(conn, targets))
+        follow_ups = describe_follow_ups(await check_follow_ups(conn, targets))
         if account_id is not None:
             state = await conn.fetchrow(SQL.account_state, account_id)
             if state is None:
                 raise InputError(f"unknown account {account_id!r}")
             deadline = state["renewal_deadline"]
-            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "account")), account_id)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "account"), reminders), account_id)
         elif window is not None:
-            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "window")), *window)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "window"), reminders), *window)
         else:
-            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "cohort")), deadline)
+            row = await conn.fetchrow(with_reminders(compile_preview(targets, plans, "cohort"), reminders), deadline)
     assert row is not None
     return CleanupPreview(
         scope="account" if account_id else "window" if window else "cohort",
@@ -230,4 +242,5 @@ async def preview_cleanup(
             )
             for i, t in enumerate(targets.target)
         ],
+        follow_ups=follow_ups,
     )

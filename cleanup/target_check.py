@@ -10,6 +10,7 @@ whatever the catalog rules miss fails here, not at the deadline.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from cleanup.follow_ups import CompiledFollowUp, compile_statement
 from cleanup.targets import (
     CleanupTarget,
     CleanupTargets,
@@ -26,6 +28,7 @@ from cleanup.targets import (
     constant_text,
     split_name,
 )
+from core import db
 from core.errors import InputError
 from core.queries import MIGRATIONS_DIR, load
 
@@ -392,3 +395,75 @@ def plan_targets(targets: CleanupTargets, catalog: Catalog) -> list[TargetPlan]:
     if problems:
         raise TargetsRefused(problems)
     return [p for p in plans if p is not None]
+
+
+@dataclass(frozen=True)
+class CheckedFollowUp:
+    """A follow-up as the start-up check planned it: its compiled statement, and the privileges its
+    plan uses per table (SELECT to read, UPDATE, DELETE or INSERT where it writes), tables in the
+    order the plan names them."""
+
+    follow_up: CompiledFollowUp
+    privileges: tuple[tuple[str, str], ...]
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for t, _ in self.privileges))
+
+
+def _plan_privileges(plan: object) -> list[tuple[str, str]]:
+    """(schema.relation, privilege) for every relation an EXPLAIN (FORMAT JSON, VERBOSE) plan names:
+    a ModifyTable node's operation (UPDATE, DELETE, INSERT), SELECT for every scan."""
+    found: list[tuple[str, str]] = []
+    if isinstance(plan, dict):
+        if "Relation Name" in plan:
+            verb = str(plan["Operation"]).upper() if plan.get("Node Type") == "ModifyTable" else "SELECT"
+            found.append((f"{plan.get('Schema', '')}.{plan['Relation Name']}", verb))
+        for value in plan.values():
+            found += _plan_privileges(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found += _plan_privileges(value)
+    return found
+
+
+async def check_follow_ups(conn: asyncpg.Connection, targets: CleanupTargets) -> list[CheckedFollowUp]:
+    """Compile each follow-up with the recorded key type and plan it (EXPLAIN, never run): a statement
+    that does not parse, names a missing table or column, lacks a privilege, or touches the service's
+    own tables is refused, named by its file and line, with the fix."""
+    if not targets.follow_up:
+        return []
+    key_type = await conn.fetchval(SQL.recorded_account_key_type) or "text"
+    service = await conn.fetchrow(SQL.service_schema)
+    service_schema = service["schema_name"] if service else None
+    checked: list[CheckedFollowUp] = []
+    problems: list[str] = []
+    for i, f in enumerate(targets.follow_up):
+        compiled = CompiledFollowUp(f.name, f.phase, compile_statement(f.statement, key_type))
+        try:
+            async with _savepoint(conn) as c:
+                raw = await c.fetchval("EXPLAIN (FORMAT JSON, VERBOSE) " + compiled.sql, [])
+            plan = json.loads(raw) if isinstance(raw, str) else raw
+        except asyncpg.PostgresError as err:
+            if db.connection_lost(err):
+                raise
+            fix = (
+                "GRANT the privilege named to the worker's role"
+                if err.sqlstate == "42501"
+                else f"$1 is a {key_type}[] of the batch's account keys; fix the statement or the schema"
+            )
+            problems.append(f"{targets.follow_up_label(i)}: [{err.sqlstate}] {err} (fix: {fix})")
+            continue
+        privileges = list(dict.fromkeys(_plan_privileges(plan)))
+        own = [
+            t for t in dict.fromkeys(t for t, _ in privileges) if service_schema and t.startswith(f"{service_schema}.")
+        ]
+        if own:
+            problems.append(
+                f"{targets.follow_up_label(i)}: touches the service's own tables ({', '.join(own)}): "
+                "a follow-up changes the game's tables only"
+            )
+        checked.append(CheckedFollowUp(compiled, tuple(privileges)))
+    if problems:
+        raise TargetsRefused(problems)
+    return checked

@@ -11,7 +11,7 @@ statement that fixes it.
 
 from __future__ import annotations
 
-from cleanup.target_check import Catalog
+from cleanup.target_check import Catalog, CheckedFollowUp
 from cleanup.targets import CleanupTarget, CleanupTargets, sql_constant
 from core.model import Model
 
@@ -39,6 +39,23 @@ class TargetReport(Model):
     unchanged_columns: list[str] = []  # anonymize: the columns the row keeps as they were
 
 
+class FollowUpReport(Model):
+    """A declared follow-up statement as a batch runs it: its phase, its statement as compiled ($1
+    the batch's account keys, a typed array) and the tables its plan reads or writes."""
+
+    name: str
+    phase: str
+    statement: str
+    tables: list[str]
+
+
+def describe_follow_ups(checked: list[CheckedFollowUp]) -> list[FollowUpReport]:
+    return [
+        FollowUpReport(name=c.follow_up.name, phase=c.follow_up.phase, statement=c.follow_up.sql, tables=list(c.tables))
+        for c in checked
+    ]
+
+
 class TargetsCheck(Model):
     """`targets check`: the file, the target set's fingerprint, each target, and the missing indexes."""
 
@@ -46,6 +63,7 @@ class TargetsCheck(Model):
     fingerprint: str
     targets: list[TargetReport]
     missing_indexes: list[MissingIndex]
+    follow_ups: list[FollowUpReport] = []  # in declared order; "before" ones run before the targets
 
 
 def create_index_statement(table: str, column: str) -> str:

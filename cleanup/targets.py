@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -39,8 +40,8 @@ from pydantic import (
     model_validator,
 )
 
-from cleanup.targets_file import TargetsFileError, describe_file_error
-from core.config import CleanupSettings, read
+from cleanup.follow_ups import FollowUp
+from cleanup.targets_file import TargetsFileError, describe_file_error, locate
 from core.queries import load
 
 DEFAULT_TARGETS_FILE = Path(__file__).resolve().parent / "targets.toml"
@@ -171,9 +172,16 @@ class CleanupTargets(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: list[CleanupTarget] = Field(min_length=1)
+    # Statements run with each batch's account keys, before or after its targets (cleanup.follow_ups).
+    follow_up: list[FollowUp] = Field(default_factory=list)
+    # Where each follow-up is declared (`file:line`), when read from a file: how messages name it.
+    _follow_up_lines: dict[int, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_target_per_table_and_column(self) -> CleanupTargets:
+        names = [f.name for f in self.follow_up]
+        if len(names) != len(set(names)):
+            raise ValueError(f"follow-up names must be unique, got {names}")
         keys = [(t.schema_table, t.match_column) for t in self.target]
         if len(keys) != len(set(keys)):
             raise ValueError("a table may appear in several targets only with different match_columns")
@@ -190,6 +198,8 @@ class CleanupTargets(BaseModel):
         # Keys added since fingerprints were first recorded count only when used: a target set
         # that does not use them keeps the fingerprint it was recorded with.
         dumped = self.model_dump(mode="json")
+        if not dumped["follow_up"]:
+            del dumped["follow_up"]
         for target in dumped["target"]:
             for key in ("set_columns", "random_columns"):
                 if not target[key]:
@@ -201,14 +211,28 @@ class CleanupTargets(BaseModel):
     def hashes(self) -> bool:
         return any(t.hash_columns for t in self.target)
 
+    def follow_up_label(self, i: int, key: str = "statement") -> str:
+        """How messages name follow-up `i`: `file:line: follow_up 'name' (key)` when read from a file."""
+        where = self._follow_up_lines.get(i)
+        name = f"follow_up {self.follow_up[i].name!r} ({key})"
+        return f"{where}: {name}" if where else name
+
+    def located(self, path: Path, text: str) -> CleanupTargets:
+        """These targets, their follow-ups named by the file and line of their statement."""
+        self._follow_up_lines = {
+            i: f"{path}:{locate(text, ('follow_up', i, 'statement'))}" for i in range(len(self.follow_up))
+        }
+        return self
+
 
 def targets_path(path: Path | None = None) -> Path:
-    """The targets file in use: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml."""
-    return Path(path or read(CleanupSettings).targets_file or DEFAULT_TARGETS_FILE)
+    """The targets file in use: `path` (the settings' CLEANUP_TARGETS_FILE, or a flag's), else
+    cleanup/targets.toml."""
+    return Path(path or DEFAULT_TARGETS_FILE)
 
 
 def load_targets(path: Path | None = None) -> CleanupTargets:
-    """The targets file: `path`, else CLEANUP_TARGETS_FILE, else cleanup/targets.toml. A file that
+    """The targets file: `path` (`settings.cleanup.targets_file`), else cleanup/targets.toml. A file that
     cannot be read, is not TOML or does not declare valid targets raises TargetsFileError (exit 2)
     naming the file, the line and the key, with the fix."""
     path = targets_path(path)
@@ -217,7 +241,7 @@ def load_targets(path: Path | None = None) -> CleanupTargets:
     except (OSError, UnicodeDecodeError) as err:
         raise TargetsFileError(f"{path}: cannot read the targets file ({err})") from None
     try:
-        return CleanupTargets.model_validate(tomllib.loads(text))
+        return CleanupTargets.model_validate(tomllib.loads(text)).located(path, text)
     except (tomllib.TOMLDecodeError, ValidationError) as err:
         raise TargetsFileError(describe_file_error(path, text, err, target_fields())) from None
 
@@ -228,7 +252,9 @@ def target_fields() -> dict[str, tuple[str, ...]]:
     return {
         "": tuple(CleanupTargets.model_fields),
         "target": tuple(CleanupTarget.model_fields),
+        "follow_up": tuple(FollowUp.model_fields),
         "action": ("delete", "archive", "anonymize"),
+        "phase": ("before", "after"),
     }
 
 
@@ -236,17 +262,11 @@ def targets_from_json(data: str) -> CleanupTargets:
     return CleanupTargets.model_validate_json(data)
 
 
-def configured_anonymize_key() -> str:
-    """CLEANUP_ANONYMIZE_KEY (or CLEANUP_ANONYMIZE_KEY_FILE); empty when unset."""
-    secret = read(CleanupSettings).anonymize_key
-    return secret.get_secret_value() if secret else ""
-
-
-def anonymize_key_pads(key: str | None = None) -> tuple[bytes, bytes]:
+def anonymize_key_pads(key: str) -> tuple[bytes, bytes]:
     """The HMAC-SHA256 inner and outer padded keys of the anonymize key (CLEANUP_ANONYMIZE_KEY).
 
     Raises ValueError (naming the setting, never the value) when it is unset or too short."""
-    raw = (configured_anonymize_key() if key is None else key).encode()
+    raw = key.encode()
     if len(raw) < MIN_ANONYMIZE_KEY_BYTES:
         raise ValueError(
             f"targets hash columns: set {ANONYMIZE_KEY_ENV} to a secret of at least "
@@ -399,10 +419,21 @@ def compile_partition_batch(targets: CleanupTargets, plans: list[TargetPlan]) ->
             ctes += [f"t{i} AS (SELECT key FROM t{first}_keyed WHERE side = {j})" for j, i in enumerate(group)]
         counts += [f"(SELECT count(*) FROM t{i}) AS rows_t{i}" for i in group]
     ctes.append(_receipt_cte(targets, plans, groups))
+    if targets.follow_up:
+        counts += DEFERRED_RECEIPT_COLUMNS
     template = load(__file__).cleanup_partition_batch
     return template.replace("/*target_ctes*/", ",\n".join(ctes) + ",").replace(
         "/*target_counts*/", ", " + ", ".join(counts)
     )
+
+
+# With follow-ups, the batch statement returns its receipts instead of writing them: the batch writes
+# them after its "after" follow-ups, with their counts (the receipt is append-only), in its transaction.
+DEFERRED_RECEIPT_COLUMNS = [
+    "ARRAY(SELECT account_id FROM applied ORDER BY account_id) AS applied_keys",
+    "(SELECT jsonb_agg(jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,"
+    " 'targets', targets)) FROM receipts)::text AS receipts",
+]
 
 
 def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[list[int]]) -> str:
@@ -429,14 +460,31 @@ def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[
         f" 'rows', coalesce({rows[i]}, 0))"
         for i, t in enumerate(targets.target)
     )
+    select = f"SELECT a.account_id, a.cleanup_version, jsonb_build_array({entries}) AS targets FROM applied a"
+    if targets.follow_up:  # written by the batch after its follow-ups (DEFERRED_RECEIPT_COLUMNS)
+        return f"receipts AS ({select} {' '.join(joins)})"
+    # The target set it ran with, and those `retry-failed --with-current-targets` replaced.
+    replaced = "(SELECT nullif(r.replaced_fingerprints, '{}') FROM cleanup_target_runs r WHERE r.cleanup_id = $1)"
     return (
-        "receipts AS (INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)"
-        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}) FROM applied a {' '.join(joins)}"
-        " ON CONFLICT DO NOTHING RETURNING 1)"
+        "receipts AS (INSERT INTO erasure_receipts"
+        " (account_id, cleanup_version, cleanup_id, targets, target_set, replaced_target_sets)"
+        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}),"
+        f" '{targets.fingerprint}', {replaced} FROM applied a {' '.join(joins)} ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 
 _KEYSET_FILTER = "/*batch_filter*/c.account_id > $3"
+_JUDGED = "/*judged*/"
+
+
+def judge_statement(batch_sql: str) -> str:
+    """The batch statement (either form) up to its verdicts: the keys of the accounts it is about to
+    clean, their rows locked, judged exactly as it judges them (what "before" follow-ups act on)."""
+    head, found, _ = batch_sql.partition(_JUDGED)
+    if not found:
+        raise ValueError("not a compiled partition batch statement")
+    keys = "SELECT ARRAY(SELECT account_id FROM verdicts WHERE verdict = 'apply' ORDER BY account_id)"
+    return head.rstrip().rstrip(",") + "\n" + keys
 
 
 def subset_statement(batch_sql: str) -> str:

@@ -69,3 +69,8 @@ LEFT JOIN LATERAL (
     WHERE i.indrelid = c.oid AND i.indisvalid AND i.indpred IS NULL
 ) ix ON true
 GROUP BY n.nspname, c.relname, s.row_estimate, s.analyzed, s.pages, ix.index_names, ix.index_columns;
+
+-- name: recorded_account_key_type
+-- The account keys' type recorded at migrate time (text, uuid or bigint): a follow-up's $1 is an
+-- array of it.
+SELECT key_type FROM account_key_type WHERE id = 1;

@@ -90,11 +90,11 @@ def _suggest(word: str, known: Sequence[str]) -> str:
 
 def _where(loc: Sequence[str | int], data: Any) -> str:
     """`target #3 (game.users)`: the target an error is in, by its position and its table."""
-    if len(loc) >= 2 and loc[0] == "target" and isinstance(loc[1], int):
-        table = ""
+    if len(loc) >= 2 and loc[0] in ("target", "follow_up") and isinstance(loc[1], int):
+        name = ""
         with contextlib.suppress(Exception):
-            table = f" ({data['target'][loc[1]]['table']})"
-        return f"target #{loc[1] + 1}{table}"
+            name = f" ({data[loc[0]][loc[1]]['table' if loc[0] == 'target' else 'name']})"
+        return f"{loc[0]} #{loc[1] + 1}{name}"
     return "the file"
 
 
@@ -109,9 +109,12 @@ def _problem(error: Mapping[str, Any], data: Any, fields: Mapping[str, Sequence[
             "{ default = true } (the column's DEFAULT), never SQL"
         )
     if kind == "extra_forbidden":
-        known = fields["target"] if len(loc) == 3 and loc[0] == "target" else fields[""]
+        known = fields[loc[0]] if len(loc) == 3 and loc[0] in ("target", "follow_up") else fields[""]
         if len(loc) == 1 and "target" in known:
-            return loc, f"unknown table [[{key}]]{_suggest(key, known)}: each target is a [[target]] table"
+            return loc, (
+                f"unknown table [[{key}]]{_suggest(key, known)}: each target is a [[target]] table, "
+                "each follow-up statement a [[follow_up]] table"
+            )
         return loc, f"{where}: unknown key '{key}'{_suggest(key, known)}"
     if kind == "literal_error" and key in fields:
         return loc, f"{where}: {key} = {error['input']!r} is not allowed{_suggest(str(error['input']), fields[key])}"

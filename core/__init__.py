@@ -1,1 +1,1 @@
-"""Shared plumbing: configuration, models, database access, embedded services."""
+"""Shared plumbing: configuration, models, database access, the Temporal connection, the CLI helpers."""

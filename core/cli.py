@@ -1,7 +1,7 @@
 """What every CLI command shares: JSON or human output (Rich tables and progress bars), the
 services a command opens, and the registrar through which each job adds its own commands.
 
-Rich is imported inside the functions that draw: `starter.py --help` and `renew` stay fast to start."""
+Rich is imported inside the functions that draw: `starter.py --help` and `account renew` stay fast to start."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import argparse
 import io
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel
 
-from core import db, embedded
-from core.config import Settings
+from core import addresses, db
+from core.config import Settings, process_switch
 from core.errors import DatabaseUnavailable, InputError
 from core.model import Report
 from core.temporal import connect
@@ -175,7 +174,7 @@ def _cell(value: object) -> str:
 
 
 def _render(renderable: object) -> str:
-    from rich.console import Console  # lazy: keeps `starter.py --help` and `renew` fast to start
+    from rich.console import Console  # lazy: keeps `starter.py --help` and `account renew` fast to start
 
     out = io.StringIO()
     Console(file=out, width=160, color_system=None, soft_wrap=True).print(renderable)
@@ -208,11 +207,11 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
 
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     """Where Temporal and the database are, each with its environment variable. An address has no
-    default: unset, it comes from `dev up`'s env file, else the command exits 2 naming it."""
+    default: unset, it comes from `./dev up`'s env file, else the command exits 2 naming it."""
     parser.add_argument(
         "--temporal-address",
         metavar="HOST:PORT",
-        help="the Temporal frontend (env: TEMPORAL_ADDRESS; unset: the `dev up` stack's, else exit 2)",
+        help="the Temporal frontend (env: TEMPORAL_ADDRESS; unset: the `./dev up` stack's, else exit 2)",
     )
     parser.add_argument("--namespace", help="the Temporal namespace (env: TEMPORAL_NAMESPACE; default 'default')")
     parser.add_argument(
@@ -221,7 +220,7 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url",
         metavar="URL",
-        help="the Postgres database (env: DATABASE_URL; unset: the `dev up` stack's, else exit 2)",
+        help="the Postgres database (env: DATABASE_URL; unset: the `./dev up` stack's, else exit 2)",
     )
 
 
@@ -256,7 +255,7 @@ class Progress:
     scripts stay clean) unless forced with PROGRESS=1."""
 
     def __init__(self, label: str, total: int) -> None:
-        self.enabled = sys.stderr.isatty() or os.environ.get("PROGRESS") == "1"
+        self.enabled = sys.stderr.isatty() or process_switch("PROGRESS") == "1"
         self.done = 0
         if not self.enabled:
             return
@@ -288,7 +287,7 @@ class Progress:
 
 
 class CliContext:
-    """Opens what a command needs (embedded services, migrated pool, client) and closes it after.
+    """Opens what a command needs (the addresses checked, migrated pool, client) and closes it after.
 
     `database`: "required" (default): an unreachable database fails the command with
     DatabaseUnavailable (exit 75, naming the database); "optional" (status commands): the command
@@ -302,7 +301,7 @@ class CliContext:
     def __init__(self, settings: Settings, *, database: str = "required") -> None:
         if database not in ("required", "optional", "unused"):
             raise ValueError(f"database must be required, optional or unused, got {database!r}")
-        self.settings = embedded.resolve(settings, database=database != "unused")
+        self.settings = addresses.require(settings, database=database != "unused")
         self.database = database
         self.database_missing: str | None = None
         self._pool: asyncpg.Pool | None = None
@@ -341,10 +340,10 @@ class CliContext:
 
 @asynccontextmanager
 async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
-    """For commands that need the database only: no Temporal connection (nor embedded dev server).
+    """For commands that need the database only: no Temporal connection.
     An unreachable database, or one lost mid-command, raises DatabaseUnavailable. `migrate`: check
     that the schema is current (exit 2, "run migrate", when behind); nothing is ever applied here."""
-    url = embedded.database_url(settings)
+    url = addresses.database_url(settings)
     try:
         if migrate:
             await db.check_schema_url(url)

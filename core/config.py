@@ -1,19 +1,20 @@
 """Configuration: one tree of settings, declared here and read from the environment in one place.
 
-`Settings.from_env()` reads every variable of every section once (a worker or a command does it at
-start-up and passes the settings down); `read(Section)` and `read_value(NAME)` read one section or
-one variable through the same declarations, for the library calls that take no settings (a cleanup
-started from Python reads its heartbeat defaults when it starts). `Settings(...)` itself reads
-nothing: it is a value, built from its arguments.
+`Settings.from_env()` reads every variable of every section once (a worker, a command or
+`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs take
+them as arguments). `read(Section)` and `read_value(NAME)` read one section or one variable through
+the same declarations; only the modules tests/test_one_home.py lists still call them (the
+database's schema, key type, role prefix and connect timeout where a connection is made, and the
+load budget). `Settings(...)` itself reads nothing: it is a value, built from its arguments.
 
 Every variable's name, section, type, default and meaning is declared on its field; the reference
 docs/configuration.md is generated from them (`python -m tests.test_configuration`). Numbers are finite
 and in range, or the error names the variable (ConfigError: exit 2).
 
 The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
-exits 2 naming it (core.embedded.resolve), never starting anything. The embedded stack starts only
-when asked: `deadline-cleanup dev up` (which writes `<state dir>/dev/env`), `./dev demo` and the tests
-(CLEANUP_EMBEDDED=1). After `dev up`, a variable that is unset is read from that file, if it exists,
+exits 2 naming it (core.addresses), never starting anything. The embedded development stack of a
+checkout (devstack) starts only when asked: `./dev up` (which writes `<state dir>/dev/env`), `./dev
+demo` and the tests. After `./dev up`, a variable that is unset is read from that file, if it exists,
 so the commands run in that checkout find the stack; a variable that is set always wins. The
 Temporal connection is read as the SDK and the `temporal` CLI read it (temporalio.envconfig).
 
@@ -33,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from core.errors import InputError
@@ -68,12 +78,35 @@ def mask_url(url: str | None) -> str | None:
     return url
 
 
-# What `dev up` records for later commands, and only these (never a secret of a real deployment).
+# Switches of one process that are not settings of the service (a developer's, a test's, the fault
+# harness's), so they are not in the reference: read here too, as the rest of the environment.
+PROCESS_SWITCHES = (
+    "PROGRESS",  # 1: a progress bar even when stderr is not a terminal
+    "CLEANUP_DEBUG",  # set: an unexpected error prints its traceback
+    "CLEANUP_FAILPOINTS",  # core.failpoints
+    "CLEANUP_FAILPOINTS_ENABLED",
+    "CLEANUP_FAILPOINTS_FILE",
+    "CLEANUP_FAILPOINTS_ONCE_DIR",
+)
+
+
+def process_switch(name: str) -> str:
+    """The value of one of PROCESS_SWITCHES ('' when unset)."""
+    if name not in PROCESS_SWITCHES:
+        raise KeyError(f"{name} is not a process switch: declare a setting instead")
+    return os.environ.get(name, "")
+
+
+def switched_on(name: str) -> bool:
+    return process_switch(name).strip().lower() in _ON
+
+
+# What `./dev up` records for later commands, and only these (never a secret of a real deployment).
 DEV_ENV_NAMES = ("TEMPORAL_ADDRESS", "DATABASE_URL", "TEMPORAL_UI_URL")
 
 
 def dev_env_file(state_dir: Path) -> Path:
-    """Where `deadline-cleanup dev up` records the embedded stack's addresses."""
+    """Where `./dev up` records the embedded stack's addresses."""
     return state_dir / "dev" / "env"
 
 
@@ -185,6 +218,34 @@ class Section(BaseModel):
     SECTION: ClassVar[str] = ""
 
 
+MAX_PARTITIONS = 256
+
+
+class CleanupDefaults(Model):
+    """How every cleanup runs unless its caller says otherwise, the planner's and an operator's
+    alike: the one home of these defaults (CLEANUP_PARTITIONS, ...). Carried in the planner's
+    workflow input, so its cohorts run as the settings of whoever started the planner say."""
+
+    ENV_PREFIX: ClassVar[str] = "CLEANUP_"
+    SECTION: ClassVar[str] = "cleanup"
+
+    partitions: int = setting(8, "partitions of a cohort cleanup", ge=1, le=MAX_PARTITIONS)
+    max_parallel_partitions: int = setting(4, "partitions of one cleanup that run at once", ge=1, le=MAX_PARTITIONS)
+    batch_size: int = setting(1000, "accounts per batch transaction of a partition", ge=1, le=20_000)
+    claim_chunk_size: int = internal(10_000, "accounts per statement of a cohort's claim", ge=1, le=100_000)
+    claim_streams: int = internal(
+        2, "claims of one cohort of one instant running at once (at most its partitions)", ge=1, le=16
+    )
+    heartbeat_timeout_seconds: float = setting(
+        DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+        "a partition (or chunked claim) whose worker died is retried elsewhere after this long without a heartbeat",
+        gt=0,
+    )
+    heartbeat_interval_seconds: float | None = setting(
+        None, "how often a partition heartbeats (unset: a third of the timeout)", gt=0
+    )
+
+
 class PlannerSettings(Model):
     """The planner's knobs (PLANNER_*), carried in its workflow's input. Lateness of a planned
     account: at most the width of its cohort (`cohort_seconds`: sparse deadlines, or
@@ -194,6 +255,21 @@ class PlannerSettings(Model):
 
     ENV_PREFIX: ClassVar[str] = "PLANNER_"
     SECTION: ClassVar[str] = "planner"
+    # A planner run of 1.0 carries these in its input; the cleanup section owns them now
+    # (CleanupDefaults), so they are dropped when such an input is read. Any other unknown key is refused.
+    MOVED_TO_CLEANUP: ClassVar[tuple[str, ...]] = (
+        "partitions",
+        "max_parallel_partitions",
+        "batch_size",
+        "claim_chunk_size",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in cls.MOVED_TO_CLEANUP}
+        return data
 
     bucket_seconds: float = setting(1.0, "width of a deadline bucket: one cohort cleanup each", ge=0.001, le=3600)
     wake_early_seconds: float = internal(
@@ -231,10 +307,6 @@ class PlannerSettings(Model):
         10.0, "an account overdue by this long without a cleanup is swept", ge=0, le=3600
     )
     max_buckets_per_tick: int = internal(1000, "bucket cleanups started per tick at most", ge=1, le=10_000)
-    partitions: int = setting(8, "partitions of a cohort cleanup", ge=1, le=256)
-    max_parallel_partitions: int = setting(4, "partitions of one cleanup that run at once", ge=1, le=256)
-    batch_size: int = setting(1000, "accounts per batch transaction of a partition", ge=1, le=20_000)
-    claim_chunk_size: int = internal(10_000, "accounts per statement of a cohort's claim", ge=1, le=100_000)
     iterations_per_run: int = internal(50, "ticks before the planner continues as new", ge=1, le=10_000)
     step_heartbeat_seconds: float = setting(
         10.0, "the plan and sweep steps heartbeat; a worker that dies in one is noticed after this long", ge=1, le=600
@@ -342,14 +414,7 @@ class CleanupSettings(Section):
     ENV_PREFIX: ClassVar[str] = "CLEANUP_"
     SECTION: ClassVar[str] = "cleanup"
 
-    heartbeat_timeout_seconds: float = setting(
-        DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
-        "a partition (or chunked claim) whose worker died is retried elsewhere after this long without a heartbeat",
-        gt=0,
-    )
-    heartbeat_interval_seconds: float | None = setting(
-        None, "how often a partition heartbeats (unset: a third of the timeout)", gt=0
-    )
+    defaults: CleanupDefaults = CleanupDefaults()
     targets_file: Path | None = setting(None, "the targets file (unset: cleanup/targets.toml)")
     anonymize_key: SecretStr | None = setting(
         None, "the HMAC key of the targets' hash columns (at least 16 bytes, the same on every worker)"
@@ -397,11 +462,19 @@ class OutboxSettings(Section):
     provider_allow_http: Switch = setting(
         False, "allow an http:// provider beyond loopback", env="MAIL_PROVIDER_ALLOW_HTTP"
     )
+    provider_batch_max: int = setting(
+        0,
+        "events per request to the provider's batch endpoint (POST /v1/messages/batch); "
+        "0 or 1: one request per event to /v1/messages, for a provider without a batch endpoint",
+        env="MAIL_PROVIDER_BATCH_MAX",
+        ge=0,
+        le=1000,
+    )
 
 
 class Settings(BaseModel):
     """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
-    core.embedded.resolve), the worker's knobs, and one section per job and per platform part."""
+    core.addresses), the worker's knobs, and one section per job and per platform part."""
 
     # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
     # from_env under the names declared here.
@@ -515,7 +588,7 @@ class Settings(BaseModel):
     # Worker
     state_dir: Path = setting(
         PROJECT_ROOT / ".state",
-        "where the embedded stack and `dev up` keep their state",
+        "where the embedded development stack and `./dev up` keep their state",
         env="CLEANUP_STATE_DIR",
         section="worker",
     )
@@ -756,12 +829,17 @@ def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable,
 
 
 # Old names still read, with a deprecation line, when the new name is unset (old -> new).
-DEPRECATED_NAMES = {"DATABASE_CONNECT_TIMEOUT_SECONDS": "CONNECT_TIMEOUT_SECONDS"}
+DEPRECATED_NAMES = {
+    "DATABASE_CONNECT_TIMEOUT_SECONDS": "CONNECT_TIMEOUT_SECONDS",
+    "PLANNER_PARTITIONS": "CLEANUP_PARTITIONS",
+    "PLANNER_MAX_PARALLEL_PARTITIONS": "CLEANUP_MAX_PARALLEL_PARTITIONS",
+    "PLANNER_BATCH_SIZE": "CLEANUP_BATCH_SIZE",
+}
 
 
 def environment(base: Mapping[str, str]) -> dict[str, str]:
     """The variables as the settings read them: a deprecated name's value under its new name, each
-    secret's `NAME_FILE` read into NAME (both set is an error), then what `dev up` recorded for the
+    secret's `NAME_FILE` read into NAME (both set is an error), then what `./dev up` recorded for the
     names still unset."""
     env = dict(base)
     for old, new in DEPRECATED_NAMES.items():

@@ -87,7 +87,7 @@ def is_database_error(err: BaseException) -> bool:
 
 def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
     """The error a command reports when the database cannot be reached: names the database (no password)."""
-    where = mask_url(url) if url else "the embedded Postgres"
+    where = mask_url(url) if url else "(DATABASE_URL unset)"
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if not detail and isinstance(err, TimeoutError):  # the connect's bound: say which and where it is set
         detail = f"no answer within {connect_timeout():g} s, CONNECT_TIMEOUT_SECONDS"
@@ -110,7 +110,7 @@ def misconfiguration(url: str | None, err: BaseException) -> DatabaseMisconfigur
     """The error a command reports when DATABASE_URL itself is wrong (exit 2: retrying cannot help),
     or None for any other failure. The server's sentence (it names the database or the role, never
     a password) and the URL without its password."""
-    where = mask_url(url) if url else "the embedded Postgres"
+    where = mask_url(url) if url else "(DATABASE_URL unset)"
     state = getattr(err, "sqlstate", None)
     if isinstance(state, str) and state.startswith(_MISCONFIGURED_SQLSTATES):
         what = _TO_FIX.get(state, "the user or the host")
@@ -256,6 +256,14 @@ async def await_db(url: str | None, step: Awaitable[Any]) -> Any:
         raise
 
 
+# The ledger of applied files, and the row each applied file adds to it (migrate, migration_script).
+MIGRATION_LEDGER = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now(), checksum text)"
+)
+_RECORD = "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)"
+
+
 def migration_files() -> list[Path]:
     return sorted(MIGRATIONS_DIR.glob("*.sql"))
 
@@ -341,10 +349,7 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
         await ensure_roles(conn, service_roles())
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         await conn.execute(f"SET search_path TO {schema}")
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now(), checksum text)"
-        )
+        await conn.execute(MIGRATION_LEDGER)
         await conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS checksum text")
         applied = await applied_migrations(conn) or {}
         refuse_changed(applied)
@@ -418,7 +423,6 @@ def _text(path: Path) -> str:
 
 async def _apply(conn: asyncpg.Connection, path: Path) -> None:
     text = _text(path)
-    record = "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)"
     if text.startswith(NO_TRANSACTION):
         await conn.execute(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
         try:
@@ -428,12 +432,48 @@ async def _apply(conn: asyncpg.Connection, path: Path) -> None:
                 await conn.execute(statement)
         finally:
             await conn.execute("RESET lock_timeout")
-        await conn.execute(record, path.name, checksum(path))
+        await conn.execute(_RECORD, path.name, checksum(path))
         return
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
         await conn.execute(text)
-        await conn.execute(record, path.name, checksum(path))
+        await conn.execute(_RECORD, path.name, checksum(path))
+
+
+def migration_script(paths: list[Path]) -> str:
+    """The DDL `migrate apply` runs for the files `paths`, as one psql script for a DBA to review
+    (`migrate sql`): the service schema and the ledger, then each file as `_apply` runs it (in a
+    transaction with the lock timeout, or statement by statement for a `-- no-transaction` file),
+    followed by the ledger row it adds."""
+    schema = service_schema()
+    lines = [
+        f"-- {len(paths)} pending migration file(s) of schema {schema}, in the order `migrate apply` runs them.",
+        "-- `migrate apply` also creates the service roles and grants their privileges (core/roles.py).",
+        f"CREATE SCHEMA IF NOT EXISTS {schema};",
+        f"SET search_path TO {schema};",
+        f"{MIGRATION_LEDGER};",
+    ]
+    for path in paths:
+        text = _text(path).rstrip()
+        text += "" if text.endswith(";") else ";"
+        record = _RECORD.replace("$1", f"'{path.name}'").replace("$2", f"'{checksum(path)}'") + ";"
+        timeout = f"lock_timeout = '{MIGRATION_LOCK_TIMEOUT}';"
+        if text.startswith(NO_TRANSACTION):
+            lines += ["", f"-- {path.name}", f"SET {timeout}", text, "RESET lock_timeout;", record]
+        else:
+            lines += ["", f"-- {path.name}", "BEGIN;", f"SET LOCAL {timeout}", text, record, "COMMIT;"]
+    return "\n".join(lines) + "\n"
+
+
+async def pending_files_url(url: str) -> list[Path]:
+    """The migration files `migrate apply` would run on the database at `url` (all of them when it
+    has no ledger yet), read without taking locks or running DDL."""
+    conn = await open_connection(url)
+    try:
+        pending = await pending_migrations(conn)
+    finally:
+        await conn.close()
+    return [p for p in migration_files() if pending is None or p.name in pending]
 
 
 def connect_timeout() -> float:

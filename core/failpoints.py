@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from core.config import process_switch, switched_on
+
 _ACTIONS: dict[str, tuple[str, int]] = {}
 _HITS: dict[str, int] = {}
 _HOOKS: dict[str, Callable[[Any], Awaitable[None]]] = {}
@@ -65,7 +67,7 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENABLED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return switched_on(ENABLED_ENV)
 
 
 def configure(spec: str | None, shared_file: str | None = None, *, enabled: bool = True) -> None:
@@ -144,7 +146,7 @@ def _hit_shared(path: Path, name: str) -> None:
 
 def _first_to_fire(name: str) -> bool:
     """Without CLEANUP_FAILPOINTS_ONCE_DIR: always. With it: only the first process to get here."""
-    once_dir = os.environ.get(ONCE_DIR_ENV)
+    once_dir = process_switch(ONCE_DIR_ENV)
     if not once_dir:
         return True
     try:
@@ -184,4 +186,6 @@ async def reached(name: str, context: Any = None) -> None:
         await hook(context)
 
 
-configure(os.environ.get("CLEANUP_FAILPOINTS"), os.environ.get(SHARED_FILE_ENV), enabled=enabled_by_env())
+configure(
+    process_switch("CLEANUP_FAILPOINTS") or None, process_switch(SHARED_FILE_ENV) or None, enabled=enabled_by_env()
+)

@@ -15,7 +15,7 @@ Counters (names as scraped; docs/observability.md):
   cleanup_accounts_skipped{reason}    renewed / stale, counted once when the cleanup settles
   cleanup_settlements                 cleanups settled (counted by the delivery that wrote the row)
   cleanup_accounts_failed             accounts isolated by a deterministic error into cleanup_failed
-                                      (per batch; retry-failed counts the ones that fail again)
+                                      (per batch; `cleanup retry` counts the ones that fail again)
   ledger_corrections                  ledger corrections written            record_corrections(n)
   ledger_review_rows                  rows sent to manual review            record_review_rows(n)
   outbox_delivered, outbox_dead_lettered   outbox outcomes                  record_outbox(d, x)

@@ -7,7 +7,8 @@ Imported by workflow modules inside the sandbox, so nothing here may import asyn
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -15,6 +16,12 @@ from pydantic import BaseModel, ConfigDict
 class Model(BaseModel):
     # NaN and infinities are never valid: NaN passes every ge/le bound a field could declare.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], **extra: Any) -> Self:
+        """The model of a database row (an asyncpg Record): its columns are the model's fields,
+        named alike in the query; `extra` gives fields the row does not hold."""
+        return cls.model_validate(dict(row) | extra)
 
 
 class Report(Model):

@@ -112,7 +112,7 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None, ready_t
     75) after that long. A wrong address or refused credentials are InputError (exit 2) naming the
     setting to fix."""
     if settings.temporal_address is None:
-        raise ValueError("no Temporal address: resolve embedded defaults first (core.embedded.resolve)")
+        raise ValueError("no Temporal address: check it first (core.addresses.require)")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (CONNECT_READY_TIMEOUT if ready_timeout is None else ready_timeout)
     attempt_timeout = settings.connect_timeout_seconds
@@ -245,41 +245,41 @@ class StartOutcome(NamedTuple):
     joined: bool = False
 
 
-async def start_idempotently(
-    client: Client,
-    workflow: str,
-    arg: Any,
-    *,
-    workflow_id: str,
-    task_queue: str,
-    summary: str,
-    result_type: type | None = None,
-    search_attributes: Sequence[SearchAttributePair[Any]] = (),
-    memo: Mapping[str, Any] | None = None,
-    repeat_closed: bool = False,
-) -> StartOutcome:
-    """Start `workflow` under the business key `workflow_id`, once: a running run with that ID is
-    joined (USE_EXISTING: a second caller, or a racing one, gets it back), and a closed one is never
-    started again unless `repeat_closed` (long-lived loops such as the planner or a relay).
+class WorkflowStart(NamedTuple):
+    """One start of `workflow` with `arg` under the business key `workflow_id`: the options of the
+    single `Client.start_workflow` call of `start_idempotently`, named as there."""
 
-    Ten parameters on purpose: after the client, workflow and argument, each is one keyword-only
-    option of the single `Client.start_workflow` call below, named as there, so a caller reads like
-    that call; grouping them would only add a model each caller builds and this function unpacks."""
+    workflow: str
+    arg: Any
+    workflow_id: str
+    task_queue: str
+    summary: str
+    result_type: type | None = None
+    search_attributes: Sequence[SearchAttributePair[Any]] = ()
+    memo: Mapping[str, Any] | None = None
+    # Start again under an ID whose run closed (long-lived loops such as the planner or a relay).
+    repeat_closed: bool = False
+
+
+async def start_idempotently(client: Client, start: WorkflowStart) -> StartOutcome:
+    """Start `start.workflow` under the business key `start.workflow_id`, once: a running run with
+    that ID is joined (USE_EXISTING: a second caller, or a racing one, gets it back), and a closed one
+    is never started again unless `start.repeat_closed`."""
     try:
         handle = await client.start_workflow(
-            workflow,
-            arg,
-            result_type=result_type,
-            id=workflow_id,
-            task_queue=task_queue,
+            start.workflow,
+            start.arg,
+            result_type=start.result_type,
+            id=start.workflow_id,
+            task_queue=start.task_queue,
             task_timeout=WORKFLOW_TASK_TIMEOUT,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=(
-                WorkflowIDReusePolicy.ALLOW_DUPLICATE if repeat_closed else WorkflowIDReusePolicy.REJECT_DUPLICATE
+                WorkflowIDReusePolicy.ALLOW_DUPLICATE if start.repeat_closed else WorkflowIDReusePolicy.REJECT_DUPLICATE
             ),
-            search_attributes=TypedSearchAttributes(list(search_attributes)) if search_attributes else None,
-            memo=dict(memo) if memo is not None else None,
-            static_summary=summary,
+            search_attributes=TypedSearchAttributes(list(start.search_attributes)) if start.search_attributes else None,
+            memo=dict(start.memo) if start.memo is not None else None,
+            static_summary=start.summary,
         )
     except WorkflowAlreadyStartedError as err:
         return StartOutcome(err.run_id, False)

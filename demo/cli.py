@@ -1,5 +1,6 @@
-"""The demo's commands of starter.py: `seed` (demo accounts with their game data) and `demo` (the
-end-to-end demonstration with its own workers).
+"""The demo's commands of `python -m devstack` (and `./dev`): `seed` (demo accounts with their game
+data) and `demo` (the end-to-end demonstration with its own workers, which starts the embedded
+stack for an address that is unset, as `./dev up` does).
 
 The game's own data and accounts come from the game; `seed` makes the demo's, in the demo
 game's schema (created if missing).
@@ -11,12 +12,13 @@ import argparse
 import re
 import uuid
 
-from core import db, embedded
+from core import addresses, db
 from core.cli import Commands, Progress, bounded_int, database_pool, emit, finite_float, key_values
 from core.config import Settings
 from core.errors import InputError, parse_instant
 from core.temporal import connect
 from demo.fixture import create_game_schema, seed_accounts
+from devstack import embedded
 
 
 async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
@@ -26,7 +28,7 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
     prefix = args.prefix or f"s{deadline:%m%d%H%M%S}"
     if not re.fullmatch(r"[A-Za-z0-9]{1,20}", prefix):
         raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
-    url = embedded.database_url(settings)  # the database only: no Temporal needed
+    url = addresses.database_url(settings)  # the database only, as `./dev up` recorded it: nothing is started
     async with database_pool(settings, migrate=True, max_size=2) as pool:
         await create_game_schema(url)
         bar = Progress("seeding accounts", args.accounts)
@@ -43,7 +45,7 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
     """Runs in a database and on a task queue of its own, so it never mixes with real work."""
-    from demo.run import run_demo  # lazy: keeps `starter.py --help` fast to start
+    from demo.run import run_demo  # lazy: keeps `python -m devstack --help` fast to start
 
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
@@ -70,14 +72,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def register(commands: Commands) -> None:
+    """`seed` and `demo`."""
     p = commands.add("seed", cmd_seed, "seed demo accounts (with cloud saves, inventory, match history) at a deadline")
     p.add_argument("--accounts", type=int, required=True, help="how many (1 to 10,000,000)")
     p.add_argument("--deadline", required=True, help="their renewal deadline, e.g. 2026-11-01T09:00:00Z")
     p.add_argument("--prefix", help="account ID prefix (letters/digits); default from the deadline")
-
-
-def register_demo(commands: Commands) -> None:
-    """`demo`: the end-to-end demonstration with its own workers."""
     p = commands.add("demo", cmd_demo, "seed accounts, renew some, let the workers' planner clean them, print results")
     p.add_argument("--accounts", type=bounded_int(1, 10_000_000), default=3000, help="accounts to seed (default 3000)")
     p.add_argument(

@@ -8,6 +8,14 @@ Endpoints:
                       `Idempotency-Key`. A key seen before is acknowledged (200, "duplicate") but not
                       delivered to the customer again. 202 "accepted" for a first delivery; 422 for a
                       bad event (no template for its kind, no account); 401 for a wrong token.
+  POST /v1/messages/batch
+                      send up to 1,000 messages: {"messages": [{"idempotency_key": K, ...}, ...]}.
+                      200 with one result per message, in order: {"results": [{"idempotency_key": K,
+                      "status": 202|200|422|429|503|..., "error"?, "retry_after"?}]}: each message is
+                      judged as a single send would be (dedup by its key, its own faults). The whole
+                      request may be refused instead (401, 400, 413, or a scripted batch fault such
+                      as 429 with a Retry-After header); a timeout among its messages delivers them
+                      all and never answers.
   GET  /stats         what it received: requests, unique keys, customer deliveries, duplicates by key,
                       responses by status, injected faults.
   GET  /messages      the customer's mailbox, newest last (`?limit=N`).
@@ -43,7 +51,9 @@ log = logging.getLogger("mail_provider")
 
 TEMPLATES = frozenset({"renewal_reminder"})
 MAX_HEADER_BYTES = 16 * 1024
-MAX_BODY_BYTES = 1024 * 1024
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# Messages one batch request may carry (a larger batch is refused whole with 413).
+BATCH_MAX_MESSAGES = 1000
 REASONS = {
     200: "OK",
     202: "Accepted",
@@ -96,6 +106,8 @@ class _Response:
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
     hang: bool = False
+    # The idempotency keys this answer covers (a held key holds the whole answer).
+    keys: tuple[str, ...] = ()
 
 
 class MailProvider:
@@ -127,6 +139,11 @@ class MailProvider:
     def reset(self) -> None:
         with self._lock:
             self.scripted: dict[str, ScriptedFault] = {}
+            # Faults for whole batch requests, the next one first (`script_batch`).
+            self.batch_faults: list[ScriptedFault] = []
+            self.batch_requests = 0
+            self.batch_messages = 0
+            self.batch_results: Counter[int] = Counter()  # each message's status inside batch answers
             self.received = 0
             self.received_by_key: Counter[str] = Counter()
             self.first_received_at: dict[str, float] = {}
@@ -143,6 +160,11 @@ class MailProvider:
     def script(self, key: str, fault: ScriptedFault) -> None:
         with self._lock:
             self.scripted[key] = fault
+
+    def script_batch(self, fault: ScriptedFault) -> None:
+        """Answer the next `fault.times` batch requests as a whole with `fault` (before any message is judged)."""
+        with self._lock:
+            self.batch_faults.append(fault)
 
     def hold(self, key: str) -> None:
         """Hold the answers to sends of this key (taken, answered only after `release`, at most 120 s)."""
@@ -168,6 +190,9 @@ class MailProvider:
         with self._lock:
             return {
                 "received": self.received,
+                "batch_requests": self.batch_requests,
+                "batch_messages": self.batch_messages,
+                "batch_results": {str(k): v for k, v in sorted(self.batch_results.items())},
                 "unauthorized": self.unauthorized,
                 "unique_keys": len(self.received_by_key),
                 "delivered": len(self.mailbox),
@@ -242,30 +267,97 @@ class MailProvider:
             if not key:
                 return _Response(400, {"error": "missing Idempotency-Key header"})
             now = time.time()
-            self.received += 1
-            self.received_by_key[key] += 1
-            self.request_times.setdefault(key, []).append(now)
+            self._count(key, now)
             try:
                 message = json.loads(body or b"null")
             except ValueError:
                 return _Response(400, {"error": "body is not JSON"})
             if not isinstance(message, dict):
                 return _Response(400, {"error": "body must be a JSON object"})
-            if self.processing_until.get(key, 0.0) > now:
-                return _Response(409, {"error": "a request with this Idempotency-Key is still in progress"})
-            fault = self._pick_fault(key)
-            if fault is None:
-                return self._deliver(key, message)
-            if fault.status is None:
-                self.faults["timeout"] += 1
-                response = self._deliver(key, message)
-                response.hang = True
-                if self.conflict_while_processing:
-                    self.processing_until[key] = now + self.shares.hang_seconds
-                return response
-            self.faults[str(fault.status)] += 1
-            headers_out = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
-            return _Response(fault.status, {"error": fault.body or REASONS.get(fault.status, "error")}, headers_out)
+            return self._judge(key, message, now)
+
+    def _count(self, key: str, now: float) -> None:
+        self.received += 1
+        self.received_by_key[key] += 1
+        self.request_times.setdefault(key, []).append(now)
+
+    def _judge(self, key: str, message: dict[str, Any], now: float) -> _Response:
+        """Called with the lock held: one message's answer (a send, or one entry of a batch)."""
+        if self.processing_until.get(key, 0.0) > now:
+            return _Response(409, {"error": "a request with this Idempotency-Key is still in progress"})
+        fault = self._pick_fault(key)
+        if fault is None:
+            return self._deliver(key, message)
+        if fault.status is None:
+            self.faults["timeout"] += 1
+            response = self._deliver(key, message)
+            response.hang = True
+            if self.conflict_while_processing:
+                self.processing_until[key] = now + self.shares.hang_seconds
+            return response
+        self.faults[str(fault.status)] += 1
+        headers_out = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        return _Response(fault.status, {"error": fault.body or REASONS.get(fault.status, "error")}, headers_out)
+
+    def _send_batch(self, headers: dict[str, str], body: bytes) -> _Response:
+        """Each message judged as its own send would be, under its own key; or the whole request refused."""
+        with self._lock:
+            if not self._authorized(headers):
+                self.unauthorized += 1
+                return _Response(401, {"error": "unauthorized: bad or missing bearer token"})
+            try:
+                messages = json.loads(body or b"null")["messages"]
+            except (ValueError, TypeError, KeyError):
+                return _Response(400, {"error": 'body must be a JSON object {"messages": [...]}'})
+            if not isinstance(messages, list) or not messages:
+                return _Response(400, {"error": "messages must be a non-empty list"})
+            if len(messages) > BATCH_MAX_MESSAGES:
+                return _Response(413, {"error": f"at most {BATCH_MAX_MESSAGES} messages per batch"})
+            self.batch_requests += 1
+            whole = self._batch_fault()
+            if whole is not None:
+                self.faults[f"batch {whole.status}"] += 1
+                retry = {"Retry-After": whole.retry_after} if whole.retry_after is not None else {}
+                return _Response(whole.status or 503, {"error": whole.body or "batch refused"}, retry)
+            now = time.time()
+            results: list[dict[str, Any]] = []
+            hang = False
+            for message in messages:
+                key = message.get("idempotency_key") if isinstance(message, dict) else None
+                if not isinstance(key, str) or not key.strip():
+                    results.append({"idempotency_key": key, "status": 400, "error": "missing idempotency_key"})
+                    continue
+                self.batch_messages += 1
+                self._count(key, now)
+                answer = self._judge(key, message, now)
+                hang = hang or answer.hang
+                self.batch_results[answer.status] += 1
+                results.append(self._result(key, answer))
+            keys = tuple(str(r["idempotency_key"]) for r in results)
+            return _Response(200, {"results": results}, hang=hang, keys=keys)
+
+    @staticmethod
+    def _result(key: str, answer: _Response) -> dict[str, Any]:
+        """One message's entry in a batch answer: `status` is the HTTP status its single send would
+        have had, `result` that answer's status word, `retry_after` its Retry-After."""
+        fields_out = dict(answer.body)
+        word = fields_out.pop("status", None)
+        entry = {"idempotency_key": key, "status": answer.status, **fields_out}
+        if word is not None:
+            entry["result"] = word
+        if "Retry-After" in answer.headers:
+            entry["retry_after"] = answer.headers["Retry-After"]
+        return entry
+
+    def _batch_fault(self) -> ScriptedFault | None:
+        """Called with the lock held: the scripted fault for this whole batch request, if any."""
+        while self.batch_faults and self.batch_faults[0].times == 0:
+            self.batch_faults.pop(0)
+        if not self.batch_faults:
+            return None
+        fault = self.batch_faults[0]
+        fault.times -= 1 if fault.times > 0 else 0
+        return fault
 
     def _admin(self, path: str, headers: dict[str, str], body: bytes) -> _Response:
         if not self._authorized(headers):
@@ -289,6 +381,8 @@ class MailProvider:
         url = urlsplit(target)
         if url.path == "/v1/messages":
             return self._send(headers, body) if method == "POST" else _Response(405, {"error": "use POST"})
+        if url.path == "/v1/messages/batch":
+            return self._send_batch(headers, body) if method == "POST" else _Response(405, {"error": "use POST"})
         if url.path == "/stats" and method == "GET":
             return _Response(200, self.stats())
         if url.path == "/messages" and method == "GET":
@@ -325,8 +419,9 @@ class MailProvider:
                 with self._lock:
                     self.responses[response.status] += 1
                 with self._lock:
-                    gate = self.held.get(headers.get("idempotency-key", "").strip())
-                if gate is not None:
+                    keys = (headers.get("idempotency-key", "").strip(), *response.keys)
+                    gates = [self.held[k] for k in keys if k in self.held] if self.held else []
+                for gate in gates:
                     await asyncio.to_thread(gate.wait, 120)
                 if response.hang:
                     await asyncio.sleep(self.shares.hang_seconds)

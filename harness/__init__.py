@@ -1,4 +1,4 @@
-"""The evaluation harness: `python starter.py harness [--profile quick|full] [--seed N] [--json]`.
+"""The evaluation harness: `./dev harness [--profile quick|full] [--seed N] [--json]`.
 
 It starts its own stack (a private Temporal dev server, fresh databases), supervises `python -m
 harness.worker` processes (restarting them when they die), injects faults, and counts in the

@@ -1,4 +1,4 @@
-"""`starter.py harness ...`: parsed here, loaded by starter.py only when invoked."""
+"""`python -m devstack harness ...` (and `./dev harness`): parsed here, loaded only when invoked."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ async def cmd_harness(args: argparse.Namespace, settings: Settings) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="starter.py harness", description="run the fault-injection harness: scenarios, DB checks, a table"
+        prog="python -m devstack harness", description="run the fault-injection harness: scenarios, DB checks, a table"
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--profile", default="quick", choices=["quick", "full"], help="quick (CI) or full (200+ kills)")
@@ -73,5 +73,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run_harness_cli(argv: list[str], settings: Settings) -> None:
-    """`starter.py harness ARGS`: loaded only when invoked, so the operator CLI does not import the harness."""
+    """`python -m devstack harness ARGS`: loaded only when invoked."""
     await cmd_harness(build_parser().parse_args(argv), settings)

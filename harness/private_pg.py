@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core.embedded import free_port
+from devstack.embedded import free_port
 
 SYSTEM_USER = "pgserver"
 

@@ -55,7 +55,7 @@ from harness.scenarios.db_restart import log_counts, read_from, retrying
 from harness.stack import Harness, Lane
 from harness.stack import harness as harness_stack
 from ledger.models import DEFAULT_SHARDS, ledger_workflow_id
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from outbox.models import RELAY_STOP_SIGNAL
 from outbox.operations import start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -142,7 +142,7 @@ async def night(
     deadline = await register_cohort(pool, seeded_at, accounts, lead)
     ahead = (deadline - await pool.fetchval(SQL.database_clock)).total_seconds()
     await asyncio.sleep(max(0.0, ahead))
-    started = await start_reconciliation(h.client, pool, lane.task_queue, business_date)
+    started = await start_reconciliation(h.client, pool, lane.task_queue, ReconcileRequest(business_date=business_date))
     return {"deadline": deadline, "seeded": seeded, "ledger_workflow_id": started.workflow_id}
 
 

@@ -25,12 +25,13 @@ import asyncpg
 from temporalio.client import Client
 
 from bench.common import Stack, stack
-from core import db, embedded
+from core import db
 from core.config import PROJECT_ROOT
 from core.failpoints import SHARED_FILE_ENV
 from core.temporal import connect
 from demo.fixture import create_game_schema
 from demo.mail_provider import FaultShares, MailProvider, ProviderThread
+from devstack import embedded
 from harness.checks import Ordering, ordering_effects
 from harness.worker import READY
 

@@ -1,4 +1,4 @@
-"""The ledger commands of starter.py: `schedule ...`, `reconcile --date D`, `ledger seed|status|review`.
+"""The ledger commands of starter.py: `schedule ...`, `ledger reconcile|seed|status|review`.
 
 `register(commands)` adds them to starter.py and routes `status ledger-reconciliation-YYYY-MM-DD`
 here. Bad input raises InputError (exit 2). The operations are plain functions in
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from core import embedded
+from core import addresses
 from core.cli import CliContext, Commands, Handler, bounded_int, emit, finite_float, key_values, table
 from core.config import Settings
 from core.errors import InputError, validation_message
@@ -25,10 +25,10 @@ from ledger.models import (
     DEFAULT_SHARDS,
     SCHEDULE_ID,
     ScheduledLedgerInput,
-    heartbeat_timeout_from_env,
 )
 from ledger.operations import (
     DB_PART,
+    ReconcileRequest,
     ledger_status,
     ledger_target,
     parse_business_date,
@@ -44,7 +44,7 @@ LEDGER_ID_PATTERN = re.escape(DEFAULT_ID_PREFIX) + r"-\d{4}-\d{2}-\d{2}(-recheck
 
 async def _schedule_client(settings: Settings) -> tuple[Client, str]:
     """The schedule's commands talk to Temporal only: DATABASE_URL is not asked for."""
-    resolved = embedded.resolve(settings, database=False)
+    resolved = addresses.require(settings, database=False)
     return await connect(resolved), resolved.task_queue
 
 
@@ -53,7 +53,7 @@ async def cmd_schedule_create(args: argparse.Namespace, settings: Settings) -> N
 
     at = ls.parse_time_of_day(args.at) if args.at is not None else ls.DEFAULT_AT
     zone = ls.parse_time_zone(args.time_zone) if args.time_zone is not None else ls.DEFAULT_TIME_ZONE
-    options = _run_options(args, ScheduledLedgerInput)  # bad input: exit 2 before connecting
+    options = _run_options(args, ScheduledLedgerInput, settings)  # bad input: exit 2 before connecting
     client, task_queue = await _schedule_client(settings)
     data = await ls.create_schedule(
         client, task_queue, at=at, options=options, paused=args.paused, schedule_id=args.schedule_id, time_zone=zone
@@ -124,14 +124,18 @@ async def cmd_schedule_delete(args: argparse.Namespace, settings: Settings) -> N
     emit(args, await ls.delete_schedule(client, args.schedule_id))
 
 
-def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) -> ScheduledLedgerInput:
+def _run_options(
+    args: argparse.Namespace, model: type[ScheduledLedgerInput], settings: Settings
+) -> ScheduledLedgerInput:
     try:
         return model(
             shards=args.shards,
             max_parallel=args.max_parallel,
             batch_size=args.batch_size,
             tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=args.heartbeat_timeout or heartbeat_timeout_from_env(),
+            heartbeat_timeout_seconds=(
+                settings.ledger.heartbeat_timeout_seconds if args.heartbeat_timeout is None else args.heartbeat_timeout
+            ),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
@@ -139,22 +143,17 @@ def _run_options(args: argparse.Namespace, model: type[ScheduledLedgerInput]) ->
 
 async def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     business_date = parse_business_date(args.date)
-    heartbeat_timeout = args.heartbeat_timeout
-    if heartbeat_timeout is None:  # checked before connecting, like every other input
-        heartbeat_timeout = heartbeat_timeout_from_env()
+    request = ReconcileRequest(
+        business_date=business_date,
+        shards=args.shards,
+        max_parallel=args.max_parallel,
+        batch_size=args.batch_size,
+        tolerance_cents=args.tolerance_cents,
+        heartbeat_timeout_seconds=args.heartbeat_timeout,
+        recheck=args.recheck,
+    )
     async with CliContext(settings) as ctx:
-        started = await start_reconciliation(
-            ctx.client,
-            ctx.pool,
-            ctx.settings.task_queue,
-            business_date,
-            shards=args.shards,
-            max_parallel=args.max_parallel,
-            batch_size=args.batch_size,
-            tolerance_cents=args.tolerance_cents,
-            heartbeat_timeout_seconds=heartbeat_timeout,
-            recheck=args.recheck,
-        )
+        started = await start_reconciliation(ctx.client, ctx.pool, ctx.settings.task_queue, request, settings.ledger)
         data = started.model_dump(mode="json") | {"ui": ctx.settings.workflow_url(started.workflow_id)}
     emit(args, data, lambda d: _started_text(d, recheck=args.recheck))
 
@@ -268,11 +267,14 @@ TARGET_HELP = "the business date (YYYY-MM-DD) or a ledger reconciliation's workf
 
 
 def register(commands: Commands) -> None:
-    """Add `schedule`, `reconcile` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
+    """Add `schedule` and `ledger` to starter.py; route the ledger's workflow IDs of `status`."""
     commands.route_status(LEDGER_ID_PATTERN, cmd_status)
     _add_schedule(commands)
-    _add_reconcile(commands)
-    _add_ledger(commands)
+    ledger = commands.group(
+        "ledger", "ledger reconciliation: reconcile a date now, seed a day, status of a date, review rows"
+    )
+    _add_reconcile(ledger)
+    _add_ledger(ledger)
 
 
 def _add_schedule(commands: Commands) -> None:
@@ -306,9 +308,9 @@ def _add_schedule(commands: Commands) -> None:
     verb("delete", cmd_schedule_delete, "remove the schedule (its past runs stay in Temporal)")
 
 
-def _add_reconcile(commands: Commands) -> None:
-    """`reconcile`: one business date now (a manual run)."""
-    p = commands.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
+def _add_reconcile(ledger: Commands) -> None:
+    """`ledger reconcile`: one business date now (a manual run)."""
+    p = ledger.add("reconcile", cmd_reconcile, "reconcile one business date now (manual run)")
     p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument(
         "--recheck",
@@ -319,9 +321,8 @@ def _add_reconcile(commands: Commands) -> None:
     _run_flags(p, shards_default=None)
 
 
-def _add_ledger(commands: Commands) -> None:
+def _add_ledger(ledger: Commands) -> None:
     """`ledger seed|status|review`: a day's data, a date's run and its rows sent to review."""
-    ledger = commands.group("ledger", "ledger data and runs: seed a day, status of a date, review rows")
     p = ledger.add("seed", cmd_ledger_seed, "load a synthetic business day: payments, provider report, discrepancies")
     p.add_argument("--date", required=True, help=DATE_HELP)
     p.add_argument("--payments", type=bounded_int(1, 100_000_000), required=True, help="number of payments")

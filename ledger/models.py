@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 
 from pydantic import Field
 
-from core.config import LedgerSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model, Report
 
@@ -22,13 +21,6 @@ DEFAULT_ID_PREFIX = "ledger-reconciliation"
 # planning) is small next to its keys, small enough that it still commits within about a second.
 DEFAULT_BATCH_SIZE = 5000
 SCHEDULE_ID = "ledger-reconciliation-nightly"
-
-
-# A shard (or the settlement) whose worker died is retried elsewhere once no heartbeat came for this
-# long (core.heartbeat: 7 s); a worker stopped with SIGTERM hands its shards back at once instead.
-def heartbeat_timeout_from_env() -> float:
-    """LEDGER_HEARTBEAT_TIMEOUT_SECONDS, default 7 (core.config: a ConfigError names the variable when it is bad)."""
-    return read(LedgerSettings).heartbeat_timeout_seconds
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -60,6 +52,14 @@ class LedgerReconciliationInput(RunOptions):
     # A re-check of a date already reconciled (its own workflow ID): judges what changed since and
     # records a new settlement revision if anything did.
     recheck: bool = False
+
+    @classmethod
+    def of(cls, options: RunOptions, business_date: date, recheck: bool = False) -> LedgerReconciliationInput:
+        """The one builder of a date's input, for a manual run and the scheduled one alike: the
+        options as given, at most `shards` shards at once."""
+        run = options.model_dump(include=set(RunOptions.model_fields))
+        run["max_parallel"] = min(options.max_parallel, options.shards)
+        return cls(business_date=business_date, recheck=recheck, **run)
 
 
 class ScheduledLedgerInput(RunOptions):
@@ -287,9 +287,20 @@ class ScheduledRun(Model):
     scheduled_at: datetime
     workflow_id: str | None
     run_id: str | None
-    # What the Temporal UI badges the run with: the server updates it when the run closes only for
-    # actions it tracks (not under ALLOW_ALL; see docs/ledger.md).
+    # The run's status in Temporal (`temporal workflow describe`), which is also what the Temporal UI
+    # badges it with: every night has a workflow ID of its own (docs/ledger.md, "A night runs once").
     status: str | None
+
+
+class NightAlreadyRun(Model):
+    """A night a backfill did not take again: it has a run already (scheduled, triggered or an
+    earlier backfill), under the workflow ID the server names after the night's scheduled time."""
+
+    business_date: date
+    scheduled_at: datetime
+    workflow_id: str
+    run_id: str
+    status: str
 
 
 class ScheduleDescription(Report):
@@ -308,8 +319,10 @@ class ScheduleDescription(Report):
     next_runs: list[datetime]  # in UTC
     next_runs_local: list[datetime]  # in the schedule's zone
     recent_runs: list[ScheduledRun]
+    waiting: int = 0  # nights taken (backfill, trigger, a night during a slow one) not started yet
     policy_upgraded: bool | None = None  # create: the existing schedule got today's overlap policy
-    backfilled_dates: list[date] | None = None  # backfill: the business dates whose nights were taken
+    backfilled_dates: list[date] | None = None  # backfill: the business dates whose nights it took now
+    already_ran: list[NightAlreadyRun] | None = None  # backfill: nights of the range it left alone
 
 
 class ScheduleListing(Model):

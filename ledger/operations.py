@@ -15,9 +15,11 @@ from temporalio.common import (
 
 from core import db
 from core import search_attributes as sa
+from core.config import LedgerSettings
 from core.errors import DatabaseUnavailable, InputError, validation_message
+from core.model import Model
 from core.queries import load
-from core.temporal import describe_or_none, query_or_note, start_idempotently
+from core.temporal import WorkflowStart, describe_or_none, query_or_note, start_idempotently
 from ledger.models import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ID_PREFIX,
@@ -29,13 +31,14 @@ from ledger.models import (
     LedgerSettlement,
     LedgerStatus,
     ReviewRow,
+    RunOptions,
     SettlementRevision,
     StartedReconciliation,
-    heartbeat_timeout_from_env,
     ledger_workflow_id,
 )
 
 SQL = load(__file__)
+DEFAULT_LEDGER = LedgerSettings()
 _RECHECK_SUFFIX = re.compile(r"-recheck-\d{8}T\d{12}Z")
 
 
@@ -57,64 +60,58 @@ def parse_business_date(text: str, *, today: date | None = None) -> date:
     return value
 
 
+class ReconcileRequest(Model):
+    """One reconciliation to start: the date, and the options of `ledger reconcile`.
+
+    `recheck`: a new run of a date under its own ID (`{date ID}-recheck-{UTC time}`, `now` the time),
+    so the original run stays in history; it judges only the shards whose inputs changed and records
+    a new settlement revision if anything did. It may run at any time, also next to the night run:
+    shard batches and settlements of one date take turns under advisory locks.
+    `heartbeat_timeout_seconds` None: the ledger settings' (LEDGER_HEARTBEAT_TIMEOUT_SECONDS)."""
+
+    business_date: date
+    shards: int | None = None  # None: the loaded count (given, it must match it)
+    max_parallel: int = 8
+    batch_size: int = DEFAULT_BATCH_SIZE
+    tolerance_cents: int = 50
+    heartbeat_timeout_seconds: float | None = None
+    id_prefix: str = DEFAULT_ID_PREFIX
+    recheck: bool = False
+    now: datetime | None = None
+
+
 async def start_reconciliation(
     client: Client,
     pool: asyncpg.Pool,
     task_queue: str,
-    business_date: date,
-    *,
-    shards: int | None = None,
-    max_parallel: int = 8,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    tolerance_cents: int = 50,
-    heartbeat_timeout_seconds: float | None = None,
-    id_prefix: str = DEFAULT_ID_PREFIX,
-    recheck: bool = False,
-    now: datetime | None = None,
+    request: ReconcileRequest,
+    settings: LedgerSettings = DEFAULT_LEDGER,
 ) -> StartedReconciliation:
     """Start (or find) the reconciliation of one date; its workflow ID is the date, so a manual run
     and a scheduled run of the same date meet in the same workflow and never double-post.
 
-    `recheck`: a new run of a date under its own ID (`{date ID}-recheck-{UTC time}`), so the
-    original run stays in history; it judges only the shards whose inputs changed and records a
-    new settlement revision if anything did. It may run at any time, also next to the night run:
-    shard batches and settlements of one date take turns under advisory locks.
-
-    `heartbeat_timeout_seconds` (default LEDGER_HEARTBEAT_TIMEOUT_SECONDS, else 7): a shard or the
-    settlement whose worker died resumes elsewhere after this long without a heartbeat.
-
-    Twelve parameters on purpose: after the client, pool, queue and date, each is one keyword-only
-    flag of `ledger reconcile` with its default, so a caller names only the few it sets. The work
-    is in three steps: `loaded_day` (the date's data, judged), `reconciliation_input` (the
-    workflow's input, judged) and `start_or_find_reconciliation` (the start, once per ID)."""
-    heartbeat_timeout_seconds = _heartbeat_timeout(heartbeat_timeout_seconds)
-    day = await loaded_day(pool, business_date, shards)
-    input = reconciliation_input(
-        business_date,
-        day["shards"],
-        max_parallel=max_parallel,
-        batch_size=batch_size,
-        tolerance_cents=tolerance_cents,
-        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-        recheck=recheck,
-    )
+    Three steps: `loaded_day` (the date's data, judged), `reconciliation_input` (the workflow's input,
+    judged) and `start_or_find_reconciliation` (the start, once per ID). `settings`: the caller's
+    (`settings.ledger`; CleanupClient passes them)."""
+    r = request
+    heartbeat = r.heartbeat_timeout_seconds
+    heartbeat = settings.heartbeat_timeout_seconds if heartbeat is None else heartbeat
+    day = await loaded_day(pool, r.business_date, r.shards)
+    input = reconciliation_input(r, day["shards"], heartbeat)
     workflow_id = (
-        recheck_workflow_id(business_date, id_prefix, now) if recheck else ledger_workflow_id(business_date, id_prefix)
+        recheck_workflow_id(r.business_date, r.id_prefix, r.now)
+        if r.recheck
+        else ledger_workflow_id(r.business_date, r.id_prefix)
     )
     found = StartedReconciliation(
         workflow_id=workflow_id,
         run_id=None,
         started=False,
-        business_date=business_date,
+        business_date=r.business_date,
         shards=input.shards,
         payments=day["payments"],
     )
     return await start_or_find_reconciliation(client, task_queue, input, found)
-
-
-def _heartbeat_timeout(given: float | None) -> float:
-    """The given heartbeat timeout, else LEDGER_HEARTBEAT_TIMEOUT_SECONDS (a bad value: ConfigError, exit 2)."""
-    return heartbeat_timeout_from_env() if given is None else given
 
 
 async def loaded_day(pool: asyncpg.Pool, business_date: date, shards: int | None) -> asyncpg.Record:
@@ -132,26 +129,19 @@ async def loaded_day(pool: asyncpg.Pool, business_date: date, shards: int | None
 
 
 def reconciliation_input(
-    business_date: date,
-    shards: int,
-    *,
-    max_parallel: int,
-    batch_size: int,
-    tolerance_cents: int,
-    heartbeat_timeout_seconds: float,
-    recheck: bool,
+    request: ReconcileRequest, shards: int, heartbeat_timeout_seconds: float
 ) -> LedgerReconciliationInput:
-    """The workflow's input for the date's `shards`; bad values refused (exit 2)."""
+    """The workflow's input for the date's `shards` (ledger.models.LedgerReconciliationInput.of);
+    bad values refused (exit 2)."""
     try:
-        return LedgerReconciliationInput(
-            business_date=business_date,
+        options = RunOptions(
             shards=shards,
-            max_parallel=min(max_parallel, shards),
-            batch_size=batch_size,
-            tolerance_cents=tolerance_cents,
+            max_parallel=request.max_parallel,
+            batch_size=request.batch_size,
+            tolerance_cents=request.tolerance_cents,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            recheck=recheck,
         )
+        return LedgerReconciliationInput.of(options, request.business_date, request.recheck)
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
 
@@ -168,13 +158,15 @@ async def start_or_find_reconciliation(
     # describe above, this is its run.
     run_id, started, joined = await start_idempotently(
         client,
-        LEDGER_WORKFLOW,
-        input,
-        workflow_id=found.workflow_id,
-        task_queue=task_queue,
-        result_type=LedgerReconciliationResult,
-        search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, input.business_date.isoformat())],
-        summary=f"ledger {'re-check' if input.recheck else 'reconciliation'} of {input.business_date} (manual)",
+        WorkflowStart(
+            LEDGER_WORKFLOW,
+            input,
+            workflow_id=found.workflow_id,
+            task_queue=task_queue,
+            result_type=LedgerReconciliationResult,
+            search_attributes=[SearchAttributePair(sa.BUSINESS_DATE, input.business_date.isoformat())],
+            summary=f"ledger {'re-check' if input.recheck else 'reconciliation'} of {input.business_date} (manual)",
+        ),
     )
     return found.model_copy(update={"run_id": run_id, "started": started, "joined": joined})
 

@@ -24,11 +24,13 @@ Policies:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from temporalio.api.workflowservice.v1 import ListScheduleMatchingTimesRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -43,7 +45,11 @@ from temporalio.client import (
     ScheduleState,
     ScheduleUpdate,
     ScheduleUpdateInput,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+)
+from temporalio.client import (
+    ScheduleDescription as ScheduleDescriptionRaw,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -53,10 +59,12 @@ from ledger.models import (
     SCHEDULE_ID,
     SCHEDULED_LEDGER_WORKFLOW,
     DeletedSchedule,
+    NightAlreadyRun,
     ScheduleDescription,
     ScheduledLedgerInput,
     ScheduledRun,
     ScheduleListing,
+    business_date_at,
 )
 
 DEFAULT_AT = time(2, 0)
@@ -220,16 +228,30 @@ async def describe_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> S
         missed_catchup_window=info.num_actions_missed_catchup_window,
         next_runs=[t.astimezone(UTC) for t in info.next_action_times[:3]],
         next_runs_local=[_local(t, zone) for t in info.next_action_times[:3]],
-        recent_runs=[
-            ScheduledRun(
-                scheduled_at=a.scheduled_at.astimezone(UTC),
-                workflow_id=getattr(a.action, "workflow_id", None),
-                run_id=getattr(a.action, "first_execution_run_id", None),
-                status=_run_status(raw.start_workflow_status),
-            )
-            for a, raw in zip(info.recent_actions, desc.raw_description.info.recent_actions, strict=False)
-        ],
+        recent_runs=await _recent_runs(client, desc),
+        waiting=desc.raw_description.info.buffer_size,
     )
+
+
+async def _recent_runs(client: Client, desc: ScheduleDescriptionRaw) -> list[ScheduledRun]:
+    """The schedule's recent actions with each run's status. The schedule's own record says RUNNING
+    for a run it does not watch (untracked under ALLOW_ALL, or a second run under a reused ID,
+    docs/ledger.md): such a run, absent from the schedule's running workflows, is asked directly."""
+    info = desc.raw_description.info
+    watched = {ex.run_id for ex in info.running_workflows}
+    runs = [
+        ScheduledRun(
+            scheduled_at=a.scheduled_at.astimezone(UTC),
+            workflow_id=getattr(a.action, "workflow_id", None),
+            run_id=getattr(a.action, "first_execution_run_id", None),
+            status=_run_status(raw.start_workflow_status),
+        )
+        for a, raw in zip(desc.info.recent_actions, info.recent_actions, strict=False)
+    ]
+    unwatched = [r for r in runs if r.status == "RUNNING" and r.workflow_id and r.run_id not in watched]
+    found = await asyncio.gather(*(_describe_run(client, str(r.workflow_id), r.run_id) for r in unwatched))
+    closed = {r.run_id: d.status.name for r, d in zip(unwatched, found, strict=True) if d and d.status}
+    return [r.model_copy(update={"status": closed[r.run_id]}) if r.run_id in closed else r for r in runs]
 
 
 def _local(moment: datetime, zone: str) -> datetime:
@@ -267,20 +289,92 @@ def backfill_range(first: date, last: date, time_zone: str = DEFAULT_TIME_ZONE) 
     zone = zoneinfo.ZoneInfo(time_zone)
     start = datetime.combine(first + timedelta(days=1), time(0), tzinfo=zone).astimezone(UTC)
     end = datetime.combine(last + timedelta(days=2), time(0), tzinfo=zone).astimezone(UTC) - timedelta(seconds=1)
-    # Every backfilled night runs (buffered, one after another); a date with a run already is not redone.
     return ScheduleBackfill(start_at=start - timedelta(seconds=1), end_at=end, overlap=OVERLAP)
 
 
 async def backfill_schedule(
     client: Client, first: date, last: date, schedule_id: str = SCHEDULE_ID
 ) -> ScheduleDescription:
-    """Take the nightly actions for business dates first..last as if their nights were now; a date
-    that already has a run (manual, scheduled or an earlier backfill) is not reconciled again."""
+    """Take the nightly actions for business dates first..last whose nights have no run yet, as if
+    their nights were now (buffered, one after another). A night that already has a run is left
+    alone and listed in `already_ran`: the server names a night's run after its scheduled time, so
+    taking it again would reuse that workflow ID, and the server then badges the second run RUNNING
+    for good in the schedule's recent runs and the UI (it updates the first entry of an ID only). To
+    judge a date again, `reconcile --date D --recheck` runs under an ID of its own."""
     desc = await _call(client, schedule_id, "describe")
-    backfill = backfill_range(first, last, desc.schedule.spec.time_zone_name or DEFAULT_TIME_ZONE)
-    await _call(client, schedule_id, "backfill", backfill)
-    dates = [first + timedelta(days=i) for i in range((last - first).days + 1)]
-    return (await describe_schedule(client, schedule_id)).model_copy(update={"backfilled_dates": dates})
+    _refuse_while_waiting(desc.raw_description.info.buffer_size)
+    zone = desc.schedule.spec.time_zone_name or DEFAULT_TIME_ZONE
+    action = desc.schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    (options,) = await client.data_converter.decode(list(action.args), [ScheduledLedgerInput])
+    nights = await _matching_times(client, schedule_id, backfill_range(first, last, zone))
+    limit = asyncio.Semaphore(16)
+    runs = await asyncio.gather(*(_night_run(client, limit, f"{action.id}-{_id_time(t)}") for t in nights))
+    already = [
+        NightAlreadyRun(
+            business_date=business_date_at(t, zone, options.days_before),
+            scheduled_at=t,
+            workflow_id=run.id,
+            run_id=run.run_id,
+            status=run.status.name if run.status else "UNKNOWN",
+        )
+        for t, run in zip(nights, runs, strict=True)
+        if run is not None
+    ]
+    missing = [t for t, run in zip(nights, runs, strict=True) if run is None]
+    if missing:
+        # One backfill per night: exactly the nights without a run, whatever lies between them.
+        await _call(
+            client,
+            schedule_id,
+            "backfill",
+            *(ScheduleBackfill(start_at=t - timedelta(seconds=1), end_at=t, overlap=OVERLAP) for t in missing),
+        )
+    taken = [business_date_at(t, zone, options.days_before) for t in missing]
+    return (await describe_schedule(client, schedule_id)).model_copy(
+        update={"backfilled_dates": taken, "already_ran": already}
+    )
+
+
+def _refuse_while_waiting(waiting: int) -> None:
+    """Nights already taken but not started yet have no run to find: backfilling their range now
+    could take them a second time, under the same workflow ID."""
+    if waiting:
+        raise InputError(
+            f"{waiting} night(s) of an earlier backfill or trigger still wait to start (one runs at a "
+            "time); backfill again once `schedule describe` shows waiting 0"
+        )
+
+
+async def _matching_times(client: Client, schedule_id: str, window: ScheduleBackfill) -> list[datetime]:
+    """The scheduled times of the schedule's spec within the window, as the server computes them."""
+    request = ListScheduleMatchingTimesRequest(namespace=client.namespace, schedule_id=schedule_id)
+    request.start_time.FromDatetime(window.start_at)
+    request.end_time.FromDatetime(window.end_at)
+    response = await client.workflow_service.list_schedule_matching_times(request)
+    return [t.ToDatetime(tzinfo=UTC) for t in response.start_time]
+
+
+def _id_time(moment: datetime) -> str:
+    """The scheduled time as the server appends it to the action's workflow ID (RFC 3339, UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _night_run(client: Client, limit: asyncio.Semaphore, workflow_id: str) -> WorkflowExecutionDescription | None:
+    async with limit:
+        return await _describe_run(client, workflow_id)
+
+
+async def _describe_run(
+    client: Client, workflow_id: str, run_id: str | None = None
+) -> WorkflowExecutionDescription | None:
+    """The run as Temporal describes it; None when there is none (never started, or past retention)."""
+    try:
+        return await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 async def delete_schedule(client: Client, schedule_id: str = SCHEDULE_ID) -> DeletedSchedule:

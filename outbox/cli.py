@@ -90,21 +90,23 @@ async def cmd_outbox_redeliver(args: argparse.Namespace, settings: Settings) -> 
     )
 
 
-def _batch_settings(args: argparse.Namespace) -> RelayBatchSettings:
+def _batch_settings(args: argparse.Namespace, settings: Settings) -> RelayBatchSettings:
     try:
         return RelayBatchSettings(
             batch_size=args.batch_size,
             concurrency=args.concurrency,
             request_timeout_seconds=args.request_timeout,
             lease_seconds=args.lease,
-            heartbeat_timeout_seconds=args.heartbeat_timeout,
+            heartbeat_timeout_seconds=(
+                settings.outbox.heartbeat_timeout_seconds if args.heartbeat_timeout is None else args.heartbeat_timeout
+            ),
         )
     except ValidationError as err:
         raise InputError(validation_message(err)) from None
 
 
 async def cmd_outbox_relay_start(args: argparse.Namespace, settings: Settings) -> None:
-    batch = _batch_settings(args)
+    batch = _batch_settings(args, settings)
     async with CliContext(settings, database="unused") as ctx:  # Temporal only
         relays = await start_relays(
             ctx.client,

@@ -11,24 +11,17 @@ from typing import Literal, Self
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from core.config import OutboxSettings, read
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.model import Model, Report
 
 # Failure kinds counted toward dead-lettering (`failure_counts` keys besides the HTTP status, e.g. "503").
 FAILURE_TIMEOUT = "timeout"
 FAILURE_CONNECTION = "connection error"
+# A batch answer the relay cannot read per event (not JSON, or no result for an event it carried).
+FAILURE_BATCH_ANSWER = "bad batch answer"
 # Outcomes that never count as failures: the provider's rate limit, and rows released unsent.
 NOT_SENT_LEASE_SHORT = "not sent: lease ran short"
 NOT_SENT_SHUTDOWN = "not sent: worker shutting down"
-
-
-# A relay batch whose worker died is retried elsewhere once no heartbeat came for this long (it
-# heartbeats while requests are in flight); a worker stopped with SIGTERM sends no new request,
-# records what was sent and releases the rest at once.
-def heartbeat_timeout_from_env() -> float:
-    """OUTBOX_HEARTBEAT_TIMEOUT_SECONDS, default 7 (core.config: a ConfigError names the variable when it is bad)."""
-    return read(OutboxSettings).heartbeat_timeout_seconds
 
 
 # Names the Temporal layer registers and the operations call (one definition each).
@@ -42,7 +35,7 @@ RELAY_OUTBOX_BATCH = "relay_outbox_batch"
 class RelayBatchSettings(Model):
     """How one relay talks to the provider. Defaults suit production; tests shorten the times."""
 
-    batch_size: int = Field(default=200, ge=1, le=5000)
+    batch_size: int = Field(default=200, ge=1, le=20_000, description="events per claim (one activity)")
     concurrency: int = Field(default=16, ge=1, le=256, description="requests in flight per batch")
     lease_seconds: float = Field(default=120.0, gt=0, le=3600)
     request_timeout_seconds: float = Field(default=10.0, gt=0, le=300)

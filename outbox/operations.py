@@ -18,8 +18,9 @@ from temporalio.service import RPCError
 import outbox
 from core import db
 from core.errors import InputError
+from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
 from core.queries import load
-from core.temporal import start_idempotently
+from core.temporal import WorkflowStart, start_idempotently
 from outbox.models import (
     RELAY_NUDGE_SIGNAL,
     RELAY_STOP_SIGNAL,
@@ -33,7 +34,6 @@ from outbox.models import (
     RelayTotals,
     RunningRelay,
     StartedRelay,
-    heartbeat_timeout_from_env,
 )
 
 SQL = load(outbox.__file__)
@@ -172,8 +172,8 @@ async def start_relays(
     if not 1 <= relays <= 64:
         raise InputError(f"--relays must be between 1 and 64, got {relays}")
     settings = settings or RelayBatchSettings()
-    if settings.heartbeat_timeout_seconds is None:
-        settings = settings.model_copy(update={"heartbeat_timeout_seconds": heartbeat_timeout_from_env()})
+    if settings.heartbeat_timeout_seconds is None:  # the outbox settings' default (CleanupClient passes its own)
+        settings = settings.model_copy(update={"heartbeat_timeout_seconds": DEFAULT_HEARTBEAT_TIMEOUT_SECONDS})
     started: list[StartedRelay] = []
     for n in range(1, relays + 1):
         workflow_id = f"{id_prefix}{n}"
@@ -188,13 +188,15 @@ async def start_relays(
             raise InputError(str(err)) from None
         outcome = await start_idempotently(
             client,
-            RELAY_WORKFLOW,
-            input,
-            workflow_id=workflow_id,
-            task_queue=task_queue,
-            result_type=RelayTotals,
-            summary=f"outbox relay {n} of {relays}",
-            repeat_closed=True,
+            WorkflowStart(
+                RELAY_WORKFLOW,
+                input,
+                workflow_id=workflow_id,
+                task_queue=task_queue,
+                result_type=RelayTotals,
+                summary=f"outbox relay {n} of {relays}",
+                repeat_closed=True,
+            ),
         )
         started.append(StartedRelay(workflow_id=workflow_id, run_id=outcome.run_id))
     return started

@@ -21,8 +21,8 @@ SET lease_owner = $1,
     leased_until = now() + make_interval(secs => $3::float8),
     attempts = o.attempts + 1,
     last_attempt_at = now()
-FROM due
-WHERE o.event_id = due.event_id
+-- By primary key (the claimed IDs as an array): never a scan of the whole outbox per claim.
+WHERE o.event_id = ANY (ARRAY(SELECT event_id FROM due))
 RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload, o.attempts, o.failures,
     o.failure_counts;
 
@@ -46,6 +46,7 @@ again AS (
     FROM result r
     JOIN outbox o ON o.event_id = r.event_id
     WHERE o.recorded_by = $1
+      AND o.event_id = ANY ($2::bigint[])
 ),
 updated AS (
     UPDATE outbox o
@@ -67,6 +68,8 @@ updated AS (
         recorded_by = $1
     FROM result r
     WHERE o.event_id = r.event_id
+      -- by primary key: the batch's rows, never a scan of every pending row per batch
+      AND o.event_id = ANY ($2::bigint[])
       AND o.status = 'pending'
       AND (r.outcome = 'delivered' OR o.lease_owner = $1)
       AND o.recorded_by IS DISTINCT FROM $1

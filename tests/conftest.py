@@ -31,18 +31,17 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from core import db, embedded
+from core import db
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect, ensure_search_attributes
 from demo.fixture import create_game_schema
+from devstack import embedded
 from tests import leftovers
 from tests.redelivery import RedeliverActivityWorkflow
 from worker import build_activities, build_worker
 
 STATE_DIR = PROJECT_ROOT / ".state" / "tests"
-# The tests may start the embedded stack (core.embedded.resolve); a command anywhere else may not.
-os.environ.setdefault("CLEANUP_EMBEDDED", "1")
-# ... and arm failpoints (core.failpoints: never without this setting).
+# The tests may arm failpoints (core.failpoints: never without this setting).
 os.environ.setdefault("CLEANUP_FAILPOINTS_ENABLED", "1")
 
 

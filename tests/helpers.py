@@ -111,17 +111,25 @@ def activity_timeline(history: WorkflowHistory) -> list[tuple[int, str, str]]:
     return out
 
 
+def cohort_claim(cleanup_id: str, deadline: datetime, partitions: int) -> ClaimChunkedInput:
+    """The claim of the accounts of exactly `deadline`, as production's cohort cleanup asks for it
+    (one stream): the range [deadline, deadline + 1 µs)."""
+    return ClaimChunkedInput(
+        cleanup_id=cleanup_id,
+        deadline_from=deadline,
+        deadline_until=deadline + timedelta(microseconds=1),
+        partitions=partitions,
+    )
+
+
+async def claim_partitions(pool: asyncpg.Pool, cleanup_id: str, deadline: datetime, partitions: int = 1) -> None:
+    """Claim the accounts of exactly `deadline` into `partitions`, with the production claim."""
+    await claim_in_chunks(pool, cohort_claim(cleanup_id, deadline, partitions))
+
+
 async def claim_one_partition(pool: asyncpg.Pool, cleanup_id: str, deadline: datetime) -> None:
     """Claim the accounts of exactly `deadline` into one partition, as a cleanup's claim does."""
-    await claim_in_chunks(
-        pool,
-        ClaimChunkedInput(
-            cleanup_id=cleanup_id,
-            deadline_from=deadline,
-            deadline_until=deadline + timedelta(microseconds=1),
-            partitions=1,
-        ),
-    )
+    await claim_partitions(pool, cleanup_id, deadline)
 
 
 async def shift_database_clock(pool: asyncpg.Pool, offset: str | None) -> None:

@@ -11,7 +11,7 @@ import asyncpg
 from temporalio.client import Client
 
 from ledger.models import LedgerReconciliationResult
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from ledger.seed import LedgerSeedResult, seed_ledger_day, seed_spec
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
@@ -60,7 +60,9 @@ async def reconcile(
 ) -> LedgerReconciliationResult:
     options.setdefault("heartbeat_timeout_seconds", 2.0)
     options.setdefault("id_prefix", id_prefix(task_queue))
-    started = await start_reconciliation(client, pool, task_queue, business_date, **options)
+    started = await start_reconciliation(
+        client, pool, task_queue, ReconcileRequest(business_date=business_date, **options)
+    )
     handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
     return await asyncio.wait_for(handle.result(), timeout=90)
 

@@ -28,14 +28,16 @@ from pathlib import Path
 import asyncpg
 from temporalio.client import Client
 
-from cleanup.models import bucket_cleanup_id, planner_workflow_id
+from cleanup.inputs import StartCleanup
+from cleanup.models import DEFAULTS, bucket_cleanup_id, planner_workflow_id
 from cleanup.operations import renew, start_cleanup
 from cleanup.planner import CohortRange, _start_cohort, ensure_planner
 from cleanup.planner_models import PlannerSettings
-from core import db, embedded
+from core import db
 from core.config import Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
+from devstack import embedded
 from tests.helpers import deadline_in, seed, wait_until
 from worker import build_activities, build_worker
 
@@ -76,11 +78,7 @@ async def record_cleanup(client: Client, pool: asyncpg.Pool, task_queue: str) ->
         client,
         pool,
         task_queue,
-        deadline=deadline,
-        partitions=4,
-        claim_chunk_size=30,
-        claim_streams=2,
-        max_parallel_partitions=2,
+        StartCleanup(deadline=deadline, partitions=4, claim_chunk_size=30, claim_streams=2, max_parallel_partitions=2),
     )
     for account_id in accounts[:5]:
         await renew(client, pool, task_queue, account_id)
@@ -98,13 +96,13 @@ async def record_small_cohort(client: Client, pool: asyncpg.Pool, task_queue: st
     cohort = CohortRange(
         bucket_cleanup_id(start, 1000, task_queue), start, start + timedelta(seconds=1), "small cohort", partitions=1
     )
-    await _start_cohort(client, task_queue, PlannerSettings(), cohort)
+    await _start_cohort(client, task_queue, DEFAULTS, cohort)
     await client.get_workflow_handle(cohort.workflow_id).result()
     await save(client, "renewal_cleanup_small_cohort", cohort.workflow_id)
     instant = deadline_in(3)
     await seed(pool, instant, 5)
     alone = CohortRange(bucket_cleanup_id(instant, 0, task_queue), instant, None, "small instant", partitions=1)
-    await _start_cohort(client, task_queue, PlannerSettings(), alone)
+    await _start_cohort(client, task_queue, DEFAULTS, alone)
     await client.get_workflow_handle(alone.workflow_id).result()
     await save(client, "renewal_cleanup_small_instant", alone.workflow_id)
 

@@ -18,7 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from core import embedded
+from devstack import embedded
 from outbox.models import RELAY_OUTBOX_BATCH, OutboxRelayInput, RelayBatchInput, RelayBatchResult
 from workflows.outbox_relay import OutboxRelayWorkflow
 

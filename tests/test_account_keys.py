@@ -16,6 +16,7 @@ import pytest_asyncio
 from cleanup.batches import CompiledCleanup, run_keyset_batch
 from cleanup.targets import ANONYMIZE_KEY_ENV
 from core import db
+from core.config import Settings
 from tests.game_schema import ANONYMIZE_KEY, create_game_schema, game_rows, game_targets, seed_game_users
 from tests.helpers import claim_one_partition
 
@@ -55,7 +56,7 @@ async def test_every_spelling_of_a_uuid_is_one_account_and_a_renewal_by_any_prot
 
     await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.5)
     await claim_one_partition(pool, "spellings", deadline)
-    compiled = await CompiledCleanup.compile(pool, game_targets())
+    compiled = await CompiledCleanup.compile(pool, game_targets(), Settings.from_env().cleanup)
     result = await run_keyset_batch(pool, compiled, "spellings", 0, "", 100)
     assert result.counts.cleaned == 10
     expired = sorted(set(users) - set(renewed))

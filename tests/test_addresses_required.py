@@ -1,5 +1,5 @@
 """Embedded services only when asked: a command or a worker with TEMPORAL_ADDRESS or DATABASE_URL
-unset exits 2 naming the variable and starts nothing; after `dev up` the checkout's commands find
+unset exits 2 naming the variable and starts nothing; after `./dev up` the checkout's commands find
 the stack through <state dir>/dev/env, and a variable that is set wins over that file."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ COMMANDS = [
 ]
 
 
-UNSET = ("TEMPORAL_ADDRESS", "DATABASE_URL", "CLEANUP_EMBEDDED")
+UNSET = ("TEMPORAL_ADDRESS", "DATABASE_URL")
 
 
 def bare_env(state_dir: Path, **extra: str) -> dict[str, str]:

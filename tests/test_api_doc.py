@@ -29,7 +29,13 @@ def surface(text: str) -> list[tuple[str, str, str]]:
 
 
 def function(module: str, name: str) -> Callable[..., Any]:
-    fn = getattr(importlib.import_module(module), name)
+    """`module.name`, where `module` may end in a class (`deadline_cleanup.CleanupClient`: its method)."""
+    try:
+        owner: Any = importlib.import_module(module)
+    except ModuleNotFoundError:
+        parent, _, cls = module.rpartition(".")
+        owner = getattr(importlib.import_module(parent), cls)
+    fn = getattr(owner, name)
     assert callable(fn), f"{module}.{name} is not a function"
     return typing.cast(Callable[..., Any], fn)
 

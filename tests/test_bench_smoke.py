@@ -13,6 +13,7 @@ from bench import (
     game_schema,
     ledger_reconciliation,
     ledger_rerun,
+    outbox_delivery,
     planner_cohort,
     planner_events,
     planner_lateness,
@@ -73,6 +74,17 @@ async def test_single_account_benchmark_runs_and_measures_a_ratio():
     result = await single_accounts.run(workflows=20)
     assert result["accounts_cleaned"] == 20
     assert result["ratio"] > 0
+
+
+async def test_outbox_delivery_benchmark_runs_and_measures_a_ratio():
+    result = await outbox_delivery.run(events=300, batch_max=50, claim=100, relays=2, rounds=1)
+    [relay] = result["relay_runs"]
+    assert relay["delivered"] == relay["recorded_delivered"] == 300 and relay["by_status"] == {"delivered": 300}
+    assert [f["delivered"] for f in result["floors"]] == [300, 300]
+    # Every event through the batch endpoint, each once: 300 relayed, 600 by the floors, no duplicate.
+    assert result["provider"]["delivered"] == result["provider"]["batch_messages"] == 900
+    assert result["provider"]["duplicates"] == 0
+    assert result["ratio"] > 0 and result["relay_events_per_s"] > 0
 
 
 async def test_ledger_reconciliation_benchmark_runs_and_measures_a_ratio():

@@ -35,13 +35,14 @@ from budget.controller import (
     stress_reasons,
 )
 from cleanup.batches import CompiledCleanup
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupPartitionInput, CleanupResult, PartitionCheckpoint
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
 from cleanup.targets import load_targets
 from core import db
 from core.config import PROJECT_ROOT, read
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from tests.helpers import claim_one_partition, deadline_in, effect_counts, seed, wait_until
 from tests.ledger_helpers import double_postings, id_prefix, seed_day
 from worker import build_worker
@@ -115,11 +116,9 @@ async def test_the_budget_holds_across_two_worker_processes_and_set_reaches_runn
         client,
         pool,
         task_queue,
-        deadline=deadline,
-        partitions=8,
-        max_parallel_partitions=8,
-        batch_size=50,
-        heartbeat_timeout_seconds=5,
+        StartCleanup(
+            deadline=deadline, partitions=8, max_parallel_partitions=8, batch_size=50, heartbeat_timeout_seconds=5
+        ),
     )
 
     async def claim_waiting() -> bool:
@@ -185,7 +184,12 @@ async def test_a_paused_budget_holds_a_reconciliation_until_it_is_set(client, po
     await seed_day(pool, d, payments=600, shards=2)
     await set_budget(pool, BudgetChange(max_in_flight=0))
     started = await start_reconciliation(
-        client, pool, task_queue, d, batch_size=100, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+        client,
+        pool,
+        task_queue,
+        ReconcileRequest(
+            business_date=d, batch_size=100, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+        ),
     )
     await wait_until(lambda: _denied_at_least(pool, 10), within=60)
     assert await pool.fetchval("SELECT count(*) FROM ledger_corrections") == 0
@@ -740,11 +744,9 @@ async def test_a_batch_blocked_on_a_players_row_lock_does_not_hold_the_only_slot
                     client,
                     pool,
                     task_queue,
-                    deadline=deadline,
-                    partitions=2,
-                    max_parallel_partitions=2,
-                    batch_size=50,
-                    claim_streams=1,  # one stream: partitions take runs of accounts round-robin in key order
+                    StartCleanup(
+                        deadline=deadline, partitions=2, max_parallel_partitions=2, batch_size=50, claim_streams=1
+                    ),
                 )
 
                 async def other_partition_done() -> bool:

@@ -16,9 +16,9 @@ from temporalio.testing import ActivityEnvironment
 import cleanup
 from activities.cleanup import CleanupActivities
 from budget.controller import BudgetSettings, LoadBudget
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
     ClaimChunkedInput,
-    ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -32,6 +32,7 @@ from core import db
 from core.queries import load
 from tests.helpers import (
     activity_timeline,
+    cohort_claim,
     deadline_in,
     effect_counts,
     listed_workflow_ids,
@@ -47,8 +48,8 @@ async def claim_and_clean_twice(client, task_queue, cleanup_id, deadline, partit
     claims = await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id=cleanup_id, deadline=deadline, partitions=partitions),
+        "claim_cleanup_in_chunks",
+        cohort_claim(cleanup_id, deadline, partitions),
     )
     claim = ClaimResult.model_validate(claims[0])
     reports: list[list[PartitionReport]] = []
@@ -103,10 +104,10 @@ async def test_starting_the_same_cleanup_twice_gives_one_run(client, pool, task_
     deadline = deadline_in(3600)
     accounts = await seed(pool, deadline, 5)
 
-    first = await start_cleanup(client, pool, task_queue, deadline=deadline)
-    second = await start_cleanup(client, pool, task_queue, deadline=deadline)
-    single_1 = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
-    single_2 = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
+    first = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
+    second = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
+    single_1 = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[0]))
+    single_2 = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[0]))
 
     assert first.started and not second.started
     assert first.run_id == second.run_id
@@ -120,10 +121,10 @@ async def test_starting_the_same_cleanup_twice_gives_one_run(client, pool, task_
 async def test_a_completed_cleanup_is_not_started_again(client, pool, task_queue, worker):
     deadline = deadline_in(1)
     await seed(pool, deadline, 20)
-    first = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+    first = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
     await client.get_workflow_handle(first.workflow_id).result()
 
-    again = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+    again = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
 
     assert not again.started and again.run_id == first.run_id
     assert await listed_workflow_ids(client, task_queue, [first.workflow_id]) == [first.workflow_id]
@@ -156,7 +157,7 @@ async def test_jobs_after_a_renewal_clean_nothing_and_send_no_reminder(client, p
 async def test_renewal_signal_ends_a_single_account_cleanup_as_renewed(client, pool, task_queue, worker):
     deadline = deadline_in(3600)
     [account] = await seed(pool, deadline, 1)
-    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
 
     outcome = await renew(client, pool, task_queue, account)
@@ -174,8 +175,8 @@ async def test_a_renewal_after_the_claim_is_reported_too_late(client, pool, task
     await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-late", deadline=deadline, partitions=1),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-late", deadline, 1),
         times=1,
     )
 
@@ -190,7 +191,7 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     """The renewal's signal is lost; the database alone stops the old version at its deadline."""
     deadline = deadline_in(2)
     [account] = await seed(pool, deadline, 1)
-    old = await start_cleanup(client, pool, task_queue, account_id=account)
+    old = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     # Renewal committed in the database only (as if the signal never arrived): version 1 -> 2.
     await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3), False)
 
@@ -200,7 +201,7 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     assert old_result.outcome == "renewed"
     assert (await effect_counts(pool))["applied"] == 0
 
-    new = await start_cleanup(client, pool, task_queue, account_id=account)
+    new = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     new_result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, new.workflow_id
     ).result()
@@ -219,8 +220,8 @@ async def test_partition_job_for_an_older_version_is_skipped_as_stale(client, po
     await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-old", deadline=deadline, partitions=1),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-old", deadline, 1),
         times=1,
     )
     # Support restores one claimed account before the partition job arrives: a newer version exists.
@@ -255,11 +256,9 @@ async def test_worker_killed_after_commit_is_retried_elsewhere_without_duplicate
         client,
         pool,
         task_queue,
-        deadline=deadline,
-        partitions=2,
-        batch_size=100,
-        heartbeat_timeout_seconds=2,
-        step_timeout_seconds=5,
+        StartCleanup(
+            deadline=deadline, partitions=2, batch_size=100, heartbeat_timeout_seconds=2, step_timeout_seconds=5
+        ),
     )
     await wait_until(lambda: _exited(first), within=90)
     assert first.returncode == 86, worker_processes.logs()
@@ -297,7 +296,9 @@ async def _exited(proc) -> bool:
 async def test_settlement_runs_once_and_only_after_every_partition_reported(client, pool, task_queue, worker):
     deadline = deadline_in(2)
     await seed(pool, deadline, 400)
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=8, max_parallel_partitions=3)
+    started = await start_cleanup(
+        client, pool, task_queue, StartCleanup(deadline=deadline, partitions=8, max_parallel_partitions=3)
+    )
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     await handle.result()
 
@@ -321,11 +322,9 @@ async def test_settlement_refuses_to_run_before_the_join(pool):
     await seed(pool, deadline, 10)
     activities = await CleanupActivities.create(pool, load_targets())
     env = ActivityEnvironment()
-    claim = await env.run(
-        activities.claim_cleanup, ClaimCleanupInput(cleanup_id="early", deadline=deadline, partitions=2)
-    )
+    claim = await env.run(activities.claim_cleanup_in_chunks, cohort_claim("early", deadline, 2))
 
-    with pytest.raises(Exception, match=r"partitions \[0, 1\] have not reported"):
+    with pytest.raises(Exception, match=r"partitions \[[0-9, ]+\] have not reported"):
         await env.run(
             activities.settle_cleanup,
             SettleCleanupInput(cleanup_id="early", deadline=deadline, partitions=2, claim=claim, reports=[]),
@@ -369,7 +368,7 @@ async def test_real_worker_process_runs_asyncpg_activities(client, pool, task_qu
     deadline = deadline_in(2)
     [account] = await seed(pool, deadline, 1)
     proc = worker_processes.start()
-    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
 
     result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, started.workflow_id
@@ -391,7 +390,7 @@ async def test_a_partition_blocked_on_a_lock_keeps_heartbeating_and_is_not_run_t
         await tx.start()
         await blocker.execute("SELECT 1 FROM demo_game.cloud_saves WHERE account_id = $1 FOR UPDATE", accounts[0])
         started = await start_cleanup(
-            client, pool, task_queue, deadline=deadline, partitions=1, heartbeat_timeout_seconds=2
+            client, pool, task_queue, StartCleanup(deadline=deadline, partitions=1, heartbeat_timeout_seconds=2)
         )
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
 
@@ -433,11 +432,9 @@ async def test_partitions_clean_while_the_claim_still_claims_and_every_account_o
             client,
             pool,
             task_queue,
-            deadline=deadline,
-            partitions=4,
-            max_parallel_partitions=4,
-            batch_size=25,
-            claim_chunk_size=40,
+            StartCleanup(
+                deadline=deadline, partitions=4, max_parallel_partitions=4, batch_size=25, claim_chunk_size=40
+            ),
         )
 
         async def cleaned_while_claim_waits() -> bool:

@@ -7,11 +7,12 @@ from datetime import timedelta
 
 from temporalio.api.enums.v1 import EventType
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult, CleanupStatus
 from cleanup.operations import start_cleanup
 from core.config import Settings
-from core.embedded import DevServer
 from core.temporal import connect
+from devstack.embedded import DevServer
 from tests.helpers import deadline_in, effect_counts, seed, shift_database_clock
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -22,7 +23,7 @@ async def test_deadline_days_away_fires_on_the_time_skipping_server(time_skippin
     deadline = deadline_in(3 * 24 * 3600)
     await seed(pool, deadline, 50)
     async with build_worker(env.client, task_queue, await build_activities(pool)):
-        started = await start_cleanup(env.client, pool, task_queue, deadline=deadline, partitions=2)
+        started = await start_cleanup(env.client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
         handle = env.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         status: CleanupStatus = await handle.query(RenewalCleanupWorkflow.status)
         assert status.phase == "sleeping"
@@ -48,7 +49,7 @@ async def test_sleep_survives_a_dev_server_restart_and_fires_once(pool, task_que
         deadline = deadline_in(6)
         await seed(pool, deadline, 40)
         async with build_worker(client, task_queue, await build_activities(pool)):
-            started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+            started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             assert (await handle.query(RenewalCleanupWorkflow.status)).phase == "sleeping"
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core.cli import EXIT_UNAVAILABLE
 from core.config import PROJECT_ROOT
@@ -72,11 +73,11 @@ async def test_input_over_the_256_kib_envelope_is_rejected_before_temporal(clien
     await seed(pool, deadline, 3)
 
     with pytest.raises(PayloadTooLargeError, match=r"over the 256 KiB envelope; nothing was started"):
-        await start_cleanup(client, pool, task_queue, deadline=deadline, note="x" * (300 * 1024))
+        await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, note="x" * (300 * 1024)))
 
     assert issubclass(PayloadTooLargeError, InputError)
     assert await workflow_ids(client, task_queue) == []
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, note="x" * (200 * 1024))
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, note="x" * (200 * 1024)))
     assert started.started, "just under the envelope is fine"
     await client.get_workflow_handle(started.workflow_id).terminate("test over")
 
@@ -86,7 +87,7 @@ async def test_status_and_list_print_json(client, pool, settings, task_queue, wo
 
     deadline = deadline_in(1)
     await seed(pool, deadline, 10)
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
     await client.get_workflow_handle(started.workflow_id).result()
 
     status = json.loads(run_cli(settings, "status", started.workflow_id, "--json").stdout)

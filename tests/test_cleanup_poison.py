@@ -19,8 +19,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
 from cleanup.errors import FailedToleranceExceeded
+from cleanup.inputs import StartCleanup, parse_failed_tolerance
 from cleanup.models import CleanupResult, cohort_cleanup_id
-from cleanup.operations import cleanup_status, parse_failed_tolerance, renew, start_cleanup
+from cleanup.operations import cleanup_status, renew, start_cleanup
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import load_targets
 from core.errors import is_deterministic
@@ -121,7 +122,7 @@ async def rows_left(pool: asyncpg.Pool, accounts: list[str]) -> dict[str, int]:
 
 
 async def run_cohort(client, pool, task_queue, deadline, **options: Any) -> tuple[str, CleanupResult]:
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, **options)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, **options))
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     return started.workflow_id, await handle.result()
 

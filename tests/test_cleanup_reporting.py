@@ -15,8 +15,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
-    ClaimCleanupInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -27,7 +27,16 @@ from cleanup.operations import CleanupListing, list_cleanups, renew, start_clean
 from core import search_attributes as sa
 from core.config import Settings
 from core.errors import InputError
-from tests.helpers import deadline_in, effect_counts, listed_workflow_ids, redeliver, seed, wait_until, workflow_ids
+from tests.helpers import (
+    cohort_claim,
+    deadline_in,
+    effect_counts,
+    listed_workflow_ids,
+    redeliver,
+    seed,
+    wait_until,
+    workflow_ids,
+)
 from tests.test_cleanup_input import run_cli
 
 
@@ -39,8 +48,8 @@ async def _signals(client: Client, workflow_id: str) -> int:
 async def test_a_renewal_signals_only_the_single_account_cleanup(client, pool, task_queue, worker):
     deadline = deadline_in(3600)
     accounts = await seed(pool, deadline, 3)
-    cohort = await start_cleanup(client, pool, task_queue, deadline=deadline)
-    single = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
+    cohort = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
+    single = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[0]))
 
     in_cohort_only = await renew(client, pool, task_queue, accounts[1])
     with_own_cleanup = await renew(client, pool, task_queue, accounts[0])
@@ -59,7 +68,7 @@ async def test_a_renewal_signals_only_the_single_account_cleanup(client, pool, t
 
 async def test_a_refused_renewal_signal_is_reported_not_swallowed(client, pool, task_queue, monkeypatch, caplog):
     [account] = await seed(pool, deadline_in(3600), 1)
-    single = await start_cleanup(client, pool, task_queue, account_id=account)
+    single = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
 
     async def refused(self: WorkflowHandle[Any, Any], *args: object, **kwargs: object) -> None:
         raise RPCError("signal count limit exceeded", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
@@ -79,7 +88,7 @@ async def test_a_cleanup_ended_by_a_renewal_stays_in_phase_renewed_and_list_show
     client, pool, task_queue, worker
 ):
     [account] = await seed(pool, deadline_in(3600), 1)
-    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     handle = client.get_workflow_handle(started.workflow_id, result_type=CleanupResult)
     assert (await renew(client, pool, task_queue, account)).signalled == [started.workflow_id]
 
@@ -105,18 +114,18 @@ async def test_cleanup_of_an_account_whose_cleanup_finished_returns_that_run_and
     client, pool, task_queue, worker
 ):
     accounts = await seed(pool, deadline_in(1), 2)
-    first = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
+    first = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[0]))
     await client.get_workflow_handle(first.workflow_id).result()
 
-    again = await start_cleanup(client, pool, task_queue, account_id=accounts[0])
+    again = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[0]))
 
     assert not again.started and again.workflow_id == first.workflow_id and again.run_id == first.run_id
     assert (again.temporal_status, again.outcome) == ("COMPLETED", "cleaned")
 
     # An account cleaned by its cohort: the same answer, the cohort's run.
-    cohort = await start_cleanup(client, pool, task_queue, deadline=again.deadline, partitions=1)
+    cohort = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=again.deadline, partitions=1))
     await client.get_workflow_handle(cohort.workflow_id).result()
-    by_cohort = await start_cleanup(client, pool, task_queue, account_id=accounts[1])
+    by_cohort = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=accounts[1]))
     assert not by_cohort.started and by_cohort.workflow_id == cohort.workflow_id
     assert by_cohort.outcome == "cleaned"
     expected = [first.workflow_id, cohort.workflow_id]
@@ -129,7 +138,7 @@ async def test_cleanup_of_an_account_renewed_for_good_says_so_and_starts_nothing
     assert (await renew(client, pool, task_queue, account)).in_time
 
     with pytest.raises(InputError, match="is renewed"):
-        await start_cleanup(client, pool, task_queue, account_id=account)
+        await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     assert await workflow_ids(client, task_queue) == []
 
 
@@ -139,8 +148,8 @@ async def test_partition_reports_say_what_the_database_applied_whatever_the_atte
     [claim] = await redeliver(
         client,
         task_queue,
-        "claim_cleanup",
-        ClaimCleanupInput(cleanup_id="cohort-rep", deadline=deadline, partitions=2),
+        "claim_cleanup_in_chunks",
+        cohort_claim("cohort-rep", deadline, 2),
         1,
     )
     per_partition = ClaimResult.model_validate(claim).claimed_per_partition
@@ -205,13 +214,18 @@ async def test_heartbeat_timeout_and_interval_come_from_the_cli_or_the_environme
 
     for name in ("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "CLEANUP_HEARTBEAT_INTERVAL_SECONDS"):
         monkeypatch.delenv(name, raising=False)
-    by_default = await start_cleanup(client, pool, task_queue, deadline=deadline_in(3600), allow_empty=True)
+    by_default = await start_cleanup(
+        client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True)
+    )
     defaults = await input_of(by_default.workflow_id)
     assert (defaults["heartbeat_timeout_seconds"], defaults["heartbeat_interval_seconds"]) == (7.0, None)
 
     monkeypatch.setenv("CLEANUP_HEARTBEAT_TIMEOUT_SECONDS", "6")
     monkeypatch.setenv("CLEANUP_HEARTBEAT_INTERVAL_SECONDS", "1.5")
-    from_env = await start_cleanup(client, pool, task_queue, deadline=deadline_in(3600), allow_empty=True)
+    read_once = Settings.from_env().cleanup.defaults  # the environment is read into the settings, once
+    from_env = await start_cleanup(
+        client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True), read_once
+    )
     assert (await input_of(from_env.workflow_id))["heartbeat_timeout_seconds"] == 6.0
     assert (await input_of(from_env.workflow_id))["heartbeat_interval_seconds"] == 1.5
 

@@ -1,5 +1,5 @@
 """Edges of the CLI: counts out of range exit 2 with a message (never a raw database error), and
-`dev down` signals only the dev server it started, never whatever a stale pid file names."""
+`./dev down` signals only the dev server it started, never whatever a stale pid file names."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from core.config import Settings
-from core.embedded import DevServer
+from devstack.embedded import DevServer
 from tests.helpers import deadline_in, seed
 from tests.test_cleanup_input import run_cli
 

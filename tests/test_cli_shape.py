@@ -12,6 +12,8 @@ import contextlib
 import io
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +22,9 @@ import pytest
 import starter
 import worker
 from core.cli import CliParser
-from harness.cli import build_parser as harness_parser
 
 # Commands whose arguments their own parser reads (starter.main passes them on).
-PASSTHROUGH = {"worker": worker.build_parser, "harness": harness_parser}
+PASSTHROUGH = {"worker": worker.build_parser}
 # A worker is a process, not a command with a result: its JSON is its logs (--log-format json).
 NO_RESULT = {("worker",)}
 GLOBAL_FLAGS = {"--temporal-address", "--namespace", "--task-queue", "--database-url"}
@@ -95,10 +96,39 @@ LEAVES = leaves(PARSER)
 OWN = {path: p for path, p in LEAVES.items() if not (len(path) == 1 and path[0] in PASSTHROUGH)}
 
 
+NOUNS = {"migrate", "cleanup", "account", "planner", "targets", "schedule", "ledger", "outbox", "budget"}
+
+
 def test_the_tree_has_groups_and_verbs() -> None:
     groups = {path for path, p in tree(PARSER) if path and verbs(p)}
-    assert {("planner",), ("schedule",), ("ledger",), ("budget",), ("dev",), ("migrate",), ("outbox",)} <= groups
-    assert ("outbox", "relay", "start") in LEAVES and ("migrate", "status") in LEAVES
+    assert {(noun,) for noun in NOUNS} <= groups
+    assert ("outbox", "relay", "start") in LEAVES and ("migrate", "sql") in LEAVES
+    assert {("account", v) for v in ("renew", "hold", "release", "history", "dismiss")} <= set(LEAVES)
+    assert {("cleanup", v) for v in ("start", "status", "list", "failed", "retry", "prune")} <= set(LEAVES)
+
+
+def test_the_top_level_is_nouns_plus_status_and_worker() -> None:
+    """About a dozen commands at the top: the nouns, `status` of any run, and the worker process."""
+    assert set(verbs(PARSER)) == NOUNS | {"status", "worker"}
+
+
+@pytest.mark.parametrize("alias", sorted(starter.ALIASES))
+def test_every_alias_is_an_old_spelling_of_a_verb_and_runs_it(alias: str) -> None:
+    """An alias is not a command of the tree (--help lists the nouns); main spells it as the verb it
+    stands for, with whatever precedes it (the global options) and follows it (the verb's own)."""
+    new = starter.ALIASES[alias]
+    assert alias not in verbs(PARSER) and new in OWN
+    leaf = OWN[new]
+    argv = ["--temporal-address", "127.0.0.1:1", alias, *minimal_argv(leaf), "--json"]
+    expanded = starter.expand_alias(PARSER, argv)
+    assert expanded == ["--temporal-address", "127.0.0.1:1", *new, *minimal_argv(leaf), "--json"]
+    assert PARSER.parse_args(expanded).handler is leaf.get_default("handler")
+    assert starter.expand_alias(PARSER, ["--database-url=x", alias])[1:] == list(new)
+
+
+def test_cleanup_alone_starts_a_cleanup_as_before() -> None:
+    parsed = PARSER.parse_args(["cleanup", "--deadline", "2026-11-01T09:00:00Z", "--wait"])
+    assert parsed.handler is OWN[("cleanup", "start")].get_default("handler") and parsed.wait
 
 
 @pytest.mark.parametrize("path", [p for p, _ in tree(PARSER)], ids=lambda p: " ".join(p) or "(top)")
@@ -176,7 +206,7 @@ def test_a_flag_of_another_verb_is_a_usage_error_one_json_object_under_json(argv
     assert "\n" not in err
 
 
-@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "demo", "migrate", "dev"])
+@pytest.mark.parametrize("command", ["cleanup", "renew", "status", "list", "migrate"])
 def test_cli_help_exists_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """In-process: argparse prints the help and exits before any setting is read (the process entry
     point itself, `python starter.py`, is run by tests/test_exit_codes.py)."""
@@ -225,3 +255,48 @@ def test_the_commands_the_deployment_files_run_parse() -> None:
             PASSTHROUGH[argv[0]]().parse_args(argv[1:])
         else:
             assert parse(argv) == (None, ""), argv
+
+
+DEVELOPMENT_SIDE = ("devstack", "demo", "harness", "bench")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["worker", "--help"], ["migrate", "status", "--help"], ["--database-url", "x", "migrate"]]
+)
+def test_the_installed_command_never_imports_the_development_side(argv: list[str]) -> None:
+    """Run as `deadline-cleanup` runs (starter.console, in a fresh interpreter, whatever the command
+    does after parsing): none of the checkout's development packages is ever loaded."""
+    code = (
+        "import sys, starter\n"
+        f"try:\n    starter.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {DEVELOPMENT_SIDE!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(starter.__file__).parent, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", sorted(starter.CHECKOUT_COMMANDS))
+def test_the_development_commands_are_the_checkouts_and_say_so(command: str, capsys) -> None:
+    """Not in the tree: exit 2 naming where the command went, which is a command there."""
+    assert command not in verbs(PARSER)
+    assert starter.main([command, "--help"]) == 2
+    moved = starter.CHECKOUT_COMMANDS[command]
+    assert f"`./dev {moved}` or `python -m devstack {moved}`" in capsys.readouterr().err
+    from devstack.cli import build_parser as devstack_parser
+
+    assert set(moved.split("|")) <= set(verbs(devstack_parser()))
+
+
+def test_the_checkout_commands_have_the_operator_clis_shape() -> None:
+    """`python -m devstack`'s commands: leaves with --json and help on every argument, usage errors
+    as the operator CLI reports them; the harness reads its own arguments."""
+    from devstack.cli import build_parser as devstack_parser
+    from harness.cli import build_parser as harness_parser
+
+    for name, leaf in verbs(devstack_parser()).items():
+        parser = harness_parser() if name == "harness" else leaf
+        assert "--json" in flags(parser), name
+        assert all(a.help and a.help.strip() for a in parser._actions), name
+        assert name == "harness" or isinstance(leaf, CliParser), name

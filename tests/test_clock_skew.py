@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
@@ -20,7 +21,7 @@ async def test_a_database_clock_far_behind_is_reported_and_waited_for_not_ended_
     [account] = await seed(pool, deadline_in(-2), 1)  # due by every clock but the skewed database's
     await shift_database_clock(pool, f"-{BEHIND} seconds")
     async with build_worker(client, task_queue, await build_activities(pool)):
-        started = await start_cleanup(client, pool, task_queue, account_id=account)
+        started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
 
         async def reported() -> bool:  # the claim (a local activity for one account) says so
             return "behind the timer: " + started.workflow_id in caplog.text

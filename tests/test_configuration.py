@@ -51,7 +51,6 @@ OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("TEMPORAL_PROFILE", "temporal", "the profile of that file to use (default: `default`)"),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "observability", "where traces go (the OpenTelemetry SDK's variable)"),
     ("OTEL_SERVICE_NAME", "observability", "the service name on traces (the OpenTelemetry SDK's variable)"),
-    ("CLEANUP_EMBEDDED", "development", "`1`: start the embedded Temporal and Postgres when no address is set"),
     ("CLEANUP_FAILPOINTS", "development", "failpoints to arm (tests and the fault harness: core/failpoints.py)"),
     ("CLEANUP_FAILPOINTS_ENABLED", "development", "`1`: failpoints may be armed at all"),
     ("CLEANUP_FAILPOINTS_FILE", "development", "failpoints shared by the processes of a run"),
@@ -125,7 +124,7 @@ def render() -> str:
         "`NAME_FILE` is an error, and so is a file that is missing, unreadable or empty. Printed settings",
         "and logs never show a secret.",
         "",
-        "After `deadline-cleanup dev up`, TEMPORAL_ADDRESS, DATABASE_URL and TEMPORAL_UI_URL that are unset",
+        "After `./dev up`, TEMPORAL_ADDRESS, DATABASE_URL and TEMPORAL_UI_URL that are unset",
         "are read from the file it wrote (`<CLEANUP_STATE_DIR>/dev/env`); a variable that is set always wins.",
         "",
     ]
@@ -163,7 +162,7 @@ def render() -> str:
 
 @pytest.fixture(autouse=True)
 def no_dev_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A state dir of its own: no `dev up` file fills in an unset address."""
+    """A state dir of its own: no `./dev up` file fills in an unset address."""
     monkeypatch.setenv("CLEANUP_STATE_DIR", str(tmp_path / "state"))
 
 
@@ -260,13 +259,16 @@ def test_a_bad_secret_file_exits_2_from_the_worker_and_the_commands(
     assert "DATABASE_URL_FILE" in capsys.readouterr().err
 
 
-def test_the_library_calls_read_the_same_declarations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call given no settings (the anonymize key of a compiled cleanup) reads the file form too."""
+def test_a_secret_of_a_section_reads_its_file_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The anonymize key a compiled cleanup takes from `settings.cleanup` may be given as a file."""
     path = tmp_path / "key"
     path.write_text("an-anonymize-key-of-the-game\n")
     monkeypatch.delenv("CLEANUP_ANONYMIZE_KEY", raising=False)
     monkeypatch.setenv("CLEANUP_ANONYMIZE_KEY_FILE", str(path))
-    assert anonymize_key_pads() == anonymize_key_pads("an-anonymize-key-of-the-game")
+    key = Settings.from_env().cleanup.anonymize_key
+    assert key is not None and anonymize_key_pads(key.get_secret_value()) == anonymize_key_pads(
+        "an-anonymize-key-of-the-game"
+    )
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "ten"])

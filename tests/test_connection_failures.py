@@ -27,12 +27,13 @@ UNRESOLVABLE = "no-such-host.invalid"  # RFC 6761: never resolves
 
 
 def cli(*args: str, env: dict[str, str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The CLI as an operator runs it, with only the addresses in `env`; and how long it took."""
-    drop = ("DATABASE_URL", "TEMPORAL_ADDRESS", "CLEANUP_EMBEDDED", "CONNECT_TIMEOUT_SECONDS")
+    """The CLI as an operator runs it (`python -m devstack` for args starting "devstack"), with only
+    the addresses in `env`; and how long it took."""
+    drop = ("DATABASE_URL", "TEMPORAL_ADDRESS", "CONNECT_TIMEOUT_SECONDS")
     base = {k: v for k, v in os.environ.items() if k not in drop}
     began = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "starter.py", *args],
+        [sys.executable, *(["-m", *args] if args[:1] == ("devstack",) else ["starter.py", *args])],
         cwd=PROJECT_ROOT,
         env={**base, "CLEANUP_STATE_DIR": str(tmp_path), **env},
         capture_output=True,
@@ -192,7 +193,11 @@ def test_every_bad_value_is_one_line_exit_2(argv: list[str], tmp_path: Path) -> 
         (["list"], "TEMPORAL_ADDRESS is not set", "DATABASE_URL"),
         (["outbox", "relay", "stop"], "TEMPORAL_ADDRESS is not set", "DATABASE_URL"),
         (["failed"], "DATABASE_URL is not set", "TEMPORAL_ADDRESS"),
-        (["seed", "--accounts", "1", "--deadline", "2030-01-01T00:00:00Z"], "DATABASE_URL is not set", "TEMPORAL"),
+        (
+            ["devstack", "seed", "--accounts", "1", "--deadline", "2030-01-01T00:00:00Z"],
+            "DATABASE_URL is not set",
+            "TEMPORAL",
+        ),
         (["status", "cleanup-acct_1-x"], "DATABASE_URL and TEMPORAL_ADDRESS are not set", "Error"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,

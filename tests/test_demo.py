@@ -23,7 +23,8 @@ def test_demo_planner_cleans_spread_deadlines_renews_and_delivers_each_reminder_
     done = subprocess.run(
         [
             sys.executable,
-            str(PROJECT_ROOT / "starter.py"),
+            "-m",
+            "devstack",
             "demo",
             "--accounts",
             "300",
@@ -33,6 +34,7 @@ def test_demo_planner_cleans_spread_deadlines_renews_and_delivers_each_reminder_
             "5",
             "--json",
         ],
+        cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,
         text=True,

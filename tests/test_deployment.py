@@ -484,12 +484,13 @@ def test_dockerfile_cmd_runs_the_worker() -> None:
     assert cmd[0] in scripts
 
 
-def test_dockerfile_installs_no_extra_nor_harness_nor_bench() -> None:
-    """The image is for production: no embedded binaries (an extra), no fault harness, no benchmarks."""
+def test_dockerfile_installs_no_extra_nor_the_development_side() -> None:
+    """The image is for production: no embedded binaries (an extra), no devstack, demo, fault harness
+    or benchmarks."""
     for instruction, args in dockerfile_instructions():
         if instruction in {"COPY", "ADD"}:
             sources = [w.rstrip("/") for w in shlex.split(args) if not w.startswith("--")][:-1]
-            assert not {"harness", "bench", "."} & set(sources), args
+            assert not {"devstack", "demo", "harness", "bench", "."} & set(sources), args
         if instruction == "RUN":
             assert ".[" not in args and "optional-dependencies" not in args, args  # pip install '.[extra]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

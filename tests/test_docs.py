@@ -1,5 +1,6 @@
 """Every doc page states only what is there: the files it cites exist, the commands it shows are
-commands of the CLI, and the environment variables it names are read by the product."""
+commands of the CLI (or of the checkout: `./dev`, `python -m devstack`), and the environment
+variables it names are read by the product."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ PRODUCT = [
     "outbox",
     "workflows",
     "activities",
-    "demo",
+    "deadline_cleanup",
     "worker.py",
     "starter.py",
 ]
@@ -31,7 +32,7 @@ READERS = ["docker-compose.yml", "Dockerfile", "dev", ".ci/run", "tests/conftest
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 CITED_PATH = re.compile(
-    r"`((?:core|cleanup|ledger|outbox|workflows|activities|demo|tests|harness|bench|deploy|docs)/[\w./-]+)`"
+    r"`((?:core|cleanup|ledger|outbox|workflows|activities|devstack|demo|tests|harness|bench|deploy|docs)/[\w./-]+)`"
 )
 # A command as a page shows it: in backticks, or on a line of a fenced code block.
 INLINE_COMMAND = re.compile(r"`(?:python3? )?(?:deadline-cleanup|starter\.py)[ \t]+([a-z][a-z-]*)")
@@ -44,6 +45,29 @@ def shown_commands(text: str) -> set[str]:
     for block in FENCE.findall(text):
         shown |= {m for line in block.splitlines() for m in BLOCK_COMMAND.findall(line)}
     return shown
+
+
+# A command of the checkout as a page shows it: `./dev X` (a case of the dev script) or
+# `python -m devstack X` (a command of devstack.cli).
+DEV_INLINE = re.compile(r"`(\./dev|python3? -m devstack)[ \t]+([a-z][a-z-]*)")
+DEV_BLOCK = re.compile(r"^[ \t]*(\./dev|python3? -m devstack)[ \t]+([a-z][a-z-]*)")
+
+
+def shown_dev_commands(text: str) -> set[tuple[str, str]]:
+    shown = set(DEV_INLINE.findall(text))
+    for block in FENCE.findall(text):
+        shown |= {m for line in block.splitlines() for m in DEV_BLOCK.findall(line)}
+    return {("./dev" if entry == "./dev" else "devstack", command) for entry, command in shown}
+
+
+def dev_commands() -> set[tuple[str, str]]:
+    from devstack.cli import build_parser as devstack_parser
+    from tests.test_cli_shape import verbs
+
+    cases = re.findall(r"^  ([a-z][a-z|-]*)\)", (ROOT / "dev").read_text(), re.MULTILINE)
+    return {("./dev", n) for label in cases for n in label.split("|")} | {
+        ("devstack", n) for n in verbs(devstack_parser())
+    }
 
 
 VARIABLE = re.compile(
@@ -94,6 +118,12 @@ def test_the_commands_a_page_shows_exist(page: Path) -> None:
     shown = shown_commands(page.read_text())
     unknown = sorted(shown - commands)
     assert not unknown, f"{_page_id(page)} shows commands the CLI does not have: {unknown}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_the_checkout_commands_a_page_shows_exist(page: Path) -> None:
+    unknown = sorted(shown_dev_commands(page.read_text()) - dev_commands())
+    assert not unknown, f"{_page_id(page)} shows checkout commands that do not exist: {unknown}"
 
 
 # The whole command as a page shows it: in backticks, or a line of a fenced block (to its comment).

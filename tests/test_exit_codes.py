@@ -18,7 +18,7 @@ DOWN = {"DATABASE_URL": "postgresql://app:pw-hidden@127.0.0.1:1/x", "TEMPORAL_AD
 
 
 def cli(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEMPORAL_ADDRESS", "CLEANUP_EMBEDDED")}
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEMPORAL_ADDRESS")}
     return subprocess.run(
         [sys.executable, "starter.py", *args],
         cwd=PROJECT_ROOT,

@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from activities.outbox import OutboxRelayActivities
 from cleanup.history import account_history
+from cleanup.inputs import StartCleanup
 from cleanup.operations import hold_account, release_account, set_deadline, start_cleanup
 from cleanup.planner import planner_status, sweep_overdue
 from cleanup.planner_models import PlannerSettings, SweepInput
@@ -173,7 +174,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
     held = accounts[0]
     assert await call(game, "hold", held, "legal hold") == "held"
 
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
     result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
     assert result.settlement is not None and result.settlement.claimed == 3
     state = {r["account_id"]: r["status"] for r in await pool.fetch("SELECT account_id, status FROM accounts")}
@@ -188,7 +189,7 @@ async def test_a_held_account_is_never_claimed_and_is_cleaned_once_released(game
             pool, client, SweepInput(settings=SWEEP_NOW, task_queue=task_queue, as_of=datetime.now(UTC))
         )
     ).overdue == 0
-    single = await start_cleanup(client, pool, task_queue, account_id=held)
+    single = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=held))
     await client.get_workflow_handle(single.workflow_id).result()
     assert await pool.fetchval("SELECT status FROM accounts WHERE account_id = $1", held) == "active"
 
@@ -260,7 +261,7 @@ async def test_account_history_is_an_erasure_receipt_without_personal_data(
     renewed_until = await db_now(game) + timedelta(seconds=2)
     assert await game.fetchval(f"SELECT {S}.renew($1, $2, true)", account, renewed_until) == "in_time"
 
-    started = await start_cleanup(client, pool, task_queue, account_id=account)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
     assert result.outcome == "cleaned"
     assert await pool.fetchval("SELECT count(*) FROM demo_game.cloud_saves WHERE account_id = $1", account) == 0
@@ -305,10 +306,8 @@ async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game
     that comes after the claim is too late."""
     import asyncio
 
-    import cleanup
-    from core.queries import load
+    from tests.helpers import claim_partitions
 
-    claim_cohort = load(cleanup.__file__).claim_cohort
     deadline = (await db_now(game) - timedelta(seconds=1)).replace(microsecond=0)
     held, free = str(uuid.uuid4()), str(uuid.uuid4())
     for account in (held, free):
@@ -316,13 +315,16 @@ async def test_a_hold_committed_while_a_claim_waits_on_the_row_is_respected(game
 
     await game.execute("BEGIN")
     assert await call(game, "hold", held, "court order") == "held"  # row locked, not committed
-    claim = asyncio.create_task(pool.execute(claim_cohort, "claim-1", deadline, 1, "default"))
+    claim = asyncio.create_task(claim_partitions(pool, "claim-1", deadline))
 
     async def claim_waits_on_the_row() -> bool:
+        # The claim statement's text is longer than track_activity_query_size: match the session
+        # that waits on a lock in this database, which only the claim can be (the game holds it).
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%cleanup_claims%'"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%claim%'"
         )
-        return bool(await pool.fetchval(waiting))  # not the game's: its transaction keeps one snapshot
+        return bool(await pool.fetchval(waiting))
 
     await wait_until(claim_waits_on_the_row, within=30)
     assert not claim.done()

@@ -19,16 +19,19 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
+from pydantic import SecretStr
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 from activities.cleanup import CleanupActivities, cleanup_target_set
 from cleanup.batches import CompiledCleanup
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.planner import planner_status
 from cleanup.review import list_failed, preview_cleanup, retry_failed
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, hmac_hex
+from core.config import CleanupSettings, Settings
 from core.errors import InputError
 from core.failpoints import ONCE_DIR_ENV
 from tests.conftest import WorkerProcesses
@@ -48,6 +51,9 @@ from tests.test_cleanup_input import run_cli
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
+# What the game's workers run with: their settings, read once at start.
+GAME = Settings(cleanup=CleanupSettings(targets_file=GAME_TARGETS_FILE, anonymize_key=SecretStr(ANONYMIZE_KEY)))
+
 
 @pytest.fixture(autouse=True)
 def game_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +69,7 @@ async def game_pool(pool: asyncpg.Pool) -> asyncpg.Pool:
 
 @pytest_asyncio.fixture
 async def game_worker(client: Client, game_pool: asyncpg.Pool, task_queue: str) -> AsyncIterator[Worker]:
-    async with build_worker(client, task_queue, await build_activities(game_pool)) as w:
+    async with build_worker(client, task_queue, await build_activities(game_pool, settings=GAME)) as w:
         yield w
 
 
@@ -86,7 +92,7 @@ async def register(pool: asyncpg.Pool, users: list[str], deadline: datetime) -> 
 
 
 async def run_cohort(client: Client, pool: asyncpg.Pool, task_queue: str, deadline: datetime, **options: object):
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, **options)  # type: ignore[arg-type]
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, **options))  # type: ignore[arg-type]
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     return started.workflow_id, await handle.result()
 
@@ -155,7 +161,7 @@ async def test_rows_a_cascade_would_remove_are_counted_by_their_own_target(game_
     users = await seed_game_users(game_pool, 30)
     await register(game_pool, users, deadline)
     await claim_one_partition(game_pool, "cascade", deadline)
-    compiled = await CompiledCleanup.compile(game_pool, game_targets())
+    compiled = await CompiledCleanup.compile(game_pool, game_targets(), GAME.cleanup)
     async with game_pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(compiled.batch_sql, *compiled.args("cascade", 0, "", 1000))
     assert row is not None
@@ -211,7 +217,7 @@ async def test_poison_rows_are_isolated_and_retry_failed_cleans_them_once_with_t
     # Another target set than the cleanup ran with: refused, naming both fingerprints.
     smaller = CleanupTargets(target=game_targets().target[:-1])  # without the anonymization
     with pytest.raises(InputError) as refused:
-        await retry_failed(game_pool, smaller, workflow_id)
+        await retry_failed(game_pool, smaller, workflow_id, settings=GAME.cleanup)
     assert game_targets().fingerprint in str(refused.value) and smaller.fingerprint in str(refused.value)
     other_file = tmp_path / "targets.toml"
     other_file.write_text(GAME_TARGETS_FILE.read_text().rsplit("[[target]]", 1)[0])
@@ -221,10 +227,10 @@ async def test_poison_rows_are_isolated_and_retry_failed_cleans_them_once_with_t
 
     await game_pool.execute("DELETE FROM game_server.legal_holds")
     await game_pool.execute("ALTER TABLE game_server.matches_archive DROP CONSTRAINT archive_kills_sane")
-    fixed = await retry_failed(game_pool, game_targets(), workflow_id)
+    fixed = await retry_failed(game_pool, game_targets(), workflow_id, settings=GAME.cleanup)
     assert (fixed.retried, fixed.cleaned, fixed.still_failed) == (3, 3, 0)
     assert await game_rows(game_pool, users) == cleaned_rows(60)
-    again = await retry_failed(game_pool, game_targets(), workflow_id)
+    again = await retry_failed(game_pool, game_targets(), workflow_id, settings=GAME.cleanup)
     assert again.retried == 0 and await game_rows(game_pool, users) == cleaned_rows(60)
 
 
@@ -281,7 +287,7 @@ async def test_a_privilege_lost_after_start_up_is_retried_a_few_times_then_surfa
     await register(game_pool, users, deadline)
     async with worker_role_pool(db_url) as role_pool:
         role = await role_pool.fetchval("SELECT current_user")
-        async with build_worker(client, task_queue, await build_activities(role_pool)):
+        async with build_worker(client, task_queue, await build_activities(role_pool, settings=GAME)):
             await game_pool.execute(f"REVOKE DELETE ON game_server.characters FROM {role}")
             with pytest.raises(WorkflowFailureError) as failed:  # bounded: never retried forever
                 await asyncio.wait_for(
@@ -313,11 +319,9 @@ async def test_a_worker_killed_after_its_commit_while_players_renew_cleans_each_
         client,
         game_pool,
         task_queue,
-        deadline=deadline,
-        partitions=2,
-        batch_size=50,
-        heartbeat_timeout_seconds=2,
-        step_timeout_seconds=5,
+        StartCleanup(
+            deadline=deadline, partitions=2, batch_size=50, heartbeat_timeout_seconds=2, step_timeout_seconds=5
+        ),
     )
     renewed = await game_pool.fetch(  # the game's renewals, in its own transactions, before the deadline
         "SELECT deadline_cleanup.renew(u) AS outcome FROM unnest($1::text[]) u", renewing
@@ -373,7 +377,10 @@ async def test_a_zombie_attempt_frozen_in_its_batch_changes_nothing_when_it_wake
     }
     zombie = worker_processes.start(**game_env)
     started = await start_cleanup(
-        client, game_pool, task_queue, deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2
+        client,
+        game_pool,
+        task_queue,
+        StartCleanup(deadline=deadline, partitions=1, batch_size=40, heartbeat_timeout_seconds=2),
     )
 
     async def frozen() -> bool:
@@ -408,7 +415,7 @@ async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
     targets = CleanupTargets.model_validate(
         {"target": [{"table": "game_server.scores", "match_column": "player_no", "action": "delete"}]}
     )
-    compiled = await CompiledCleanup.compile(game_pool, targets)
+    compiled = await CompiledCleanup.compile(game_pool, targets, GAME.cleanup)
     async with game_pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(compiled.batch_sql, *compiled.args("numbered", 0, "", 1000))
     assert row is not None and (row["cleaned"], row["rows_t0"]) == (10, 10)
@@ -420,10 +427,10 @@ async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
 async def test_a_worker_with_another_target_set_runs_a_cleanup_with_the_set_it_started_with(game_pool):
     """A deploy changed the targets mid-cleanup: the new worker runs that cleanup's partitions with
     the set the cleanup recorded (compiled and checked like its own), never with a smaller one."""
-    started = await CleanupActivities.create(game_pool, game_targets())
+    started = await CleanupActivities.create(game_pool, game_targets(), settings=GAME.cleanup)
     assert await cleanup_target_set(game_pool, started.compiled, "mid-deploy") is started.compiled
     smaller = CleanupTargets(target=game_targets().target[:-1])
-    deployed = await CleanupActivities.create(game_pool, smaller)
+    deployed = await CleanupActivities.create(game_pool, smaller, settings=GAME.cleanup)
     used = await cleanup_target_set(game_pool, deployed.compiled, "mid-deploy")
     assert used.fingerprint == game_targets().fingerprint != smaller.fingerprint
     assert used.batch_sql == started.compiled.batch_sql
@@ -433,7 +440,7 @@ async def test_a_worker_with_another_target_set_runs_a_cleanup_with_the_set_it_s
 async def test_two_partitions_recording_the_target_set_at_once_both_read_the_recorded_one(game_pool):
     """The second partition's record waits on the first's uncommitted insert; once that commits it
     reads the fingerprint the first recorded (never "no set", which would refuse the partition)."""
-    started = await CleanupActivities.create(game_pool, game_targets())
+    started = await CleanupActivities.create(game_pool, game_targets(), settings=GAME.cleanup)
     async with game_pool.acquire() as first, game_pool.acquire() as second:
         tx = first.transaction()
         await tx.start()
@@ -475,7 +482,7 @@ async def test_two_partitions_meeting_the_same_friendships_wait_for_each_other_i
         "UPDATE cleanup_claims SET partition_no = 1 WHERE cleanup_id = 'shared-friends' AND account_id = ANY($1)",
         [a2, b1],
     )
-    compiled = await CompiledCleanup.compile(game_pool, game_targets())
+    compiled = await CompiledCleanup.compile(game_pool, game_targets(), GAME.cleanup)
 
     async def batch(partition_no: int) -> asyncpg.Record:
         async with game_pool.acquire() as conn, conn.transaction():

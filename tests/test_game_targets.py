@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
+from pydantic import SecretStr
 
 from activities.cleanup import CleanupActivities
 from cleanup.batches import CompiledCleanup
@@ -21,7 +22,7 @@ from cleanup.planner import _targets_missing_index
 from cleanup.review import preview_cleanup
 from cleanup.target_check import TINY_TABLE_ROWS, TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, load_targets
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, CleanupSettings
 from tests.game_schema import (
     ANONYMIZE_KEY,
     PROFILES_TARGETS_FILE,
@@ -33,6 +34,9 @@ from tests.game_schema import (
 )
 from tests.helpers import claim_one_partition, deadline_in
 
+# The key the workers run with: their settings' CLEANUP_ANONYMIZE_KEY, read once at start.
+KEYED = CleanupSettings(anonymize_key=SecretStr(ANONYMIZE_KEY))
+
 
 @pytest.fixture(autouse=True)
 def anonymize_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,16 +47,16 @@ def with_targets(*entries: Mapping[str, object]) -> CleanupTargets:
     return CleanupTargets.model_validate({"target": list(entries)})
 
 
-async def refused(pool: asyncpg.Pool, targets: CleanupTargets) -> str:
+async def refused(pool: asyncpg.Pool, targets: CleanupTargets, settings: CleanupSettings = KEYED) -> str:
     with pytest.raises(TargetsRefused) as err:
-        await CompiledCleanup.compile(pool, targets)
+        await CompiledCleanup.compile(pool, targets, settings)
     return str(err.value)
 
 
 async def test_the_game_schema_compiles_under_its_worker_role(pool, db_url):
     await create_game_schema(pool)
     async with worker_role_pool(db_url) as worker:
-        compiled = await CompiledCleanup.compile(worker, game_targets())
+        compiled = await CompiledCleanup.compile(worker, game_targets(), KEYED)
     assert "::uuid[]" in compiled.batch_sql  # each target compares with its column's own type
     assert "OVERRIDING SYSTEM VALUE" in compiled.batch_sql  # the LIKE ... INCLUDING ALL archive's identity
     assert '"ratio"' not in compiled.batch_sql.split("matches_archive")[1].split("FROM")[0]  # generated: recomputed
@@ -96,7 +100,7 @@ async def test_a_like_including_all_archive_is_accepted_and_widening_too(pool):
         """
     )
     target = {"table": "scores", "action": "archive", "archive_table": "scores_archive"}
-    compiled = await CompiledCleanup.compile(pool, with_targets(target))
+    compiled = await CompiledCleanup.compile(pool, with_targets(target), KEYED)
     assert "OVERRIDING SYSTEM VALUE" in compiled.batch_sql
 
 
@@ -122,8 +126,7 @@ async def test_anonymize_refuses_a_not_null_column_and_a_short_hash_column(pool)
 
 async def test_hash_columns_need_the_key_setting(pool, monkeypatch):
     await create_game_schema(pool)
-    monkeypatch.setenv(ANONYMIZE_KEY_ENV, "short")
-    message = await refused(pool, game_targets())
+    message = await refused(pool, game_targets(), CleanupSettings(anonymize_key=SecretStr("short")))
     assert ANONYMIZE_KEY_ENV in message and "short" not in message.replace("shorter", "")
 
 
@@ -138,7 +141,7 @@ async def test_a_uuid_key_is_found_by_its_index_on_a_million_rows(pool):
         """
     )
     targets = with_targets({"table": "sessions", "match_column": "player", "action": "delete"})
-    compiled = await CompiledCleanup.compile(pool, targets)
+    compiled = await CompiledCleanup.compile(pool, targets, KEYED)
     async with pool.acquire() as conn, conn.transaction():
         plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + compiled.subset_sql, "c", 0, ["x"], 1))
     sessions = [line for line in plan.splitlines() if "sessions" in line]
@@ -168,7 +171,7 @@ async def test_a_connection_lost_during_the_start_up_check_refuses_nothing_and_i
 
     monkeypatch.setattr(CompiledCleanup, "_trial", trial_on_a_connection_ended_once)
     await create_game_schema(pool)
-    compiled = await CompiledCleanup.compile(pool, game_targets())
+    compiled = await CompiledCleanup.compile(pool, game_targets(), KEYED)
     assert ended and compiled.fingerprint == game_targets().fingerprint
 
 
@@ -188,7 +191,7 @@ async def clean_now(pool: asyncpg.Pool, ids: list[str], targets: CleanupTargets)
     outcomes = await pool.fetch("SELECT deadline_cleanup.set_deadline(u, $2) FROM unnest($1::text[]) u", ids, deadline)
     assert len(outcomes) == len(ids)
     await claim_one_partition(pool, "profiles", deadline)
-    compiled = await CompiledCleanup.compile(pool, targets)
+    compiled = await CompiledCleanup.compile(pool, targets, KEYED)
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(compiled.batch_sql, *compiled.args("profiles", 0, "", 1000))
     assert row is not None and row["cleaned"] == len(ids)
@@ -259,13 +262,13 @@ async def test_the_new_column_kinds_are_checked_at_start_up(pool):
     message = await refused(pool, with_targets(users | {"random_columns": ["level", "nickname"]}))
     assert "column 'level' is integer: a random replacement is a uuid" in message
     assert "column 'nickname' does not exist in game_server.users" in message
-    compiled = await CompiledCleanup.compile(pool, with_targets(users | {"set_columns": {"level": 0}}))
+    compiled = await CompiledCleanup.compile(pool, with_targets(users | {"set_columns": {"level": 0}}), KEYED)
     assert "\"level\" = E'0'" in compiled.batch_sql
 
 
 async def test_a_match_column_without_an_index_is_reported_with_its_fix_until_built(pool):
     await profiled_game(pool, users=2, notifications=20_000)
-    compiled = await CompiledCleanup.compile(pool, load_targets(PROFILES_TARGETS_FILE))
+    compiled = await CompiledCleanup.compile(pool, load_targets(PROFILES_TARGETS_FILE), KEYED)
     [missing] = compiled.missing_indexes
     assert (missing.table, missing.match_column) == ("game_server.notifications", "sender_id")
     assert missing.row_estimate >= TINY_TABLE_ROWS
@@ -280,13 +283,13 @@ async def test_a_match_column_without_an_index_is_reported_with_its_fix_until_bu
     )
     assert [line.endswith(fix) for line in await _targets_missing_index(pool)] == [True]
     await pool.execute(fix)
-    assert not (await CompiledCleanup.compile(pool, targets)).missing_indexes
+    assert not (await CompiledCleanup.compile(pool, targets, KEYED)).missing_indexes
     assert await _targets_missing_index(pool) == []
 
 
 async def test_a_tiny_table_needs_no_index(pool):
     await profiled_game(pool, users=2, notifications=100)
-    assert not (await CompiledCleanup.compile(pool, load_targets(PROFILES_TARGETS_FILE))).missing_indexes
+    assert not (await CompiledCleanup.compile(pool, load_targets(PROFILES_TARGETS_FILE), KEYED)).missing_indexes
 
 
 def run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -345,7 +348,7 @@ async def test_the_dry_run_takes_a_window_of_deadlines_and_names_each_match_colu
 async def test_a_worker_warns_of_a_missing_index_at_start_up(pool, caplog):
     await profiled_game(pool, users=2, notifications=20_000)
     with caplog.at_level(logging.WARNING, logger="cleanup"):
-        await CleanupActivities.create(pool, load_targets(PROFILES_TARGETS_FILE))
+        await CleanupActivities.create(pool, load_targets(PROFILES_TARGETS_FILE), settings=KEYED)
     [warning] = [r.getMessage() for r in caplog.records if "no index" in r.getMessage()]
     assert warning.startswith("target game_server.notifications (sender_id): no index on game_server.notifications")
     assert "fix: CREATE INDEX CONCURRENTLY IF NOT EXISTS notifications_sender_id_idx" in warning

@@ -25,6 +25,7 @@ from core import failpoints
 from core.cli import reject_non_finite
 from core.config import PROJECT_ROOT, ConfigError, Settings, read
 from core.errors import InputError
+from devstack.cli import main as devstack_main
 
 NOT_FINITE = ["nan", "NaN", "inf", "-inf", "Infinity"]
 
@@ -80,7 +81,7 @@ def test_the_parser_backstop_rejects_a_non_finite_float_from_any_flag() -> None:
 )
 def test_bad_numbers_exit_2_before_anything_starts(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        starter.main(argv)
+        (devstack_main if argv[0] == "demo" else starter.main)(argv)
     assert exited.value.code == 2
     assert "must be" in capsys.readouterr().err
 

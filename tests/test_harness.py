@@ -1,4 +1,4 @@
-"""The evaluation harness run as a user runs it: `python starter.py harness ...`.
+"""The evaluation harness run as a user runs it: `python -m devstack harness ...`.
 
 The quick profile must pass; a deliberately broken invariant must make it fail (a harness that
 cannot fail proves nothing).
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.server, pytest.mark.xdist_gr
 def start_harness(*args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "CLEANUP_FAILPOINTS")}
     return subprocess.Popen(
-        [sys.executable, "starter.py", "harness", *args],
+        [sys.executable, "-m", "devstack", "harness", *args],
         cwd=PROJECT_ROOT,
         env=env,
         stdout=subprocess.PIPE,

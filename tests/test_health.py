@@ -22,8 +22,8 @@ from temporalio.worker import Worker
 
 from core import db, health
 from core.config import PROJECT_ROOT
-from core.embedded import free_port
 from demo.fixture import create_game_schema
+from devstack.embedded import free_port
 from tests.conftest import WorkerProcesses
 
 

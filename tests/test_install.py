@@ -1,5 +1,6 @@
 """A fresh virtualenv that installs the checkout without extras: a working console command and worker
-for a real cluster, and none of the embedded binaries, the fault harness or the benchmarks.
+for a real cluster, and none of the embedded binaries nor the development side (devstack, the demo,
+the fault harness, the benchmarks).
 
 Slow (it installs the dependencies from the package index into a new virtualenv): marked `slow`."""
 
@@ -59,16 +60,17 @@ def test_no_embedded_binaries_are_installed(installed: Path) -> None:
     assert not {p.name for p in installed.iterdir()} & EMBEDDED_EXECUTABLES
 
 
-def test_harness_and_bench_are_not_installed(installed: Path) -> None:
-    code = "import importlib.util as u; print([n for n in ('harness', 'bench', 'core') if u.find_spec(n)])"
+def test_the_development_side_is_not_installed(installed: Path) -> None:
+    names = "('devstack', 'demo', 'harness', 'bench', 'core')"
+    code = f"import importlib.util as u; print([n for n in {names} if u.find_spec(n)])"
     result = run(installed / "python", "-c", code, cwd=installed)  # cwd outside the checkout
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['core']"
 
 
-def test_embedded_services_need_the_extra(installed: Path, tmp_path: Path) -> None:
-    """Asked for anyway, the embedded services fail with an error naming the extra, not a traceback."""
-    result = run(installed / "deadline-cleanup", "dev", "up", cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "deadline-cleanup[embedded]" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_the_installed_command_has_no_development_commands(installed: Path, tmp_path: Path) -> None:
+    """`dev up`, `demo`, `seed` and `harness` are the checkout's (`./dev`): exit 2 saying so."""
+    for command in ("dev", "demo", "seed", "harness"):
+        result = run(installed / "deadline-cleanup", command, cwd=tmp_path)
+        assert result.returncode == 2 and "runs from a checkout" in result.stderr, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr

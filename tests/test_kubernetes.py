@@ -23,7 +23,7 @@ import yaml
 from core import health
 from core.codec import new_key
 from core.config import FILE_SUFFIX, PROJECT_ROOT, Settings, variables
-from core.embedded import free_port
+from devstack.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -76,7 +76,7 @@ def docs() -> list[dict[str, Any]]:
 def env_names_the_code_reads() -> set[str]:
     """The settings tree's variables (and each secret's _FILE form), and any read directly."""
     sources = [ROOT / "worker.py", ROOT / "starter.py"]
-    for package in ("core", "budget", "cleanup", "ledger", "outbox", "activities", "workflows"):
+    for package in ("core", "budget", "cleanup", "ledger", "outbox", "activities", "workflows", "deadline_cleanup"):
         sources += (ROOT / package).glob("*.py")
     tree = {v.name for v in variables()} | {v.name + FILE_SUFFIX for v in variables() if v.secret}
     return tree | {name for path in sources for name in ENV_READ.findall(path.read_text())}
@@ -216,7 +216,7 @@ def run_worker_as_deployed(
     (tmp_path / "mail-provider-token").write_text("tok-123")
     if key is not None:
         (tmp_path / "payload-encryption-key").write_text(key)
-    ours = {v.name for v in variables()} | {v.name + FILE_SUFFIX for v in variables()} | {"CLEANUP_EMBEDDED"}
+    ours = {v.name for v in variables()} | {v.name + FILE_SUFFIX for v in variables()}
     env = {k: v for k, v in os.environ.items() if k not in ours}
     env |= process_env(docs, pod_spec(one(docs, "Deployment"))["containers"][0], tmp_path)
     env |= {"TEMPORAL_ADDRESS": f"127.0.0.1:{refused}", "HEALTH_PORT": "", "METRICS_PORT": ""}

@@ -30,7 +30,7 @@ from ledger.models import (
     ScheduledLedgerResult,
     ledger_workflow_id,
 )
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from tests.helpers import wait_until
 from tests.ledger_helpers import digest, double_postings, id_prefix, reconcile, seed_day, wait_for_process
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -59,7 +59,9 @@ async def test_a_night_reconciles_balanced_and_replaying_it_changes_nothing(clie
     before = await digest(pool)
 
     # The same date again through the CLI path: the date-keyed workflow already exists.
-    again = await start_reconciliation(client, pool, task_queue, D, id_prefix=id_prefix(task_queue))
+    again = await start_reconciliation(
+        client, pool, task_queue, ReconcileRequest(business_date=D, id_prefix=id_prefix(task_queue))
+    )
     assert not again.started
     # A second run under another workflow ID: the inputs are unchanged since each shard's report,
     # so nothing is re-judged and nothing written.
@@ -117,11 +119,13 @@ async def test_worker_killed_after_commit_resumes_from_heartbeated_cursor(client
         client,
         pool,
         task_queue,
-        D,
-        max_parallel=1,  # shard 0 first: the third COMMIT in the process is shard 0's batch 3
-        batch_size=100,
-        heartbeat_timeout_seconds=2.0,
-        id_prefix=id_prefix(task_queue),
+        ReconcileRequest(
+            business_date=D,
+            max_parallel=1,
+            batch_size=100,
+            heartbeat_timeout_seconds=2.0,
+            id_prefix=id_prefix(task_queue),
+        ),
     )
     assert await wait_for_process(dying) == 86
     committed = await pool.fetchval("SELECT count(*) FROM ledger_corrections")
@@ -159,7 +163,10 @@ async def test_a_delayed_shard_holds_the_settlement_back(client, pool, db_url, t
     )
     try:
         started = await start_reconciliation(
-            client, pool, task_queue, D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+            client,
+            pool,
+            task_queue,
+            ReconcileRequest(business_date=D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)),
         )
         handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
 
@@ -219,7 +226,10 @@ async def test_manual_and_scheduled_run_of_the_same_date_at_once(client, pool, t
     try:
         manual, _ = await asyncio.gather(
             start_reconciliation(
-                client, pool, task_queue, D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+                client,
+                pool,
+                task_queue,
+                ReconcileRequest(business_date=D, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)),
             ),
             ls.backfill_schedule(client, D, D, schedule_id),  # the night of 2026-10-26 02:00 UTC
         )
@@ -261,10 +271,11 @@ async def test_pause_unpause_and_backfill_reconcile_each_missed_date_once(client
         ]
         before = await digest(pool)
 
-        # Backfilling the same nights again reconciles nothing twice.
-        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
-        second = await _wait_for_scheduled_runs(client, schedule_id, 6)
-        assert sorted(r.outcome for r in second[3:]) == ["already_started"] * 3
+        # Backfilling the same nights again takes none of them: each already ran, and says so.
+        again = await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
+        assert again.backfilled_dates == [] and again.already_ran is not None
+        assert [(n.business_date, n.status) for n in again.already_ran] == [(d, "COMPLETED") for d in dates]
+        assert again.actions_taken == 3 and len(again.recent_runs) == 3
     finally:
         await ls.delete_schedule(client, schedule_id)
 

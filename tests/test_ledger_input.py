@@ -12,7 +12,13 @@ from temporalio.testing import ActivityEnvironment
 from activities.ledger import LedgerActivities
 from core.errors import InputError
 from ledger.models import LedgerReconciliationInput, ReconcileShardInput, SettleLedgerInput
-from ledger.operations import ledger_target, parse_business_date, recheck_workflow_id, start_reconciliation
+from ledger.operations import (
+    ReconcileRequest,
+    ledger_target,
+    parse_business_date,
+    recheck_workflow_id,
+    start_reconciliation,
+)
 from ledger.schedule import backfill_range, parse_time_of_day
 from ledger.seed import seed_spec
 from starter import main
@@ -129,7 +135,7 @@ async def test_unknown_shard_and_unknown_date_fail_non_retryably(pool):
 
 async def test_a_manual_run_of_a_date_without_data_is_refused(client, pool, task_queue):
     with pytest.raises(InputError, match="no ledger data loaded for business date 2026-10-20"):
-        await start_reconciliation(client, pool, task_queue, date(2026, 10, 20))
+        await start_reconciliation(client, pool, task_queue, ReconcileRequest(business_date=date(2026, 10, 20)))
     await seed_day(pool, D, payments=50, shards=4)
     with pytest.raises(InputError, match="has 4 shard"):
-        await start_reconciliation(client, pool, task_queue, D, shards=16)
+        await start_reconciliation(client, pool, task_queue, ReconcileRequest(business_date=D, shards=16))

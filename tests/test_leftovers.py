@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core import embedded
 from core.config import PROJECT_ROOT
+from devstack import embedded
 from tests import leftovers
 from tests.conftest import STATE_DIR
 
@@ -88,7 +88,7 @@ def test_dev_down_stops_the_embedded_postgres(postgres_state_dir: Path) -> None:
     assert embedded.embedded_postgres_pid(tmp_path) is not None
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
     done = subprocess.run(
-        [sys.executable, "starter.py", "dev", "down", "--json"],
+        [sys.executable, "-m", "devstack", "down", "--json"],
         cwd=PROJECT_ROOT,
         env=dict(env, CLEANUP_STATE_DIR=str(tmp_path)),
         capture_output=True,

@@ -1,8 +1,11 @@
-"""`starter.py migrate --grant-worker-role`: how a deployment gives its workers the least-privileged role."""
+"""`starter.py migrate`: the worker role a deployment grants (--grant-worker-role), the status of each
+file, and the pending DDL printed for a DBA to review (`migrate sql`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
 import uuid
 
 import asyncpg
@@ -95,3 +98,41 @@ async def test_each_migration_runs_in_its_own_transaction_under_a_lock_timeout(p
     assert not await pool.fetchval(
         "SELECT count(*) FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'note'"
     )
+
+
+async def test_migrate_sql_prints_the_ddl_migrate_runs_and_nothing_when_current(admin_db_url, settings):
+    """The printed script is the DDL itself: run by psql on an empty database, it leaves every file
+    applied with its checksum, exactly as `migrate apply` would; on a current database nothing is pending."""
+    name = f"migrate_sql_{uuid.uuid4().hex[:8]}"
+    empty = await db.create_database(admin_db_url, name, migrate=False)
+    try:
+        on_empty = settings.model_copy(update={"database_url": empty})
+        printed = run_cli(on_empty, "migrate", "sql", "--json")
+        assert printed.returncode == 0, printed.stderr
+        shown = json.loads(printed.stdout)
+        assert shown["pending"] == [p.name for p in db.migration_files()]
+        applied = await asyncio.to_thread(
+            subprocess.run,
+            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty, "-f", "-"],
+            input=shown["sql"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert applied.returncode == 0, applied.stderr
+        status = run_cli(on_empty, "migrate", "status", "--json")
+        assert status.returncode == 0, status.stderr
+        assert {r["state"] for r in json.loads(status.stdout)} == {"applied"}
+        again = run_cli(on_empty, "migrate", "sql", "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["pending"] == [], again.stderr
+    finally:
+        await db.drop_database(admin_db_url, name)
+
+
+def test_migrate_sql_all_prints_every_file_without_a_database(settings):
+    refused = settings.model_copy(update={"database_url": "postgresql://nobody@127.0.0.1:1/none"})
+    printed = run_cli(refused, "migrate", "sql", "--all")
+    assert printed.returncode == 0, printed.stderr
+    assert [line[3:] for line in printed.stdout.splitlines() if line.startswith("-- 0")] == [
+        p.name for p in db.migration_files()
+    ]

@@ -17,11 +17,12 @@ import asyncpg
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import renew, start_cleanup
 from core import logs, metrics
 from core.config import PROJECT_ROOT, Settings
-from core.embedded import free_port
 from core.temporal import connect
+from devstack.embedded import free_port
 from tests.helpers import deadline_in, seed
 from tests.logging_workflow import LoggingWorkflow, log_from_activity
 from worker import build_activities, build_worker
@@ -60,7 +61,9 @@ async def test_worker_metrics_endpoint_has_temporal_and_cleanup_counters(
     for account_id in accounts[:6]:  # renewed before the claim: skipped as renewed
         assert (await renew(client, pool, task_queue, account_id)).in_time
     async with build_worker(client, task_queue, await build_activities(pool)):
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=3, batch_size=5)
+        started = await start_cleanup(
+            client, pool, task_queue, StartCleanup(deadline=deadline, partitions=3, batch_size=5)
+        )
         result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
         assert result.settlement is not None and result.settlement.cleaned == 34
         text = await asyncio.to_thread(scrape, port)

@@ -14,11 +14,13 @@ import pytest
 from temporalio.client import Client
 
 import starter
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core import db, logs, outage
 from core.cli import EXIT_UNAVAILABLE
-from core.embedded import free_port
 from core.errors import ConnectionLostBeforeCommit
+from devstack.cli import main as devstack_main
+from devstack.embedded import free_port
 from tests import logging_workflow as lw
 from tests.helpers import deadline_in
 from worker import build_worker
@@ -153,7 +155,8 @@ async def test_a_connection_closed_before_commit_says_so(db_url: str) -> None:
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = starter.main(list(argv))
+    """starter.main, or devstack's for `seed`."""
+    code = (devstack_main if "seed" in argv else starter.main)(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -162,7 +165,7 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 async def test_status_and_list_answer_from_temporal_while_the_database_is_down(
     client: Client, pool: asyncpg.Pool, task_queue: str, temporal_address: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline_in(3600), allow_empty=True)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline_in(3600), allow_empty=True))
     dead = f"postgresql://app:pw-not-shown@127.0.0.1:{free_port()}/gone"
     common = ["--temporal-address", temporal_address, "--task-queue", task_queue, "--database-url", dead]
 

@@ -30,7 +30,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Replayer, Worker
 
-import cleanup
 import outbox
 import starter
 from activities.cleanup import CleanupActivities
@@ -58,11 +57,10 @@ from outbox.models import (
     RelayTotals,
 )
 from outbox.operations import outbox_status, redeliver_event, start_relays
-from tests.helpers import seed, wait_until
+from tests.helpers import claim_partitions, seed, wait_until
 from worker import build_worker
 from workflows.outbox_relay import OutboxRelayWorkflow
 
-CLEANUP_SQL = load(cleanup.__file__)
 OUTBOX_SQL = load(outbox.__file__)
 FAST = RelayBatchSettings(
     batch_size=200,
@@ -364,18 +362,19 @@ async def test_no_reminder_is_sent_for_a_cleanup_that_rolled_back(client, pool, 
     deadline = (datetime.now(UTC) - timedelta(minutes=1)).replace(microsecond=0)
     committed_account, rolled_back_account = await seed(pool, deadline, 2)
     cleanup_id = f"cleanup-test-{uuid.uuid4().hex[:6]}"
-    await pool.execute(CLEANUP_SQL.claim_cohort, cleanup_id, deadline, 2, "default")  # one account per partition
+    assert committed_account < rolled_back_account
+    await claim_partitions(pool, cleanup_id, deadline)
     batch_sql = (await CleanupActivities.create(pool, load_targets())).partition_batch_sql
 
-    async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(batch_sql, cleanup_id, 0, "", 100)
+    async with pool.acquire() as conn, conn.transaction():  # a batch of one: the first account
+        row = await conn.fetchrow(batch_sql, cleanup_id, 0, "", 1)
         assert row is not None and row["reminders"] == 1
 
     conn = await pool.acquire()
     try:
         tx = conn.transaction()
         await tx.start()
-        row = await conn.fetchrow(batch_sql, cleanup_id, 1, "", 100)
+        row = await conn.fetchrow(batch_sql, cleanup_id, 0, committed_account, 1)
         assert row is not None and row["reminders"] == 1, "the reminder row exists inside the open transaction"
         # A relay drains while that cleanup is still in flight: it can neither see nor send that row.
         during = await drain(client, task_queue)

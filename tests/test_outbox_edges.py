@@ -72,9 +72,9 @@ def test_plain_http_beyond_loopback_is_refused_unless_allowed(url, monkeypatch):
     monkeypatch.setenv("MAIL_PROVIDER_URL", url)
     monkeypatch.setenv("MAIL_PROVIDER_TOKEN", "tok")
     with pytest.raises(ValueError, match="MAIL_PROVIDER_ALLOW_HTTP"):
-        OutboxRelayActivities.from_settings(None)
+        OutboxRelayActivities.from_settings(None, Settings.from_env().outbox)
     monkeypatch.setenv("MAIL_PROVIDER_ALLOW_HTTP", "1")
-    OutboxRelayActivities.from_settings(None)
+    OutboxRelayActivities.from_settings(None, Settings.from_env().outbox)
     for fine in ("https://mail.example.com", "http://127.0.0.1:8025", "http://localhost:8025", "http://[::1]:8025"):
         OutboxRelayActivities(None, fine, "tok")
 

@@ -31,6 +31,7 @@ import cleanup
 from activities.cleanup import claim_in_chunks
 from cleanup import planner as planner_module
 from cleanup.cli import _planner_human_status as _human_status
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
     ClaimChunkedInput,
     CleanupPartitionInput,
@@ -48,7 +49,7 @@ from cleanup.planner import (
     watch_planner,
 )
 from cleanup.planner_models import PlannerSettings, PlanTickInput, PlanTickResult
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, CleanupDefaults
 from core.queries import load
 from core.temporal import describe_or_none
 from tests.broken_planner import BrokenPlanner
@@ -64,11 +65,10 @@ FAST = PlannerSettings(
     max_idle_seconds=1.0,  # deadlines seeded seconds ahead are planned, and missed ones swept, at once
     lateness_objective_seconds=2.0,  # cohorts of one 1 s bucket: the buckets these tests name
     sweep_grace_seconds=3.0,
-    partitions=2,
-    max_parallel_partitions=2,
-    batch_size=100,
     iterations_per_run=20,  # several continue-as-new during the test
 )
+# The planner's cleanups in these tests (the same defaults an operator's cleanup takes).
+FAST_CLEANUPS = CleanupDefaults(partitions=2, max_parallel_partitions=2, batch_size=100)
 
 
 @asynccontextmanager
@@ -78,7 +78,7 @@ async def planner_worker(
     """A worker on the task queue that (like worker.py) ensures the planner when it starts."""
     w = build_worker(client, task_queue, await build_activities(pool))
     async with w:
-        await ensure_planner(client, task_queue, settings)
+        await ensure_planner(client, task_queue, settings, cleanups=FAST_CLEANUPS)
         yield w
 
 
@@ -112,7 +112,7 @@ async def strand_a_claim(client: Client, pool: asyncpg.Pool, accounts: list[str]
     real = await build_activities(pool)
     activities = [a for a in real if getattr(a, "__name__", "") != "cleanup_partition"] + [stuck_cleanup_partition]
     async with build_worker(client, queue, activities):
-        started = await start_cleanup(client, pool, queue, deadline=deadline, partitions=1)
+        started = await start_cleanup(client, pool, queue, StartCleanup(deadline=deadline, partitions=1))
 
         async def claimed() -> bool:
             n = await pool.fetchval(
@@ -362,7 +362,7 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
         PLANNER_MAX_IDLE_SECONDS="1",
         PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
-        PLANNER_PARTITIONS="2",
+        CLEANUP_PARTITIONS="2",
     )
     await wait_until(lambda: all_settled(pool, accounts), within=120, interval=0.5)
     assert await pool.fetchval("SELECT count(*) FROM cleanup_applied") == 30
@@ -401,7 +401,7 @@ async def test_running_a_worker_is_enough_and_the_planner_is_steered_from_the_cl
 
 async def test_planner_metrics_lateness_histogram_and_overdue_gauge() -> None:
     from core import metrics
-    from core.embedded import free_port
+    from devstack.embedded import free_port
     from tests.test_observability import samples, scrape, total
 
     port = free_port()
@@ -448,7 +448,9 @@ async def test_a_retried_sweep_step_neither_starts_nor_records_a_second_sweep(cl
     # The planner's input names the sweep of an earlier iteration (long finished); no worker polls
     # the queue, so the sweep the step starts stays running.
     earlier = f"cleanup-sweep-earlier-{task_queue}"
-    sweep = SweepInput(settings=FAST, task_queue=task_queue, previous_sweep_id=earlier, as_of=datetime.now(UTC))
+    sweep = SweepInput(
+        settings=FAST, cleanups=FAST_CLEANUPS, task_queue=task_queue, previous_sweep_id=earlier, as_of=datetime.now(UTC)
+    )
     first = await sweep_overdue(pool, client, sweep)
     retried = await sweep_overdue(pool, client, sweep)  # the same input: the first reply was lost
     try:
@@ -468,7 +470,9 @@ async def test_two_attempts_of_one_sweep_step_at_once_start_one_sweep_counted_on
 
     await seed(pool, deadline_in(-60), 4)
     as_of = await pool.fetchval("SELECT clock_timestamp()")
-    step = SweepInput(settings=FAST, task_queue=task_queue, as_of=as_of)  # no worker: the sweep stays running
+    step = SweepInput(
+        settings=FAST, cleanups=FAST_CLEANUPS, task_queue=task_queue, as_of=as_of
+    )  # no worker: the sweep stays running
     attempts = await asyncio.gather(sweep_overdue(pool, client, step), sweep_overdue(pool, client, step))
     started = {a.sweep_cleanup_id for a in attempts} - {None}
     try:
@@ -487,7 +491,7 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
     process that has not seen it (another worker, a restart) asks once more. A bucket that fits in
     one batch is one partition. A bucket of one instant is a cleanup of that instant (it wakes at
     it); a bucket of several deadlines is the range's, which wakes early."""
-    small = FAST.model_copy(update={"batch_size": 3})
+    small = FAST_CLEANUPS.model_copy(update={"batch_size": 3})
     instant = deadline_in(20)
     await seed(pool, instant, 3)
     mixed = deadline_in(30)
@@ -500,14 +504,14 @@ async def test_a_worker_ensures_each_bucket_once_not_every_tick(pool):
             starts.append((id, input.partitions, input.wake_early_seconds, input.deadline_until))
             return SimpleNamespace(result_run_id=f"run-{len(starts)}")
 
-    tick = PlanTickInput(settings=small, task_queue="q")
+    tick = PlanTickInput(settings=FAST, cleanups=small, task_queue="q")
     ensured: dict[str, Any] = {}
     for _ in range(3):
         result = await plan_buckets(pool, RecordingClient(), tick, ensured)  # type: ignore[arg-type]
         assert result.buckets == 2
     assert [(i, p, w, u is None) for i, p, w, u in starts] == [
         (bucket_cleanup_id(instant, 0, "q"), 1, 0.0, True),
-        (bucket_cleanup_id(mixed.replace(microsecond=0), 1000, "q"), small.partitions, small.wake_early_seconds, False),
+        (bucket_cleanup_id(mixed.replace(microsecond=0), 1000, "q"), small.partitions, FAST.wake_early_seconds, False),
     ]
     assert set(ensured) == {i for i, *_ in starts}
     await plan_buckets(pool, RecordingClient(), tick, {})  # type: ignore[arg-type]
@@ -555,7 +559,7 @@ async def test_a_bucket_of_one_instant_cleans_while_it_claims_and_a_later_deadli
         .workflow_execution_started_event_attributes.input.payloads[0]
         .data
     )
-    assert payload["deadline_until"] is None and payload["partitions"] == FAST.partitions, payload
+    assert payload["deadline_until"] is None and payload["partitions"] == FAST_CLEANUPS.partitions, payload
     early = await pool.fetchval(
         "SELECT count(*) FROM accounts WHERE account_id = ANY($1::text[]) AND claimed_at < renewal_deadline",
         alone + shared + later,
@@ -585,7 +589,7 @@ async def test_a_planner_step_that_fails_for_good_is_reported_and_the_loop_goes_
 
     accounts = await seed(pool, deadline_in(4), 20)
     async with build_worker(client, task_queue, [a for a in real if a is not real_plan] + [plan_failing_once]):
-        await ensure_planner(client, task_queue, FAST)
+        await ensure_planner(client, task_queue, FAST, cleanups=FAST_CLEANUPS)
         await wait_until(lambda: all_settled(pool, accounts), within=90, interval=0.5)
         handle = client.get_workflow_handle_for(DeadlinePlannerWorkflow.run, planner_workflow_id(task_queue))
         status = await handle.query(DeadlinePlannerWorkflow.status)
@@ -609,7 +613,7 @@ async def test_a_workers_watchdog_starts_a_closed_planner_again(client, pool, ta
         PLANNER_MAX_IDLE_SECONDS="1",
         PLANNER_LATENESS_OBJECTIVE="2",
         PLANNER_SWEEP_GRACE_SECONDS="3",
-        PLANNER_PARTITIONS="2",
+        CLEANUP_PARTITIONS="2",
     )
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
 
@@ -638,7 +642,7 @@ async def test_a_planner_stuck_on_a_failing_workflow_task_is_started_again(clien
     """RUNNING but stuck: its task fails over and over, so it plans nothing. The watchdog's second
     look at it terminates it and starts a new run, which a healthy worker then runs."""
     async with Worker(client, task_queue=task_queue, workflows=[BrokenPlanner]):
-        await ensure_planner(client, task_queue, FAST)
+        await ensure_planner(client, task_queue, FAST, cleanups=FAST_CLEANUPS)
 
         async def failing() -> bool:
             desc = await describe_or_none(client, planner_workflow_id(task_queue))

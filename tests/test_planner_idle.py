@@ -32,6 +32,7 @@ from cleanup.models import (
 from cleanup.planner import dense_threshold, plan_buckets, planner_status
 from cleanup.planner_models import PlannerSettings, PlanTickInput
 from cleanup.targets import load_targets
+from core.config import CleanupDefaults
 from tests.helpers import seed, wait_until
 from tests.test_planner import all_settled, planner_worker, strand_a_claim
 
@@ -50,14 +51,15 @@ class RecordingClient:
         self.one_activity: dict[str, bool] = {}
 
     async def start_workflow(self, workflow: str, input: Any, *, id: str, **_: Any) -> Any:
-        self.starts.append((id, input.partitions, input.deadline, input.deadline_until))
+        self.starts.append((id, input.partitions, input.deadline_from, input.deadline_until))
         self.one_activity[id] = input.one_activity
         return SimpleNamespace(result_run_id=f"run-{len(self.starts)}")
 
 
 async def test_sparse_deadlines_share_a_window_and_a_dense_window_keeps_its_buckets(pool):
-    s = PlannerSettings(lateness_objective_seconds=5.0, horizon_seconds=60, batch_size=1000, partitions=4)
-    assert (s.cohort_seconds, dense_threshold(s)) == (4.0, 120)
+    s = PlannerSettings(lateness_objective_seconds=5.0, horizon_seconds=60)
+    cleanups = CleanupDefaults(batch_size=1000, partitions=4)
+    assert (s.cohort_seconds, dense_threshold(s, cleanups.batch_size)) == (4.0, 120)
     now: datetime = await pool.fetchval("SELECT cleanup_clock()")
     sparse = window_start(now + timedelta(seconds=20), 4.0)
     for offset in (0.5, 1.5, 2.5):  # three accounts in one window: one cohort of the window
@@ -72,7 +74,7 @@ async def test_sparse_deadlines_share_a_window_and_a_dense_window_keeps_its_buck
     later = now + timedelta(seconds=200)  # beyond the horizon: the next plan is due before it enters
     await seed(pool, later, 1)
     client = RecordingClient()
-    result = await plan_buckets(pool, client, PlanTickInput(settings=s, task_queue="q"), {})  # type: ignore[arg-type]
+    result = await plan_buckets(pool, client, PlanTickInput(settings=s, cleanups=cleanups, task_queue="q"), {})  # type: ignore[arg-type]
     assert [(i, p, u - d if u else None) for i, p, d, u in client.starts] == [
         (bucket_cleanup_id(sparse, 4000, "q"), 1, timedelta(seconds=4)),
         (bucket_cleanup_id(dense, 1000, "q"), 1, timedelta(seconds=1)),
@@ -87,7 +89,7 @@ async def test_sparse_deadlines_share_a_window_and_a_dense_window_keeps_its_buck
     capped = await plan_buckets(
         pool,
         RecordingClient(),  # type: ignore[arg-type]
-        PlanTickInput(settings=s.model_copy(update={"max_buckets_per_tick": 1}), task_queue="q"),
+        PlanTickInput(settings=s.model_copy(update={"max_buckets_per_tick": 1}), cleanups=cleanups, task_queue="q"),
         {},
     )
     assert capped.buckets == 1 and capped.plan_again_in_seconds == 0.0  # plan the rest at once
@@ -107,9 +109,6 @@ IDLE = PlannerSettings(
     horizon_seconds=30,
     sweep_grace_seconds=2.0,
     lateness_objective_seconds=2.0,
-    partitions=2,
-    max_parallel_partitions=2,
-    batch_size=100,
 )
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from temporalio.client import Client
 
-from core.embedded import free_port
+from devstack.embedded import free_port
 from tests.conftest import WorkerProcesses
 from tests.helpers import deadline_in, seed
 from tests.ledger_helpers import reconcile, seed_day

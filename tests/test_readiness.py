@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
-from core import embedded
 from core.config import Settings
-from core.embedded import DevServer, ServerExited, ServerNotReady, port_open, wait_until_serving
 from core.temporal import connect
+from devstack import embedded
+from devstack.embedded import DevServer, ServerExited, ServerNotReady, port_open, wait_until_serving
 
 
 def test_an_open_port_that_does_not_serve_is_not_ready(tmp_path: Path) -> None:

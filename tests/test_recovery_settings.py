@@ -9,8 +9,9 @@ import json
 from datetime import date
 from typing import Any
 
+from core.config import Settings
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from outbox.models import RelayBatchSettings
 from outbox.operations import start_relays
 from tests.ledger_helpers import id_prefix, seed_day
@@ -34,7 +35,9 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
     assert DEFAULT_HEARTBEAT_TIMEOUT_SECONDS <= 8, "a dead worker's work resumes within 10 s"
 
     await seed_day(pool, DAY, payments=40, shards=2)
-    by_default = await start_reconciliation(client, pool, task_queue, DAY, id_prefix=id_prefix(task_queue))
+    by_default = await start_reconciliation(
+        client, pool, task_queue, ReconcileRequest(business_date=DAY, id_prefix=id_prefix(task_queue))
+    )
     started.append(by_default.workflow_id)
     assert (await input_of(by_default.workflow_id))["heartbeat_timeout_seconds"] == DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
     relay = RelayBatchSettings(request_timeout_seconds=2, lease_seconds=5)
@@ -45,10 +48,18 @@ async def test_ledger_and_relay_heartbeat_timeouts_come_from_the_cli_or_the_envi
 
     monkeypatch.setenv("LEDGER_HEARTBEAT_TIMEOUT_SECONDS", "5")
     monkeypatch.setenv("OUTBOX_HEARTBEAT_TIMEOUT_SECONDS", "6")
-    from_env = await start_reconciliation(client, pool, task_queue, DAY, id_prefix=f"{id_prefix(task_queue)}-env")
+    read_once = Settings.from_env()  # the environment is read into the settings, once, and passed down
+    from_env = await start_reconciliation(
+        client,
+        pool,
+        task_queue,
+        ReconcileRequest(business_date=DAY, id_prefix=f"{id_prefix(task_queue)}-env"),
+        read_once.ledger,
+    )
     started.append(from_env.workflow_id)
     assert (await input_of(from_env.workflow_id))["heartbeat_timeout_seconds"] == 5.0
-    [env_relay] = await start_relays(client, task_queue, settings=relay, id_prefix=f"{task_queue}-b-")
+    with_env = relay.model_copy(update={"heartbeat_timeout_seconds": read_once.outbox.heartbeat_timeout_seconds})
+    [env_relay] = await start_relays(client, task_queue, settings=with_env, id_prefix=f"{task_queue}-b-")
     started.append(env_relay.workflow_id)
     assert (await input_of(env_relay.workflow_id))["settings"]["heartbeat_timeout_seconds"] == 6.0
 

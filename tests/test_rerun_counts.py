@@ -9,6 +9,7 @@ from typing import Any
 
 from temporalio.client import Client
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CLEANUP_PARTITION, CleanupResult
 from cleanup.operations import start_cleanup
 from core import db, failpoints, outage
@@ -54,7 +55,9 @@ async def test_partition_reports_add_up_to_the_cohort_after_database_restarts_be
         await seed(pool, deadline, ACCOUNTS)
         failpoints.set_hook(f"{CLEANUP_PARTITION}.before_batch", before_batch)
         async with build_worker(client, task_queue, await build_activities(pool), pool=pool):
-            started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=1, batch_size=BATCH)
+            started = await start_cleanup(
+                client, pool, task_queue, StartCleanup(deadline=deadline, partitions=1, batch_size=BATCH)
+            )
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             result: CleanupResult = await asyncio.wait_for(handle.result(), 300)
         failpoints.set_hook(f"{CLEANUP_PARTITION}.before_batch", None)

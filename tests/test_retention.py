@@ -12,6 +12,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from cleanup.retention import prune
@@ -50,7 +51,7 @@ async def cleaned_cohort(client, pool, task_queue, n: int) -> tuple[str, list[st
         " SELECT a, 'too_late', 1, 'cleaned' FROM unnest($1::text[]) a",
         accounts,
     )
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=2)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=2))
     result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, started.workflow_id
     ).result()

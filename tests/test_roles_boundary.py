@@ -26,7 +26,7 @@ from cleanup.review import list_failed, retry_failed
 from cleanup.target_check import TargetsRefused
 from cleanup.targets import ANONYMIZE_KEY_ENV, CleanupTargets, anonymize_key_pads, load_targets
 from core import db
-from core.config import PROJECT_ROOT
+from core.config import PROJECT_ROOT, Settings
 from core.errors import InputError
 from core.queries import load
 from core.roles import ServiceRoles
@@ -289,7 +289,7 @@ async def test_the_anonymize_key_never_reaches_the_server_log(pool, db_url, monk
     start = log_file.stat().st_size
     try:
         await claim_one_partition(pool, "logged", deadline)
-        compiled = await CompiledCleanup.compile(pool, game_targets())
+        compiled = await CompiledCleanup.compile(pool, game_targets(), Settings.from_env().cleanup)
         assert (await run_keyset_batch(pool, compiled, "logged", 0, "", 100)).counts.cleaned == 10
         assert await pool.fetchval("SELECT 'a statement the log must show'")
     finally:

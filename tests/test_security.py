@@ -29,7 +29,8 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import TLSConfig
 
-from cleanup.models import CleanupResult, RenewalCleanupInput
+from cleanup.inputs import StartCleanup
+from cleanup.models import DEFAULTS, CleanupResult, RenewalCleanupInput
 from cleanup.operations import UNREADABLE, list_cleanups, start_cleanup
 from core import db, logs
 from core.cli import EXIT_UNAVAILABLE
@@ -97,7 +98,9 @@ async def test_history_is_encrypted_and_readable_with_the_codec(
     target = accounts[0]
     ghost = f"acct_ghost_{uuid.uuid4().hex[:8]}"
     async with build_worker(enc, task_queue, await build_activities(pool)):
-        started = await start_cleanup(enc, pool, task_queue, account_id=target, note=f"ticket for {target}")
+        started = await start_cleanup(
+            enc, pool, task_queue, StartCleanup(account_id=target, note=f"ticket for {target}")
+        )
         result: CleanupResult = await enc.get_workflow_handle_for(
             RenewalCleanupWorkflow.run, started.workflow_id
         ).result()
@@ -105,10 +108,15 @@ async def test_history_is_encrypted_and_readable_with_the_codec(
             RenewalCleanupWorkflow.run,
             RenewalCleanupInput(
                 cleanup_id=f"enc-fail-{uuid.uuid4().hex[:8]}",
-                deadline=datetime.now(UTC) - timedelta(minutes=1),
+                deadline_from=datetime.now(UTC) - timedelta(minutes=1),
                 account_id=ghost,
                 expected_version=1,
                 partitions=1,
+                max_parallel_partitions=1,
+                batch_size=DEFAULTS.batch_size,
+                heartbeat_timeout_seconds=DEFAULTS.heartbeat_timeout_seconds,
+                claim_chunk_size=DEFAULTS.claim_chunk_size,
+                claim_streams=1,
             ),
             id=f"enc-fail-{uuid.uuid4().hex[:8]}",
             task_queue=task_queue,
@@ -275,8 +283,11 @@ def with_password(url: str, password: str) -> str:
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python starter.py ARGS`, or `python -m devstack ...` for args starting "devstack"."""
+    entry = ["-m", *args] if args[:1] == ("devstack",) else [str(PROJECT_ROOT / "starter.py"), *args]
     return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "starter.py"), *args],
+        [sys.executable, *entry],
+        cwd=PROJECT_ROOT,
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -375,7 +386,7 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
         enc = await connect(Settings(temporal_address=temporal_address, payload_encryption_key=SecretStr(key)))
         deadline = deadline_in(1)
         accounts = await seed(pool, deadline, 2)
-        started = await start_cleanup(enc, pool, task_queue, account_id=accounts[0])
+        started = await start_cleanup(enc, pool, task_queue, StartCleanup(account_id=accounts[0]))
         result = await asyncio.wait_for(enc.get_workflow_handle(started.workflow_id).result(), 60)
         assert result["outcome"] == "cleaned" if isinstance(result, dict) else result.outcome == "cleaned"
         # A client without the key still lists the run (from its search attributes), marked unreadable.
@@ -394,7 +405,7 @@ async def test_secrets_never_appear_in_worker_logs_or_cli_output(
 
     outputs = {"worker log": log_file.read_text()}
     assert "worker polling" in outputs["worker log"], outputs["worker log"]
-    dev_up = run_cli("dev", "up", "--json", env=env)
+    dev_up = run_cli("devstack", "up", "--json", env=env)
     assert dev_up.returncode == 0, dev_up.stderr
     assert json.loads(dev_up.stdout)["database_url"].count("***") == 1
     outputs["dev up"] = dev_up.stdout + dev_up.stderr
@@ -438,7 +449,9 @@ async def test_worker_role_can_clean_but_not_change_the_schema(
         deadline = deadline_in(1)
         await seed(pool, deadline, 30)  # seeding is the game backend's job, as the owner
         async with build_worker(client, task_queue, await build_activities(worker_pool)):
-            started = await start_cleanup(client, worker_pool, task_queue, deadline=deadline, partitions=2)
+            started = await start_cleanup(
+                client, worker_pool, task_queue, StartCleanup(deadline=deadline, partitions=2)
+            )
             result = await client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
         assert result.outcome == "cleaned" and result.settlement is not None and result.settlement.cleaned == 30
         assert (await effect_counts(pool))["archived_matches"] == 30 * 5

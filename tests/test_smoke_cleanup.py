@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import renew, start_cleanup
 from tests.helpers import deadline_in, effect_counts, seed
@@ -16,7 +17,7 @@ async def test_cohort_cleanup_cleans_unrenewed_accounts_once(client, pool, task_
     renewed = accounts[:50]
     outcomes = await asyncio.gather(*(renew(client, pool, task_queue, a) for a in renewed))
     assert all(o.in_time for o in outcomes)
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=4)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=4))
 
     handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
     result: CleanupResult = await handle.result()

@@ -16,11 +16,12 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core.config import Settings
-from core.temporal import StartOutcome, start_idempotently
+from core.temporal import StartOutcome, WorkflowStart, start_idempotently
 from ledger.models import LEDGER_WORKFLOW
-from ledger.operations import start_reconciliation
+from ledger.operations import ReconcileRequest, start_reconciliation
 from tests.helpers import deadline_in, seed
 from tests.ledger_helpers import seed_day
 from tests.test_cleanup_input import run_cli_all
@@ -48,7 +49,7 @@ async def test_the_second_of_two_racing_starts_joins_the_first(client: Client, t
 
     async def start() -> StartOutcome:
         return await start_idempotently(
-            client, LEDGER_WORKFLOW, None, workflow_id=workflow_id, task_queue=task_queue, summary="race"
+            client, WorkflowStart(LEDGER_WORKFLOW, None, workflow_id=workflow_id, task_queue=task_queue, summary="race")
         )
 
     first, second = await asyncio.gather(start(), start())
@@ -62,10 +63,14 @@ async def test_a_reconciliation_started_twice_is_started_once_and_joined_once(
 ) -> None:
     day = a_date()
     await seed_day(pool, day, payments=20, shards=2)
-    racing = await asyncio.gather(*(start_reconciliation(client, pool, task_queue, day) for _ in range(2)))
+    racing = await asyncio.gather(
+        *(start_reconciliation(client, pool, task_queue, ReconcileRequest(business_date=day)) for _ in range(2))
+    )
     started_ids.append(racing[0].workflow_id)
     assert sorted(r.started for r in racing) == [False, True] and sorted(r.joined for r in racing) == [False, True]
-    later = await start_reconciliation(client, pool, task_queue, day)  # found by its look: joined too
+    later = await start_reconciliation(
+        client, pool, task_queue, ReconcileRequest(business_date=day)
+    )  # found by its look: joined too
     assert later.joined and not later.started
     assert racing[0].run_id == racing[1].run_id == later.run_id
 
@@ -89,7 +94,9 @@ async def test_a_cleanup_started_twice_is_started_once_and_joined_once(
 ) -> None:
     deadline = deadline_in(3600)
     await seed(pool, deadline, 3)
-    racing = await asyncio.gather(*(start_cleanup(client, pool, task_queue, deadline=deadline) for _ in range(2)))
+    racing = await asyncio.gather(
+        *(start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline)) for _ in range(2))
+    )
     workflow_id = racing[0].workflow_id
     started_ids.append(workflow_id)
     assert sorted(r.started for r in racing) == [False, True] and sorted(r.joined for r in racing) == [False, True]

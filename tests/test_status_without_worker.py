@@ -15,11 +15,12 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from cleanup.planner import ensure_planner, planner_status
 from core.config import Settings
 from core.temporal import STATUS_QUERY_TIMEOUT
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from tests.helpers import deadline_in, seed
 from tests.ledger_helpers import seed_day
 from tests.test_cleanup_input import run_cli
@@ -43,7 +44,7 @@ async def test_a_cleanup_status_answers_from_describe_and_the_database(
 ) -> None:
     deadline = deadline_in(3600)
     await seed(pool, deadline, 3)
-    started = await start_cleanup(client, pool, task_queue, deadline=deadline)
+    started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline))
     started_ids.append(started.workflow_id)
     began = time.monotonic()
     report = await cleanup_status(client, pool, started.workflow_id)
@@ -69,7 +70,7 @@ async def test_a_ledger_status_answers_from_describe_and_the_database(
 ) -> None:
     day = date(random.randint(1990, 2020), random.randint(1, 12), random.randint(1, 28))
     await seed_day(pool, day, payments=20, shards=2)
-    started = await start_reconciliation(client, pool, task_queue, day)
+    started = await start_reconciliation(client, pool, task_queue, ReconcileRequest(business_date=day))
     started_ids.append(started.workflow_id)
     began = time.monotonic()
     report = await ledger_status(client, pool, day)

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.contrib.opentelemetry import create_tracer_provider
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import start_cleanup
 from core import tracing
 from core.config import PROJECT_ROOT, Settings
@@ -64,7 +65,7 @@ async def test_one_cleanup_is_one_trace_with_claim_partitions_and_settlement(
         # Started from a client no worker uses (the CLI's part): the trace crosses into the workers
         # through the workflow's and the activities' headers only.
         starter = await connect(settings)
-        started = await start_cleanup(starter, pool, task_queue, deadline=deadline, partitions=3)
+        started = await start_cleanup(starter, pool, task_queue, StartCleanup(deadline=deadline, partitions=3))
         await asyncio.wait_for(client.get_workflow_handle(started.workflow_id).result(), 120)
 
     spans = [s for s in EXPORTER.get_finished_spans() if s.context is not None]

@@ -24,11 +24,12 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core.config import PROJECT_ROOT, Settings
-from core.embedded import DevServer, free_port
 from core.temporal import connect
+from devstack.embedded import DevServer, free_port
 from tests.helpers import deadline_in, seed
 from worker import build_activities, build_worker
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -91,7 +92,7 @@ async def test_ui_shows_a_finished_cleanup_with_its_partitions(ui_server: DevSer
     deadline = deadline_in(1)
     await seed(pool, deadline, 60)
     async with build_worker(client, task_queue, await build_activities(pool)):
-        started = await start_cleanup(client, pool, task_queue, deadline=deadline, partitions=PARTITIONS)
+        started = await start_cleanup(client, pool, task_queue, StartCleanup(deadline=deadline, partitions=PARTITIONS))
         handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
         result: CleanupResult = await handle.result()
     assert result.outcome == "cleaned"

@@ -18,6 +18,7 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import CLEANUP_PARTITION, CleanupResult, PartitionReport
 from cleanup.operations import start_cleanup
 from core.config import Settings
@@ -47,10 +48,7 @@ async def test_a_worker_sigtermed_mid_partition_hands_it_back_without_a_timeout(
             client,
             pool,
             task_queue,
-            deadline=deadline,
-            partitions=1,
-            batch_size=BATCH,
-            heartbeat_timeout_seconds=60,  # a timeout this test must never wait out
+            StartCleanup(deadline=deadline, partitions=1, batch_size=BATCH, heartbeat_timeout_seconds=60),
         )
 
         async def applied() -> int:

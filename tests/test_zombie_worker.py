@@ -1,6 +1,6 @@
 """A worker that froze (or lost its network) in the middle of a batch must not block its retry.
 
-The harness's zombie scenario (`starter.py harness --scenarios zombie`) shows it end to end with real
+The harness's zombie scenario (`./dev harness --scenarios zombie`) shows it end to end with real
 worker processes; these tests pin the pieces: the worker pool's idle-in-transaction timeout, the
 `stop` failpoint (fired by one process only with CLEANUP_FAILPOINTS_ONCE_DIR), the relay's heartbeat
 timeout setting.
@@ -24,6 +24,7 @@ from core.config import PROJECT_ROOT, Settings
 from core.errors import is_deterministic
 from core.failpoints import ONCE_DIR_ENV
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
+from ledger.operations import ReconcileRequest
 from outbox.models import RelayBatchSettings
 from worker import open_pool
 
@@ -166,7 +167,10 @@ async def test_a_shard_waiting_for_its_lock_at_the_start_keeps_heartbeating(clie
         await holder.execute("BEGIN")
         await holder.execute("SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), 0)", day)
         started = await start_reconciliation(
-            client, pool, task_queue, day, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)
+            client,
+            pool,
+            task_queue,
+            ReconcileRequest(business_date=day, heartbeat_timeout_seconds=2.0, id_prefix=id_prefix(task_queue)),
         )
         handle = client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
 

@@ -117,6 +117,7 @@ class DeadlinePlannerWorkflow:
             PLAN_DEADLINE_BUCKETS,
             PlanTickInput(
                 settings=self._input.settings,
+                cleanups=self._input.cleanups,
                 task_queue=workflow.info().task_queue,
                 lateness_watermark=self._watermark,
             ),
@@ -136,6 +137,7 @@ class DeadlinePlannerWorkflow:
             SWEEP_OVERDUE_ACCOUNTS,
             SweepInput(
                 settings=self._input.settings,
+                cleanups=self._input.cleanups,
                 task_queue=workflow.info().task_queue,
                 previous_sweep_id=self._last_sweep_id,
                 as_of=workflow.now(),

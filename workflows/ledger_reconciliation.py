@@ -159,10 +159,7 @@ class ScheduledLedgerReconciliationWorkflow:
             business_date = business_date_at(scheduled, input.time_zone, input.days_before)
         workflow.upsert_search_attributes([sa.BUSINESS_DATE.value_set(business_date.isoformat())])
         child_id = ledger_workflow_id(business_date, input.id_prefix)
-        child_input = LedgerReconciliationInput(
-            business_date=business_date,
-            **input.model_dump(include=set(LedgerReconciliationInput.model_fields) - {"business_date"}),
-        )
+        child_input = LedgerReconciliationInput.of(input, business_date)
         try:
             handle = await workflow.start_child_workflow(
                 LedgerReconciliationWorkflow.run,

@@ -124,9 +124,9 @@ class RenewalCleanupWorkflow:
             SmallCohortInput(
                 claim=ClaimChunkedInput(
                     cleanup_id=input.cleanup_id,
-                    deadline_from=input.deadline,
+                    deadline_from=input.deadline_from,
                     # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
-                    deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
+                    deadline_until=input.deadline_until or input.deadline_from + timedelta(microseconds=1),
                     partitions=1,
                     chunk_size=input.claim_chunk_size,
                 ),
@@ -136,7 +136,7 @@ class RenewalCleanupWorkflow:
                     batch_size=input.batch_size,
                     heartbeat_interval_seconds=input.heartbeat_interval_seconds,
                 ),
-                deadline=input.deadline,
+                deadline=input.deadline_from,
             ),
             result_type=SmallCohortResult,
             start_to_close_timeout=LONG_STEP_TIMEOUT,
@@ -176,7 +176,7 @@ class RenewalCleanupWorkflow:
                 CLAIM_CLEANUP,
                 ClaimCleanupInput(
                     cleanup_id=input.cleanup_id,
-                    deadline=input.deadline,
+                    deadline=input.deadline_from,
                     account_id=input.account_id,
                     expected_version=input.expected_version,
                     partitions=input.partitions,
@@ -196,9 +196,9 @@ class RenewalCleanupWorkflow:
             CLAIM_CLEANUP_IN_CHUNKS,
             ClaimChunkedInput(
                 cleanup_id=input.cleanup_id,
-                deadline_from=input.deadline,
+                deadline_from=input.deadline_from,
                 # One instant is the range [deadline, deadline + 1 µs): timestamptz has µs precision.
-                deadline_until=input.deadline_until or input.deadline + timedelta(microseconds=1),
+                deadline_until=input.deadline_until or input.deadline_from + timedelta(microseconds=1),
                 partitions=self._partitions,
                 chunk_size=input.claim_chunk_size,
                 stream=stream,
@@ -277,7 +277,7 @@ class RenewalCleanupWorkflow:
             SETTLE_CLEANUP,
             SettleCleanupInput(
                 cleanup_id=self._input.cleanup_id,
-                deadline=self._input.deadline,
+                deadline=self._input.deadline_from,
                 account_id=self._input.account_id,
                 partitions=self._partitions,
                 claim=claim,
@@ -329,7 +329,7 @@ class RenewalCleanupWorkflow:
         return CleanupStatus(
             cleanup_id=self._input.cleanup_id,
             phase=self._phase,
-            deadline=self._input.deadline,
+            deadline=self._input.deadline_from,
             account_id=self._input.account_id,
             partitions_total=(
                 sum(1 for n in claim.claimed_per_partition if n) if claim and not self._overlapped else self._partitions

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, wait_while_progressing
 from ledger.models import ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
@@ -37,8 +38,10 @@ async def run(ctx: Ctx) -> Row:
         d = ctx.ids.business_date()
         seeded = await seed_day(pool, d, rng.randint(2000, 3000) * ctx.profile.scale, 8)
         t0 = time.monotonic()
-        cleanup = await start_cleanup(client, pool, tq, deadline=deadline, partitions=6, batch_size=50)
-        await start_reconciliation(client, pool, tq, d, batch_size=100, heartbeat_timeout_seconds=5)
+        cleanup = await start_cleanup(client, pool, tq, StartCleanup(deadline=deadline, partitions=6, batch_size=50))
+        await start_reconciliation(
+            client, pool, tq, ReconcileRequest(business_date=d, batch_size=100, heartbeat_timeout_seconds=5)
+        )
         relay_prefix = f"harness-relay-{prefix}-"
         settings = RELAY.model_copy(update={"batch_size": 50, "concurrency": 8})
         await start_relays(

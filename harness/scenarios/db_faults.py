@@ -8,6 +8,7 @@ from pathlib import Path
 
 import asyncpg
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from core import db
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
@@ -15,7 +16,7 @@ from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed
 from harness.stack import HARNESS_APP, Slot
 from harness.visibility import temporal_evidence
 from ledger.models import ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
@@ -80,9 +81,14 @@ async def run(ctx: Ctx) -> Row:
             seeded = await seed_day(pool, d, rng.randint(1500, 2500) * ctx.profile.scale, 4)
             await seed_events(pool, ctx.ids.prefix("dbe"), 100)
             cleanup = await start_cleanup(
-                client, pool, tq, deadline=deadline, partitions=4, batch_size=20, heartbeat_timeout_seconds=5
+                client,
+                pool,
+                tq,
+                StartCleanup(deadline=deadline, partitions=4, batch_size=20, heartbeat_timeout_seconds=5),
             )
-            await start_reconciliation(client, pool, tq, d, batch_size=50, heartbeat_timeout_seconds=5)
+            await start_reconciliation(
+                client, pool, tq, ReconcileRequest(business_date=d, batch_size=50, heartbeat_timeout_seconds=5)
+            )
             relay_prefix = f"harness-relay-{prefix}-"
             await start_relays(
                 client,

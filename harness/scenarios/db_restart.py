@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from temporalio.client import WorkflowExecutionStatus
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import CleanupReport, cleanup_status, start_cleanup
 from harness.checks import cleanup_effects, ledger_effects, outbox_effects
 from harness.common import (
@@ -39,7 +40,7 @@ from harness.common import (
 from harness.private_pg import PrivatePostgres
 from harness.visibility import temporal_evidence
 from ledger.models import LedgerReport, ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.models import RELAY_STOP_SIGNAL
 from outbox.operations import start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
@@ -100,9 +101,11 @@ async def run(ctx: Ctx) -> Row:
         seeded = await seed_day(pool, d, rng.randint(6000, 8000) * ctx.profile.scale, 4)
         await seed_events(pool, ctx.ids.prefix("dre"), 100)
         cleanup = await start_cleanup(
-            client, pool, tq, deadline=deadline, partitions=4, batch_size=5, heartbeat_timeout_seconds=5
+            client, pool, tq, StartCleanup(deadline=deadline, partitions=4, batch_size=5, heartbeat_timeout_seconds=5)
         )
-        await start_reconciliation(client, pool, tq, d, batch_size=10, heartbeat_timeout_seconds=5)
+        await start_reconciliation(
+            client, pool, tq, ReconcileRequest(business_date=d, batch_size=10, heartbeat_timeout_seconds=5)
+        )
         relay_prefix = f"harness-relay-{prefix}-"
         relays = await start_relays(
             client, tq, relays=3, settings=RELAYS, idle_sleep_seconds=0.5, id_prefix=relay_prefix

@@ -16,13 +16,14 @@ from typing import Any
 import asyncpg
 from temporalio.client import Client
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from core import db
 from harness.checks import cleanup_effects, ledger_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort, seed_day, wait_for
 from harness.visibility import pending_evidence, temporal_evidence
 from ledger.models import ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
 
@@ -106,7 +107,12 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
         wf = ledger_workflow_id(d)
 
         async def start_ledger() -> None:
-            await start_reconciliation(client, pool, tq, d, batch_size=100, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+            await start_reconciliation(
+                client,
+                pool,
+                tq,
+                ReconcileRequest(business_date=d, batch_size=100, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT),
+            )
 
         async def shards_reported() -> int:
             return int(await pool.fetchval("SELECT count(*) FROM ledger_shard_reports WHERE business_date = $1", d))
@@ -162,10 +168,9 @@ async def delay(ctx: Ctx, name: str, *, cleanup_heartbeat: float, cleanup_hold: 
                 client,
                 pool,
                 tq,
-                deadline=deadline,
-                partitions=partitions,
-                batch_size=10,
-                heartbeat_timeout_seconds=cleanup_heartbeat,
+                StartCleanup(
+                    deadline=deadline, partitions=partitions, batch_size=10, heartbeat_timeout_seconds=cleanup_heartbeat
+                ),
             )
             holder["wf"] = started.workflow_id
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from core import failpoints
 from harness.checks import Effects, cleanup_effects, ledger_effects, outbox_effects
@@ -28,7 +29,7 @@ from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed
 from harness.recovery import WORK, Recovery, measure_workflows, summarize
 from harness.stack import Lane
 from harness.visibility import best_effort, given, temporal_evidence
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
@@ -77,11 +78,9 @@ async def _cleanup(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prep
             ctx.client,
             lane.pool,
             lane.task_queue,
-            deadline=deadline,
-            partitions=2,
-            max_parallel_partitions=2,
-            batch_size=batch,
-            step_timeout_seconds=5,
+            StartCleanup(
+                deadline=deadline, partitions=2, max_parallel_partitions=2, batch_size=batch, step_timeout_seconds=5
+            ),
         )
         return await ctx.client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id).result()
 
@@ -108,7 +107,9 @@ async def _ledger(ctx: Ctx, lane: Lane, point: str, rng: random.Random) -> Prepa
     wf = ledger_workflow_id(d)
 
     async def run() -> Any:
-        await start_reconciliation(ctx.client, lane.pool, lane.task_queue, d, batch_size=batch)
+        await start_reconciliation(
+            ctx.client, lane.pool, lane.task_queue, ReconcileRequest(business_date=d, batch_size=batch)
+        )
         return await ctx.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, wf).result()
 
     def ok(s: dict[str, Any]) -> bool:

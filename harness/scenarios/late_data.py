@@ -45,7 +45,7 @@ from core.queries import load
 from harness.checks import ledger_digest, ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger.models import LedgerReconciliationResult
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 SQL = load(harness.__file__)
@@ -155,12 +155,14 @@ async def _reconcile(
         client,
         pool,
         tq,
-        business_date,
-        max_parallel=2,
-        batch_size=BATCH_SIZE,
-        tolerance_cents=TOLERANCE_CENTS,
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-        recheck=recheck,
+        ReconcileRequest(
+            business_date=business_date,
+            max_parallel=2,
+            batch_size=BATCH_SIZE,
+            tolerance_cents=TOLERANCE_CENTS,
+            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+            recheck=recheck,
+        ),
     )
     if not started.started:
         raise AssertionError(f"{started.workflow_id} was not started (it already existed)")

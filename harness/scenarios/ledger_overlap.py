@@ -1,6 +1,6 @@
 """Scenario (opt-in): a zombie ledger attempt and late data, with real worker processes.
 
-`python starter.py harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
+`./dev harness --scenarios ledger-overlap`. Not in the default set (scenario 11, zombie
 attempt, covers a shard's zombie in the quick profile: frozen before the shard lock, not under it).
 
 1. A row lock held by the harness makes shard 0's first batch wait inside its statement (holding
@@ -10,7 +10,7 @@ attempt, covers a shard's zombie in the quick profile: frozen before the shard l
    now run at once. The date must settle balanced, with one correction per key (before the shard lock
    the retry judged from a stale snapshot and the date failed `LedgerUnbalanced`).
 2. Late data after the settlement (a provider row for an unknown payment, a ledger payment the
-   provider never settled): `reconcile --recheck` must write exactly one correction and one review
+   provider never settled): `ledger reconcile --recheck` must write exactly one correction and one review
    row and record settlement revision 2, balanced; `ledger status` must show both revisions.
 """
 
@@ -29,7 +29,7 @@ from core import db
 from harness.checks import ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger.models import LedgerReconciliationResult
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 HEARTBEAT_TIMEOUT = 2.0
@@ -76,7 +76,12 @@ async def run(ctx: Ctx) -> Row:
             business_date,
         )
         started = await start_reconciliation(
-            client, pool, tq, business_date, max_parallel=1, batch_size=50, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            client,
+            pool,
+            tq,
+            ReconcileRequest(
+                business_date=business_date, max_parallel=1, batch_size=50, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            ),
         )
         wf = started.workflow_id
 
@@ -141,7 +146,10 @@ async def run(ctx: Ctx) -> Row:
             business_date,
         )
         recheck = await start_reconciliation(
-            client, pool, tq, business_date, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, recheck=True
+            client,
+            pool,
+            tq,
+            ReconcileRequest(business_date=business_date, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, recheck=True),
         )
         late = await _result(client, recheck.workflow_id)
         row.runs += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import cohort_cleanup_id
 from cleanup.operations import cleanup_status, start_cleanup
 from core.envelope import MAX_PAYLOAD_BYTES, PayloadTooLargeError
@@ -20,7 +21,7 @@ async def run(ctx: Ctx) -> Row:
             wf = cohort_cleanup_id(deadline)
             message = ""
             try:
-                await start_cleanup(ctx.client, pool, lane.task_queue, deadline=deadline, note="x" * size)
+                await start_cleanup(ctx.client, pool, lane.task_queue, StartCleanup(deadline=deadline, note="x" * size))
                 row.violations.append(f"a {size // 1024} KiB request was accepted")
             except PayloadTooLargeError as err:
                 message = str(err)

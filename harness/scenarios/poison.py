@@ -7,7 +7,7 @@ terminated once mid-run. Counted in the database: every healthy account cleaned 
 poisoned account in cleanup_failed with no partial effect (and nothing transient sent to review),
 the cohort settled with failed = k; after the causes are removed, retry-failed cleans them once.
 
-Run with `python starter.py harness --scenarios poison` (not part of the default profiles).
+Run with `./dev harness --scenarios poison` (not part of the default profiles).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 
 import asyncpg
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from cleanup.review import list_failed, retry_failed
 from cleanup.targets import load_targets
@@ -84,7 +85,10 @@ async def run(ctx: Ctx) -> Row:
             await supervisor.start(first, "cleanup_partition.after_commit=exit@2")
             deaths_before = len(first.deaths)
             cleanup = await start_cleanup(
-                client, pool, tq, deadline=deadline, partitions=4, batch_size=20, heartbeat_timeout_seconds=5
+                client,
+                pool,
+                tq,
+                StartCleanup(deadline=deadline, partitions=4, batch_size=20, heartbeat_timeout_seconds=5),
             )
             wf = cleanup.workflow_id
             death = await supervisor.wait_death(first, deaths_before, 120)

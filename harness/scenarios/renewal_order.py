@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import RenewalOutcome, cleanup_status, renew, start_cleanup
 from harness.checks import cleanup_effects, outbox_effects
 from harness.common import MATCHES, RELAY, Ctx, Row, account_ids, seed_cohort, wait_while_progressing
@@ -95,9 +96,11 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, rnd: int) -> None:
     q = n // 4
     twice, once = ids[:q], ids[q : q + q // 2]
     singles = ids[q // 2 : q // 2 + q]  # half of the twice-renewed, every once-renewed, some never
-    started = [await start_cleanup(client, pool, tq, account_id=a, heartbeat_timeout_seconds=2) for a in singles]
+    started = [
+        await start_cleanup(client, pool, tq, StartCleanup(account_id=a, heartbeat_timeout_seconds=2)) for a in singles
+    ]
     cohort1 = await start_cleanup(
-        client, pool, tq, deadline=d1, partitions=3, batch_size=4, heartbeat_timeout_seconds=2
+        client, pool, tq, StartCleanup(deadline=d1, partitions=3, batch_size=4, heartbeat_timeout_seconds=2)
     )
     # Renewals spread until shortly after the claim at D1 (the last ones may come too late).
     left = (d1 - datetime.now(UTC)).total_seconds()
@@ -108,10 +111,16 @@ async def one_round(ctx: Ctx, lane: Lane, row: Row, rnd: int) -> None:
     killer = asyncio.create_task(_sigkill_at(ctx, lane, d3, rng.randint(0, 9)))
     outcomes = [o for batch in await asyncio.gather(*tasks) for o in batch]
     cohort2 = await start_cleanup(
-        client, pool, tq, deadline=d2, partitions=2, batch_size=4, heartbeat_timeout_seconds=2, allow_empty=True
+        client,
+        pool,
+        tq,
+        StartCleanup(deadline=d2, partitions=2, batch_size=4, heartbeat_timeout_seconds=2, allow_empty=True),
     )
     cohort3 = await start_cleanup(
-        client, pool, tq, deadline=d3, partitions=2, batch_size=4, heartbeat_timeout_seconds=2, allow_empty=True
+        client,
+        pool,
+        tq,
+        StartCleanup(deadline=d3, partitions=2, batch_size=4, heartbeat_timeout_seconds=2, allow_empty=True),
     )
     cohorts = [cohort1.workflow_id, cohort2.workflow_id, cohort3.workflow_id]
     workflows = (

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, renew, start_cleanup
 from core import db
 from harness.checks import cleanup_effects
@@ -39,7 +40,10 @@ async def run(ctx: Ctx) -> Row:
             before, between, after = ids[:k], ids[k : 2 * k], ids[2 * k : 3 * k]
             blocked = ids[-1]
             started = await start_cleanup(
-                client, pool, tq, deadline=deadline, partitions=3, batch_size=10, heartbeat_timeout_seconds=10
+                client,
+                pool,
+                tq,
+                StartCleanup(deadline=deadline, partitions=3, batch_size=10, heartbeat_timeout_seconds=10),
             )
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             # Before the claim: spread over the time left until the deadline.

@@ -6,8 +6,16 @@ and every re-delivered job must report what the first delivery did.
 
 from __future__ import annotations
 
+import functools
+import operator
+from datetime import datetime, timedelta
+
+import asyncpg
+from temporalio.client import Client
+
+from cleanup.inputs import StartCleanup
 from cleanup.models import (
-    ClaimCleanupInput,
+    ClaimChunkedInput,
     ClaimResult,
     CleanupPartitionInput,
     CleanupResult,
@@ -25,11 +33,35 @@ from harness.checks import (
 )
 from harness.common import MATCHES, RELAY, Ctx, Row, redeliver, seed_cohort, seed_day, seed_events
 from ledger.models import ReconcileShardInput, SettleLedgerInput, ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
+
+
+async def claim_again(client: Client, pool: asyncpg.Pool, tq: str, cleanup_id: str, deadline: datetime) -> ClaimResult:
+    """Deliver the cleanup's claim again, stream by stream as the workflow claimed (the production
+    claim: `claim_cleanup_in_chunks`); the streams' results add up to the claim."""
+    rows = await pool.fetch(
+        "SELECT claimed_per_partition FROM cleanup_claim_progress WHERE cleanup_id = $1 OR cleanup_id LIKE $2",
+        cleanup_id,
+        f"{cleanup_id}#claim-%",
+    )
+    partitions, streams = len(rows[0]["claimed_per_partition"]), len(rows)
+    claims = []
+    for stream in range(streams):
+        arg = ClaimChunkedInput(
+            cleanup_id=cleanup_id,
+            deadline_from=deadline,
+            deadline_until=deadline + timedelta(microseconds=1),
+            partitions=partitions,
+            stream=stream,
+            streams=streams,
+        )
+        _, again = await redeliver(client, tq, "claim_cleanup_in_chunks", arg)
+        claims.append(ClaimResult.model_validate(again[0]))
+    return functools.reduce(operator.add, claims)
 
 
 async def run(ctx: Ctx) -> Row:
@@ -43,13 +75,13 @@ async def run(ctx: Ctx) -> Row:
             n, partitions = rng.randint(40, 120) * ctx.profile.scale, 3
             prefix, deadline = ctx.ids.prefix("rp"), ctx.ids.past_deadline()
             await seed_cohort(pool, prefix, deadline, n)
-            started = await start_cleanup(client, pool, tq, deadline=deadline, partitions=partitions, batch_size=25)
+            started = await start_cleanup(
+                client, pool, tq, StartCleanup(deadline=deadline, partitions=partitions, batch_size=25)
+            )
             handle = client.get_workflow_handle_for(RenewalCleanupWorkflow.run, started.workflow_id)
             first: CleanupResult = await handle.result()
             wf = started.workflow_id
-            arg = ClaimCleanupInput(cleanup_id=wf, deadline=deadline, partitions=partitions)
-            _, claims = await redeliver(client, tq, "claim_cleanup", arg)
-            claim = ClaimResult.model_validate(claims[0])
+            claim = await claim_again(client, pool, tq, wf, deadline)
             reports: list[PartitionReport] = []
             for p in range(partitions):
                 _, runs = await redeliver(
@@ -86,7 +118,9 @@ async def run(ctx: Ctx) -> Row:
             # -- ledger: every shard and the settlement again -----------------------------------------
             d = ctx.ids.business_date()
             seeded = await seed_day(pool, d, rng.randint(300, 600) * ctx.profile.scale, 3)
-            await start_reconciliation(client, pool, tq, d, batch_size=100, heartbeat_timeout_seconds=5)
+            await start_reconciliation(
+                client, pool, tq, ReconcileRequest(business_date=d, batch_size=100, heartbeat_timeout_seconds=5)
+            )
             await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(d)).result()
             before = await ledger_digest(pool)
             lwf = ledger_workflow_id(d)

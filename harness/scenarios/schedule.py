@@ -2,7 +2,8 @@
 
 Trigger times are nights, so they are not waited for: the schedule is paused, an operator
 reconciles one of the missed dates by hand meanwhile, then unpauses and backfills the missed
-nights; a second backfill of the same nights must reconcile nothing again.
+nights; a second backfill of the same nights must take none of them again (each already ran, and
+the backfill lists it as such) and reconcile nothing again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from harness.checks import ledger_digest, ledger_effects
 from harness.common import Ctx, Row, seed_day, wait_for
 from ledger import schedule as ls
 from ledger.models import ScheduledLedgerInput, ScheduledLedgerResult, ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 
 
@@ -67,20 +68,23 @@ async def run(ctx: Ctx) -> Row:
             client, tq, options=ScheduledLedgerInput(shards=2, heartbeat_timeout_seconds=2.0), schedule_id=schedule_id
         )
         paused = await ls.pause_schedule(client, "harness: maintenance window", schedule_id)
-        await start_reconciliation(client, pool, tq, manual, heartbeat_timeout_seconds=2.0)
+        await start_reconciliation(
+            client, pool, tq, ReconcileRequest(business_date=manual, heartbeat_timeout_seconds=2.0)
+        )
         await client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, ledger_workflow_id(manual)).result()
         await ls.unpause_schedule(client, "", schedule_id)
         await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
         first = await _runs(client, schedule_id, days)
         before = await ledger_digest(pool)
-        await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
-        second = await _runs(client, schedule_id, 2 * days)
+        again = await ls.backfill_schedule(client, dates[0], dates[-1], schedule_id)
         outcomes = sorted((r.business_date, r.outcome) for r in first)
         expected = sorted((d, "already_started" if d == manual else "reconciled") for d in dates)
         if outcomes != expected:
             row.violations.append(f"first backfill outcomes {outcomes}, expected {expected}")
-        if any(r.outcome != "already_started" for r in second[days:]):
-            row.violations.append("the second backfill reconciled a date again")
+        if again.backfilled_dates or again.actions_taken != days:
+            row.violations.append(f"the second backfill took {again.backfilled_dates} again")
+        if sorted(n.business_date for n in again.already_ran or []) != sorted(dates):
+            row.violations.append(f"the second backfill listed {again.already_ran} as already run")
         if await ledger_digest(pool) != before:
             row.violations.append("the second backfill changed the database")
         for d in dates:
@@ -103,9 +107,7 @@ async def run(ctx: Ctx) -> Row:
         status = [await ledger_status(client, pool, d) for d in dates]
         row.operator_visibility = bool(paused.paused and paused.note and all(s.settled for s in status))
         row.evidence.append(f"schedule describe while paused: paused={paused.paused}, note={paused.note!r}")
-        row.evidence.append(
-            f"backfill outcomes: {[(str(d), o) for d, o in outcomes]}; second backfill all already_started"
-        )
+        row.evidence.append(f"backfill outcomes: {[(str(d), o) for d, o in outcomes]}; second backfill took none again")
     finally:
         await ls.delete_schedule(client, schedule_id)
         await ctx.h.close_lane(lane)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 
+from cleanup.inputs import StartCleanup
 from cleanup.operations import cleanup_status, start_cleanup
 from core.config import Settings
-from core.embedded import DevServer
 from core.temporal import connect
+from devstack.embedded import DevServer
 from harness.checks import cleanup_effects
 from harness.common import MATCHES, Ctx, Row, seed_cohort
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -39,7 +40,9 @@ async def run(ctx: Ctx) -> Row:
                 n = rng.randint(30, 80) * ctx.profile.scale
                 prefix, deadline = ctx.ids.prefix("sr"), ctx.ids.future_deadline(LEAD_SECONDS + 2 * i)
                 await seed_cohort(lane.pool, prefix, deadline, n)
-                started = await start_cleanup(client, lane.pool, lane.task_queue, deadline=deadline, partitions=2)
+                started = await start_cleanup(
+                    client, lane.pool, lane.task_queue, StartCleanup(deadline=deadline, partitions=2)
+                )
                 cohorts.append((prefix, deadline, n, started.workflow_id))
             first = min(d for _, d, _, _ in cohorts)
             for *_, wf in cohorts:

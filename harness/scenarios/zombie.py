@@ -51,6 +51,7 @@ import asyncpg
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowFailureError
 
+from cleanup.inputs import StartCleanup
 from cleanup.models import cohort_cleanup_id
 from cleanup.operations import cleanup_status, start_cleanup
 from core import db
@@ -70,7 +71,7 @@ from harness.common import MATCHES, RELAY, Ctx, Row, seed_cohort, seed_day, seed
 from harness.stack import Lane, Slot
 from harness.visibility import pending_evidence, temporal_evidence
 from ledger.models import ledger_workflow_id
-from ledger.operations import ledger_status, start_reconciliation
+from ledger.operations import ReconcileRequest, ledger_status, start_reconciliation
 from outbox.operations import outbox_status, start_relays
 from workflows.ledger_reconciliation import LedgerReconciliationWorkflow
 from workflows.outbox_relay import OutboxRelayWorkflow
@@ -304,12 +305,14 @@ async def frozen_cleanup(ctx: Ctx, round_no: int = 0) -> Part:
             client,
             pool,
             lane.task_queue,
-            deadline=deadline,
-            partitions=2,
-            max_parallel_partitions=2,
-            batch_size=10,
-            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-            step_timeout_seconds=5,
+            StartCleanup(
+                deadline=deadline,
+                partitions=2,
+                max_parallel_partitions=2,
+                batch_size=10,
+                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+                step_timeout_seconds=5,
+            ),
         )
         zombie = await wait_frozen(lane.slots, 60)
         if zombie is None:
@@ -364,7 +367,10 @@ async def frozen_ledger(ctx: Ctx, round_no: int = 0) -> Part:
         seeded = await seed_day(pool, d, 300 * ctx.profile.scale, 2)
         wf = ledger_workflow_id(d)
         await start_reconciliation(
-            client, pool, lane.task_queue, d, batch_size=40, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            client,
+            pool,
+            lane.task_queue,
+            ReconcileRequest(business_date=d, batch_size=40, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT),
         )
         zombie = await wait_frozen(lane.slots, 60)
         if zombie is None:
@@ -572,15 +578,20 @@ async def cut_off_host(ctx: Ctx, round_no: int = 0) -> Part:
             client,
             pool,
             lane.task_queue,
-            deadline=deadline,
-            partitions=2,
-            max_parallel_partitions=2,
-            batch_size=10,
-            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-            step_timeout_seconds=5,
+            StartCleanup(
+                deadline=deadline,
+                partitions=2,
+                max_parallel_partitions=2,
+                batch_size=10,
+                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+                step_timeout_seconds=5,
+            ),
         )
         await start_reconciliation(
-            client, pool, lane.task_queue, d, batch_size=40, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT
+            client,
+            pool,
+            lane.task_queue,
+            ReconcileRequest(business_date=d, batch_size=40, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT),
         )
 
         async def relay_until_drained(id_prefix: str) -> None:

@@ -1,7 +1,10 @@
-"""Embedded defaults: a Temporal dev server and a Postgres that a newcomer does not have to install.
+"""The embedded development stack: a Temporal dev server and a Postgres that a newcomer does not
+have to install (the `embedded` extra), for `./dev`, the demo, the harness, the benchmarks and the
+tests; never imported by the installed command (tests/test_cli_shape.py proves it).
 
-Both are started once, detached, and reused by every later command (worker, starter, tests), so
-`python worker.py` in one terminal and `python starter.py` in another meet on the same server.
+Both are started once, detached, and reused: `./dev up` records their addresses in
+<state dir>/dev/env, where the checkout's later commands (`python worker.py`, `python starter.py`)
+find them, so they meet on the same server.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from core import search_attributes
+from core.addresses import missing_addresses
 from core.config import EMBEDDED_TEMPORAL_PORT, EMBEDDED_UI_PORT, Settings, dev_env_file
 from core.errors import InputError
 
@@ -354,43 +358,10 @@ def stop_embedded_postgres(state_dir: Path, timeout: float = 60.0) -> bool:
     return True
 
 
-class AddressMissing(InputError):
-    """TEMPORAL_ADDRESS or DATABASE_URL is unset and nothing asked for the embedded stack."""
-
-
-def embedded_allowed() -> bool:
-    """CLEANUP_EMBEDDED=1: this process may start the embedded stack (`./dev`, the tests)."""
-    return os.environ.get("CLEANUP_EMBEDDED", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def missing_addresses(settings: Settings) -> list[str]:
-    names = [("DATABASE_URL", settings.database_url), ("TEMPORAL_ADDRESS", settings.temporal_address)]
-    return [name for name, value in names if value is None]
-
-
-ADDRESS_FLAGS = {"DATABASE_URL": "--database-url", "TEMPORAL_ADDRESS": "--temporal-address"}
-
-
-def address_missing(names: list[str]) -> AddressMissing:
-    """Names only the addresses the command needs, and only their flags."""
-    flags = " / ".join(ADDRESS_FLAGS[name] for name in names)
-    return AddressMissing(
-        f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} not set: export "
-        f"{'it' if len(names) == 1 else 'them'} (or pass {flags}); for a local "
-        "stack run `deadline-cleanup dev up` in this checkout first"
-    )
-
-
-def resolve(settings: Settings, *, start: bool | None = None, database: bool = True) -> Settings:
-    """Fill every unset address with an embedded service, starting it if needed, but only when asked
-    (`start=True`, or CLEANUP_EMBEDDED=1): otherwise an unset address is an AddressMissing error that
-    names it, raised before anything is started or connected. `database=False`: a command that needs
-    Temporal alone (`schedule ...`, `list`) asks for TEMPORAL_ADDRESS only; DATABASE_URL stays as given."""
+def resolve(settings: Settings, *, database: bool = True) -> Settings:
+    """Fill every unset address with an embedded service, starting it if it is not running.
+    `database=False`: Temporal only; DATABASE_URL stays as given."""
     missing = [name for name in missing_addresses(settings) if database or name != "DATABASE_URL"]
-    if not missing:
-        return settings
-    if not (embedded_allowed() if start is None else start):
-        raise address_missing(missing)
     updates: dict[str, object] = {}
     if "DATABASE_URL" in missing:
         updates["database_url"] = embedded_postgres_url(settings.state_dir)
@@ -399,21 +370,13 @@ def resolve(settings: Settings, *, start: bool | None = None, database: bool = T
         server.start()
         updates["temporal_address"] = server.address
         updates["temporal_ui_url"] = settings.temporal_ui_url or f"http://127.0.0.1:{EMBEDDED_UI_PORT}"
-    return settings.model_copy(update=updates)
-
-
-def database_url(settings: Settings) -> str:
-    """The database only (commands that need no Temporal): DATABASE_URL, else as `resolve` says."""
-    if settings.database_url is not None:
-        return settings.database_url
-    if not embedded_allowed():
-        raise address_missing(["DATABASE_URL"])
-    return embedded_postgres_url(settings.state_dir)
+    return settings.model_copy(update=updates) if updates else settings
 
 
 def write_dev_env(settings: Settings, started: list[str]) -> Path:
-    """Record the addresses of the embedded services `started` (names as in `missing_addresses`)
-    for the later commands of this checkout (core.config); an address given from outside is not."""
+    """Record the addresses of the embedded services `started` (names as in
+    core.addresses.missing_addresses) for the later commands of this checkout (core.config); an
+    address given from outside is not."""
     path = dev_env_file(settings.state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     values: dict[str, str | None] = {}

@@ -1,7 +1,7 @@
 -- The demo game's own tables, in a schema of their own: the data cleanup removes (cleanup/targets.toml
 -- names them schema-qualified). A game's tables are never part of the service's migrations and
--- have no foreign key into the service's schema; the demo, tests, harness and benchmarks create
--- them (demo.fixture.create_game_schema). Idempotent.
+-- have no foreign key into the service's schema; `migrate --demo-game`, the demo, tests, harness and
+-- benchmarks create them (cleanup.grants.create_demo_game). Idempotent.
 
 -- name: create_game_schema
 CREATE SCHEMA IF NOT EXISTS demo_game;
