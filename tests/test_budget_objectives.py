@@ -24,7 +24,7 @@ from budget.controller import (
 )
 from core import db
 from tests.helpers import wait_until
-from tests.test_budget import LEARNED_BASELINE_OF_THIS_SERVER_RUN, SLOW_WHILE_BATCHES_RUN, a_session_at_work
+from tests.test_budget import LEARNED_BASELINE_OF_THIS_SERVER_RUN, SLOW_WHILE_BATCHES_RUN, a_session_at_work, starter
 
 # Presence judged over an hour: every sample a test takes is in the window, however slow the machine.
 WINDOW = 3600.0
@@ -204,6 +204,8 @@ async def test_a_cohort_s_deadline_raises_the_rate_the_players_objective_leaves(
         assert status.effective_rows_per_second is not None and status.effective_rows_per_second > 100
         assert status.deadline.projected_finish is not None and status.deadline.on_time is not None
         assert "deadline objective" in status.limited_by and "deadline:" in status.objective
+        out = await starter(db_url, "budget", "show")
+        assert "binding" in out and "projected_finish" in out and "deadline objective" in out
 
         await set_budget(pool, BudgetChange(deadline_max_in_flight=0, reset_scale=True))
         verdict = await budget.maybe_adjust()
