@@ -25,6 +25,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # without the development side (devstack, the demo, the harness, the benchmarks), which runs from a checkout.
 COPY README.md worker.py starter.py ./
 COPY core ./core
+COPY budget ./budget
 COPY cleanup ./cleanup
 COPY ledger ./ledger
 COPY outbox ./outbox

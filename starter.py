@@ -22,10 +22,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from budget import cli as budget_cli
 from cleanup import cli as cleanup_cli
 from cleanup import grants as cleanup_grants
 from cleanup.targets import load_targets
-from core import addresses, budget_cli, db
+from core import addresses, db
 from core.cli import (
     EXIT_ERROR,
     EXIT_INPUT,

@@ -25,11 +25,11 @@ from activities.cleanup import CleanupActivities
 from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
+from budget.controller import LoadBudget
 from cleanup.planner import ensure_planner, watch_planner
 from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
 from core import addresses, db, fleet, health, logs, metrics, outage
-from core.budget import LoadBudget
 from core.cli import CliParser, add_connection_flags, bounded_int
 from core.config import Settings
 from core.errors import InputError, Unavailable
@@ -276,7 +276,7 @@ async def _run_worker(
     try:
         readiness.client = client = await connect(settings, runtime=runtime)
         await _check_search_attributes(client, settings.temporal_namespace)
-        budget = LoadBudget(pool)  # one per process: its batches, its probes, its idle baseline
+        budget = LoadBudget(pool, settings.budget)  # one per process: its batches, its probes, its idle baseline
         worker = build_worker(
             client,
             settings.task_queue,

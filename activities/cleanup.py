@@ -18,6 +18,7 @@ import asyncpg
 from temporalio import activity
 
 import cleanup
+from budget.controller import LoadBudget, Waiting, under_budget
 from cleanup.batches import BatchResult, CompiledCleanup, Pulse, run_keyset_batch
 from cleanup.errors import CleanupFailure, cleanup_failure
 from cleanup.models import (
@@ -45,7 +46,6 @@ from cleanup.models import (
 from cleanup.planner import held_by_pause
 from cleanup.targets import CleanupTargets, targets_from_json
 from core import db, failpoints, metrics
-from core.budget import LoadBudget, Waiting, under_budget
 from core.config import CleanupSettings
 from core.errors import ErrorType, failure, handed_back
 from core.outage import resume_details
@@ -124,26 +124,27 @@ async def claim_in_chunks(
     cleanup_claim_progress. A retry (or a second delivery) resumes after the last committed chunk
     and reports the same result, read back from the database.
 
-    With a `budget` (core.budget), each chunk is a budgeted batch like a partition's: it takes a
-    slot and its rows first, and is at most the budget's `max_claim_rows` accounts while the budget
-    throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
+    With a `budget` (budget.controller), the claim first tells the deadline objective of its cohort
+    (its earliest deadline and its accounts), and each chunk is a budgeted batch like a partition's:
+    it takes a slot first (but no rows: an account is one unit of the budget's rate, counted when
+    cleaned, not when claimed), and is at most the budget's `max_claim_rows` accounts while the
+    budget throttles the work (unthrottled or switched off, `chunk_size`, as without one)."""
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat, cleanup_id=input.cleanup_id)
     await pool.execute(
         SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
     )
+    if budget is not None:
+        accounts = await pool.fetchval(SQL.cohort_accounts, input.deadline_from, input.deadline_until)
+        await budget.register_cohort(input.cleanup_id, input.deadline_from, accounts)
     while True:
-        budgeted_size = input.chunk_size if budget is None else budget.claim_rows(input.chunk_size)
-        async with under_budget(budget, "claim", budgeted_size, waiting_for_budget) as grant:
-            grant.rows_done = 0
-            # The grant read the limits in force now: a rate limit makes the chunk small (the
-            # unused part of what was charged is refunded at release).
+        async with under_budget(budget, "claim", 0, waiting_for_budget, input.cleanup_id) as grant:
+            # The grant read the limits in force now: a rate limit makes the chunk small.
             chunk_size = budget.claim_rows(input.chunk_size) if budget and grant.slot is not None else input.chunk_size
             async with pool.acquire() as conn, db.transaction(conn):
                 chunk = await _claim_chunk(conn, input, chunk_size)
             if isinstance(chunk, ClaimResult):
                 return chunk
-            grant.rows_done = chunk["scanned"]
         failpoints.hit(f"{CLAIM_CLEANUP_IN_CHUNKS}.after_commit")
         if after_chunk is not None:
             after_chunk(len(chunk["partitions"]))
@@ -263,7 +264,7 @@ class PartitionRun:
         await failpoints.reached(f"{CLEANUP_PARTITION}.before_batch", checkpoint)
         waiting: Waiting = functools.partial(self.progress.waiting_for_budget, checkpoint)
         size = self.input.batch_size if self.budget is None else self.budget.batch_rows(self.input.batch_size)
-        async with under_budget(self.budget, "cleanup", size, waiting) as grant:
+        async with under_budget(self.budget, "cleanup", size, waiting, self.input.cleanup_id) as grant:
             if self.budget is not None and grant.slot is not None:
                 # The grant read the limits in force now: a rate limit makes the batch small (the
                 # unused part of what was charged is refunded at release).
@@ -325,7 +326,7 @@ async def clean_partition_batches(run: PartitionRun, checkpoint: PartitionCheckp
     lock) keeps heartbeating instead of being retried as dead.
     A batch that fails deterministically is bisected (cleanup.batches): its bad accounts are
     recorded in cleanup_failed and counted as `failed`, the others cleaned.
-    With a `run.budget` (core.budget), each batch first takes its slot and rows of the database's
+    With a `run.budget` (budget.controller), each batch first takes its slot and rows of the database's
     load budget, waiting while there are none.
     With `input.follow_claim` the partition follows the cohort's claim (ClaimFollower), looking for
     a new chunk every `CLAIM_POLL_SECONDS`.
@@ -416,7 +417,7 @@ class CleanupActivities:
         self.claim_pool = claim_pool or pool
         self.partition_batch_sql = partition_batch_sql
         self.compiled = compiled or CompiledCleanup.from_batch_sql(partition_batch_sql)
-        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
+        self.budget = budget or LoadBudget(pool)  # the worker passes its own; the operator's row wins
 
     @classmethod
     async def create(

@@ -18,8 +18,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 import ledger
+from budget.controller import LoadBudget, under_budget
 from core import db, failpoints, metrics
-from core.budget import LoadBudget, under_budget
 from core.errors import ErrorType, failure, handed_back
 from core.heartbeat import heartbeating, run_heartbeating
 from core.outage import resume_details
@@ -107,7 +107,7 @@ async def reconcile_shard_batches(
 
     Shared by the activity (which heartbeats through `guard` and `after_batch`) and by the
     benchmark's direct baseline, so both run the same SQL in the same batches. With a `budget`
-    (core.budget), each batch first takes its slot and rows of the database's load budget.
+    (budget.controller), each batch first takes its slot and rows of the database's load budget.
     """
 
     async def budgeted(checkpoint: ShardCheckpoint) -> asyncpg.Record:
@@ -275,7 +275,7 @@ class LedgerActivities:
 
     def __init__(self, pool: asyncpg.Pool, budget: LoadBudget | None = None) -> None:
         self.pool = pool
-        self.budget = budget or LoadBudget(pool)  # LOAD_BUDGET_* settings; the operator's row wins
+        self.budget = budget or LoadBudget(pool)  # the worker passes its own; the operator's row wins
 
     @activity.defn(name=CHECK_LEDGER_DAY)
     async def check_ledger_day(self, input: LedgerDayCheck) -> LedgerDay:

@@ -66,6 +66,7 @@ from bench.common import (
     wait_for_worker,
 )
 from bench.observe import Observer
+from budget.controller import budget_status
 from cleanup.inputs import StartCleanup
 from cleanup.models import (
     DEFAULTS,
@@ -80,7 +81,6 @@ from cleanup.models import (
 )
 from cleanup.operations import start_cleanup
 from cleanup.targets import load_targets
-from core.budget import budget_status
 from core.queries import load
 from demo.fixture import seed_accounts
 from workflows.renewal_cleanup import RenewalCleanupWorkflow

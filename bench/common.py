@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import asyncpg
 from temporalio.client import Client
 
+from budget.controller import BudgetChange, set_budget
 from cleanup.models import DEFAULTS
 from core import db
-from core.budget import set_budget
 from core.config import PROJECT_ROOT, Settings
 from core.temporal import connect
 from demo.fixture import create_game_schema
@@ -141,7 +141,7 @@ class Stack:
         off asks again once a second (`off_recheck_seconds`), not per batch. Scenario 6
         (bench/player_load.py) measures the budget.
         """
-        await set_budget(self.pool, enabled=False, changed_by="benchmark")
+        await set_budget(self.pool, BudgetChange(enabled=False), changed_by="benchmark")
 
     def memory(self) -> dict[str, float]:
         out = {f"worker_{i}_peak_rss_mib": round(peak_rss_mib(p.pid), 1) for i, p in enumerate(self.workers)}

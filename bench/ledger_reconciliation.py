@@ -49,7 +49,7 @@ import bench
 from activities.ledger import LedgerActivities, check_day, reconcile_shard_batches, report_shard
 from bench.common import cpu_used, database_cpu_seconds, load_average, machine, run_benchmark, stack, wait_for_worker
 from bench.floor import FLOOR_BACKENDS, STACK_POOL_SIZE, run_slice_sequences
-from core.budget import LoadBudget, budget_status
+from budget.controller import LoadBudget, budget_status
 from core.queries import load
 from ledger.models import (
     DEFAULT_BATCH_SIZE,

@@ -51,7 +51,7 @@ from bench.ledger_reconciliation import (
     pipeline_reconciliation,
     seed,
 )
-from core.budget import set_budget
+from budget.controller import BudgetChange, set_budget
 from core.queries import load
 
 LEDGER_TABLES = [
@@ -223,7 +223,7 @@ async def run(
         if not budget:
             # Every ledger batch takes the database load budget's rows (4,000/s by default), which
             # then bounds a run that judges keys; off, runs go as fast as the machine allows.
-            await set_budget(s.pool, enabled=False)
+            await set_budget(s.pool, BudgetChange(enabled=False))
         pipeline_date, direct_date = business_dates(2)
         t = time.perf_counter()
         seeded = await seed(s.pool, pipeline_date, payments, shards)

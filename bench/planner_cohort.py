@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -48,8 +50,8 @@ from bench.cohort_cleanup import (
 )
 from bench.common import Stack, load_average, machine, run_benchmark, stack
 from bench.planner_lateness import parse_overrides, start_planner_workers
+from budget.controller import BudgetChange, budget_status, set_budget
 from core import db
-from core.budget import budget_status, set_budget
 from core.config import PlannerSettings
 from core.queries import load
 from workflows.renewal_cleanup import RenewalCleanupWorkflow
@@ -62,6 +64,57 @@ FAR = datetime(2100, 1, 1, tzinfo=UTC)
 FLOOR_CLOCK_OFFSET = "100 years"
 BUDGETS = ("default", "off")
 POLL_SECONDS = 0.5
+
+
+SIDE_LOADS = ("none", "progress", "monitor")
+# What `--side-load` puts beside the product's run (docs/budget.md, Who counts as a player): an
+# operator's progress query once a second, each in a new session as `psql -c` opens one; or a
+# monitoring agent's poll of pg_stat_activity and pg_stat_database every 5 s on one session, beside an
+# application pool of 10 idle connections. Neither is a player.
+
+
+@contextlib.asynccontextmanager
+async def side_load(url: str, kind: str) -> AsyncIterator[dict[str, int]]:
+    """Run the `kind` of side load (SIDE_LOADS) while the body runs; yields its count of queries."""
+    done = {"queries": 0}
+    if kind == "none":
+        yield done
+        return
+    settings = {"search_path": db.service_schema()}
+    idle = [
+        await asyncpg.connect(url, server_settings={"application_name": "game pool"})
+        for _ in range(10 if kind == "monitor" else 0)
+    ]
+
+    async def progress() -> None:
+        while True:
+            conn = await asyncpg.connect(url, server_settings={"application_name": "psql", **settings})
+            try:
+                await conn.fetchrow(SQL.side_progress)
+            finally:
+                await conn.close()
+            done["queries"] += 1
+            await asyncio.sleep(1.0)
+
+    async def monitor() -> None:
+        conn = await asyncpg.connect(url, server_settings={"application_name": "monitoring"})
+        try:
+            while True:
+                await conn.fetch(SQL.side_monitor_sessions)
+                await conn.fetch(SQL.side_monitor_database)
+                done["queries"] += 1
+                await asyncio.sleep(5.0)
+        finally:
+            await conn.close()
+
+    task = asyncio.ensure_future(progress() if kind == "progress" else monitor())
+    try:
+        yield done
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for conn in idle:
+            await conn.close()
 
 
 def lead_for(accounts: int) -> float:
@@ -262,9 +315,11 @@ async def run(
     drain: float = 300.0,
     lead: float | None = None,
     planner: dict[str, str] | None = None,
+    side: str = "none",
 ) -> dict[str, Any]:
     """`budgets`: the modes to measure, in order ("default": the load budget as shipped, "off":
     switched off with `budget set --enabled off`); each gets a floor run and a planner run.
+    `side`: the side load beside each planner run (SIDE_LOADS), started once the floor's ran.
     `lead`: seconds from registering each cohort to its deadline (default `lead_for(accounts)`).
     `planner`: PlannerSettings overrides for the workers (none: as shipped)."""
     planner = planner or {}
@@ -289,20 +344,24 @@ async def run(
                 if m == "off":
                     await s.budget_off()
                 else:
-                    await set_budget(s.pool, enabled=True, changed_by="benchmark")
+                    await set_budget(s.pool, BudgetChange(enabled=True), changed_by="benchmark")
                 await settle(s.pool)
                 floor = await floor_cleanup_on(ahead, floor_at[m])
                 assert floor["cleaned"] == accounts, floor
-                product = await through_planner(s, planner_at[m], accounts, drain, lead or lead_for(accounts), tick)
+                async with side_load(s.settings.database_url, side) as side_queries:
+                    product = await through_planner(s, planner_at[m], accounts, drain, lead or lead_for(accounts), tick)
                 budget = (await budget_status(s.pool)).model_dump()
-                runs[m] = {"floor": floor, "product": product, "budget_after": budget}
+                runs[m] = {"floor": floor, "product": product, "budget_after": budget, "side_load": side_queries}
                 print(human_timeline(m, floor, product), file=sys.stderr, flush=True)
         finally:
             await ahead.close()
         memory = s.memory()
         alive = [w.poll() is None for w in s.workers]
+    scenario = {"scenario": "cohort_through_planner" + ("" if side == "none" else f"_{side}")}
     return summary(accounts, workers, runs, seed_seconds, [load_before, load_average()]) | {
+        **scenario,
         "planner_overrides": planner,
+        "side_load": side,
         **memory,
         "workers_alive_at_end": alive,
         "machine": machine(),
@@ -337,7 +396,20 @@ def summary(
             "floor_accounts_per_s": round(r["floor"]["cleaned"] / r["floor"]["seconds"], 1),
             "floor_over_faster_floor": round(r["floor"]["cleaned"] / r["floor"]["seconds"] / floor_rate, 3),
             **product,
-            "budget_after": {k: b.get(k) for k in ("enabled", "doing", "limited_by", "stress", "peak_in_flight")},
+            "budget_after": {
+                k: b.get(k)
+                for k in (
+                    "enabled",
+                    "doing",
+                    "limited_by",
+                    "stress",
+                    "peak_in_flight",
+                    "rows_done",
+                    "deadline",
+                    "observed",
+                )
+            },
+            "side_load_queries": r["side_load"]["queries"],
         }
     # The main figure (bench.report): budget off, goal 0.7; the default budget's beside it, goal 0.6.
     if "off" in runs:
@@ -360,6 +432,13 @@ def main() -> None:
         help="the load budget: off, as shipped (default), or both in this order: default, off",
     )
     parser.add_argument("--workers", type=int, default=2, help="worker processes, the planner on in each")
+    parser.add_argument(
+        "--side-load",
+        choices=SIDE_LOADS,
+        default="none",
+        help="beside the product's run: a progress query each second in a new session, or a monitoring"
+        " poll every 5 s and 10 idle connections (neither is a player)",
+    )
     parser.add_argument("--drain", type=float, default=300.0, help="give up this long after the deadline")
     parser.add_argument("--lead", type=float, help="seconds from registering a cohort to its deadline")
     parser.add_argument(
@@ -368,7 +447,7 @@ def main() -> None:
     args = parser.parse_args()
     budgets = BUDGETS if args.budget == "both" else (args.budget,)
     result = run_benchmark(
-        run(args.accounts, budgets, args.workers, args.drain, args.lead, parse_overrides(args.planner))
+        run(args.accounts, budgets, args.workers, args.drain, args.lead, parse_overrides(args.planner), args.side_load)
     )
     print(json.dumps(result, indent=2, default=str))
 

@@ -39,3 +39,15 @@ ORDER BY accounts DESC, c.cleanup_id;
 
 -- name: database_clock
 SELECT cleanup_clock();
+
+-- name: side_progress
+-- An operator's progress query (bench.planner_cohort --side-load progress).
+SELECT count(*) FILTER (WHERE status = 'cleaned') AS cleaned, count(*) AS accounts FROM accounts;
+
+-- name: side_monitor_sessions
+-- A monitoring agent's poll (--side-load monitor): the sessions by state ...
+SELECT state, count(*) FROM pg_stat_activity GROUP BY state;
+
+-- name: side_monitor_database
+-- ... and the database's counters.
+SELECT xact_commit, xact_rollback, blks_read, tup_deleted FROM pg_stat_database WHERE datname = current_database();

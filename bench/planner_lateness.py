@@ -32,8 +32,8 @@ from temporalio.client import Client
 
 import bench
 from bench.common import LoadSampler, Stack, machine, run_benchmark, stack, wait_for_worker
+from budget.controller import budget_status
 from cleanup.models import CLAIM_CLEANUP_IN_CHUNKS, CLEANUP_PARTITION, STATUS_QUERY, planner_workflow_id
-from core.budget import budget_status
 from core.queries import load
 from demo.fixture import seed_accounts
 

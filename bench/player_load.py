@@ -21,12 +21,12 @@ Per objective (the `curve`): the throughput, the players' p99 and its ratio to t
 the paced floor's p99 at the same throughput, `p99_over_paced_floor` (goal <= 1.1: the budget wastes
 nothing against ideal pacing) and `objective_held_fraction` (goal >= 0.95): the share of the
 10-second windows of the budgeted cleanup (a last partial window counts when it lasts 5 s or more)
-in which the objective held. The objective is the budget's own (core/budget.py): the commit probe,
-a one-row write that commits as a player's would, as a mean per window, at most `probe_ratio` x its
-quiet baseline (unless within `probe_min_ms` of it), and at most `probe_max_ms` when set. It is not
+in which the objective held. The objective is the budget's own (budget/controller.py): the commit probe,
+a one-row write that commits as a player's would, as a mean per window, at most `probe_added_ms` above
+its quiet baseline, and at most `probe_ratio` x it (unless within `probe_min_ms`) and `probe_max_ms` when set. It is not
 the players' own commits: the budget never sees those. Whether it held is judged by the benchmark's
 own commit probe (the same kind of statement on a connection of its own, every
-`probe_interval_seconds`), with core.budget.stress_reasons, against that probe's mean in the
+`probe_interval_seconds`), with budget.controller.stress_reasons, against that probe's mean in the
 players-alone window right before the phase (the budget's baseline is its probe with no batch
 running and the players on). The budget's own probes are its controller's reading of itself,
 summed and reset inside every adjustment: a check of the objective reads the database apart.
@@ -60,11 +60,19 @@ import bench
 from bench import report
 from bench.common import Stack, machine, run_benchmark, stack, trace_budget, wait_for_worker
 from bench.observe import Observer
+from budget.controller import (
+    BudgetChange,
+    BudgetSettings,
+    Observed,
+    StressLimits,
+    budget_status,
+    set_budget,
+    stress_reasons,
+)
 from cleanup.inputs import StartCleanup
 from cleanup.models import CleanupResult
 from cleanup.operations import start_cleanup
 from core import db
-from core.budget import BudgetSettings, Observed, StressLimits, budget_status, set_budget, stress_reasons
 from core.config import read
 from core.queries import load
 from demo.fixture import seed_accounts
@@ -256,9 +264,9 @@ PROBE = (
     "INSERT INTO bench_commit_probe (probe, probed_at) VALUES (1, clock_timestamp())"
     " ON CONFLICT (probe) DO UPDATE SET probed_at = excluded.probed_at"
 )
-DEFAULT_OBJECTIVES = "default,ratio=1.5,ratio=3"
+DEFAULT_OBJECTIVES = "default,added_ms=2,ratio=2"
 # `--objectives` keys: the budget's settings they set (`budget set --probe-ratio / --probe-max-ms`).
-OBJECTIVE_KEYS = {"ratio": "probe_ratio", "max_ms": "probe_max_ms"}
+OBJECTIVE_KEYS = {"added_ms": "probe_added_ms", "ratio": "probe_ratio", "max_ms": "probe_max_ms"}
 WINDOW_SECONDS = 10.0
 # Every cohort and the players are seeded up front: keep the database modest, the machine is shared
 # (room for 100,000-account cohorts under three objectives, when 40,000 clean too fast to be judged).
@@ -269,6 +277,7 @@ MAX_SEEDED_ACCOUNTS = 800_000
 class Objective:
     """One setting of the budget's objective; None: the workers' default (LOAD_BUDGET_PROBE_*)."""
 
+    probe_added_ms: float | None = None
     probe_ratio: float | None = None
     probe_max_ms: float | None = None
 
@@ -283,6 +292,7 @@ class Objective:
             latency_ms=math.inf,
             max_lock_waits=0,
             max_lag=math.inf,
+            probe_added_ms=self.probe_added_ms or settings.probe_added_ms,
             probe_ratio=self.probe_ratio or settings.probe_ratio,
             probe_min_ms=settings.probe_min_ms,
             probe_max_ms=self.probe_max_ms or settings.probe_max_ms,
@@ -290,14 +300,17 @@ class Objective:
 
     def describe(self, settings: BudgetSettings) -> str:
         limits = self.limits(settings)
-        text = f"commit probe <= {limits.probe_ratio:g} x baseline"
-        return text + (f" and <= {limits.probe_max_ms:g} ms" if limits.probe_max_ms is not None else "")
+        bounds = [f"baseline + {limits.probe_added_ms:g} ms"] if limits.probe_added_ms is not None else []
+        bounds += [f"{limits.probe_ratio:g} x baseline"] if limits.probe_ratio is not None else []
+        bounds += [f"{limits.probe_max_ms:g} ms"] if limits.probe_max_ms is not None else []
+        return "commit probe <= " + " and <= ".join(bounds)
 
 
 def parse_objectives(text: str) -> list[Objective]:
-    """`default,ratio=1.5,ratio=3,max_ms=20,ratio=3+max_ms=20`: settings separated by commas, each
-    `default` or keys joined by `+`: `ratio` (the commit probe / its quiet baseline, a finite number
-    > 1, as `budget set --probe-ratio` takes) and `max_ms` (the commit probe at most this, finite, > 0)."""
+    """`default,added_ms=2,ratio=3,max_ms=20,ratio=3+max_ms=20`: settings separated by commas, each
+    `default` or keys joined by `+`: `added_ms` (ms above the quiet baseline, finite, > 0), `ratio`
+    (the commit probe / its quiet baseline, a finite number > 1, as `budget set --probe-ratio`
+    takes) and `max_ms` (the commit probe at most this, finite, > 0)."""
     objectives: list[Objective] = []
     for item in (part.strip() for part in text.split(",")):
         objective = Objective() if item == "default" else _objective(item)
@@ -369,7 +382,7 @@ def objective_windows(
 ) -> list[dict[str, Any]]:
     """The span `ran` (wall-clock start, end) cut into windows of `window_seconds` (a last partial
     window counts when it lasts half a window or more); in each, the commit probes' mean (`probes`:
-    (start, ms)) judged as the budget judges it (core.budget.stress_reasons against `limits` and
+    (start, ms)) judged as the budget judges it (budget.controller.stress_reasons against `limits` and
     `baseline_ms`), and the players' p99 (`players`: (scheduled, seconds)). A window in which no
     probe started did not hold: the probe was stuck longer than the window."""
     start, end = ran
@@ -525,6 +538,10 @@ def curve_point(
     return {"point": point, "windows": windows}
 
 
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 async def run(
     accounts: int = 40_000,
     players: int = 20_000,
@@ -590,7 +607,7 @@ async def run(
             await asyncio.sleep(min(3.0, alone_seconds))  # warm-up, not recorded
             clean = functools.partial(cleanup, s, partitions=partitions, parallel=parallel, batch_size=batch_size)
             await ph.alone("alone")
-            await set_budget(s.pool, enabled=False)
+            await set_budget(s.pool, BudgetChange(enabled=False))
             off = await ph.run("no_budget", lambda: clean(seeds["off"]))
             off_budget = (await budget_status(s.pool)).model_dump()
             await ph.alone("alone_between")
@@ -598,15 +615,16 @@ async def run(
             before = "alone_between"
             for i, objective in enumerate(objectives):
                 label = objective.label
-                await set_budget(
-                    s.pool,
+                change = BudgetChange(
                     enabled=True,
                     reset_scale=True,
+                    probe_added_ms=objective.probe_added_ms,
                     probe_ratio=objective.probe_ratio,
                     probe_max_ms=objective.probe_max_ms,
-                    max_in_flight=(caps or {}).get("max_in_flight"),  # None: the workers' default
+                    max_in_flight=_int_or_none((caps or {}).get("max_in_flight")),  # None: the workers' default
                     rows_per_second=(caps or {}).get("rows_per_second"),
                 )
+                await set_budget(s.pool, change)
                 trace: list[dict[str, Any]] = []
                 tracing = asyncio.ensure_future(trace_budget(s.pool, trace))
                 try:
@@ -737,7 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_objectives,
         default=DEFAULT_OBJECTIVES,
         help=f"the budget's objectives, one budgeted cleanup each (default: {DEFAULT_OBJECTIVES}); "
-        "`default`, or `ratio=R` (commit probe / its quiet baseline, > 1), `max_ms=M` (commit probe, ms), "
+        "`default`, or `added_ms=A` (ms above the quiet baseline), `ratio=R` (commit probe / its quiet"
+        " baseline, > 1), `max_ms=M` (commit probe, ms), "
         "joined by + (ratio=3+max_ms=20), separated by commas",
     )
     parser.add_argument("--max-in-flight", type=int, help="a cap on every budgeted phase (default: none)")

@@ -54,6 +54,14 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "through the planner (deadline -> last account cleaned) / floor, budget off, accounts/s",
         "python -m bench.planner_cohort --accounts 100000",
     ),
+    "cohort_through_planner_progress": (
+        "through the planner / floor, budget as shipped, a progress query each second in a new session, accounts/s",
+        "python -m bench.planner_cohort --accounts 100000 --budget default --side-load progress",
+    ),
+    "cohort_through_planner_monitor": (
+        "through the planner / floor, budget as shipped, a monitoring poll every 5 s and 10 idle connections",
+        "python -m bench.planner_cohort --accounts 100000 --budget default --side-load monitor",
+    ),
     "restart_chaos": (
         "cohort closed after its deadline, 20 database restarts / none, seconds",
         "python -m harness.restart_chaos --accounts 200000 --payments 1000000 --restarts 20",

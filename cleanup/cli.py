@@ -459,6 +459,8 @@ def _planner_human_status(d: dict[str, Any]) -> str:
         lines["targets missing an index"] = "; ".join(d["targets_missing_index"])
     if budget := d.get("budget"):
         lines["load budget"] = f"{budget['in_flight']} batches in flight; {budget['doing']} ({budget['limited_by']})"
+        if (deadline := budget.get("deadline")) and deadline.get("binding"):
+            lines["load budget objective"] = _binding(deadline)
     return key_values(lines)
 
 
@@ -681,3 +683,15 @@ def _add_planner(commands: Commands) -> None:
         "resume", cmd_planner_resume, "end a pause: the planner starts cleanups again (recorded in the database)"
     )
     planner.add("start", cmd_planner_start, "start the planner if it is not running (the workers also start it)")
+
+
+def _binding(deadline: dict[str, Any]) -> str:
+    """Which of the budget's objectives binds, and when the cohorts it knows would finish."""
+    text = f"binds: {deadline['binding']}"
+    if deadline.get("accounts_left"):
+        text += (
+            f"; {deadline['accounts_left']} accounts left need {deadline['rows_per_second']} accounts/s,"
+            f" projected finish {deadline['projected_finish']} ({'on time' if deadline['on_time'] else 'late'}"
+            f" against {deadline['target']})"
+        )
+    return text

@@ -35,6 +35,7 @@ from temporalio.common import (
 from temporalio.service import RPCError, RPCStatusCode
 
 import cleanup
+from budget.controller import BudgetStatus, budget_status
 from cleanup.inputs import CleanupScope, StartCleanup, cleanup_input
 from cleanup.models import (
     BUCKET_ID_PREFIX,
@@ -64,7 +65,6 @@ from cleanup.planner_models import (
 )
 from core import db, metrics
 from core import search_attributes as sa
-from core.budget import BudgetStatus, budget_status
 from core.config import CleanupDefaults
 from core.model import Model, Report
 from core.queries import load

@@ -285,6 +285,12 @@ WHERE cleanup_id = $1 AND fingerprint <> $2;
 -- name: release_account
 SELECT release($1);
 
+-- name: cohort_accounts
+-- The accounts a cohort's claim is to claim, for the load budget's deadline objective: the due
+-- ones of the range [$1, $2) not held (an index-only count on accounts_due_idx's range).
+SELECT count(*)::int FROM accounts
+WHERE status = 'active' AND renewal_deadline >= $1 AND renewal_deadline < $2 AND held_since IS NULL;
+
 -- name: claim_progress_start
 INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
 VALUES ($1, array_fill(0, ARRAY[$2::int]), $3, $4)

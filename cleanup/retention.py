@@ -21,8 +21,8 @@ from datetime import datetime
 
 import asyncpg
 
+from budget.controller import LoadBudget, under_budget
 from core import db
-from core.budget import LoadBudget, under_budget
 from core.model import Model
 from core.queries import load
 

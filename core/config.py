@@ -362,14 +362,33 @@ class BudgetSettings(Section):
     idle_probe_seconds: float = internal(
         5.0, "how often a worker with no budgeted work probes (its baseline: the players alone)", gt=0
     )
-    # The players' objective: busy probe mean / quiet baseline above this means stress, and so does
-    # a busy probe mean above `probe_max_ms` (None: no absolute bound).
-    probe_ratio: float = setting(2.0, "the objective: commit probe / its quiet baseline that means stress", gt=1)
-    probe_max_ms: float | None = setting(None, "the objective in absolute terms, in ms (unset: none)", gt=0)
-    # The players' objective holds the work back only while players are present: a probe saw a session
-    # of the database not this service's and not idle, at most this long ago.
-    players_memory_seconds: float = setting(
-        60.0, "players count as present this long after a probe last saw a session not this service's", ge=0
+    # The players' objective: the busy probe's mean above its quiet baseline by more than
+    # `probe_added_ms` means stress (docs/decisions/0017); so does a mean above `probe_ratio` x the
+    # baseline and above `probe_max_ms`, each when set.
+    probe_added_ms: float = setting(
+        5.0, "the players' objective: a commit may take at most this many ms more than alone (mean per window)", gt=0
+    )
+    probe_ratio: float | None = setting(
+        None, "optional bound: commit probe / its quiet baseline that means stress (unset: none)", gt=1
+    )
+    probe_max_ms: float | None = setting(None, "optional bound: the commit probe's mean in ms (unset: none)", gt=0)
+    # Players are sessions doing work: present while, of the samples taken in the last
+    # `presence_window_seconds`, at least `presence_busy_fraction` saw a session not this service's
+    # writing: a statement in a transaction that holds an ID (docs/budget.md, Who counts as a player).
+    presence_busy_fraction: float = setting(
+        0.05, "players are present while at least this share of the samples saw one writing", gt=0, le=1
+    )
+    presence_window_seconds: float = setting(10.0, "the window of samples that decides presence", gt=0, le=3600)
+    # The deadline objective: every cohort finishes within `lateness_objective_seconds` of its
+    # deadline, granted up to `deadline_max_in_flight` batches whatever the players' objective says.
+    lateness_objective_seconds: float = setting(
+        60.0, "the deadline objective: a cohort's last account cleaned at most this long after its deadline", gt=0
+    )
+    deadline_max_in_flight: int = setting(
+        2,
+        "the hard share: batches in flight the deadline objective may hold past the players' objective (0: none)",
+        ge=0,
+        le=256,
     )
     probe_min_ms: float = internal(
         1.0, "a busy probe must also exceed its baseline by this many ms (sub-ms jitter is not stress)", ge=0

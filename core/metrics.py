@@ -25,7 +25,7 @@ Counters (names as scraped; docs/observability.md):
   cleanup_database_clock_behind_seconds  gauge: the database clock behind a claim's timer (0: in step)
   planner_stranded_recovered          claims of closed cleanups released for re-claiming
   planner_restarts{reason}            the planner started again by a worker's watchdog (closed / stuck)
-  load_budget_in_flight_limit         gauge: batches allowed in flight now (core/budget.py; -1: no limit)
+  load_budget_in_flight_limit         gauge: batches allowed in flight now (budget/controller.py; -1: no limit)
   load_budget_rows_per_second_limit   gauge: rows per second allowed now (-1: no limit)
   load_budget_throttled               gauge: 1 while stress has the budget throttle the work, else 0
   load_budget_stress{signal}          gauge, at each adjustment: 1 for each signal showing stress
@@ -34,7 +34,10 @@ Counters (names as scraped; docs/observability.md):
   load_budget_commit_probe_objective_ms  gauge, at each adjustment: the most it may be (ratio x baseline, or the bound)
   load_budget_players_present         gauge, at each adjustment: 1 when a session not this service's was active
                                       (the commit probe's objective applies), 0 when none was
-  load_budget_rows                    rows done by budgeted batches (rate() = rows/s)
+  load_budget_binding{objective}      gauge, at each adjustment: 1 for the objective that sets the limits
+  load_budget_deadline_rows_per_second  gauge, at each adjustment: the rate the deadline objective asks for
+  load_budget_projected_lateness_seconds  gauge: how late the last cohort known would finish at the rate granted
+  load_budget_rows                    rows done by budgeted batches (rate(): accounts cleaned, payment keys per s)
   load_budget_wait_seconds            histogram: time a batch waited for the budget
   held_accounts, cleanups_in_flight   gauges (core/fleet.py): accounts in 'cleaning', the claims holding them
   cleanup_lateness_max_seconds        gauge: the largest lateness of the cleanups of the last 15 minutes
@@ -84,6 +87,9 @@ DESCRIPTIONS: dict[str, str] = {
     "load_budget_commit_probe_objective_ms": "the most the commit probe's mean may be (the players' objective)",
     "load_budget_players_present": "1 when a session not this service's was active at the load budget's last "
     "adjustment (the commit probe's objective applies), else 0",
+    "load_budget_binding": "1 for the objective that set the load budget's limits at its last adjustment",
+    "load_budget_deadline_rows_per_second": "the rate the deadline objective asked for at the last adjustment",
+    "load_budget_projected_lateness_seconds": "how late the last cohort would finish at the rate granted",
     "load_budget_rows": "rows done by batches under the load budget",
     "load_budget_wait_seconds": "seconds a batch waited for the load budget",
     "held_accounts": "accounts in 'cleaning' now: claimed by a cleanup that has not settled them yet",
@@ -267,7 +273,7 @@ def record_planner_restart(reason: str) -> None:
     count("planner_restarts", 1, {"reason": reason})
 
 
-# --- load budget (core/budget.py) -------------------------------------------------------------------
+# --- load budget (budget/controller.py) -------------------------------------------------------------------
 
 
 STRESS_SIGNALS = ("commit_probe", "commit_probe_ms", "batch_latency", "lock_waits", "replication_lag")
@@ -298,6 +304,19 @@ def set_budget_verdict(
         set_gauge("load_budget_commit_probe_ms", probe_ms)
     if objective_ms is not None:
         set_gauge("load_budget_commit_probe_objective_ms", objective_ms)
+
+
+BINDINGS = ("none", "players", "database", "deadline", "deadline, at its hard share")
+
+
+def set_budget_objectives(binding: str, deadline_rows_per_second: float, projected_lateness: float | None) -> None:
+    """Which objective sets the budget's limits (1 for the one that binds), the rate the deadline
+    objective asks for, and how late the last cohort known would finish at the rate granted."""
+    for name in BINDINGS:
+        set_count_gauge("load_budget_binding", int(name == binding), {"objective": name})
+    set_gauge("load_budget_deadline_rows_per_second", deadline_rows_per_second)
+    if projected_lateness is not None:
+        set_gauge("load_budget_projected_lateness_seconds", projected_lateness)
 
 
 def record_budget_rows(n: int) -> None:

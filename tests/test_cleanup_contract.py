@@ -15,6 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 import cleanup
 from activities.cleanup import CleanupActivities
+from budget.controller import BudgetSettings, LoadBudget
 from cleanup.inputs import StartCleanup
 from cleanup.models import (
     ClaimChunkedInput,
@@ -28,7 +29,6 @@ from cleanup.models import (
 from cleanup.operations import renew, start_cleanup
 from cleanup.targets import load_targets
 from core import db
-from core.budget import BudgetSettings, LoadBudget
 from core.queries import load
 from tests.helpers import (
     activity_timeline,

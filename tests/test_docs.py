@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "DEVELOPERS.md", *(ROOT / "docs").rglob("*.md")])
 PRODUCT = [
     "core",
+    "budget",
     "cleanup",
     "ledger",
     "outbox",

@@ -14,13 +14,14 @@ from collections.abc import Iterator
 
 import asyncpg
 import pytest
+from pydantic import ValidationError
 
 import starter
 import worker
+from budget.cli import LIMITS, parse_limit
+from budget.controller import BudgetChange, BudgetSettings, set_budget
 from cleanup.planner_models import PlannerSettings
 from core import failpoints
-from core.budget import BudgetSettings, set_budget
-from core.budget_cli import LIMITS, parse_limit
 from core.cli import reject_non_finite
 from core.config import PROJECT_ROOT, ConfigError, Settings, read
 from core.errors import InputError
@@ -105,13 +106,16 @@ def test_an_out_of_range_budget_limit_names_its_real_bound(name: str, text: str,
 
 
 async def test_the_database_refuses_a_non_finite_budget_limit(pool: asyncpg.Pool) -> None:
-    """Postgres sorts NaN above every number, so `CHECK (rows_per_second > 0)` alone let it in."""
+    """Postgres sorts NaN above every number, so `CHECK (rows_per_second > 0)` alone let it in; the
+    request model refuses it before any statement."""
     for value in (math.nan, math.inf):
+        with pytest.raises(ValidationError):
+            BudgetChange(rows_per_second=value)
         with pytest.raises(asyncpg.CheckViolationError):
-            await set_budget(pool, rows_per_second=value)
+            await pool.execute("UPDATE load_budget SET rows_per_second = $1", value)
         with pytest.raises(asyncpg.CheckViolationError):
             await pool.execute("UPDATE load_budget SET latency_ms = $1", value)
-    await set_budget(pool, rows_per_second=250.0)  # a finite one is still taken
+    await set_budget(pool, BudgetChange(rows_per_second=250.0))  # a finite one is still taken
 
 
 @pytest.mark.parametrize(

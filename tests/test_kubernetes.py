@@ -76,7 +76,7 @@ def docs() -> list[dict[str, Any]]:
 def env_names_the_code_reads() -> set[str]:
     """The settings tree's variables (and each secret's _FILE form), and any read directly."""
     sources = [ROOT / "worker.py", ROOT / "starter.py"]
-    for package in ("core", "cleanup", "ledger", "outbox", "activities", "workflows", "deadline_cleanup"):
+    for package in ("core", "budget", "cleanup", "ledger", "outbox", "activities", "workflows", "deadline_cleanup"):
         sources += (ROOT / package).glob("*.py")
     tree = {v.name for v in variables()} | {v.name + FILE_SUFFIX for v in variables() if v.secret}
     return tree | {name for path in sources for name in ENV_READ.findall(path.read_text())}

@@ -21,6 +21,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
 from activities.cleanup import CleanupActivities
+from budget.controller import BudgetSettings, LoadBudget
 from cleanup.models import (
     ClaimChunkedInput,
     CleanupPartitionInput,
@@ -31,7 +32,6 @@ from cleanup.models import (
 from cleanup.planner import dense_threshold, plan_buckets, planner_status
 from cleanup.planner_models import PlannerSettings, PlanTickInput
 from cleanup.targets import load_targets
-from core.budget import BudgetSettings, LoadBudget
 from core.config import CleanupDefaults
 from tests.helpers import seed, wait_until
 from tests.test_planner import all_settled, planner_worker, strand_a_claim

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bench import player_load
-from core.budget import BudgetSettings, StressLimits
+from budget.controller import BudgetSettings, StressLimits
 
 START = 1000.0
 
 
 def limits(ratio: float = 2.0, max_ms: float | None = None) -> StressLimits:
-    return player_load.Objective(ratio, max_ms).limits(BudgetSettings())
+    return player_load.Objective(probe_ratio=ratio, probe_max_ms=max_ms).limits(BudgetSettings())
 
 
 def probes(*means: float, every: float = 0.5, window: float = 10.0) -> list[tuple[float, float]]:
@@ -55,7 +55,7 @@ def test_objectives_parse_into_the_budget_settings_they_set() -> None:
     assert [o.label for o in got] == ["default", "ratio=1.5", "max_ms=20", "ratio=3+max_ms=25"]
     settings = BudgetSettings()
     assert got[0].limits(settings).probe_ratio == settings.probe_ratio
-    assert got[3].describe(settings) == "commit probe <= 3 x baseline and <= 25 ms"
+    assert got[3].describe(settings) == "commit probe <= baseline + 5 ms and <= 3 x baseline and <= 25 ms"
 
 
 @pytest.mark.parametrize(

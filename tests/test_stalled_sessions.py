@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from budget.controller import SQL as BUDGET_SQL
+from budget.controller import BudgetSettings, LoadBudget
 from core import db
-from core.budget import SQL as BUDGET_SQL
-from core.budget import BudgetSettings, LoadBudget
 from core.sessions import StalledSessions
 from tests.helpers import wait_until
 

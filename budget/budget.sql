@@ -1,4 +1,4 @@
--- The load budget's statements (core/budget.py). Acquires are serialised by a transaction-scoped
+-- The load budget's statements (budget/controller.py). Acquires are serialised by a transaction-scoped
 -- advisory lock taken in a statement of its own, so each acquire's snapshot already sees every
 -- slot taken before it (advisory waits are not counted as lock stress).
 --
@@ -118,9 +118,16 @@ UPDATE load_budget_slots SET expires_at = clock_timestamp() + make_interval(secs
 WHERE slot = $1 AND lease = $2;
 
 -- name: release
--- $1 slot (NULL when the budget was off), $2 lease, $3 rows done, $4 ms per 1000 rows (NULL: failed)
+-- $1 slot (NULL when the budget was off), $2 lease, $3 rows done, $4 ms per 1000 rows (NULL: failed
+-- or no rows), $5 the cohort the batch worked for (NULL: none): its accounts count as done there, and
+-- the cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
+-- switched off or cancelled, is forgotten: deadline_demand).
 WITH gone AS (
     DELETE FROM load_budget_slots WHERE slot = $1 AND lease = $2 RETURNING rows
+),
+cohort AS (
+    UPDATE load_budget_cohorts SET done = done + $3::int, updated_at = clock_timestamp()
+    WHERE cohort = $5::text
 )
 UPDATE load_budget
 SET tokens = tokens + coalesce((SELECT greatest(0, rows - $3::int) FROM gone), 0),
@@ -128,6 +135,38 @@ SET tokens = tokens + coalesce((SELECT greatest(0, rows - $3::int) FROM gone), 0
     window_ms_sum = window_ms_sum + coalesce($4::float8, 0),
     window_batches = window_batches + ($4::float8 IS NOT NULL)::int
 WHERE name = 'database';
+
+-- name: register_cohort
+-- A cohort the deadline objective serves: $1 its key, $2 its deadline (its earliest account's), $3
+-- its accounts. A second registration (a retried claim, another claim stream) keeps what is done.
+-- Not while the operator has the budget off: its batches then count nothing done.
+INSERT INTO load_budget_cohorts (cohort, deadline, accounts, updated_at)
+SELECT $1, $2, $3, clock_timestamp() FROM load_budget WHERE name = 'database' AND enabled
+ON CONFLICT (cohort) DO UPDATE
+SET deadline = least(load_budget_cohorts.deadline, excluded.deadline),
+    accounts = greatest(load_budget_cohorts.accounts, excluded.accounts),
+    updated_at = excluded.updated_at;
+
+-- name: deadline_demand
+-- The rate that finishes every cohort with accounts left within $1 seconds (the lateness objective)
+-- of its deadline: each cohort's accounts left over the time to its target, at least one second
+-- (a cohort past its target asks for all it has left within the next second). Cohorts done, or
+-- untouched for $2 seconds (their cleanup ended without saying so), are forgotten.
+WITH gone AS (
+    DELETE FROM load_budget_cohorts
+    WHERE done >= accounts OR updated_at < clock_timestamp() - make_interval(secs => $2::float8)
+    RETURNING cohort
+),
+open AS (
+    SELECT accounts - done AS left_, deadline + make_interval(secs => $1::float8) AS target
+    FROM load_budget_cohorts
+    WHERE done < accounts AND updated_at >= clock_timestamp() - make_interval(secs => $2::float8)
+)
+SELECT count(*)::int AS cohorts, coalesce(sum(left_), 0)::bigint AS accounts_left,
+       coalesce(sum(left_ / greatest(1.0, extract(epoch FROM target - clock_timestamp())::float8)), 0)::float8
+           AS rows_per_second,
+       max(target) AS target
+FROM open;
 
 -- name: claim_adjustment
 -- $1 seconds between adjustments: at most one worker adjusts per interval, with the window's batches
@@ -143,16 +182,22 @@ WHERE l.name = 'database' AND l.enabled
 RETURNING l.rate_limit, l.probe_max_ms,
           old.window_rows, old.window_seconds, old.window_peak_in_flight,
           old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
-          l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms,
+          l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms, l.probe_added_ms,
+          l.lateness_objective_seconds, l.deadline_max_in_flight,
           extract(epoch FROM clock_timestamp() - l.probe_baseline_at)::float8 AS baseline_age_seconds,
           extract(epoch FROM clock_timestamp() - l.quiet_until)::float8 AS since_quiet_seconds,
           l.probe_baseline_server_start IS DISTINCT FROM pg_postmaster_start_time() AS server_restarted;
 
 -- name: sample_players
--- Whether players are present now: a client session of this database that is not this service's
--- (by application_name, whatever the login: $1 is the prefix of this service's, core.db.APPLICATION_NAME)
--- and not idle. Another role's session shows no state (nor backend type) unless this role has
--- pg_read_all_stats: it counts, so without the grant the players' objective always applies.
+-- Whether a player is at work now: a client session of this database that is not this service's (by
+-- application_name, whatever the login: $1 is the prefix of this service's, core.db.APPLICATION_NAME)
+-- running a statement in a transaction that writes (it holds a transaction ID until its commit is
+-- flushed: the commit the players' objective protects). Idle sessions (a pool, a statement that
+-- ended), reads (a monitoring poll, a progress query, a report), sessions idle in a transaction and
+-- background processes (autovacuum) are not. Another role's session shows no state
+-- (nor backend type) unless this role has pg_read_all_stats: it counts as running, so without the
+-- grant the game's open connections read as players. One sample is one look; presence is the busy
+-- share of the samples over a window (collect_probes), so a short query now and then is no player.
 -- The function rather than the view pg_stat_activity: half the cost (the view's joins are planned
 -- at every execution). Run before each probe, outside its timing: the probe times a player's commit.
 SELECT EXISTS (
@@ -161,26 +206,35 @@ SELECT EXISTS (
       AND a.pid <> pg_backend_pid()
       AND coalesce(a.backend_type, 'client backend') = 'client backend'
       AND left(coalesce(a.application_name, ''), length($1::text)) <> $1::text
-      AND a.state IS DISTINCT FROM 'idle'
+      AND (a.state IS NULL OR a.state IN ('active', 'fastpath function call') AND a.backend_xid IS NOT NULL)
 ) AS players;
 
 -- name: probe
 -- The commit probe: a one-row write that commits, timed by the caller. $1 holder, $2 the latency in
 -- ms of this holder's previous probe (NULL: none yet), $3 whether that one was quiet, $4 whether the
--- sample taken just before saw players (players_seen_at keeps the last sighting). Returns whether
--- this one is quiet: no budget slot held anywhere while it ran.
-INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, players_seen_at)
+-- sample taken just before saw a player at work (one presence sample, NULL: none taken; the holder's samples start
+-- afresh once older than $5 seconds, the presence window). Returns whether this one is quiet: no
+-- budget slot held anywhere while it ran.
+INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, players_seen_at,
+                                     presence_n, presence_busy, presence_since)
 VALUES ($1, clock_timestamp(),
         CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN $2::float8 ELSE 0 END,
         CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN 1 ELSE 0 END,
         CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN $2::float8 ELSE 0 END,
         CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN 1 ELSE 0 END,
-        CASE WHEN $4::boolean THEN clock_timestamp() END)
+        CASE WHEN $4::boolean THEN clock_timestamp() END,
+        ($4::boolean IS NOT NULL)::int, coalesce($4::boolean::int, 0), clock_timestamp())
 ON CONFLICT (holder) DO UPDATE
 SET probed_at = excluded.probed_at,
     busy_ms_sum = p.busy_ms_sum + excluded.busy_ms_sum, busy_n = p.busy_n + excluded.busy_n,
     quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n,
-    players_seen_at = coalesce(excluded.players_seen_at, p.players_seen_at)
+    players_seen_at = coalesce(excluded.players_seen_at, p.players_seen_at),
+    presence_n = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
+                      THEN p.presence_n ELSE 0 END + ($4::boolean IS NOT NULL)::int,
+    presence_busy = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
+                         THEN p.presence_busy ELSE 0 END + coalesce($4::boolean::int, 0),
+    presence_since = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
+                          THEN p.presence_since ELSE clock_timestamp() END
 RETURNING NOT EXISTS (
     SELECT 1 FROM load_budget_slots s
     WHERE s.expires_at > clock_timestamp()
@@ -202,26 +256,49 @@ SET probe_baseline_ms = CASE
 WHERE name = 'database' AND enabled;
 
 -- name: collect_probes
--- The adjustment takes every holder's probes since the last one (and forgets holders silent for a day),
--- and how long ago any probe last saw players (NULL: never).
+-- The adjustment takes every holder's probes and presence samples since the last one (and forgets
+-- holders silent for a day), keeps the samples as one row of load_budget_presence and forgets rows
+-- older than $1 seconds (the presence window): `samples` and `busy` are the window's, this
+-- adjustment's included.
 WITH old AS (
-    SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at, players_seen_at
+    SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at, presence_n, presence_busy, presence_since
     FROM load_budget_probes FOR UPDATE
 ),
 taken AS (
-    UPDATE load_budget_probes p SET busy_ms_sum = 0, busy_n = 0, quiet_ms_sum = 0, quiet_n = 0
+    UPDATE load_budget_probes p
+    SET busy_ms_sum = 0, busy_n = 0, quiet_ms_sum = 0, quiet_n = 0, presence_n = 0, presence_busy = 0,
+        presence_since = NULL
     FROM old WHERE p.holder = old.holder AND old.probed_at >= clock_timestamp() - interval '1 day'
-    RETURNING old.busy_ms_sum, old.busy_n, old.quiet_ms_sum, old.quiet_n
+    RETURNING old.busy_ms_sum, old.busy_n, old.quiet_ms_sum, old.quiet_n,
+              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => $1::float8)
+                   THEN old.presence_n ELSE 0 END AS presence_n,
+              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => $1::float8)
+                   THEN old.presence_busy ELSE 0 END AS presence_busy
 ),
 gone AS (
     DELETE FROM load_budget_probes p USING old
     WHERE p.holder = old.holder AND old.probed_at < clock_timestamp() - interval '1 day'
+),
+now_ AS (
+    SELECT coalesce(sum(busy_ms_sum), 0)::float8 AS busy_ms_sum, coalesce(sum(busy_n), 0)::int AS busy_n,
+           coalesce(sum(quiet_ms_sum), 0)::float8 AS quiet_ms_sum, coalesce(sum(quiet_n), 0)::int AS quiet_n,
+           coalesce(sum(presence_n), 0)::int AS samples, coalesce(sum(presence_busy), 0)::int AS busy
+    FROM taken
+),
+kept AS (
+    INSERT INTO load_budget_presence (at, samples, busy)
+    SELECT clock_timestamp(), samples, busy FROM now_ WHERE samples > 0
+),
+expired AS (
+    DELETE FROM load_budget_presence WHERE at <= clock_timestamp() - make_interval(secs => $1::float8)
+),
+earlier AS (
+    SELECT coalesce(sum(samples), 0)::int AS samples, coalesce(sum(busy), 0)::int AS busy
+    FROM load_budget_presence WHERE at > clock_timestamp() - make_interval(secs => $1::float8)
 )
-SELECT coalesce(sum(busy_ms_sum), 0)::float8 AS busy_ms_sum, coalesce(sum(busy_n), 0)::int AS busy_n,
-       coalesce(sum(quiet_ms_sum), 0)::float8 AS quiet_ms_sum, coalesce(sum(quiet_n), 0)::int AS quiet_n,
-       (SELECT extract(epoch FROM clock_timestamp() - max(players_seen_at))::float8 FROM old)
-           AS players_seen_seconds_ago
-FROM taken;
+SELECT now_.busy_ms_sum, now_.busy_n, now_.quiet_ms_sum, now_.quiet_n,
+       now_.samples + earlier.samples AS presence_samples, now_.busy + earlier.busy AS presence_busy
+FROM now_, earlier;
 
 -- name: sample_stress
 -- Lock waits in this database (players' included; advisory locks excluded: they are the jobs' own
@@ -238,9 +315,13 @@ SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 -- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none), $10 forget the
 -- baseline (the server restarted since it was measured; $8 may be the new one already)
 -- $11 new in-flight limit (NULL: unthrottled), $12 what limits the rate now, $13 rows/s done in the window,
--- $14 whether players were present (the commit probe's objective applied)
+-- $14 whether players were present (the commit probe's objective applied), $15 the busy share of the
+-- presence samples, $16 the objective that binds, $17 the rate the deadline objective asks for,
+-- $18 its accounts left, $19 its latest target, $20 when the last cohort would finish at the rate granted
 UPDATE load_budget
-SET rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
+SET observed_busy_fraction = $15::float8, binding = $16::text, deadline_rows_per_second = $17::float8,
+    deadline_accounts_left = $18::bigint, deadline_target = $19::timestamptz, projected_finish = $20::timestamptz,
+    rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
     observed_rows_per_second = $13::float8, stress = $2::text, observed_players_present = $14::boolean,
     stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
     last_stress = coalesce($2::text, last_stress),
@@ -278,6 +359,9 @@ SET enabled = coalesce($1::boolean, enabled),
     max_replication_lag_seconds = CASE WHEN $10::boolean THEN $11::float8 ELSE max_replication_lag_seconds END,
     probe_ratio = CASE WHEN $12::boolean THEN $13::float8 ELSE probe_ratio END,
     probe_max_ms = CASE WHEN $16::boolean THEN $17::float8 ELSE probe_max_ms END,
+    probe_added_ms = CASE WHEN $18::boolean THEN $19::float8 ELSE probe_added_ms END,
+    lateness_objective_seconds = CASE WHEN $20::boolean THEN $21::float8 ELSE lateness_objective_seconds END,
+    deadline_max_in_flight = CASE WHEN $22::boolean THEN $23::int ELSE deadline_max_in_flight END,
     rate_limit = CASE WHEN $14::boolean THEN NULL ELSE rate_limit END,
     in_flight_limit = CASE WHEN $14::boolean THEN NULL ELSE in_flight_limit END,
     limited_by = CASE WHEN $14::boolean THEN NULL ELSE limited_by END,

@@ -1,7 +1,7 @@
 """The load budget: how much cleanup and reconciliation work may run on the players' database at once.
 
 One budget for every job together, across all worker processes and nodes, kept in Postgres
-(migration 012, statements in core/budget.sql):
+(migration 012, statements in budget/budget.sql):
 
 - **in flight**: a batch holds a row of `load_budget_slots` while it runs; at most the effective
   in-flight limit of such rows exist. Acquires are serialised by a transaction-scoped advisory
@@ -24,13 +24,18 @@ One budget for every job together, across all worker processes and nodes, kept i
   while no slot is held anywhere make the baseline (and when there were none for
   `baseline_seconds`, nothing is granted for `quiet_seconds` so that there are).
 - **players present**: with each probe (outside its timing), the process samples whether a session
-  of the database other than this service's (by application_name) is active. The commit probe's
-  objective holds the work back only while players are present (seen within
-  `players_memory_seconds`): on a database nobody else uses, the work's own load on the probe is
-  not stress. The other signals apply either way.
+  of the database other than this service's (by application_name) is writing (a statement in a
+  transaction that holds an ID). The commit probe's objective holds the work back only while
+  players are present (at least `presence_busy_fraction` of the samples of the last
+  `presence_window_seconds`): on a database nobody else writes to, the work's own load on the
+  probe is not stress. The other signals apply either way.
+- **the deadline objective**: a cohort's claim registers its deadline and accounts
+  (`register_cohort`), its batches count them done; each adjustment grants at least the rate that
+  finishes every cohort within `lateness_objective_seconds` of its deadline, up to
+  `deadline_max_in_flight` batches in flight (`with_deadline`).
 - **a batch blocked on a lock** (a session of this role waiting on a row lock for
   `blocked_after_seconds`) does not count against `max_in_flight`: it uses neither CPU nor WAL.
-- The budget's own writes commit without waiting for the WAL flush (core/budget.sql).
+- The budget's own writes commit without waiting for the WAL flush (budget/budget.sql).
 - **operator control**: `starter.py budget show|set` changes the row; every acquire reads it, so a
   change reaches running partitions at their next batch (and waiting ones at their next try).
 
@@ -52,14 +57,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import asyncpg
 
 from core import db, metrics
 from core.config import BudgetSettings as BudgetSettings  # declared with every other setting
-from core.config import read
 from core.model import Model
 from core.queries import load
 
@@ -87,13 +91,13 @@ class Grant:
 
 @contextlib.asynccontextmanager
 async def under_budget(
-    budget: LoadBudget | None, job: str, rows: int, while_waiting: Waiting | None = None
+    budget: LoadBudget | None, job: str, rows: int, while_waiting: Waiting | None = None, cohort: str | None = None
 ) -> AsyncIterator[Grant]:
     """`budget.batch(...)`, or no limit at all when `budget` is None (the benchmarks' direct runs)."""
     if budget is None:
         yield Grant(lease="", slot=None, rows=rows, waited_seconds=0.0)
         return
-    async with budget.batch(job, rows, while_waiting) as grant:
+    async with budget.batch(job, rows, while_waiting, cohort) as grant:
         yield grant
 
 
@@ -114,7 +118,7 @@ class LoadBudget:
 
     def __init__(self, pool: asyncpg.Pool, settings: BudgetSettings | None = None) -> None:
         self.pool = pool
-        self.settings = settings or read(BudgetSettings)
+        self.settings = settings or BudgetSettings()  # the worker passes its own (Settings.budget)
         self.holder = _holder()
         self._active = 0  # batches of this process waiting for the budget or in flight
         self._prober: asyncio.Future[None] | None = None
@@ -177,6 +181,7 @@ class LoadBudget:
                             previous[0] if previous else None,
                             previous[1] if previous else None,
                             players,
+                            self.settings.presence_window_seconds,
                         )
                     except Exception:
                         if not _usable(conn):
@@ -208,9 +213,10 @@ class LoadBudget:
         it); quiet (no slot held anywhere), it moves the baseline."""
         async with self.pool.acquire() as conn:
             players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
-            await conn.fetchval(SQL.probe, self._probe_key, None, None, players)
+            window = self.settings.presence_window_seconds
+            await conn.fetchval(SQL.probe, self._probe_key, None, None, None, window)  # plans it: no sample
             started = time.perf_counter()
-            quiet = await conn.fetchval(SQL.probe, self._probe_key, None, None, players)
+            quiet = await conn.fetchval(SQL.probe, self._probe_key, None, None, players, window)
             ms = (time.perf_counter() - started) * 1000
         if quiet:
             await self._bookkeeping(SQL.learn_idle_baseline, ms, IDLE_BASELINE_WEIGHT)
@@ -269,14 +275,26 @@ class LoadBudget:
         return min(batch_size, self.settings.throttled_batch_rows) if self.throttled else batch_size
 
     @contextlib.asynccontextmanager
-    async def batch(self, job: str, rows: int, while_waiting: Waiting | None = None) -> AsyncIterator[Grant]:
-        """Hold a slot and `rows` rows of the budget for the body (one batch); release after it."""
+    async def batch(
+        self, job: str, rows: int, while_waiting: Waiting | None = None, cohort: str | None = None
+    ) -> AsyncIterator[Grant]:
+        """Hold a slot and `rows` rows of the budget for the body (one batch); release after it.
+        `rows` is what the batch is charged: accounts it cleans (a claim's chunk charges none: an
+        account is one unit of the rate, claimed and cleaned). `cohort`: the cohort registered with
+        `register_cohort` whose accounts the batch cleans; its `rows_done` count as done there."""
         if not self.settings.enabled or time.monotonic() < self._off_until:
             yield Grant(lease="", slot=None, rows=rows, waited_seconds=0.0)
             return
         async with self._probing():
-            async with self._held(job, rows, while_waiting) as grant:
+            async with self._held(job, rows, while_waiting, cohort) as grant:
                 yield grant
+
+    async def register_cohort(self, cohort: str, deadline: datetime, accounts: int) -> None:
+        """Tell the deadline objective of a cohort: its deadline and how many accounts it has. Its
+        batches (`batch(..., cohort=...)`) count its accounts done; a cohort done is forgotten."""
+        if not self.settings.enabled or accounts <= 0:
+            return
+        await self._bookkeeping(SQL.register_cohort, cohort, deadline, accounts)
 
     @contextlib.asynccontextmanager
     async def _probing(self) -> AsyncIterator[None]:
@@ -290,7 +308,9 @@ class LoadBudget:
             self._active -= 1
 
     @contextlib.asynccontextmanager
-    async def _held(self, job: str, rows: int, while_waiting: Waiting | None) -> AsyncIterator[Grant]:
+    async def _held(
+        self, job: str, rows: int, while_waiting: Waiting | None, cohort: str | None
+    ) -> AsyncIterator[Grant]:
         grant = await self.acquire(job, rows, while_waiting)
         renewing = asyncio.ensure_future(self._renew(grant)) if grant.slot is not None else None
         started = time.perf_counter()
@@ -305,9 +325,10 @@ class LoadBudget:
                     await renewing
             seconds = time.perf_counter() - started
             done = grant.rows_done if ok and grant.rows_done is not None else rows
-            ms_per_1000 = seconds * 1_000_000 / max(rows, 1) if ok else None
+            # Latency per 1,000 rows of a batch charged rows; a claim's chunk (no rows) says nothing of it.
+            ms_per_1000 = seconds * 1_000_000 / rows if ok and rows > 0 else None
             try:
-                await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000)
+                await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000, cohort)
             except Exception:  # never mask the batch's own outcome
                 log.warning(
                     "could not release load budget slot %s; it is free once its session ends (or its lease runs out)",
@@ -443,7 +464,8 @@ class LoadBudget:
 
     async def maybe_adjust(self) -> dict[str, Any] | None:
         """The adaptive step, by whichever worker claims it first in each interval: observe the
-        window, judge it against the limits (the operator's, else this worker's), record the verdict."""
+        window, judge it against the players' objective and the other limits (the operator's, else
+        this worker's), give the deadline objective its share, record the verdict."""
         s = self.settings
         claimed = await self.pool.fetchrow(SQL.claim_adjustment, s.adjust_seconds)
         if claimed is None:
@@ -462,6 +484,41 @@ class LoadBudget:
             near_objective=limits.near(window.seen),
             observed_peak_in_flight=claimed["window_peak_in_flight"],
         )
+        verdict["binding"] = "players" if players_present else "database"
+        demand = await self._deadline_demand(claimed)
+        verdict = with_deadline(verdict, demand, window.seen.latency_ms, window.rows_per_second)
+        await self._record(window, verdict, demand)
+        metrics.set_budget_verdict(
+            verdict["rate_limit"] is not None,
+            holding_back(reasons, players_present),
+            window.seen.probe_ms,
+            limits.probe_bound_ms(window.seen.probe_baseline_ms),
+            players_present,
+        )
+        metrics.set_budget_objectives(verdict["binding"], demand.rows_per_second, verdict["projected_lateness"])
+        if verdict["stress"]:
+            log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
+        return verdict
+
+    async def _deadline_demand(self, claimed: asyncpg.Record) -> Demand:
+        """What the deadline objective asks of this window: the cohorts' accounts left and the rate
+        that finishes them within the lateness objective (the operator's, else this worker's)."""
+        s = self.settings
+        lateness = claimed["lateness_objective_seconds"] or s.lateness_objective_seconds
+        share = claimed["deadline_max_in_flight"]
+        row = await self.pool.fetchrow(SQL.deadline_demand, lateness, COHORT_FORGOTTEN_SECONDS)
+        assert row is not None
+        return Demand(
+            cohorts=row["cohorts"],
+            accounts_left=row["accounts_left"],
+            rows_per_second=row["rows_per_second"],
+            target=row["target"],
+            lateness_objective_seconds=lateness,
+            hard_share=share if share is not None else s.deadline_max_in_flight,
+        )
+
+    async def _record(self, window: _Window, verdict: dict[str, Any], demand: Demand) -> None:
+        """The verdict and what it was judged on, on the budget row (budget show, planner status)."""
         await self._bookkeeping(
             SQL.apply_adjustment,
             verdict["rate_limit"],
@@ -477,27 +534,22 @@ class LoadBudget:
             verdict["in_flight_limit"],
             verdict["limited_by"],
             window.rows_per_second,
-            players_present,
+            window.seen.players_present,
+            window.busy_fraction,
+            verdict["binding"],
+            demand.rows_per_second if demand.cohorts else None,
+            demand.accounts_left if demand.cohorts else None,
+            demand.target,
+            verdict["projected_finish"],
         )
-        probe_bound = limits.probe_bound_ms(window.seen.probe_baseline_ms)
-        metrics.set_budget_verdict(
-            verdict["rate_limit"] is not None,
-            holding_back(reasons, players_present),
-            window.seen.probe_ms,
-            probe_bound,
-            players_present,
-        )
-        if verdict["stress"]:
-            log.info("load budget throttles to %s: %s", _rate_text(verdict["rate_limit"]), verdict["stress"])
-        return verdict
 
     async def _observe(self, claimed: asyncpg.Record) -> _Window:
         """What the window that `claimed` closed saw: the batches' latency and rows per second, the
         database's lock waits and replication lag, the commit probes and their quiet baseline, and
-        whether players were present (a probe saw them in the window or within
-        `players_memory_seconds`)."""
+        whether players were present (at least `presence_busy_fraction` of the samples of the last
+        `presence_window_seconds` saw a session not the service's writing)."""
         stress = await self.pool.fetchrow(SQL.sample_stress)
-        collected = await self.pool.fetchrow(SQL.collect_probes)
+        collected = await self.pool.fetchrow(SQL.collect_probes, self.settings.presence_window_seconds)
         assert stress is not None and collected is not None
         probes = dict(collected)
         latency_ms = claimed["window_ms_sum"] / claimed["window_batches"] if claimed["window_batches"] else None
@@ -524,9 +576,8 @@ class LoadBudget:
             weight = min(1.0, probes["quiet_n"] / 5) * (1.0 if baseline is None or quiet_ms < baseline else 0.1)
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
-        seen_ago = probes["players_seen_seconds_ago"]
-        horizon = max(self.settings.players_memory_seconds, claimed["window_seconds"] or 0.0)
-        players_present = seen_ago is not None and seen_ago <= horizon
+        busy_fraction = probes["presence_busy"] / probes["presence_samples"] if probes["presence_samples"] else None
+        players_present = busy_fraction is not None and busy_fraction >= self.settings.presence_busy_fraction
         # The baseline serves only the players' objective: with nobody else on the database a quiet
         # moment would stall the work for nothing.
         wants_quiet = players_present and busy_ms is not None and new_baseline is None
@@ -539,6 +590,7 @@ class LoadBudget:
                 probe_baseline_ms=baseline,
                 players_present=players_present,
             ),
+            busy_fraction=busy_fraction,
             probes=taken if busy_ms is not None else 0,
             new_baseline=new_baseline,
             quiet_seconds=self._quiet_seconds(claimed, wants_quiet),
@@ -595,13 +647,14 @@ SET_POINT_SHARE = 1 / 3
 @dataclass(frozen=True)
 class StressLimits:
     """Above these the database is stressed; the commit probe's are the players' objective: its mean
-    at most `probe_ratio` x its quiet baseline (and by more than `probe_min_ms`), and at most
-    `probe_max_ms` when that is set."""
+    at most `probe_added_ms` above its quiet baseline, and, each when set, at most `probe_ratio` x the
+    baseline (and by more than `probe_min_ms`) and at most `probe_max_ms`."""
 
     latency_ms: float
     max_lock_waits: int
     max_lag: float
-    probe_ratio: float = 2.0
+    probe_added_ms: float | None = 5.0
+    probe_ratio: float | None = None
     probe_min_ms: float = 1.0
     probe_max_ms: float | None = None
 
@@ -612,10 +665,25 @@ class StressLimits:
             latency_ms=row["latency_ms"] or s.latency_ms,
             max_lock_waits=row["max_lock_waits"] if row["max_lock_waits"] is not None else s.max_lock_waits,
             max_lag=row["max_replication_lag_seconds"] or s.max_replication_lag_seconds,
+            probe_added_ms=row["probe_added_ms"] or s.probe_added_ms,
             probe_ratio=row["probe_ratio"] or s.probe_ratio,
             probe_min_ms=s.probe_min_ms,
             probe_max_ms=row["probe_max_ms"] or s.probe_max_ms,
         )
+
+    def relative_bound_ms(self, baseline_ms: float) -> float | None:
+        """The least of the bounds set relative to the baseline (None: none set)."""
+        bounds = [baseline_ms + self.probe_added_ms] if self.probe_added_ms is not None else []
+        if self.probe_ratio is not None:
+            bounds.append(max(baseline_ms * self.probe_ratio, baseline_ms + self.probe_min_ms))
+        return min(bounds) if bounds else None
+
+    def probe_bound_ms(self, baseline_ms: float | None) -> float | None:
+        """The commit probe's mean above which it shows stress (None: no bound known yet)."""
+        bounds = [self.probe_max_ms] if self.probe_max_ms is not None else []
+        relative = self.relative_bound_ms(baseline_ms) if baseline_ms is not None else None
+        bounds += [relative] if relative is not None else []
+        return min(bounds) if bounds else None
 
     def near(self, seen: Observed) -> str | None:
         """Whether the commit probe is past its set point (a third of the way from its baseline to
@@ -625,25 +693,13 @@ class StressLimits:
         the few probes of a 2-s adjustment miss the outliers (a checkpoint, a vacuum) that lift a
         window's mean."""
         probe, baseline = seen.probe_ms, seen.probe_baseline_ms
-        if probe is None:
+        bound = self.probe_bound_ms(baseline)
+        if probe is None or bound is None:
             return None
-        bounds = [self.probe_max_ms] if self.probe_max_ms is not None else []
-        if baseline is not None:
-            bounds.append(max(baseline * self.probe_ratio, baseline + self.probe_min_ms))
-        if not bounds:
-            return None
-        bound = min(bounds)
         set_point = baseline + (bound - baseline) * SET_POINT_SHARE if baseline is not None else bound * 3 / 4
         if probe <= set_point:
             return None
         return f"commit probe {probe:.1f} ms past its set point {set_point:.1f} ms (stress above {bound:.1f} ms)"
-
-    def probe_bound_ms(self, baseline_ms: float | None) -> float | None:
-        """The commit probe's mean above which it shows stress (None: no bound known yet)."""
-        bounds = [
-            b for b in (baseline_ms * self.probe_ratio if baseline_ms is not None else None, self.probe_max_ms) if b
-        ]
-        return min(bounds) if bounds else None
 
 
 @dataclass(frozen=True)
@@ -651,6 +707,7 @@ class _Window:
     """One adjustment window's observations, as the adjustment records them with its verdict."""
 
     seen: Observed
+    busy_fraction: float | None  # the share of the presence window's samples that saw a player at work
     probes: int  # commit probes taken while work ran
     new_baseline: float | None  # the quiet baseline learnt in this window (None: no quiet probe)
     quiet_seconds: float | None  # nothing granted this long so that quiet probes are taken
@@ -667,15 +724,9 @@ def stress_reasons(seen: Observed, limits: StressLimits) -> dict[str, str]:
     signal (metrics.STRESS_SIGNALS)."""
     reasons: dict[str, str] = {}
     probe_ms, baseline_ms = seen.probe_ms, seen.probe_baseline_ms
-    if (
-        probe_ms is not None
-        and baseline_ms is not None
-        and probe_ms > baseline_ms * limits.probe_ratio
-        and probe_ms - baseline_ms > limits.probe_min_ms
-    ):
-        reasons["commit_probe"] = (
-            f"commit probe {probe_ms:.1f} ms > {limits.probe_ratio:g} x baseline {baseline_ms:.1f} ms"
-        )
+    relative = limits.relative_bound_ms(baseline_ms) if baseline_ms is not None else None
+    if probe_ms is not None and baseline_ms is not None and relative is not None and probe_ms > relative:
+        reasons["commit_probe"] = _probe_text(probe_ms, baseline_ms, limits)
     if probe_ms is not None and limits.probe_max_ms is not None and probe_ms > limits.probe_max_ms:
         reasons["commit_probe_ms"] = f"commit probe {probe_ms:.1f} ms > {limits.probe_max_ms:g} ms"
     if seen.latency_ms is not None and seen.latency_ms > limits.latency_ms:
@@ -687,9 +738,17 @@ def stress_reasons(seen: Observed, limits: StressLimits) -> dict[str, str]:
     return reasons
 
 
+def _probe_text(probe_ms: float, baseline_ms: float, limits: StressLimits) -> str:
+    """The relative bound the commit probe passed, as the operator set it."""
+    added = limits.probe_added_ms
+    if added is not None and probe_ms > baseline_ms + added:
+        return f"commit probe {probe_ms:.1f} ms > baseline {baseline_ms:.1f} ms + {added:g} ms"
+    return f"commit probe {probe_ms:.1f} ms > {limits.probe_ratio:g} x baseline {baseline_ms:.1f} ms"
+
+
 # The players' objective: it holds the work back only while players are present.
 PLAYER_SIGNALS = ("commit_probe", "commit_probe_ms")
-PLAYERS_ABSENT = "no other session active (players absent): the commit probe does not hold the work back"
+PLAYERS_ABSENT = "no player at work (players absent): the commit probe does not hold the work back"
 
 
 def holding_back(reasons: dict[str, str], players_present: bool) -> dict[str, str]:
@@ -755,6 +814,62 @@ def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
     return max(1, math.ceil(rate * latency_ms_per_1000_rows / 1_000_000))
 
 
+# A cohort none of whose batches (claim chunks included) released for this long is forgotten: its
+# cleanup ended without counting it done (the budget was switched off under it, it was cancelled).
+# A throttled cohort releases a batch every few seconds at least; a paused one asks for nothing.
+COHORT_FORGOTTEN_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the deadline objective asks: the cohorts with accounts left, and the rate (rows/s) that
+    finishes each within the lateness objective of its deadline; the latest of their targets."""
+
+    cohorts: int
+    accounts_left: int
+    rows_per_second: float
+    target: datetime | None
+    lateness_objective_seconds: float
+    hard_share: int  # batches in flight the deadline objective may hold whatever the players' objective says
+
+
+def with_deadline(
+    verdict: dict[str, Any], demand: Demand, latency_ms: float | None, observed_rows_per_second: float | None
+) -> dict[str, Any]:
+    """The verdict with the deadline objective's share: while a throttle applies, at least the rate
+    that finishes every cohort within the lateness objective, and the batches in flight that
+    deliver it, up to `demand.hard_share` batches (the players' objective may hold the work back
+    below what the deadline asks only past that share). Says which objective binds and when the
+    cohorts would finish at the rate granted (`projected_finish`, None: no cohort, or no rate known).
+
+    The priority: the operator's caps first (applied at each acquire), then the deadline objective
+    up to its hard share, then the players' objective and the database's own signals."""
+    out = dict(verdict)
+    rate, n = verdict["rate_limit"], verdict["in_flight_limit"]
+    binding = verdict.get("binding", "players") if rate is not None else "none"
+    if rate is not None and demand.cohorts and demand.hard_share > 0:
+        share_rate = demand.hard_share * 1_000_000 / latency_ms if latency_ms else None
+        wanted = demand.rows_per_second if share_rate is None else min(demand.rows_per_second, share_rate)
+        if wanted > rate:
+            rate = wanted
+            n = max(n or 1, min(demand.hard_share, in_flight_for(rate, latency_ms)))
+            short = share_rate is not None and demand.rows_per_second > share_rate
+            binding = "deadline, at its hard share" if short else "deadline"
+            why = f"the deadline objective: {_rate_text(rate)} for {demand.accounts_left} accounts"
+            out["limited_by"] = f"{why}{' (its hard share: late)' if short else ''}, over: {verdict['limited_by']}"
+    out.update(rate_limit=rate, in_flight_limit=n, binding=binding)
+    speed = rate if rate is not None else observed_rows_per_second
+    finish = None
+    if demand.cohorts and speed:
+        finish = datetime.now(UTC) + timedelta(seconds=demand.accounts_left / speed)
+    out["projected_finish"] = finish
+    late = None
+    if finish is not None and demand.target is not None:
+        late = (finish - demand.target).total_seconds() + demand.lateness_objective_seconds
+    out["projected_lateness"] = late
+    return out
+
+
 def _limits(rate: float, latency_ms: float | None, most: int, *, stress: str | None, limited_by: str) -> dict[str, Any]:
     return {
         "rate_limit": rate,
@@ -781,8 +896,22 @@ class BudgetObservation(Model):
     replication_lag_seconds: float | None
     commit_probe_ms: float | None
     commit_probes: int | None
-    players_present: bool | None  # a session not this service's was active: the commit probe's objective applied
+    players_present: bool | None  # players were at work: the commit probe's objective applied
+    busy_fraction: float | None  # the share of the presence window's samples that saw a player at work
     at: datetime | None
+
+
+class BudgetDeadline(Model):
+    """The deadline objective at the last adjustment: which objective bound the limits, and for the
+    cohorts with accounts left, the rate that finishes them within the lateness objective, their
+    latest target (deadline + objective) and when they would finish at the rate granted."""
+
+    binding: str | None  # none | players | database | deadline | deadline, at its hard share
+    accounts_left: int | None
+    rows_per_second: float | None
+    target: datetime | None
+    projected_finish: datetime | None
+    on_time: bool | None  # the projected finish is by the target
 
 
 class BudgetSlot(Model):
@@ -810,6 +939,9 @@ class BudgetStatus(Model):
     latency_ms: BudgetLimit
     probe_ratio: BudgetLimit
     probe_max_ms: BudgetLimit
+    probe_added_ms: BudgetLimit
+    lateness_objective_seconds: BudgetLimit
+    deadline_max_in_flight: BudgetLimit
     max_lock_waits: BudgetLimit
     max_replication_lag_seconds: BudgetLimit
     throttled: bool
@@ -821,6 +953,7 @@ class BudgetStatus(Model):
     last_stress: str | None
     stressed_at: datetime | None
     observed: BudgetObservation
+    deadline: BudgetDeadline
     commit_probe_baseline_ms: float | None
     commit_probe_baseline_at: datetime | None
     in_flight: int
@@ -838,7 +971,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
     """What `budget show` and `planner status` print: what the budget does now and why (the rate and
     in-flight limits in force, what sets them, the objective and the last observation against it),
     the operator's caps (and where they come from), what is in flight now, and the counters."""
-    s = settings or read(BudgetSettings)
+    s = settings or BudgetSettings()
     row = await pool.fetchrow(SQL.budget_row)
     assert row is not None
     slots = [BudgetSlot(**r) for r in await pool.fetch(SQL.budget_slots) if not r["expired"]]
@@ -859,12 +992,15 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         enabled=enabled,
         doing=_doing(enabled, effective_n, effective_r, row["rate_limit"], cap_n, cap_r, len(slots)),
         limited_by=_limited_by(enabled, row, cap_n, cap_r),
-        objective=_objective(StressLimits.of(row, s), row["probe_baseline_ms"]),
+        objective=_objective(StressLimits.of(row, s), row["probe_baseline_ms"], row, s),
         max_in_flight=limit("max_in_flight"),
         rows_per_second=limit("rows_per_second"),
         latency_ms=limit("latency_ms"),
         probe_ratio=limit("probe_ratio"),
         probe_max_ms=limit("probe_max_ms"),
+        probe_added_ms=limit("probe_added_ms"),
+        lateness_objective_seconds=limit("lateness_objective_seconds"),
+        deadline_max_in_flight=limit("deadline_max_in_flight"),
         max_lock_waits=limit("max_lock_waits"),
         max_replication_lag_seconds=limit("max_replication_lag_seconds"),
         throttled=row["rate_limit"] is not None or row["in_flight_limit"] is not None,
@@ -876,6 +1012,7 @@ async def budget_status(pool: asyncpg.Pool, settings: BudgetSettings | None = No
         last_stress=row["last_stress"],
         stressed_at=row["stressed_at"],
         observed=_observation(row),
+        deadline=_deadline(row),
         commit_probe_baseline_ms=row["probe_baseline_ms"],
         commit_probe_baseline_at=row["probe_baseline_at"],
         in_flight=len(slots),
@@ -900,7 +1037,21 @@ def _observation(row: asyncpg.Record) -> BudgetObservation:
         commit_probe_ms=row["observed_probe_ms"],
         commit_probes=row["observed_probes"],
         players_present=row["observed_players_present"],
+        busy_fraction=row["observed_busy_fraction"],
         at=row["adjusted_at"],
+    )
+
+
+def _deadline(row: asyncpg.Record) -> BudgetDeadline:
+    """The deadline objective as the last adjustment saw it, from the budget row."""
+    target, finish = row["deadline_target"], row["projected_finish"]
+    return BudgetDeadline(
+        binding=row["binding"],
+        accounts_left=row["deadline_accounts_left"],
+        rows_per_second=None if row["deadline_rows_per_second"] is None else round(row["deadline_rows_per_second"], 1),
+        target=target,
+        projected_finish=finish,
+        on_time=None if target is None or finish is None else finish <= target,
     )
 
 
@@ -944,50 +1095,73 @@ def _limited_by(enabled: bool, row: Any, cap_n: Any, cap_r: Any) -> str:
     return f"nothing: {PLAYERS_ABSENT}" if absent else "nothing: no stress signal, no cap"
 
 
-def _objective(limits: StressLimits, baseline_ms: float | None) -> str:
-    text = (
-        "while players are present, a player's commit (the commit probe, mean per window)"
-        f" at most {limits.probe_ratio:g} x its quiet baseline"
+def _objective(limits: StressLimits, baseline_ms: float | None, row: Any, s: BudgetSettings) -> str:
+    """Both objectives and their priority, as the operator reads them."""
+    bounds = [f"at most {limits.probe_added_ms:g} ms above its quiet baseline"] if limits.probe_added_ms else []
+    if limits.probe_ratio is not None:
+        bounds.append(f"at most {limits.probe_ratio:g} x its quiet baseline")
+    if limits.probe_max_ms is not None:
+        bounds.append(f"at most {limits.probe_max_ms:g} ms")
+    text = "players: while players are at work, a player's commit (the commit probe, mean per window) " + " and ".join(
+        bounds
     )
     if baseline_ms is not None:
-        text += f" ({baseline_ms:.1f} ms)"
-    if limits.probe_max_ms is not None:
-        text += f" and at most {limits.probe_max_ms:g} ms"
-    return f"{text}; at most {limits.max_lock_waits} lock waits; replication lag at most {limits.max_lag:g} s"
+        text += f" (baseline {baseline_ms:.1f} ms)"
+    lateness = row["lateness_objective_seconds"] or s.lateness_objective_seconds
+    share = row["deadline_max_in_flight"] if row["deadline_max_in_flight"] is not None else s.deadline_max_in_flight
+    deadline = (
+        f"deadline: every cohort's accounts cleaned within {lateness:g} s of its deadline, granted up to"
+        f" {share} batch{'es' if share != 1 else ''} in flight before the players' objective"
+    )
+    database = f"at most {limits.max_lock_waits} lock waits; replication lag at most {limits.max_lag:g} s"
+    return f"{deadline}; {text}; {database}"
 
 
-_UNCHANGED = object()
+class BudgetChange(Model):
+    """What `set_budget` changes for every worker. A field left out is left as it is; a limit given
+    as None goes back to the workers' LOAD_BUDGET_* default (`model_fields_set` tells the two apart).
+    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress)."""
+
+    enabled: bool | None = None
+    max_in_flight: int | None = None
+    rows_per_second: float | None = None
+    latency_ms: float | None = None
+    max_lock_waits: int | None = None
+    max_replication_lag_seconds: float | None = None
+    probe_ratio: float | None = None
+    probe_max_ms: float | None = None
+    probe_added_ms: float | None = None
+    lateness_objective_seconds: float | None = None
+    deadline_max_in_flight: int | None = None
+    reset_scale: bool = False
+
+    def pair(self, name: str) -> tuple[bool, Any]:
+        """(whether the limit changes, its new value: None is the workers' default)."""
+        return name in self.model_fields_set, getattr(self, name)
 
 
-async def set_budget(
-    pool: asyncpg.Pool,
-    *,
-    enabled: bool | None = None,
-    max_in_flight: Any = _UNCHANGED,
-    rows_per_second: Any = _UNCHANGED,
-    latency_ms: Any = _UNCHANGED,
-    max_lock_waits: Any = _UNCHANGED,
-    max_replication_lag_seconds: Any = _UNCHANGED,
-    probe_ratio: Any = _UNCHANGED,
-    probe_max_ms: Any = _UNCHANGED,
-    reset_scale: bool = False,
-    changed_by: str | None = None,
-) -> None:
-    """Change the budget for every worker; a limit given as None goes back to the workers' default.
-    `reset_scale` forgets the adaptive throttle (the work runs unthrottled until the next stress).
+# The limits `budget set` changes, in the order of the set_budget statement's pairs.
+CHANGEABLE = (
+    "max_in_flight",
+    "rows_per_second",
+    "latency_ms",
+    "max_lock_waits",
+    "max_replication_lag_seconds",
+    "probe_ratio",
+)
 
-    Why eleven parameters: after the pool, each keyword-only one is one setting of `budget set`,
-    and a setting not given is left as it is (the `_UNCHANGED` default, distinct from None, which
-    means "back to the default"); a model of them would need that third state per field too."""
-    pairs: list[object] = []
-    for value in (max_in_flight, rows_per_second, latency_ms, max_lock_waits, max_replication_lag_seconds, probe_ratio):
-        pairs += [value is not _UNCHANGED, None if value is _UNCHANGED else value]
+
+async def set_budget(pool: asyncpg.Pool, change: BudgetChange, *, changed_by: str | None = None) -> None:
+    """Change the budget for every worker (`change` says what; docs/budget.md, Operator control)."""
+    pairs = [v for name in CHANGEABLE for v in change.pair(name)]
     await pool.execute(
         SQL.set_budget,
-        enabled,
+        change.enabled,
         *pairs,
-        reset_scale,
+        change.reset_scale,
         changed_by or _holder(),
-        probe_max_ms is not _UNCHANGED,
-        None if probe_max_ms is _UNCHANGED else probe_max_ms,
+        *change.pair("probe_max_ms"),
+        *change.pair("probe_added_ms"),
+        *change.pair("lateness_objective_seconds"),
+        *change.pair("deadline_max_in_flight"),
     )
