@@ -212,10 +212,15 @@ async def run(
     concurrency: int = 4,
     relays: int = 4,
     rounds: int = 2,
+    claims_per_batch: int = 1,
 ) -> dict[str, Any]:
     """Floor, then `rounds` times relay and floor again; the best of each (others share the machine)."""
     settings = RelayBatchSettings(
-        batch_size=claim, concurrency=concurrency, lease_seconds=120, request_timeout_seconds=30
+        batch_size=claim,
+        claims_per_batch=claims_per_batch,
+        concurrency=concurrency,
+        lease_seconds=120,
+        request_timeout_seconds=30,
     )
     token = secrets.token_urlsafe(24)
     load_before = load_average()
@@ -239,6 +244,7 @@ async def run(
         "events": events,
         "provider_batch_max": batch_max,
         "claim_batch_size": claim,
+        "claims_per_activity": claims_per_batch,
         "requests_in_flight_per_claim": concurrency,
         "relays": relays,
         "floors": floors,
@@ -277,8 +283,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight per claim")
     parser.add_argument("--relays", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="relay runs, each followed by a floor")
+    parser.add_argument("--claims-per-batch", type=int, default=1, help="claims per relay activity")
     args = parser.parse_args()
-    result = run_benchmark(run(args.events, args.batch_max, args.claim, args.concurrency, args.relays, args.rounds))
+    result = run_benchmark(
+        run(args.events, args.batch_max, args.claim, args.concurrency, args.relays, args.rounds, args.claims_per_batch)
+    )
     print(json.dumps(result, indent=2))
 
 
