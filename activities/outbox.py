@@ -495,9 +495,10 @@ class OutboxRelayActivities:
         assert recorded is not None
         result = RelayBatchResult(claimed=len(rows), **dict(recorded))
         metrics.record_outbox(result.delivered, result.dead)
-        for r in rows:
-            if outcomes[r["event_id"]].kind == "dead":
-                activity.logger.warning("outbox event %s dead-lettered: %s", *dead_letter_log_args(r, outcomes))
+        if result.dead:  # else no dead letter was recorded: nothing to log
+            for r in rows:
+                if outcomes[r["event_id"]].kind == "dead":
+                    activity.logger.warning("outbox event %s dead-lettered: %s", *dead_letter_log_args(r, outcomes))
         return result
 
     async def _claim(
