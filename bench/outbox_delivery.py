@@ -9,7 +9,8 @@ The local mail provider (`demo.mail_provider`) runs as a process of its own. In 
    client. Measured before and after the relay; the higher of the two is the floor.
 2. **relay**: `--events` reminders in the outbox (seeded set-based), drained by `--relays` relay
    workflows on worker processes with `MAIL_PROVIDER_BATCH_MAX=--batch-max`: claim under a lease,
-   send, record each outcome, from the first relay's start to the last relay's end.
+   send, record each outcome, `--claims-per-batch` claims of `--claim` events per activity, from the
+   first relay's start to the last outcome recorded.
 
 Ratio = relay events/s / floor events/s (goal >= 0.6), and relay events/s itself (goal >= 5,000).
 The provider's counters are read after the relay: every seeded key reached it, each once in the
@@ -209,13 +210,18 @@ async def run(
     events: int = 100_000,
     batch_max: int = 500,
     claim: int = 5000,
-    concurrency: int = 4,
-    relays: int = 4,
+    concurrency: int = 8,
+    relays: int = 2,
     rounds: int = 2,
+    claims_per_batch: int = 20,
 ) -> dict[str, Any]:
     """Floor, then `rounds` times relay and floor again; the best of each (others share the machine)."""
     settings = RelayBatchSettings(
-        batch_size=claim, concurrency=concurrency, lease_seconds=120, request_timeout_seconds=30
+        batch_size=claim,
+        claims_per_batch=claims_per_batch,
+        concurrency=concurrency,
+        lease_seconds=120,
+        request_timeout_seconds=30,
     )
     token = secrets.token_urlsafe(24)
     load_before = load_average()
@@ -239,6 +245,7 @@ async def run(
         "events": events,
         "provider_batch_max": batch_max,
         "claim_batch_size": claim,
+        "claims_per_activity": claims_per_batch,
         "requests_in_flight_per_claim": concurrency,
         "relays": relays,
         "floors": floors,
@@ -274,11 +281,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batch-max", type=int, default=500, help="events per request (MAIL_PROVIDER_BATCH_MAX)")
     parser.add_argument("--claim", type=int, default=5000, help="events per relay claim (batch_size)")
-    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight per claim")
-    parser.add_argument("--relays", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight per claim")
+    parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="relay runs, each followed by a floor")
+    parser.add_argument("--claims-per-batch", type=int, default=20, help="claims per relay activity")
     args = parser.parse_args()
-    result = run_benchmark(run(args.events, args.batch_max, args.claim, args.concurrency, args.relays, args.rounds))
+    result = run_benchmark(
+        run(args.events, args.batch_max, args.claim, args.concurrency, args.relays, args.rounds, args.claims_per_batch)
+    )
     print(json.dumps(result, indent=2))
 
 

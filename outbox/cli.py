@@ -94,6 +94,7 @@ def _batch_settings(args: argparse.Namespace, settings: Settings) -> RelayBatchS
     try:
         return RelayBatchSettings(
             batch_size=args.batch_size,
+            claims_per_batch=args.claims_per_batch,
             concurrency=args.concurrency,
             request_timeout_seconds=args.request_timeout,
             lease_seconds=args.lease,
@@ -148,6 +149,12 @@ def register(commands: Commands) -> None:
     p = relay.add("start", cmd_outbox_relay_start, "start relays outbox-relay-1..N (idempotent)")
     p.add_argument("--relays", type=int, default=2, help="relay workflows to run (default 2)")
     p.add_argument("--batch-size", type=int, default=200, help="events per claimed batch (default 200)")
+    p.add_argument(
+        "--claims-per-batch",
+        type=int,
+        default=1,
+        help="claims one relay activity makes back to back while each comes back full (default 1)",
+    )
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight per batch (default 16)")
     p.add_argument(
         "--request-timeout", type=finite_float(), default=10.0, help="seconds per provider request (default 10)"

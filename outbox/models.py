@@ -35,7 +35,14 @@ RELAY_OUTBOX_BATCH = "relay_outbox_batch"
 class RelayBatchSettings(Model):
     """How one relay talks to the provider. Defaults suit production; tests shorten the times."""
 
-    batch_size: int = Field(default=200, ge=1, le=20_000, description="events per claim (one activity)")
+    batch_size: int = Field(default=200, ge=1, le=20_000, description="events per claim")
+    claims_per_batch: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="claims one activity makes back to back while each comes back full (fewer Temporal "
+        "round trips per event); each claim has its own lease and records its own outcomes",
+    )
     concurrency: int = Field(default=16, ge=1, le=256, description="requests in flight per batch")
     lease_seconds: float = Field(default=120.0, gt=0, le=3600)
     request_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
@@ -76,6 +83,7 @@ class RelayBatchInput(Model):
 
 
 class RelayBatchResult(Model):
+    claims: int = Field(default=1, ge=0, description="claims the activity made (the last one short: drained)")
     claimed: int = 0
     delivered: int = 0
     retried: int = 0
@@ -85,6 +93,19 @@ class RelayBatchResult(Model):
     pending: int | None = None
     due: int | None = None
     next_due_in_seconds: float | None = None
+
+    def add(self, r: RelayBatchResult) -> RelayBatchResult:
+        """This result and another claim's (the pending summary is only ever the last claim's)."""
+        return self.model_copy(
+            update={
+                "claims": self.claims + r.claims,
+                "claimed": self.claimed + r.claimed,
+                "delivered": self.delivered + r.delivered,
+                "retried": self.retried + r.retried,
+                "dead": self.dead + r.dead,
+                "fenced": self.fenced + r.fenced,
+            }
+        )
 
 
 class RelayTotals(Model):

@@ -6,6 +6,9 @@
 -- SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
 -- of them has just leased fails the re-check of `leased_until` and is skipped by the other.
 -- A relay that dies keeps its lease only until `leased_until`; then the rows are due again.
+-- Commits without waiting for the WAL flush: a claim a database crash loses leaves its rows due at
+-- once; whatever the relay sent of them is sent again under the same Idempotency-Key, and its
+-- outcomes are then recorded as a lost lease's are (delivered kept, retry and dead fenced).
 WITH due AS (
     SELECT event_id
     FROM outbox
@@ -23,30 +26,50 @@ SET lease_owner = $1,
     last_attempt_at = now()
 -- By primary key (the claimed IDs as an array): never a scan of the whole outbox per claim.
 WHERE o.event_id = ANY (ARRAY(SELECT event_id FROM due))
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload, o.attempts, o.failures,
     o.failure_counts;
 
 -- name: record_outcomes
--- $1 lease owner, then one array per column: event_id, outcome ('delivered' | 'retry' | 'dead'),
--- HTTP status (NULL for a timeout or a broken connection), delay before the next attempt (seconds),
--- error text (already redacted), failure kind ('503', 'timeout', ...; NULL when the answer was no
--- failure: delivered, 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
+-- $1 lease owner; $2 the delivered events' IDs and $3 their HTTP statuses; then one array per column
+-- for every other event: $4 event_id, $5 outcome ('retry' | 'dead'; 'delivered' is accepted too),
+-- $6 HTTP status (NULL for a timeout or a broken connection), $7 delay before the next attempt
+-- (seconds), $8 error text (already redacted), $9 failure kind ('503', 'timeout', ...; NULL when the
+-- answer was no failure: 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
+-- The delivered events (nearly all of them) take a statement of their own within this one: two
+-- arrays to send and decode instead of seven, and none of the retry bookkeeping's expressions.
 -- Safe to run again with the same owner (a relay that lost its database connection does): rows it
--- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again. 'delivered' is recorded even if the lease was lost meanwhile (the
--- provider has the message, so a second send would only be a deduplicated duplicate); 'retry' and
--- 'dead' are fenced by the lease owner, so a relay whose lease expired cannot overwrite the outcome
--- of the relay that took the event over.
+-- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again;
+-- they are looked up only when some rows were not updated (a rerun or a lost lease), never on the
+-- common path. 'delivered' is recorded even if the lease was lost meanwhile (the provider has the
+-- message, so a second send would only be a deduplicated duplicate); 'retry' and 'dead' are fenced
+-- by the lease owner, so a relay whose lease expired cannot overwrite the outcome of the relay that
+-- took the event over.
+-- Commits without waiting for the WAL flush (synchronous_commit off for this transaction): a crash
+-- of the database may lose the last fraction of a second of outcomes; those events are pending
+-- again and sent again under the same Idempotency-Key, which the provider acknowledges without
+-- delivering twice (docs/outbox.md, "Durability of the relay's bookkeeping").
 WITH result AS (
     SELECT *
-    FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::text[])
+    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::float8[], $8::text[], $9::text[])
         AS r(event_id, outcome, http_status, delay_seconds, error, failure_kind)
 ),
-again AS (
-    SELECT r.outcome
-    FROM result r
-    JOIN outbox o ON o.event_id = r.event_id
-    WHERE o.recorded_by = $1
+delivered AS (
+    UPDATE outbox o
+    SET status = 'delivered',
+        delivered_at = now(),
+        last_http_status = d.http_status,
+        lease_owner = NULL,
+        leased_until = NULL,
+        recorded_by = $1
+    FROM unnest($2::bigint[], $3::int[]) AS d(event_id, http_status)
+    WHERE o.event_id = d.event_id
+      -- by primary key: the batch's rows, never a scan of every pending row per batch
       AND o.event_id = ANY ($2::bigint[])
+      AND o.status = 'pending'
+      AND o.recorded_by IS DISTINCT FROM $1
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+    RETURNING 'delivered'::text AS outcome
 ),
 updated AS (
     UPDATE outbox o
@@ -68,23 +91,36 @@ updated AS (
         recorded_by = $1
     FROM result r
     WHERE o.event_id = r.event_id
-      -- by primary key: the batch's rows, never a scan of every pending row per batch
-      AND o.event_id = ANY ($2::bigint[])
+      AND o.event_id = ANY ($4::bigint[])
       AND o.status = 'pending'
       AND (r.outcome = 'delivered' OR o.lease_owner = $1)
       AND o.recorded_by IS DISTINCT FROM $1
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING r.outcome
 ),
+again AS (
+    SELECT r.outcome
+    FROM (SELECT event_id, 'delivered'::text AS outcome FROM unnest($2::bigint[]) AS event_id
+          UNION ALL
+          SELECT event_id, outcome FROM result) r
+    JOIN outbox o ON o.event_id = r.event_id
+    WHERE o.recorded_by = $1
+      AND o.event_id = ANY ($2::bigint[] || $4::bigint[])
+),
 counted AS (
+    SELECT outcome FROM delivered
+    UNION ALL
     SELECT outcome FROM updated
     UNION ALL
     SELECT outcome FROM again
+    WHERE (SELECT count(*) FROM delivered) + (SELECT count(*) FROM updated)
+        < cardinality($2::bigint[]) + cardinality($4::bigint[])
 )
 SELECT
     count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
     count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
     count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
-    (cardinality($2::bigint[]) - count(*))::int AS fenced
+    (cardinality($2::bigint[]) + cardinality($4::bigint[]) - count(*))::int AS fenced
 FROM counted;
 
 -- name: release_lease

@@ -7,6 +7,8 @@ real Postgres, a real HTTP provider (demo.mail_provider) and real Temporal.
    failure retried, never the events' dead letter.
 3. A relay process killed between sending a batch and recording it: the batch is sent again, the
    provider counts every resent key as a duplicate, and the customer gets each reminder once.
+4. One activity makes several claims (`claims_per_batch`), each under its own lease and recorded
+   by itself, until a claim comes back short.
 """
 
 from __future__ import annotations
@@ -230,3 +232,24 @@ async def test_a_batch_resent_after_its_relay_was_killed_duplicates_nothing(
     faults = s["faults"].get("429", 0) + s["faults"].get("503", 0)
     assert s["received"] == total + s["duplicates"] + faults
     assert token not in worker_processes.logs()
+
+
+# -- 4. several claims per activity ---------------------------------------------------------------
+
+
+async def test_one_activity_makes_several_claims_each_under_its_own_lease(
+    client, pool, task_queue, batch_worker, provider
+):
+    await seed_events(pool, 95, prefix="multi")
+    settings = FAST.model_copy(update={"batch_size": 20, "claims_per_batch": 3})
+    totals = await drain(client, task_queue, settings)
+
+    assert (totals.claimed, totals.delivered, totals.fenced) == (95, 95, 0)
+    # Claims of 20: three full ones in the first activity, then a full one and the short one that
+    # ends the second activity (and tells the relay the outbox is drained).
+    assert totals.batches == 2
+    owners = await pool.fetch("SELECT recorded_by, count(*) AS n FROM outbox GROUP BY recorded_by ORDER BY n DESC")
+    assert [r["n"] for r in owners] == [20, 20, 20, 20, 15], "each claim its own lease owner, recorded by itself"
+    rows = await rows_by_key(pool)
+    assert {(r["status"], r["attempts"]) for r in rows.values()} == {("delivered", 1)}
+    assert provider.provider.stats()["delivered"] == 95

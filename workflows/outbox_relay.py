@@ -72,7 +72,8 @@ class OutboxRelayWorkflow:
             workflow.upsert_memo(
                 {"delivered": self._totals.delivered, "dead": self._totals.dead, "batches": self._totals.batches}
             )
-            if result.claimed == 0 or result.claimed < s.batch_size:
+            # Short: the activity's last claim found fewer than batch_size due events.
+            if result.claimed < s.batch_size * result.claims:
                 if input.stop_when_drained and result.pending == 0:
                     self._set_phase("drained")
                     return self._totals
