@@ -215,13 +215,7 @@ async def direct_cleanup(
             c = cp.counts
             await acts.pool.execute(
                 SQL.record_partition_report,
-                cleanup_id,
-                p,
-                c.cleaned,
-                c.skipped_renewed,
-                c.skipped_stale,
-                c.already_applied,
-                c.failed,
+                *SQL.bind("record_partition_report", cleanup_id=cleanup_id, partition_no=p, **c.model_dump()),
             )
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 

@@ -215,7 +215,14 @@ class CompiledCleanup:
         counts += await run_phase(conn, self.follow_ups, "after", applied)
         if applied:
             await conn.execute(
-                SQL.insert_deferred_receipts, row["receipts"], args[0], self.fingerprint, json.dumps(counts)
+                SQL.insert_deferred_receipts,
+                *SQL.bind(
+                    "insert_deferred_receipts",
+                    receipts=row["receipts"],
+                    cleanup_id=args[0],
+                    fingerprint=self.fingerprint,
+                    follow_ups=json.dumps(counts),
+                ),
             )
         return row
 
@@ -307,10 +314,14 @@ async def run_keyset_batch(
         surfaced = schema_errors_final and is_schema_error(err)
         if not (is_deterministic(err) or surfaced):
             raise  # transient: Temporal retries the activity, committed batches are absorbed
-        ids = [
-            r["account_id"]
-            for r in await pool.fetch(SQL.batch_accounts, cleanup_id, partition_no, after_account_id, batch_size)
-        ]
+        batch = SQL.bind(
+            "batch_accounts",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            after_account_id=after_account_id,
+            batch_size=batch_size,
+        )
+        ids = [r["account_id"] for r in await pool.fetch(SQL.batch_accounts, *batch)]
         if not ids:
             raise
         failures: list[AccountCleanupFailed] = []
@@ -422,7 +433,19 @@ async def _record_failures(
     to clean (renewed meanwhile, ...) are left out."""
     sqlstate = sqlstate_of(error) or "?????"
     message, detail = failure_reason(error)
-    rows = await pool.fetch(SQL.record_failed, cleanup_id, partition_no, account_ids, target, sqlstate, message, detail)
+    rows = await pool.fetch(
+        SQL.record_failed,
+        *SQL.bind(
+            "record_failed",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            account_ids=account_ids,
+            target=target,
+            sqlstate=sqlstate,
+            message=message,
+            detail=detail,
+        ),
+    )
     return [AccountCleanupFailed(r["account_id"], sqlstate, message, target) for r in rows]
 
 
