@@ -593,7 +593,7 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
     if settlement is not None:
-        out["settlement"] = RecordedSettlement(**settlement)
+        out["settlement"] = RecordedSettlement.from_row(settlement)
     failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
     if failed is not None and failed["total"]:
         pending = f"{failed['pending']} pending review ({failed['total']} recorded)"
