@@ -439,13 +439,16 @@ class OutboxRelayActivities:
                 started + s.lease_seconds,
                 lambda: self.pool.fetchrow(
                     SQL.record_outcomes,
-                    owner,
-                    ids,
-                    [outcomes[i].kind for i in ids],
-                    [outcomes[i].http_status for i in ids],
-                    [outcomes[i].delay_seconds for i in ids],
-                    [outcomes[i].error for i in ids],
-                    [outcomes[i].failure_kind for i in ids],
+                    *SQL.bind(
+                        "record_outcomes",
+                        lease_owner=owner,
+                        event_ids=ids,
+                        outcomes=[outcomes[i].kind for i in ids],
+                        http_statuses=[outcomes[i].http_status for i in ids],
+                        delays_seconds=[outcomes[i].delay_seconds for i in ids],
+                        errors=[outcomes[i].error for i in ids],
+                        failure_kinds=[outcomes[i].failure_kind for i in ids],
+                    ),
                 ),
             )
             failpoints.hit(f"{RELAY_OUTBOX_BATCH}.after_commit")
@@ -479,7 +482,10 @@ class OutboxRelayActivities:
             # Unique per claim: the fencing token for recording outcomes, readable in `outbox status`.
             owner = f"{relay_id}/{attempt}/{uuid.uuid4().hex[:8]}"
             try:
-                return owner, await self.pool.fetch(SQL.claim_batch, owner, s.batch_size, s.lease_seconds)
+                claim = SQL.bind(
+                    "claim_batch", lease_owner=owner, batch_size=s.batch_size, lease_seconds=s.lease_seconds
+                )
+                return owner, await self.pool.fetch(SQL.claim_batch, *claim)
             except Exception as err:
                 if not db.connection_lost(err) or time.monotonic() >= until:
                     raise

@@ -2,8 +2,7 @@
 -- Every statement is set-based: one per batch, whatever the batch size.
 
 -- name: claim_batch
--- $1 lease owner (unique per claim), $2 batch size, $3 lease seconds.
--- SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
+-- The :lease_owner is unique per claim. SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
 -- of them has just leased fails the re-check of `leased_until` and is skipped by the other.
 -- A relay that dies keeps its lease only until `leased_until`; then the rows are due again.
 WITH due AS (
@@ -13,12 +12,12 @@ WITH due AS (
       AND next_attempt_at <= now()
       AND (leased_until IS NULL OR leased_until < now())
     ORDER BY next_attempt_at, event_id
-    LIMIT $2
+    LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox o
-SET lease_owner = $1,
-    leased_until = now() + make_interval(secs => $3::float8),
+SET lease_owner = :lease_owner,
+    leased_until = now() + make_interval(secs => :lease_seconds::float8),
     attempts = o.attempts + 1,
     last_attempt_at = now()
 -- By primary key (the claimed IDs as an array): never a scan of the whole outbox per claim.
@@ -27,26 +26,27 @@ RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload,
     o.failure_counts;
 
 -- name: record_outcomes
--- $1 lease owner, then one array per column: event_id, outcome ('delivered' | 'retry' | 'dead'),
--- HTTP status (NULL for a timeout or a broken connection), delay before the next attempt (seconds),
--- error text (already redacted), failure kind ('503', 'timeout', ...; NULL when the answer was no
--- failure: delivered, 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
+-- One array per column, an element per event: the :outcomes are 'delivered' | 'retry' | 'dead', an
+-- HTTP status is NULL for a timeout or a broken connection, a failure kind ('503', 'timeout', ...)
+-- NULL when the answer was no failure (delivered, 429, not sent); the errors are already redacted.
+-- Only a failure kind adds to `failures` / `failure_counts`.
 -- Safe to run again with the same owner (a relay that lost its database connection does): rows it
--- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again. 'delivered' is recorded even if the lease was lost meanwhile (the
+-- already recorded (`recorded_by` is the owner) are left alone and counted as that owner's outcomes
+-- again. 'delivered' is recorded even if the lease was lost meanwhile (the
 -- provider has the message, so a second send would only be a deduplicated duplicate); 'retry' and
 -- 'dead' are fenced by the lease owner, so a relay whose lease expired cannot overwrite the outcome
 -- of the relay that took the event over.
 WITH result AS (
     SELECT *
-    FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::text[])
+    FROM unnest(:event_ids::bigint[], :outcomes::text[], :http_statuses::int[], :delays_seconds::float8[], :errors::text[], :failure_kinds::text[])
         AS r(event_id, outcome, http_status, delay_seconds, error, failure_kind)
 ),
 again AS (
     SELECT r.outcome
     FROM result r
     JOIN outbox o ON o.event_id = r.event_id
-    WHERE o.recorded_by = $1
-      AND o.event_id = ANY ($2::bigint[])
+    WHERE o.recorded_by = :lease_owner
+      AND o.event_id = ANY (:event_ids::bigint[])
 ),
 updated AS (
     UPDATE outbox o
@@ -65,14 +65,14 @@ updated AS (
                            to_jsonb(coalesce((o.failure_counts ->> r.failure_kind)::int, 0) + 1)) END,
         lease_owner = NULL,
         leased_until = NULL,
-        recorded_by = $1
+        recorded_by = :lease_owner
     FROM result r
     WHERE o.event_id = r.event_id
       -- by primary key: the batch's rows, never a scan of every pending row per batch
-      AND o.event_id = ANY ($2::bigint[])
+      AND o.event_id = ANY (:event_ids::bigint[])
       AND o.status = 'pending'
-      AND (r.outcome = 'delivered' OR o.lease_owner = $1)
-      AND o.recorded_by IS DISTINCT FROM $1
+      AND (r.outcome = 'delivered' OR o.lease_owner = :lease_owner)
+      AND o.recorded_by IS DISTINCT FROM :lease_owner
     RETURNING r.outcome
 ),
 counted AS (
@@ -84,11 +84,11 @@ SELECT
     count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
     count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
     count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
-    (cardinality($2::bigint[]) - count(*))::int AS fenced
+    (cardinality(:event_ids::bigint[]) - count(*))::int AS fenced
 FROM counted;
 
 -- name: release_lease
--- $1 lease owner. A claim whose answer was lost with the database connection may have committed:
+-- A claim whose answer was lost with the database connection may have committed:
 -- give back whatever that owner holds, so the rows are claimable at once instead of at lease end.
 -- The claim's `attempts` increment is undone (nothing was sent under it).
 WITH released AS (
@@ -161,12 +161,12 @@ WHERE event_key = $1
 RETURNING event_key, status, attempts, next_attempt_at, redeliveries, last_error;
 
 -- name: dead_matching
--- The dead letters an operator's filter selects ($1 dead since, or NULL; $2 a piece of the reason,
--- case-insensitive, or NULL): how many, and over which span.
+-- The dead letters an operator's filter selects (each part NULL: not filtered; the reason's piece
+-- case-insensitive): how many, and over which span.
 SELECT count(*)::int AS matching, min(dead_at) AS oldest_dead_at, max(dead_at) AS newest_dead_at
 FROM outbox
-WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
-  AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0);
+WHERE status = 'dead' AND (:dead_since::timestamptz IS NULL OR dead_at >= :dead_since)
+  AND (:reason::text IS NULL OR strpos(lower(dead_reason), lower(:reason)) > 0);
 
 -- name: redeliver_dead_matching
 -- Every dead letter the filter selects (as dead_matching) is due again now, with its failures
@@ -175,8 +175,8 @@ WITH again AS (
     UPDATE outbox
     SET status = 'pending', next_attempt_at = now(), attempts = 0, failures = 0,
         failure_counts = '{}'::jsonb, dead_at = NULL, dead_reason = NULL, redeliveries = redeliveries + 1
-    WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
-      AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0)
+    WHERE status = 'dead' AND (:dead_since::timestamptz IS NULL OR dead_at >= :dead_since)
+      AND (:reason::text IS NULL OR strpos(lower(dead_reason), lower(:reason)) > 0)
     RETURNING 1
 )
 SELECT count(*)::int AS redelivered FROM again;

@@ -501,7 +501,8 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
 
     async def claim(owner: str, lease: float = 30) -> set[int]:
         async with pool.acquire() as conn:
-            return {r["event_id"] for r in await conn.fetch(OUTBOX_SQL.claim_batch, owner, 300, lease)}
+            claim = OUTBOX_SQL.bind("claim_batch", lease_owner=owner, batch_size=300, lease_seconds=lease)
+            return {r["event_id"] for r in await conn.fetch(OUTBOX_SQL.claim_batch, *claim)}
 
     claims = await asyncio.gather(*(claim(f"relay-{i}") for i in range(5)))
     assert sum(len(c) for c in claims) == 1000, "five claims of 300 share 1000 events"
@@ -517,7 +518,17 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
 
     async def record(owner: str, outcome: str) -> dict[str, int]:
         row = await pool.fetchrow(
-            OUTBOX_SQL.record_outcomes, owner, ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n, ["503"] * n
+            OUTBOX_SQL.record_outcomes,
+            *OUTBOX_SQL.bind(
+                "record_outcomes",
+                lease_owner=owner,
+                event_ids=ids,
+                outcomes=[outcome] * n,
+                http_statuses=[503] * n,
+                delays_seconds=[1.0] * n,
+                errors=["HTTP 503"] * n,
+                failure_kinds=["503"] * n,
+            ),
         )
         return dict(row)
 
