@@ -24,16 +24,17 @@ FROM accounts WHERE account_id = $1;
 -- One statement per batch: lock the batch's accounts, judge each (apply / renewed / stale /
 -- already applied), record the idempotency key, apply every declared target, write the outbox
 -- reminder and mark the account cleaned. All of it commits together or not at all.
--- cleanup.targets compiles it twice: the keyset batch ($3 = last account ID of the previous
--- batch) and the subset form used to isolate a failing account ($3 = an array of account IDs).
+-- cleanup.targets compiles it twice: the keyset batch (after :after_account_id, the last account ID
+-- of the previous batch) and the subset form used to isolate a failing account (an array of account
+-- IDs in its place).
 -- An account recorded in cleanup_failed is still claimed ('cleanup_failed'); cleaning it later
 -- (retry-failed) or finding it renewed/stale resolves its cleanup_failed row in the same statement.
 WITH batch AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND /*batch_filter*/c.account_id > $3
+    WHERE c.cleanup_id = :cleanup_id AND c.partition_no = :partition_no AND /*batch_filter*/c.account_id > :after_account_id
     ORDER BY c.account_id
-    LIMIT $4
+    LIMIT :batch_size
 ),
 -- Each account is judged on the row it locked, which carries its claim (so no join of two CTEs,
 -- whose sizes the planner cannot know: it would compare every row with every row), and the
@@ -61,7 +62,7 @@ verdicts AS (
             WHEN l.cleanup_version <> l.claimed_version THEN 'stale'
             WHEN l.status = 'renewed' THEN 'renewed'
             WHEN l.status = 'cleanup_failed' AND l.held_since IS NOT NULL THEN 'held'  -- a hold after it failed
-            WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = $1 THEN 'apply'
+            WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = :cleanup_id THEN 'apply'
             ELSE 'stale'
         END AS verdict
     FROM locked l
@@ -74,7 +75,7 @@ verdicts AS (
 /*judged*/ -- (cleanup.targets.judge_statement: the verdicts, before anything is written)
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
-    SELECT account_id, claimed_version, $1, $2 FROM verdicts WHERE verdict = 'apply'
+    SELECT account_id, claimed_version, :cleanup_id, :partition_no FROM verdicts WHERE verdict = 'apply'
     ON CONFLICT ON CONSTRAINT cleanup_applied_once DO NOTHING
     RETURNING account_id, cleanup_version
 ),
@@ -98,9 +99,9 @@ resolved AS (
 reminders AS (
     INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
     SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
-           account_id, $1,
+           account_id, :cleanup_id,
            jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
-                              'cleanup_id', $1::text)
+                              'cleanup_id', :cleanup_id::text)
     FROM applied
     -- CLEANUP_REMINDERS=off: the compiled statement says `false` here (cleanup.batches), the same
     -- for every worker of the deployment, and the batch writes no reminder (counted 0).

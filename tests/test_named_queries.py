@@ -55,8 +55,7 @@ def _positions(text: str) -> set[int]:
 
 
 # Files whose queries of three or more parameters name them (the rest stay positional only with one
-# or two obvious ones). A template that code compiles further is the exception, by name:
-# cleanup.targets splices fragments using the `$n` of cleanup_partition_batch into it.
+# or two obvious ones).
 NAMED_FILES = [
     "cleanup/queries.sql",
     "cleanup/planner.sql",
@@ -73,7 +72,6 @@ NAMED_FILES = [
     "bench/planner_cohort.sql",
     "bench/game_seed.sql",
 ]
-TEMPLATES = {("cleanup/queries.sql", "cleanup_partition_batch")}
 
 
 @pytest.mark.parametrize("relative", NAMED_FILES)
@@ -81,9 +79,7 @@ def test_a_query_of_three_or_more_parameters_names_them(relative: str) -> None:
     path = PROJECT_ROOT / relative
     queries = load(str(path), path.name)
     positional = {
-        name: max(_positions(text))
-        for name, text in queries.items()
-        if not queries.params[name] and _positions(text) and (relative, name) not in TEMPLATES
+        name: max(_positions(text)) for name, text in queries.items() if not queries.params[name] and _positions(text)
     }
     assert all(n <= 2 for n in positional.values()), positional
 

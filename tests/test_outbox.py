@@ -364,17 +364,21 @@ async def test_no_reminder_is_sent_for_a_cleanup_that_rolled_back(client, pool, 
     cleanup_id = f"cleanup-test-{uuid.uuid4().hex[:6]}"
     assert committed_account < rolled_back_account
     await claim_partitions(pool, cleanup_id, deadline)
-    batch_sql = (await CleanupActivities.create(pool, load_targets())).partition_batch_sql
+    compiled = (await CleanupActivities.create(pool, load_targets())).compiled
+    batch_sql = compiled.batch_sql
+
+    def batch_of_one(after: str) -> tuple[object, ...]:
+        return compiled.batch_args(cleanup_id=cleanup_id, partition_no=0, after_account_id=after, batch_size=1)
 
     async with pool.acquire() as conn, conn.transaction():  # a batch of one: the first account
-        row = await conn.fetchrow(batch_sql, cleanup_id, 0, "", 1)
+        row = await conn.fetchrow(batch_sql, *batch_of_one(""))
         assert row is not None and row["reminders"] == 1
 
     conn = await pool.acquire()
     try:
         tx = conn.transaction()
         await tx.start()
-        row = await conn.fetchrow(batch_sql, cleanup_id, 0, committed_account, 1)
+        row = await conn.fetchrow(batch_sql, *batch_of_one(committed_account))
         assert row is not None and row["reminders"] == 1, "the reminder row exists inside the open transaction"
         # A relay drains while that cleanup is still in flight: it can neither see nor send that row.
         during = await drain(client, task_queue)

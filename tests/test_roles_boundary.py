@@ -238,7 +238,8 @@ async def test_a_failed_account_may_be_held_and_retry_failed_skips_it_while_held
 
 async def compiled_subset(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, accounts: list[str]) -> int:
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.subset_sql, *compiled.args(cleanup_id, 0, accounts, len(accounts)))
+        subset = compiled.subset_args(cleanup_id=cleanup_id, partition_no=0, account_ids=accounts)
+        row = await conn.fetchrow(compiled.subset_sql, *subset)
     assert row is not None
     return int(row["cleaned"])
 
