@@ -106,7 +106,16 @@ async def database_clock_behind(
     )
     log.warning("%s", message)
     metrics.set_database_clock_behind(remaining)
-    await pool.execute(SQL.record_database_clock_behind, task_queue, remaining, instant, cleanup_id)
+    await pool.execute(
+        SQL.record_database_clock_behind,
+        *SQL.bind(
+            "record_database_clock_behind",
+            task_queue=task_queue,
+            behind_seconds=remaining,
+            instant=instant,
+            cleanup_id=cleanup_id,
+        ),
+    )
     delay = timedelta(seconds=min(max(remaining - MAX_CLOCK_WAIT_SECONDS, 1.0), 30.0))
     return failure(CleanupFailure.DATABASE_CLOCK_BEHIND, message, next_retry_delay=delay)
 
@@ -132,7 +141,14 @@ async def claim_in_chunks(
     last_instant = input.deadline_until - timedelta(microseconds=1)
     await wait_for_database_clock(pool, last_instant, beat=beat, cleanup_id=input.cleanup_id)
     await pool.execute(
-        SQL.claim_progress_start, input.progress_id, input.partitions, input.deadline_from, input.deadline_until
+        SQL.claim_progress_start,
+        *SQL.bind(
+            "claim_progress_start",
+            progress_id=input.progress_id,
+            partitions=input.partitions,
+            deadline_from=input.deadline_from,
+            deadline_until=input.deadline_until,
+        ),
     )
     if budget is not None:
         accounts = await pool.fetchval(SQL.cohort_accounts, input.deadline_from, input.deadline_until)
@@ -189,13 +205,16 @@ async def _claim_chunk(
         per_partition[p] += 1
     await conn.execute(
         SQL.claim_progress_update,
-        input.progress_id,
-        row["last_deadline"],
-        row["last_account"],
-        per_partition,
-        row["renewed"],
-        row["scanned"],
-        row["scanned"] < chunk_size,  # a short chunk found the range's last accounts: the claim is done
+        *SQL.bind(
+            "claim_progress_update",
+            progress_id=input.progress_id,
+            cursor_deadline=row["last_deadline"],
+            cursor_account=row["last_account"],
+            claimed_per_partition=per_partition,
+            renewed=row["renewed"],
+            chunk_rows=row["scanned"],
+            done=row["scanned"] < chunk_size,  # a short chunk found the range's last accounts
+        ),
     )
     return row
 
@@ -225,7 +244,10 @@ async def cleanup_target_set(pool: asyncpg.Pool, compiled: CompiledCleanup, clea
     recorded, compiled and checked like its own, or refuses the partition (retried) if it cannot."""
     if compiled.fingerprint is None:
         return compiled
-    recorded = await pool.fetchval(SQL.record_cleanup_target_set, cleanup_id, compiled.fingerprint)
+    recorded = await pool.fetchval(
+        SQL.record_cleanup_target_set,
+        *SQL.bind("record_cleanup_target_set", cleanup_id=cleanup_id, fingerprint=compiled.fingerprint),
+    )
     if recorded == compiled.fingerprint:
         return compiled
     if recorded in _OTHER_SETS:
@@ -431,7 +453,10 @@ class CleanupActivities:
         """Check the declared targets against the live schema, then compile them once, with the
         worker's `settings.cleanup` (the anonymize key, the reminders)."""
         compiled = await CompiledCleanup.compile(pool, targets, settings)
-        await pool.execute(SQL.record_worker_target_set, targets.fingerprint, targets.model_dump_json())
+        await pool.execute(
+            SQL.record_worker_target_set,
+            *SQL.bind("record_worker_target_set", fingerprint=targets.fingerprint, targets=targets.model_dump_json()),
+        )
         # Warned, not refused: without the index every batch reads the table whole (late, not wrong).
         for m in compiled.missing_indexes:
             log.warning(
@@ -463,11 +488,14 @@ class CleanupActivities:
             skipped_renewed = skipped_stale = 0
             await conn.execute(
                 SQL.claim_account,
-                input.cleanup_id,
-                input.account_id,
-                input.deadline,
-                input.expected_version,
-                claiming_namespace(),
+                *SQL.bind(
+                    "claim_account",
+                    cleanup_id=input.cleanup_id,
+                    account_id=input.account_id,
+                    deadline=input.deadline,
+                    cleanup_version=input.expected_version,
+                    namespace=claiming_namespace(),
+                ),
             )
             state = await conn.fetchrow(SQL.account_state, input.account_id)
             if state is None:
@@ -546,15 +574,17 @@ class CleanupActivities:
         c = checkpoint.counts
         await self.pool.execute(
             SQL.record_partition_report,
-            input.cleanup_id,
-            input.partition_no,
-            c.cleaned,
-            c.skipped_renewed,
-            c.skipped_stale,
-            c.already_applied,
-            c.failed,
+            *SQL.bind(
+                "record_partition_report",
+                cleanup_id=input.cleanup_id,
+                partition_no=input.partition_no,
+                **c.model_dump(),
+            ),
         )
-        in_database = await self.pool.fetchrow(SQL.partition_applied, input.cleanup_id, input.partition_no)
+        in_database = await self.pool.fetchrow(
+            SQL.partition_applied,
+            *SQL.bind("partition_applied", cleanup_id=input.cleanup_id, partition_no=input.partition_no),
+        )
         assert in_database is not None
         return PartitionReport(
             partition_no=input.partition_no,
@@ -625,17 +655,26 @@ class CleanupActivities:
                 totals = totals + report.counts
             written = await conn.execute(
                 SQL.settle_cleanup,
-                input.cleanup_id,
-                input.deadline,
-                input.account_id,
-                input.partitions,
-                input.claim.skipped_renewed + totals.skipped_renewed,
-                input.claim.skipped_stale + totals.skipped_stale,
-                totals.already_applied,
+                *SQL.bind(
+                    "settle_cleanup",
+                    cleanup_id=input.cleanup_id,
+                    deadline=input.deadline,
+                    account_id=input.account_id,
+                    partitions=input.partitions,
+                    skipped_renewed=input.claim.skipped_renewed + totals.skipped_renewed,
+                    skipped_stale=input.claim.skipped_stale + totals.skipped_stale,
+                    already_applied=totals.already_applied,
+                ),
             )
             row = await conn.fetchrow(SQL.get_settlement, input.cleanup_id)
             reasons = (
-                [r["reason"] for r in await conn.fetch(SQL.failed_reasons, input.cleanup_id, FAILED_REASONS_SHOWN)]
+                [
+                    r["reason"]
+                    for r in await conn.fetch(
+                        SQL.failed_reasons,
+                        *SQL.bind("failed_reasons", cleanup_id=input.cleanup_id, most=FAILED_REASONS_SHOWN),
+                    )
+                ]
                 if row is not None and row["failed"]
                 else []
             )

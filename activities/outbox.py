@@ -341,22 +341,23 @@ async def with_database(what: str, until: float, statement: Callable[[], Awaitab
         pause = min(pause * 2, DB_RETRY_MAX_SECONDS)
 
 
-def record_arguments(owner: str, ids: list[int], outcomes: Mapping[int, Outcome]) -> list[object]:
+def record_arguments(owner: str, ids: list[int], outcomes: Mapping[int, Outcome]) -> tuple[object, ...]:
     """record_outcomes' parameters: the delivered events as IDs and statuses, every other event's
     outcome column by column."""
     delivered = [i for i in ids if outcomes[i].kind == "delivered"]
     others = [i for i in ids if outcomes[i].kind != "delivered"] if len(delivered) < len(ids) else []
-    return [
-        owner,
-        delivered,
-        [outcomes[i].http_status for i in delivered],
-        others,
-        [outcomes[i].kind for i in others],
-        [outcomes[i].http_status for i in others],
-        [outcomes[i].delay_seconds for i in others],
-        [outcomes[i].error for i in others],
-        [outcomes[i].failure_kind for i in others],
-    ]
+    return SQL.bind(
+        "record_outcomes",
+        lease_owner=owner,
+        delivered_ids=delivered,
+        delivered_statuses=[outcomes[i].http_status for i in delivered],
+        event_ids=others,
+        outcomes=[outcomes[i].kind for i in others],
+        http_statuses=[outcomes[i].http_status for i in others],
+        delays_seconds=[outcomes[i].delay_seconds for i in others],
+        errors=[outcomes[i].error for i in others],
+        failure_kinds=[outcomes[i].failure_kind for i in others],
+    )
 
 
 class OutboxRelayActivities:
@@ -510,7 +511,10 @@ class OutboxRelayActivities:
             # Unique per claim: the fencing token for recording outcomes, readable in `outbox status`.
             owner = f"{relay_id}/{attempt}/{uuid.uuid4().hex[:8]}"
             try:
-                return owner, await self.pool.fetch(SQL.claim_batch, owner, s.batch_size, s.lease_seconds)
+                claim = SQL.bind(
+                    "claim_batch", lease_owner=owner, batch_size=s.batch_size, lease_seconds=s.lease_seconds
+                )
+                return owner, await self.pool.fetch(SQL.claim_batch, *claim)
             except Exception as err:
                 if not db.connection_lost(err) or time.monotonic() >= until:
                     raise

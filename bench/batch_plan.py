@@ -176,7 +176,8 @@ async def explain_prepared(pool: asyncpg.Pool, sql: str, args: tuple[Any, ...], 
 async def explain_batch(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, batch_size: int, generic: bool
 ) -> dict[str, Any]:
-    summary = await explain_prepared(pool, compiled.batch_sql, (cleanup_id, 0, "", batch_size), generic)
+    first = compiled.batch_args(cleanup_id=cleanup_id, partition_no=0, after_account_id="", batch_size=batch_size)
+    summary = await explain_prepared(pool, compiled.batch_sql, first, generic)
     summary["full_scans"] = full_scans(summary, batch_size)
     summary["ms_per_account"] = round(summary["execution_ms"] / batch_size, 4)
     summary["rows_per_account"] = round(summary["rows_processed"] / batch_size, 2)

@@ -110,7 +110,10 @@ async def run(
         t0 = time.monotonic()
         seed = await db.create_pool(url, max_size=1)
         for start in range(0, accounts, 100_000):
-            await seed.execute(SQL.seed_bare_accounts, deadline, start + 1, start + min(100_000, accounts - start))
+            end = start + min(100_000, accounts - start)
+            await seed.execute(
+                SQL.seed_bare_accounts, *SQL.bind("seed_bare_accounts", deadline=deadline, first=start + 1, last=end)
+            )
         await seed.execute("VACUUM ANALYZE accounts")
         await seed.close()
         seed_seconds = time.monotonic() - t0

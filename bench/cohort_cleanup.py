@@ -143,9 +143,13 @@ async def floor_cleanup_on(pool: asyncpg.Pool, deadline: datetime) -> dict[str, 
     """`floor_cleanup` on `pool` (bench.planner_cohort: a pool whose clock is ahead, so a cohort due
     far in the future, out of the planner's sight, is past its deadline for the floor alone)."""
     cleanup_id = f"floor-{deadline:%H%M%S}"
-    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
+    cut = FLOOR.bind("cleanup_floor_bounds", deadline=deadline, slices=bench.floor.FLOOR_BACKENDS)
+    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, *cut)
     edges: list[str | None] = [None, *(bounds or []), None]
-    slices = [(cleanup_id, deadline, lo, hi) for lo, hi in itertools.pairwise(edges)]
+    slices = [
+        FLOOR.bind("cleanup_floor", cleanup_id=cleanup_id, deadline=deadline, from_account=lo, until_account=hi)
+        for lo, hi in itertools.pairwise(edges)
+    ]
     run = await bench.floor.run_slices(pool, FLOOR.cleanup_floor, slices, LONG_STATEMENT_SECONDS)
     return {
         "seconds": run.seconds,
@@ -215,13 +219,7 @@ async def direct_cleanup(
             c = cp.counts
             await acts.pool.execute(
                 SQL.record_partition_report,
-                cleanup_id,
-                p,
-                c.cleaned,
-                c.skipped_renewed,
-                c.skipped_stale,
-                c.already_applied,
-                c.failed,
+                *SQL.bind("record_partition_report", cleanup_id=cleanup_id, partition_no=p, **c.model_dump()),
             )
             return PartitionReport(partition_no=p, counts=c, batches=cp.batches)
 

@@ -13,33 +13,33 @@
 -- backend.)
 
 -- name: cleanup_floor_bounds
--- Untimed, before the floor: the $2 - 1 account_ids that cut the cohort ($1 = its deadline) into
--- $2 slices of equal size, ascending (slice k is [bound k-1, bound k), the first and the last
+-- Untimed, before the floor: the account_ids that cut the cohort of a deadline into :slices slices
+-- of equal size, ascending (slice k is [bound k-1, bound k), the first and the last
 -- open-ended). NULL for an empty cohort; a bound repeats (an empty slice) when the cohort has
 -- fewer accounts than slices.
-SELECT percentile_disc(ARRAY(SELECT k::float8 / $2 FROM generate_series(1, $2 - 1) AS k))
+SELECT percentile_disc(ARRAY(SELECT k::float8 / :slices FROM generate_series(1, :slices - 1) AS k))
            WITHIN GROUP (ORDER BY account_id) AS bounds
 FROM accounts
-WHERE renewal_deadline = $1 AND status = 'active';
+WHERE renewal_deadline = :deadline AND status = 'active';
 
 -- name: cleanup_floor
--- One slice of a cohort ($2 = its deadline; account_id >= $3 and < $4, NULL = unbounded) cleaned
--- by one statement under cleanup ID $1: every active account of the slice past its deadline
+-- One slice of a cohort (account_id >= :from_account and < :until_account, NULL = unbounded)
+-- cleaned by one statement: every active account of the slice past its deadline
 -- marked cleaned, its idempotency record, the shipped game data deleted (saves, items) or
 -- archived (matches), its erasure receipt (rows per target, as the batches write it), its
 -- renewal reminder in the outbox. The slices are disjoint, so they touch
 -- disjoint rows; a range fits the index accounts_active_due_idx (deadline, account_id).
 WITH cleaned AS (
     UPDATE accounts
-    SET status = 'cleaned', claimed_by = $1, claimed_at = now(), cleaned_at = now()
-    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
-      AND ($3::text IS NULL OR account_id >= $3::text)
-      AND ($4::text IS NULL OR account_id < $4::text)
+    SET status = 'cleaned', claimed_by = :cleanup_id, claimed_at = now(), cleaned_at = now()
+    WHERE renewal_deadline = :deadline AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND (:from_account::text IS NULL OR account_id >= :from_account::text)
+      AND (:until_account::text IS NULL OR account_id < :until_account::text)
     RETURNING account_id, cleanup_version
 ),
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
-    SELECT account_id, cleanup_version, $1, 0 FROM cleaned
+    SELECT account_id, cleanup_version, :cleanup_id, 0 FROM cleaned
     ON CONFLICT ON CONSTRAINT cleanup_applied_once DO NOTHING
     RETURNING account_id, cleanup_version
 ),
@@ -61,7 +61,7 @@ archived AS (
 ),
 receipts AS (
     INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)
-    SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array(
+    SELECT a.account_id, a.cleanup_version, :cleanup_id, jsonb_build_array(
         jsonb_build_object('target', 'demo_game.cloud_saves', 'action', 'delete', 'rows', coalesce(s.n, 0)),
         jsonb_build_object('target', 'demo_game.inventory_items', 'action', 'delete', 'rows', coalesce(i.n, 0)),
         jsonb_build_object('target', 'demo_game.match_history', 'action', 'archive', 'rows', coalesce(m.n, 0)))
@@ -74,9 +74,9 @@ receipts AS (
 reminders AS (
     INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
     SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
-           account_id, $1,
+           account_id, :cleanup_id,
            jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
-                              'cleanup_id', $1::text)
+                              'cleanup_id', :cleanup_id::text)
     FROM applied
     ON CONFLICT (event_key) DO NOTHING
     RETURNING 1
@@ -89,29 +89,29 @@ SELECT (SELECT count(*) FROM applied)::int AS cleaned,
        (SELECT count(*) FROM receipts)::int AS receipts;
 
 -- name: ledger_floor_slices
--- Untimed, before the floor: the shards of the date ($1) dealt to $2 slices, slice k taking every
--- shard s with s % $2 = k (a slice with no shard, when the date has fewer shards than slices, is
+-- Untimed, before the floor: the shards of the date dealt to :slices slices, slice k taking every
+-- shard s with s % :slices = k (a slice with no shard, when the date has fewer shards than slices, is
 -- not listed). A payment's ledger row and its report rows carry the same shard (what the batches
 -- rely on too), so every key is judged in exactly one slice.
-SELECT s % $2 AS slice, array_agg(s ORDER BY s) AS shards
+SELECT s % :slices AS slice, array_agg(s ORDER BY s) AS shards
 FROM ledger_days d, generate_series(0, d.shards - 1) AS s
-WHERE d.business_date = $1
-GROUP BY s % $2
+WHERE d.business_date = :business_date
+GROUP BY s % :slices
 ORDER BY slice;
 
 -- name: ledger_floor
--- One shard ($4) of a business date ($1) reconciled by one statement (a slice runs its shards in
+-- One shard of a business date reconciled by one statement (a slice runs its shards in
 -- turn): every ledger row of the shard locked (as the batches lock theirs) and judged against the
 -- provider's report rows by the same rules, corrections recorded under their idempotency key and
 -- applied to the ledger, the rest sent to review (the idempotency record: (date, game, payment_id)). No keyset, no fingerprint, no reports, no shard
--- lock: the slices are disjoint sets of whole shards. `shard = $4`, not `= ANY(...)`: with one
+-- lock: the slices are disjoint sets of whole shards. `shard = :shard`, not `= ANY(...)`: with one
 -- value the report rows come in the order of their (date, shard, game, payment_id) index, where a
 -- ScalarArrayOp made the planner sort them first (EXPLAIN, 400,000 payments: a quicksort of each
--- shard's 25,000 report rows, 28 ms of ~350). $2 tolerance in cents, $3 workflow ID.
+-- shard's 25,000 report rows, 28 ms of ~350).
 WITH ledger AS (
     SELECT l.game, l.payment_id, l.shard, l.amount_cents, l.currency, l.status, l.version
     FROM ledger_payments l
-    WHERE l.business_date = $1 AND l.shard = $4::int
+    WHERE l.business_date = :business_date AND l.shard = :shard::int
     FOR UPDATE OF l
 ),
 report AS (
@@ -120,14 +120,14 @@ report AS (
            count(DISTINCT (r.amount_cents, r.currency, r.status))::int AS variants,
            min(r.amount_cents) AS amount_cents, min(r.currency) AS currency, min(r.status) AS status
     FROM ledger_report_rows r
-    WHERE r.business_date = $1 AND r.shard = $4::int
+    WHERE r.business_date = :business_date AND r.shard = :shard::int
     GROUP BY r.game, r.payment_id
 ),
 facts AS (
     SELECT coalesce(l.game, r.game) AS game, coalesce(l.payment_id, r.payment_id) AS payment_id,
            coalesce(l.shard, r.shard) AS shard,
            coalesce(l.game, r.game) || ':' || coalesce(l.payment_id, r.payment_id) || ':'
-               || to_char($1::date, 'YYYY-MM-DD') AS key,
+               || to_char(:business_date::date, 'YYYY-MM-DD') AS key,
            l.payment_id IS NOT NULL AS in_ledger, l.amount_cents AS l_amount, l.currency AS l_currency,
            l.status AS l_status, l.version AS l_version,
            r.payment_id IS NOT NULL AS in_report, r.amount_cents AS r_amount, r.currency AS r_currency,
@@ -143,7 +143,7 @@ judged AS (
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
             WHEN f.l_currency <> f.r_currency THEN 'currency_mismatch'
-            WHEN abs(f.l_amount - f.r_amount) > $2 THEN 'amount_beyond_tolerance'
+            WHEN abs(f.l_amount - f.r_amount) > :tolerance_cents THEN 'amount_beyond_tolerance'
             WHEN f.r_status = 'refunded' AND f.l_status = 'captured' THEN 'refund_not_recorded'
             WHEN f.l_status <> CASE f.r_status WHEN 'refunded' THEN 'refunded' ELSE 'captured' END
                 THEN 'status_mismatch'
@@ -151,18 +151,18 @@ judged AS (
             ELSE 'match'
         END AS verdict
     FROM facts f
-    LEFT JOIN ledger_corrections c ON c.business_date = $1 AND c.game = f.game AND c.payment_id = f.payment_id
-    LEFT JOIN ledger_review v ON v.business_date = $1 AND v.game = f.game AND v.payment_id = f.payment_id
+    LEFT JOIN ledger_corrections c ON c.business_date = :business_date AND c.game = f.game AND c.payment_id = f.payment_id
+    LEFT JOIN ledger_review v ON v.business_date = :business_date AND v.game = f.game AND v.payment_id = f.payment_id
 ),
 corrected AS (
     INSERT INTO ledger_corrections
         (idempotency_key, business_date, shard, game, payment_id, kind, old_status, new_status,
          old_amount_cents, new_amount_cents, version_before, version_after, workflow_id)
-    SELECT j.key, $1, j.shard, j.game, j.payment_id, j.verdict, j.l_status,
+    SELECT j.key, :business_date, j.shard, j.game, j.payment_id, j.verdict, j.l_status,
            CASE j.verdict WHEN 'refund_not_recorded' THEN 'refunded'
                           WHEN 'not_settled' THEN 'unsettled'
                           ELSE j.l_status END,
-           j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $3
+           j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, :workflow_id
     FROM judged j
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
     ON CONFLICT (business_date, game, payment_id) DO NOTHING
@@ -181,18 +181,18 @@ reviewed AS (
         (review_key, business_date, shard, game, payment_id, kind, reason,
          ledger_amount_cents, provider_amount_cents, ledger_currency, provider_currency,
          ledger_status, provider_status, report_rows, workflow_id)
-    SELECT j.key, $1, j.shard, j.game, j.payment_id, j.verdict,
+    SELECT j.key, :business_date, j.shard, j.game, j.payment_id, j.verdict,
         CASE j.verdict
             WHEN 'unknown_payment' THEN format(
                 'unknown payment: the provider settled %s %s (%s) for %s:%s on %s, '
                 'but the ledger has no such payment for that date',
                 ledger_money(j.r_amount), j.r_currency, j.r_status, j.game, j.payment_id,
-                to_char($1::date, 'YYYY-MM-DD'))
+                to_char(:business_date::date, 'YYYY-MM-DD'))
             WHEN 'amount_beyond_tolerance' THEN format(
                 'amount mismatch beyond tolerance: the ledger has %s %s, the provider settled %s %s '
                 '(difference %s, tolerance %s); check the capture before correcting by hand',
                 ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency,
-                ledger_money(j.r_amount - j.l_amount), ledger_money($2::bigint))
+                ledger_money(j.r_amount - j.l_amount), ledger_money(:tolerance_cents::bigint))
             WHEN 'currency_mismatch' THEN format(
                 'currency mismatch: the ledger has %s %s, the provider settled %s %s',
                 ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency)
@@ -203,7 +203,7 @@ reviewed AS (
                 'conflicting report rows: the provider reported this payment %s times with different '
                 'amounts, currencies or statuses', j.report_rows)
         END,
-        j.l_amount, j.r_amount, j.l_currency, j.r_currency, j.l_status, j.r_status, j.report_rows, $3
+        j.l_amount, j.r_amount, j.l_currency, j.r_currency, j.l_status, j.r_status, j.report_rows, :workflow_id
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
@@ -217,25 +217,25 @@ SELECT (SELECT count(*) FROM judged)::int AS keys_examined,
        (SELECT count(*) FROM reviewed)::int AS sent_to_review;
 
 -- name: game_cleanup_floor
--- The floor on the game server's own schema (tests/game_server): one slice of a cohort ($2 = its
--- deadline; account_id >= $3 and < $4, NULL = unbounded) cleaned by one statement under cleanup ID
--- $1, with the effects of its declared targets (tests/game_server/targets.toml): the items and
+-- The floor on the game server's own schema (tests/game_server): one slice of a cohort
+-- (account_id >= :from_account and < :until_account, NULL = unbounded) cleaned by one statement,
+-- with the effects of its declared targets (tests/game_server/targets.toml): the items and
 -- characters deleted, every friendship of the user (either side) deleted, the matches archived
 -- (the archive's identity copied as is), the users row kept with its username replaced by its
--- HMAC-SHA256 ($5, $6: the key's inner and outer pads) and its email and profile nulled; plus the
+-- HMAC-SHA256 (of the key's inner and outer pads) and its email and profile nulled; plus the
 -- account marked cleaned, its idempotency record, its erasure receipt (rows per target, as the
 -- batch statement writes it) and its reminder in the outbox.
 WITH cleaned AS (
     UPDATE accounts
-    SET status = 'cleaned', claimed_by = $1, claimed_at = now(), cleaned_at = now()
-    WHERE renewal_deadline = $2 AND status = 'active' AND renewal_deadline <= cleanup_clock()
-      AND ($3::text IS NULL OR account_id >= $3::text)
-      AND ($4::text IS NULL OR account_id < $4::text)
+    SET status = 'cleaned', claimed_by = :cleanup_id, claimed_at = now(), cleaned_at = now()
+    WHERE renewal_deadline = :deadline AND status = 'active' AND renewal_deadline <= cleanup_clock()
+      AND (:from_account::text IS NULL OR account_id >= :from_account::text)
+      AND (:until_account::text IS NULL OR account_id < :until_account::text)
     RETURNING account_id, cleanup_version
 ),
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
-    SELECT account_id, cleanup_version, $1, 0 FROM cleaned
+    SELECT account_id, cleanup_version, :cleanup_id, 0 FROM cleaned
     ON CONFLICT ON CONSTRAINT cleanup_applied_once DO NOTHING
     RETURNING account_id, cleanup_version
 ),
@@ -263,7 +263,7 @@ archived AS (
 ),
 users AS (
     UPDATE game_server.users t
-    SET username = encode(sha256($6::bytea || sha256($5::bytea || convert_to(t.username, 'UTF8'))), 'hex'),
+    SET username = encode(sha256(:outer_pad::bytea || sha256(:inner_pad::bytea || convert_to(t.username, 'UTF8'))), 'hex'),
         email = NULL, profile = NULL
     FROM keys k WHERE t.id = k.id
     RETURNING t.id AS key
@@ -276,7 +276,7 @@ friends_keyed AS (
 ),
 receipts AS (
     INSERT INTO erasure_receipts (account_id, cleanup_version, cleanup_id, targets)
-    SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array(
+    SELECT a.account_id, a.cleanup_version, :cleanup_id, jsonb_build_array(
         jsonb_build_object('target', 'game_server.inventory', 'action', 'delete', 'rows', coalesce(i.n, 0)),
         jsonb_build_object('target', 'game_server.characters', 'action', 'delete', 'rows', coalesce(c.n, 0)),
         jsonb_build_object('target', 'game_server.friends', 'action', 'delete', 'rows', coalesce(fa.n, 0)),
@@ -298,9 +298,9 @@ receipts AS (
 reminders AS (
     INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
     SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
-           account_id, $1,
+           account_id, :cleanup_id,
            jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
-                              'cleanup_id', $1::text)
+                              'cleanup_id', :cleanup_id::text)
     FROM applied
     ON CONFLICT (event_key) DO NOTHING
     RETURNING 1

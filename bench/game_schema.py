@@ -92,10 +92,22 @@ async def seed_cohorts(pool: asyncpg.Pool, deadlines: list[datetime], users: int
 
 async def floor_cleanup(pool: asyncpg.Pool, deadline: datetime) -> dict[str, Any]:
     cleanup_id = f"floor-{deadline:%H%M%S}"
-    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, bench.floor.FLOOR_BACKENDS)
+    cut = FLOOR.bind("cleanup_floor_bounds", deadline=deadline, slices=bench.floor.FLOOR_BACKENDS)
+    bounds = await pool.fetchval(FLOOR.cleanup_floor_bounds, *cut)
     edges: list[str | None] = [None, *(bounds or []), None]
     inner, outer = anonymize_key_pads(KEY)
-    slices = [(cleanup_id, deadline, lo, hi, inner, outer) for lo, hi in itertools.pairwise(edges)]
+    slices = [
+        FLOOR.bind(
+            "game_cleanup_floor",
+            cleanup_id=cleanup_id,
+            deadline=deadline,
+            from_account=lo,
+            until_account=hi,
+            inner_pad=inner,
+            outer_pad=outer,
+        )
+        for lo, hi in itertools.pairwise(edges)
+    ]
     run = await bench.floor.run_slices(pool, FLOOR.game_cleanup_floor, slices, LONG_STATEMENT_SECONDS)
     return {
         "seconds": run.seconds,

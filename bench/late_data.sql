@@ -2,30 +2,29 @@
 -- little, and a re-check has to find and judge the change.
 
 -- name: change_payments
--- Every payment of the date whose ID hashes into the first $2 of each 10,000 changes (spread over
--- all shards alike): half of them (by a second hash) get a hand edit of their ledger amount by
--- 1..$3 cents, within tolerance (a new amount mismatch: one correction); the other half get a
+-- Every payment of the date whose ID hashes into the first :per_10000 of each 10,000 changes (spread
+-- over all shards alike): half of them (by a second hash) get a hand edit of their ledger amount by
+-- 1..:tolerance_cents cents, within tolerance (a new amount mismatch: one correction); the other half get a
 -- late provider row that conflicts with the one reported (one review row). A payment judged
 -- before (it has a correction or a review row for the date) stays judged: nothing new. Returns
 -- what changed and what a re-check must therefore add.
--- $1 business date, $2 payments changed per 10,000, $3 tolerance in cents
 WITH chosen AS (
     SELECT l.game, l.payment_id, l.shard,
            abs(hashtextextended(l.payment_id, 12)) % 2 = 0 AS ledger_edit,
            EXISTS (SELECT 1 FROM ledger_corrections c
-                   WHERE c.business_date = $1 AND c.game = l.game AND c.payment_id = l.payment_id)
+                   WHERE c.business_date = :business_date AND c.game = l.game AND c.payment_id = l.payment_id)
            OR EXISTS (SELECT 1 FROM ledger_review v
-                      WHERE v.business_date = $1 AND v.game = l.game AND v.payment_id = l.payment_id)
+                      WHERE v.business_date = :business_date AND v.game = l.game AND v.payment_id = l.payment_id)
                AS judged_before,
            EXISTS (SELECT 1 FROM ledger_report_rows r
-                   WHERE r.business_date = $1 AND r.shard = l.shard AND r.game = l.game
+                   WHERE r.business_date = :business_date AND r.shard = l.shard AND r.game = l.game
                      AND r.payment_id = l.payment_id) AS reported
     FROM ledger_payments l
-    WHERE l.business_date = $1 AND abs(hashtextextended(l.payment_id, 11)) % 10000 < $2
+    WHERE l.business_date = :business_date AND abs(hashtextextended(l.payment_id, 11)) % 10000 < :per_10000
 ),
 edited AS (
     UPDATE ledger_payments p
-    SET amount_cents = p.amount_cents + 1 + abs(hashtextextended(p.payment_id, 13)) % $3, updated_at = now()
+    SET amount_cents = p.amount_cents + 1 + abs(hashtextextended(p.payment_id, 13)) % :tolerance_cents, updated_at = now()
     FROM chosen c
     WHERE c.ledger_edit AND p.game = c.game AND p.payment_id = c.payment_id
     RETURNING 1
@@ -36,7 +35,7 @@ late_rows AS (
            r.amount_cents + 1, r.currency, r.status
     FROM chosen c
     JOIN ledger_report_rows r
-      ON r.business_date = $1 AND r.shard = c.shard AND r.game = c.game AND r.payment_id = c.payment_id
+      ON r.business_date = :business_date AND r.shard = c.shard AND r.game = c.game AND r.payment_id = c.payment_id
     WHERE NOT c.ledger_edit
     ORDER BY r.game, r.payment_id, r.report_row_id
     RETURNING 1

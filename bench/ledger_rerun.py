@@ -179,7 +179,12 @@ async def changed_recheck(
 ) -> dict[str, Any]:
     """Change `per_10000` of the date's payments, then re-check it: seconds, writes, the revision."""
     t = time.perf_counter()
-    change = await s.pool.fetchrow(LATE.change_payments, business_date, per_10000, TOLERANCE_CENTS)
+    change = await s.pool.fetchrow(
+        LATE.change_payments,
+        *LATE.bind(
+            "change_payments", business_date=business_date, per_10000=per_10000, tolerance_cents=TOLERANCE_CENTS
+        ),
+    )
     assert change is not None
     await s.pool.execute(VACUUM_CHANGED)
     change_seconds = time.perf_counter() - t

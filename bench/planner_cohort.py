@@ -152,7 +152,8 @@ async def register_cohort(pool: asyncpg.Pool, seeded_at: datetime, accounts: int
     `lead` seconds ahead on the database's clock (whole seconds); returns that instant."""
     now: datetime = await pool.fetchval(SQL.database_clock)
     deadline = (now + timedelta(seconds=lead)).replace(microsecond=0)
-    row = await pool.fetchrow(SQL.register_cohort, seeded_at, deadline, timeout=LONG_STATEMENT_SECONDS)
+    registration = SQL.bind("register_cohort", seeded_at=seeded_at, deadline=deadline)
+    row = await pool.fetchrow(SQL.register_cohort, *registration, timeout=LONG_STATEMENT_SECONDS)
     assert row is not None and row["moved"] == row["accounts"] == accounts, dict(row or {})
     return deadline
 

@@ -3,12 +3,12 @@
 
 -- name: register_cohort
 -- The game's registration: `set_deadline` (the function a game calls) for every account seeded at
--- the far-off deadline $1, moving it earlier (said explicitly) to the instant $2, in one statement,
+-- the far-off deadline :seeded_at, moving it earlier (said explicitly) to :deadline, in one statement,
 -- so the planner sees the whole cohort at once (one transaction) or not at all. Returns how many moved.
-SELECT count(*) FILTER (WHERE set_deadline(account_id, $2, allow_earlier => true) = 'moved')::int AS moved,
+SELECT count(*) FILTER (WHERE set_deadline(account_id, :deadline, allow_earlier => true) = 'moved')::int AS moved,
        count(*)::int AS accounts
 FROM accounts
-WHERE renewal_deadline = $1;
+WHERE renewal_deadline = :seeded_at;
 
 -- name: cohort_pending
 -- Accounts of the cohort due at $1 not yet claimed, plus accounts being cleaned by any cleanup

@@ -136,7 +136,7 @@ async def spread_run(
     async with stack() as s:
         await seed_accounts(s.pool, prefix=name, deadline=FAR, count=accounts)
         first = await database_now(s.pool) + timedelta(seconds=lead)
-        await s.pool.execute(SQL.spread_deadlines, first, spread)
+        await s.pool.execute(SQL.spread_deadlines, *SQL.bind("spread_deadlines", first=first, spread_seconds=spread))
         t0 = time.monotonic()
         with LoadSampler() as sampler:
             await start_planner_workers(s, workers, planner)

@@ -52,7 +52,7 @@ async def seed_cohort(pool: asyncpg.Pool, accounts: int, prefix: str) -> float:
 
 
 async def spread_deadlines(pool: asyncpg.Pool, first: datetime, spread_seconds: float) -> None:
-    await pool.execute(SQL.spread_deadlines, first, spread_seconds)
+    await pool.execute(SQL.spread_deadlines, *SQL.bind("spread_deadlines", first=first, spread_seconds=spread_seconds))
     await pool.execute("VACUUM ANALYZE accounts")
 
 

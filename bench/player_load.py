@@ -231,7 +231,8 @@ async def paced_floor(
     each, on one backend: the cohort's effects at `rate` accounts/s with no orchestration at all.
     A slice that falls behind its schedule runs at once after the one before."""
     slices = max(1, accounts // slice_size)
-    bounds = list(await pool.fetchval(FLOOR.cleanup_floor_bounds, deadline, slices) or [])
+    cut = FLOOR.bind("cleanup_floor_bounds", deadline=deadline, slices=slices)
+    bounds = list(await pool.fetchval(FLOOR.cleanup_floor_bounds, *cut) or [])
     ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
     cleaned = behind = 0
     async with pool.acquire() as conn:
@@ -243,7 +244,16 @@ async def paced_floor(
             else:
                 behind += 1
             async with conn.transaction():
-                row = await conn.fetchrow(FLOOR.cleanup_floor, "paced-floor", deadline, low, high)
+                row = await conn.fetchrow(
+                    FLOOR.cleanup_floor,
+                    *FLOOR.bind(
+                        "cleanup_floor",
+                        cleanup_id="paced-floor",
+                        deadline=deadline,
+                        from_account=low,
+                        until_account=high,
+                    ),
+                )
             assert row is not None
             cleaned += int(row["cleaned"])
         seconds = time.perf_counter() - started

@@ -3,13 +3,14 @@
 -- database, and the server-wide figures (WAL position, dead tuples) a run reports.
 
 -- name: seed_bare_accounts
--- Accounts only (no game data), IDs acct_b<g> for g in [$2, $3], all with deadline $1.
+-- Accounts only (no game data), IDs acct_b<g> for g from :first to :last, all with one deadline.
 INSERT INTO accounts (account_id, renewal_deadline)
-SELECT 'acct_b' || lpad(g::text, 9, '0'), $1 FROM generate_series($2::int, $3::int) g;
+SELECT 'acct_b' || lpad(g::text, 9, '0'), :deadline FROM generate_series(:first::int, :last::int) g;
 
 -- name: spread_deadlines
--- Every account's deadline spread uniformly over [$1, $1 + $2 seconds): the k-th of n accounts
--- (by ID) gets $1 + k * $2 / n, so the deadlines do not follow the ID order of the seed.
+-- Every account's deadline spread uniformly over [:first, :first + :spread_seconds): the k-th of n
+-- accounts (by ID) gets :first + k * :spread_seconds / n, so the deadlines do not follow the ID
+-- order of the seed.
 WITH ranked AS (
     SELECT account_id,
            row_number() OVER (ORDER BY md5(account_id)) - 1 AS k,
@@ -17,7 +18,7 @@ WITH ranked AS (
     FROM accounts
 )
 UPDATE accounts a
-SET renewal_deadline = $1::timestamptz + make_interval(secs => r.k * $2::float8 / r.n)
+SET renewal_deadline = :first::timestamptz + make_interval(secs => r.k * :spread_seconds::float8 / r.n)
 FROM ranked r
 WHERE a.account_id = r.account_id;
 

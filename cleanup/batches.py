@@ -160,15 +160,17 @@ class CompiledCleanup:
     async def _trial(self, conn: asyncpg.Connection, targets: CleanupTargets, preview_sql: str) -> None:
         """Run each statement on no account (an unknown cleanup), then roll back: its types, columns
         and this role's privileges are checked as at the deadline."""
+        on_no_account = self.batch_args(cleanup_id="", partition_no=0, after_account_id="", batch_size=1)
+        on_none = self.subset_args(cleanup_id="", partition_no=0, account_ids=[])
         runs: list[tuple[str, str, tuple[object, ...]]] = [
-            ("the batch statement", self.batch_sql, ("", 0, "", 1)),
-            ("the subset statement", self.subset_sql, ("", 0, [], 0)),
+            ("the batch statement", self.batch_sql, on_no_account),
+            ("the subset statement", self.subset_sql, on_none),
             ("the dry-run statement", preview_sql, ("",)),
         ]
         if self.follow_ups:
             runs += [
-                ("the batch's judgement", judge_statement(self.batch_sql), ("", 0, "", 1)),
-                ("the subset's judgement", judge_statement(self.subset_sql), ("", 0, [], 0)),
+                ("the batch's judgement", judge_statement(self.batch_sql), on_no_account),
+                ("the subset's judgement", judge_statement(self.subset_sql), on_none),
             ]
         # A probe's key is cast to its column's type, which no placeholder account fits: EXPLAIN
         # parses, plans and checks privileges without running it.
@@ -187,7 +189,31 @@ class CompiledCleanup:
                     await tx.rollback()
 
     def args(self, *params: object) -> tuple[object, ...]:
+        """A target probe's arguments (its one account)."""
         return params
+
+    def batch_args(
+        self, *, cleanup_id: str, partition_no: int, after_account_id: str, batch_size: int
+    ) -> tuple[object, ...]:
+        """The keyset batch statement's arguments: the `batch_size` claimed accounts after
+        `after_account_id`."""
+        return SQL.bind(
+            "cleanup_partition_batch",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            after_account_id=after_account_id,
+            batch_size=batch_size,
+        )
+
+    def subset_args(self, *, cleanup_id: str, partition_no: int, account_ids: Sequence[str]) -> tuple[object, ...]:
+        """The subset statement's arguments: these accounts in the place of the keyset's cursor."""
+        return SQL.bind(
+            "cleanup_partition_batch",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            after_account_id=list(account_ids),
+            batch_size=len(account_ids),
+        )
 
     async def run(self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...]) -> asyncpg.Record:
         """Run the batch statement `sql` (either form) with `args` in the caller's transaction, with
@@ -215,7 +241,14 @@ class CompiledCleanup:
         counts += await run_phase(conn, self.follow_ups, "after", applied)
         if applied:
             await conn.execute(
-                SQL.insert_deferred_receipts, row["receipts"], args[0], self.fingerprint, json.dumps(counts)
+                SQL.insert_deferred_receipts,
+                *SQL.bind(
+                    "insert_deferred_receipts",
+                    receipts=row["receipts"],
+                    cleanup_id=args[0],
+                    fingerprint=self.fingerprint,
+                    follow_ups=json.dumps(counts),
+                ),
             )
         return row
 
@@ -294,11 +327,10 @@ async def run_keyset_batch(
             failpoints.hit(IN_BATCH)  # the batch is open: its transaction begun, its statement not yet sent
             while rows < batch_size:
                 step = min(STATEMENT_ACCOUNTS, batch_size - rows)
-                row = await run_heartbeating(
-                    compiled.run(conn, compiled.batch_sql, compiled.args(cleanup_id, partition_no, last, step)),
-                    pulse.beat,
-                    pulse.interval,
+                args = compiled.batch_args(
+                    cleanup_id=cleanup_id, partition_no=partition_no, after_account_id=last, batch_size=step
                 )
+                row = await run_heartbeating(compiled.run(conn, compiled.batch_sql, args), pulse.beat, pulse.interval)
                 counts, rows = counts + counts_of(row), rows + row["batch_rows"]
                 last = row["last_account_id"] or last
                 if row["batch_rows"] < step:
@@ -307,10 +339,14 @@ async def run_keyset_batch(
         surfaced = schema_errors_final and is_schema_error(err)
         if not (is_deterministic(err) or surfaced):
             raise  # transient: Temporal retries the activity, committed batches are absorbed
-        ids = [
-            r["account_id"]
-            for r in await pool.fetch(SQL.batch_accounts, cleanup_id, partition_no, after_account_id, batch_size)
-        ]
+        batch = SQL.bind(
+            "batch_accounts",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            after_account_id=after_account_id,
+            batch_size=batch_size,
+        )
+        ids = [r["account_id"] for r in await pool.fetch(SQL.batch_accounts, *batch)]
         if not ids:
             raise
         failures: list[AccountCleanupFailed] = []
@@ -349,9 +385,8 @@ async def _subset(
     pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, partition_no: int, account_ids: Sequence[str]
 ) -> PartitionCounts:
     async with pool.acquire() as conn, db.transaction(conn):
-        row = await compiled.run(
-            conn, compiled.subset_sql, compiled.args(cleanup_id, partition_no, list(account_ids), len(account_ids))
-        )
+        subset = compiled.subset_args(cleanup_id=cleanup_id, partition_no=partition_no, account_ids=account_ids)
+        row = await compiled.run(conn, compiled.subset_sql, subset)
     return counts_of(row)
 
 
@@ -422,7 +457,19 @@ async def _record_failures(
     to clean (renewed meanwhile, ...) are left out."""
     sqlstate = sqlstate_of(error) or "?????"
     message, detail = failure_reason(error)
-    rows = await pool.fetch(SQL.record_failed, cleanup_id, partition_no, account_ids, target, sqlstate, message, detail)
+    rows = await pool.fetch(
+        SQL.record_failed,
+        *SQL.bind(
+            "record_failed",
+            cleanup_id=cleanup_id,
+            partition_no=partition_no,
+            account_ids=account_ids,
+            target=target,
+            sqlstate=sqlstate,
+            message=message,
+            detail=detail,
+        ),
+    )
     return [AccountCleanupFailed(r["account_id"], sqlstate, message, target) for r in rows]
 
 

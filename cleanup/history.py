@@ -137,10 +137,10 @@ async def account_history(pool: asyncpg.Pool, account_id: str) -> AccountHistory
         held=now["held_since"] is not None,
         claim=Claim(cleanup_id=now["claimed_by"], claimed_at=now["claimed_at"]) if now["claimed_by"] else None,
         cleaned_at=now["cleaned_at"],
-        events=[AccountEvent(**dict(r)) for r in events],
-        renewals=[Renewal(**dict(r)) for r in renewals],
+        events=[AccountEvent.from_row(r) for r in events],
+        renewals=[Renewal.from_row(r) for r in renewals],
         cleaned=[_cleaned(r) for r in cleanups],
-        failures=[Failure(**dict(r)) for r in failures],
+        failures=[Failure.from_row(r) for r in failures],
     )
 
 

@@ -358,8 +358,9 @@ async def renew(
     check_account_id(account_id)
     if until is not None and until.tzinfo is None:
         raise InputError("--until has no timezone")
+    renewal = SQL.bind("renew_account", account_id=account_id, until=until, allow_earlier=allow_earlier)
     async with refused_as_input():
-        row = await pool.fetchrow(SQL.renew_account, account_id, until, allow_earlier)
+        row = await pool.fetchrow(SQL.renew_account, *renewal)
     if row is None:
         raise InputError(f"unknown account {account_id!r}")
     in_time = row["outcome"] == "in_time"
@@ -592,7 +593,7 @@ async def _cleanup_status_from_database(pool: asyncpg.Pool, workflow_id: str) ->
     out["partitions_reported"] = f"{len(reports)}/{partitions_with_work}"
     out["settled"] = settlement is not None
     if settlement is not None:
-        out["settlement"] = RecordedSettlement(**settlement)
+        out["settlement"] = RecordedSettlement.from_row(settlement)
     failed = await pool.fetchrow(SQL.failed_counts_of_cleanup, workflow_id)
     if failed is not None and failed["total"]:
         pending = f"{failed['pending']} pending review ({failed['total']} recorded)"

@@ -194,19 +194,29 @@ async def _upcoming_cohorts(
     bucket = timedelta(seconds=s.bucket_seconds)
     limit = s.max_buckets_per_tick
     if window <= bucket:  # no window wider than a bucket: the buckets, counted up to one batch
-        rows = await pool.fetch(SQL.upcoming_buckets, since, until, bucket, limit, batch_size + 1)
+        buckets = SQL.bind(
+            "upcoming_buckets", since=since, until=until, width=bucket, buckets=limit, count_up_to=batch_size + 1
+        )
+        rows = await pool.fetch(SQL.upcoming_buckets, *buckets)
         return [(r, bucket) for r in rows]
     dense = dense_threshold(s, batch_size)
-    rows = await pool.fetch(SQL.upcoming_buckets, since, until, window, limit, dense + 1)
+    windows = SQL.bind("upcoming_buckets", since=since, until=until, width=window, buckets=limit, count_up_to=dense + 1)
+    rows = await pool.fetch(SQL.upcoming_buckets, *windows)
     out: list[tuple[asyncpg.Record, timedelta]] = []
     for row in rows:
         if row["accounts"] <= dense:
             out.append((row, window))
         else:
             end = min(row["start"] + window, until)
-            fine = await pool.fetch(
-                SQL.upcoming_buckets, max(row["start"], since), end, bucket, limit - len(out), batch_size + 1
+            buckets = SQL.bind(
+                "upcoming_buckets",
+                since=max(row["start"], since),
+                until=end,
+                width=bucket,
+                buckets=limit - len(out),
+                count_up_to=batch_size + 1,
             )
+            fine = await pool.fetch(SQL.upcoming_buckets, *buckets)
             out.extend((r, bucket) for r in fine)
         if len(out) >= limit:
             return out[:limit]
@@ -277,7 +287,7 @@ async def _record_lateness(pool: asyncpg.Pool, input: PlanTickInput, now: dateti
     """Record the lateness of the accounts cleaned since the watermark (the last tick's, else one
     tick ago): the new watermark and how many were recorded."""
     watermark = input.lateness_watermark or now - timedelta(seconds=input.settings.tick_seconds)
-    recent = await pool.fetch(SQL.cleaned_since, watermark, 20_000)
+    recent = await pool.fetch(SQL.cleaned_since, *SQL.bind("cleaned_since", since=watermark, most=20_000))
     metrics.record_lateness(r["lateness"] for r in recent)
     if recent:
         watermark = recent[-1]["cleaned_at"]
@@ -311,7 +321,8 @@ async def recover_stranded(
     released = 0
     until = time.monotonic() + time_limit
     for claim_namespace in dict.fromkeys((client.namespace, "")):
-        for row in await pool.fetch(SQL.claiming_workflows, claim_namespace, 1000):
+        claiming = SQL.bind("claiming_workflows", namespace=claim_namespace, most=1000)
+        for row in await pool.fetch(SQL.claiming_workflows, *claiming):
             workflow_id: str = row["claimed_by"]
             desc = await describe_or_none(client, workflow_id)
             if desc is None:
@@ -323,7 +334,12 @@ async def recover_stranded(
             if n:
                 released_workflows.append(workflow_id)
                 released += n
-                await pool.execute(SQL.record_sweep, "stranded", workflow_id, n, None)
+                await pool.execute(
+                    SQL.record_sweep,
+                    *SQL.bind(
+                        "record_sweep", kind="stranded", cleanup_id=workflow_id, accounts=n, oldest_deadline=None
+                    ),
+                )
                 log.warning(
                     "recovered %d stranded claim(s) of %s (workflow %s): released for re-claiming",
                     n,
@@ -348,7 +364,12 @@ async def release_claims(
     """The claims of one closed workflow back to 'active', chunk by chunk until done or `until`."""
     n = 0
     while True:
-        done = await pool.execute(SQL.release_stranded_chunk, workflow_id, RELEASE_CHUNK, claim_namespace)
+        done = await pool.execute(
+            SQL.release_stranded_chunk,
+            *SQL.bind(
+                "release_stranded_chunk", workflow_id=workflow_id, chunk_size=RELEASE_CHUNK, namespace=claim_namespace
+            ),
+        )
         chunk = int(done.split()[-1])
         n += chunk
         heartbeat()
@@ -367,7 +388,9 @@ async def sweep_overdue(
     metrics.record_stranded(released)
     now: datetime = await pool.fetchval(SQL.clock)
     cutoff = now - timedelta(seconds=s.overdue_after_seconds)
-    row = await pool.fetchrow(SQL.overdue_accounts, cutoff, OVERDUE_COUNT_CAP)
+    row = await pool.fetchrow(
+        SQL.overdue_accounts, *SQL.bind("overdue_accounts", cutoff=cutoff, count_up_to=OVERDUE_COUNT_CAP)
+    )
     assert row is not None
     overdue, oldest = row["overdue"], row["oldest"]
     metrics.set_overdue(overdue)
@@ -395,7 +418,10 @@ async def sweep_overdue(
         input.cleanups,
         CohortRange(workflow_id, oldest, cutoff, f"overdue sweep before {cutoff}"),
     )
-    await pool.execute(SQL.record_sweep, "overdue", workflow_id, overdue, oldest)
+    await pool.execute(
+        SQL.record_sweep,
+        *SQL.bind("record_sweep", kind="overdue", cleanup_id=workflow_id, accounts=overdue, oldest_deadline=oldest),
+    )
     metrics.record_overdue_swept(overdue)
     log.warning(
         "swept %d overdue account(s) (deadlines from %s, more than %ss ago) into %s",
@@ -475,7 +501,9 @@ async def planner_cohort_of(
         if cohort.until is None and cohort.start != deadline:
             return None  # the window's one instant is another deadline
         until = cohort.until or cohort.start + timedelta(microseconds=1)
-        accounts: int = await pool.fetchval(SQL.active_accounts_in_range, cohort.start, until)
+        accounts: int = await pool.fetchval(
+            SQL.active_accounts_in_range, *SQL.bind("active_accounts_in_range", since=cohort.start, until=until)
+        )
         paused = await planner_pause(pool, task_queue) is not None
         return PlannerCohort(cohort, cleanups, accounts, paused)
     return None
@@ -602,7 +630,10 @@ async def signal_planner(
     then tell the running planner."""
     if pool is not None:
         if action == "pause":
-            await pool.execute(SQL.planner_pause_set, task_queue, reason, hold_scheduled)
+            await pool.execute(
+                SQL.planner_pause_set,
+                *SQL.bind("planner_pause_set", task_queue=task_queue, reason=reason, hold_scheduled=hold_scheduled),
+            )
         else:
             await pool.execute(SQL.planner_pause_clear, task_queue)
     handle = client.get_workflow_handle(planner_workflow_id(task_queue))
@@ -751,7 +782,10 @@ async def _clock_status(pool: asyncpg.Pool, task_queue: str) -> dict[str, Any]:
     """How far the database clock is from this host's, and the last claim that found it far behind."""
     now: datetime = await pool.fetchval(SQL.clock)
     out: dict[str, Any] = {"database_clock_behind_this_host_seconds": round(time.time() - now.timestamp(), 3)}
-    row = await pool.fetchrow(SQL.database_clock_behind, task_queue, CLOCK_BEHIND_SHOWN_SECONDS)
+    row = await pool.fetchrow(
+        SQL.database_clock_behind,
+        *SQL.bind("database_clock_behind", task_queue=task_queue, within_seconds=CLOCK_BEHIND_SHOWN_SECONDS),
+    )
     if row is not None:
         out["database_clock_behind"] = (
             f"{row['behind_seconds']:.1f}s behind the timer of {row['cleanup_id']} at "
@@ -783,10 +817,11 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out: dict[str, Any] = {}
     now: datetime = await pool.fetchval(SQL.clock)
     out["database_clock"] = now
-    out["next_deadlines"] = [DeadlineCohort(**r) for r in await pool.fetch(SQL.next_deadlines, 5)]
+    out["next_deadlines"] = [DeadlineCohort.from_row(r) for r in await pool.fetch(SQL.next_deadlines, 5)]
     out["due_next_hour"] = await pool.fetchval(SQL.due_within, 3600.0)
+    cutoff = now - timedelta(seconds=settings.overdue_after_seconds)
     overdue = await pool.fetchrow(
-        SQL.overdue_accounts, now - timedelta(seconds=settings.overdue_after_seconds), OVERDUE_COUNT_CAP
+        SQL.overdue_accounts, *SQL.bind("overdue_accounts", cutoff=cutoff, count_up_to=OVERDUE_COUNT_CAP)
     )
     assert overdue is not None
     out["overdue"] = overdue["overdue"]
@@ -806,8 +841,8 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out["stranded_recoveries"] = stranded["sweeps"] if stranded else 0
     out["overdue_swept"] = int(swept["accounts"]) if swept else 0
     out["overdue_sweeps"] = swept["sweeps"] if swept else 0
-    stats = await pool.fetchrow(SQL.lateness_stats, 3600.0, 100_000)
+    stats = await pool.fetchrow(SQL.lateness_stats, *SQL.bind("lateness_stats", within_seconds=3600.0, most=100_000))
     assert stats is not None
-    out["lateness_seconds"] = Lateness(window="cleanups of the last hour (at most 100,000)", **stats)
+    out["lateness_seconds"] = Lateness.from_row(stats, window="cleanups of the last hour (at most 100,000)")
     out["budget"] = await budget_status(pool)
     return out

@@ -3,14 +3,14 @@
 -- name: claim_account
 WITH claimed AS (
     UPDATE accounts
-    SET status = 'cleaning', claimed_by = $1, claimed_at = now(), claimed_namespace = $5
-    WHERE account_id = $2 AND renewal_deadline = $3 AND cleanup_version = $4
+    SET status = 'cleaning', claimed_by = :cleanup_id, claimed_at = now(), claimed_namespace = :namespace
+    WHERE account_id = :account_id AND renewal_deadline = :deadline AND cleanup_version = :cleanup_version
       AND status IN ('active', 'cleanup_failed') AND renewal_deadline <= cleanup_clock()
       AND held_since IS NULL  -- a legal hold: never claimed
     RETURNING account_id, cleanup_version
 )
 INSERT INTO cleanup_claims (cleanup_id, account_id, claimed_version, partition_no)
-SELECT $1, account_id, cleanup_version, 0 FROM claimed;
+SELECT :cleanup_id, account_id, cleanup_version, 0 FROM claimed;
 
 -- name: claims_per_partition
 SELECT partition_no, count(*)::int AS claimed
@@ -24,16 +24,17 @@ FROM accounts WHERE account_id = $1;
 -- One statement per batch: lock the batch's accounts, judge each (apply / renewed / stale /
 -- already applied), record the idempotency key, apply every declared target, write the outbox
 -- reminder and mark the account cleaned. All of it commits together or not at all.
--- cleanup.targets compiles it twice: the keyset batch ($3 = last account ID of the previous
--- batch) and the subset form used to isolate a failing account ($3 = an array of account IDs).
+-- cleanup.targets compiles it twice: the keyset batch (after :after_account_id, the last account ID
+-- of the previous batch) and the subset form used to isolate a failing account (an array of account
+-- IDs in its place).
 -- An account recorded in cleanup_failed is still claimed ('cleanup_failed'); cleaning it later
 -- (retry-failed) or finding it renewed/stale resolves its cleanup_failed row in the same statement.
 WITH batch AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND /*batch_filter*/c.account_id > $3
+    WHERE c.cleanup_id = :cleanup_id AND c.partition_no = :partition_no AND /*batch_filter*/c.account_id > :after_account_id
     ORDER BY c.account_id
-    LIMIT $4
+    LIMIT :batch_size
 ),
 -- Each account is judged on the row it locked, which carries its claim (so no join of two CTEs,
 -- whose sizes the planner cannot know: it would compare every row with every row), and the
@@ -61,7 +62,7 @@ verdicts AS (
             WHEN l.cleanup_version <> l.claimed_version THEN 'stale'
             WHEN l.status = 'renewed' THEN 'renewed'
             WHEN l.status = 'cleanup_failed' AND l.held_since IS NOT NULL THEN 'held'  -- a hold after it failed
-            WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = $1 THEN 'apply'
+            WHEN l.status IN ('cleaning', 'cleanup_failed') AND l.claimed_by = :cleanup_id THEN 'apply'
             ELSE 'stale'
         END AS verdict
     FROM locked l
@@ -74,7 +75,7 @@ verdicts AS (
 /*judged*/ -- (cleanup.targets.judge_statement: the verdicts, before anything is written)
 applied AS (
     INSERT INTO cleanup_applied (account_id, cleanup_version, cleanup_id, partition_no)
-    SELECT account_id, claimed_version, $1, $2 FROM verdicts WHERE verdict = 'apply'
+    SELECT account_id, claimed_version, :cleanup_id, :partition_no FROM verdicts WHERE verdict = 'apply'
     ON CONFLICT ON CONSTRAINT cleanup_applied_once DO NOTHING
     RETURNING account_id, cleanup_version
 ),
@@ -98,9 +99,9 @@ resolved AS (
 reminders AS (
     INSERT INTO outbox (event_key, kind, account_id, source_id, payload)
     SELECT 'renewal-reminder:' || account_id || ':v' || cleanup_version, 'renewal_reminder',
-           account_id, $1,
+           account_id, :cleanup_id,
            jsonb_build_object('account_id', account_id, 'cleanup_version', cleanup_version,
-                              'cleanup_id', $1::text)
+                              'cleanup_id', :cleanup_id::text)
     FROM applied
     -- CLEANUP_REMINDERS=off: the compiled statement says `false` here (cleanup.batches), the same
     -- for every worker of the deployment, and the batch writes no reminder (counted 0).
@@ -130,20 +131,20 @@ SELECT
 -- The accounts of one keyset batch (the same selection as the batch statement's `batch`), read
 -- only when that statement failed deterministically and the batch is bisected.
 SELECT account_id FROM cleanup_claims
-WHERE cleanup_id = $1 AND partition_no = $2 AND account_id > $3
+WHERE cleanup_id = :cleanup_id AND partition_no = :partition_no AND account_id > :after_account_id
 ORDER BY account_id
-LIMIT $4;
+LIMIT :batch_size;
 
 -- name: record_failed
--- Isolated accounts ($3, one or a batch that a schema error failed as a whole): record why, and
+-- Isolated accounts (:account_ids, one or a batch that a schema error failed as a whole): record why, and
 -- mark them 'cleanup_failed' (still claimed by this cleanup, renewable). Nothing of their cleanup
 -- was applied: their statement rolled back. A repeated failure (retry-failed, a redelivered batch)
 -- updates the row and counts the attempt. Returns the accounts recorded.
 WITH acct AS (
     SELECT c.account_id, c.claimed_version
     FROM cleanup_claims c JOIN accounts a USING (account_id)
-    WHERE c.cleanup_id = $1 AND c.partition_no = $2 AND c.account_id = ANY ($3::text[])
-      AND a.status IN ('cleaning', 'cleanup_failed') AND a.claimed_by = $1
+    WHERE c.cleanup_id = :cleanup_id AND c.partition_no = :partition_no AND c.account_id = ANY (:account_ids::text[])
+      AND a.status IN ('cleaning', 'cleanup_failed') AND a.claimed_by = :cleanup_id
       AND a.cleanup_version = c.claimed_version
       AND NOT EXISTS (SELECT 1 FROM cleanup_applied d
                       WHERE d.account_id = c.account_id AND d.cleanup_version = c.claimed_version)
@@ -152,7 +153,7 @@ WITH acct AS (
 failed AS (
     INSERT INTO cleanup_failed
         (account_id, cleanup_version, cleanup_id, partition_no, target, sqlstate, message, detail)
-    SELECT account_id, claimed_version, $1, $2, $4, $5, $6, $7 FROM acct
+    SELECT account_id, claimed_version, :cleanup_id, :partition_no, :target, :sqlstate, :message, :detail FROM acct
     ON CONFLICT (account_id, cleanup_version) DO UPDATE
     SET cleanup_id = EXCLUDED.cleanup_id, partition_no = EXCLUDED.partition_no, target = EXCLUDED.target,
         sqlstate = EXCLUDED.sqlstate, message = EXCLUDED.message, detail = EXCLUDED.detail, failed_at = now(),
@@ -168,21 +169,21 @@ SELECT account_id FROM marked ORDER BY account_id;
 
 -- name: failed_reasons
 -- Why a cleanup's accounts still fail, as codes and counts (a Temporal payload: no account, no text
--- of the game's). $1 cleanup ID, $2 at most this many reasons.
+-- of the game's), the most frequent first.
 SELECT count(*) || ' account(s): [' || sqlstate || '] ' || message || coalesce(' in ' || target, '') AS reason
 FROM cleanup_failed
-WHERE cleanup_id = $1 AND resolved_at IS NULL
+WHERE cleanup_id = :cleanup_id AND resolved_at IS NULL
 GROUP BY sqlstate, message, target
 ORDER BY count(*) DESC, sqlstate, target
-LIMIT $2;
+LIMIT :most;
 
 -- name: list_failed
 SELECT account_id, cleanup_version, cleanup_id, partition_no, target, sqlstate, message, detail,
        failed_at, attempts, resolved_at, resolution
 FROM cleanup_failed
-WHERE ($1::text IS NULL OR cleanup_id = $1) AND ($2::bool OR resolved_at IS NULL)
+WHERE (:cleanup_id::text IS NULL OR cleanup_id = :cleanup_id) AND (:include_resolved::bool OR resolved_at IS NULL)
 ORDER BY cleanup_id, account_id
-LIMIT $3;
+LIMIT :limit;
 
 -- name: failed_to_retry
 -- A held account is not retried while it is held (the batch's verdict re-checks it on the locked row).
@@ -215,7 +216,7 @@ SELECT
 -- settlement was made from stay as they were (a late or re-delivered partition changes nothing).
 INSERT INTO cleanup_partition_reports AS r
     (cleanup_id, partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+VALUES (:cleanup_id, :partition_no, :cleaned, :skipped_renewed, :skipped_stale, :already_applied, :failed)
 ON CONFLICT (cleanup_id, partition_no) DO UPDATE
 SET reported_at = now(), recorded_at = clock_timestamp(), cleaned = EXCLUDED.cleaned,
     skipped_renewed = EXCLUDED.skipped_renewed, skipped_stale = EXCLUDED.skipped_stale,
@@ -245,12 +246,12 @@ ORDER BY 1;
 INSERT INTO cleanup_settlements
     (cleanup_id, deadline, account_id, partitions, claimed, cleaned, reminders,
      skipped_renewed, skipped_stale, already_applied, failed)
-SELECT $1, $2, $3, $4,
-       (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1),
-       (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1),
-       (SELECT count(*) FROM outbox WHERE source_id = $1 AND kind = 'renewal_reminder'),
-       $5, $6, $7,
-       (SELECT count(*) FROM cleanup_failed WHERE cleanup_id = $1 AND resolved_at IS NULL)
+SELECT :cleanup_id, :deadline, :account_id, :partitions,
+       (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = :cleanup_id),
+       (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = :cleanup_id),
+       (SELECT count(*) FROM outbox WHERE source_id = :cleanup_id AND kind = 'renewal_reminder'),
+       :skipped_renewed, :skipped_stale, :already_applied,
+       (SELECT count(*) FROM cleanup_failed WHERE cleanup_id = :cleanup_id AND resolved_at IS NULL)
 ON CONFLICT (cleanup_id) DO NOTHING;
 
 -- name: get_settlement
@@ -261,10 +262,10 @@ FROM cleanup_settlements WHERE cleanup_id = $1;
 -- name: renew_account
 -- The database is the source of truth for a renewal: the service's function renew_account (the
 -- one the game's renew() calls too) judges it by the database clock after the row lock, marks it
--- and bumps the version in one transaction, and records every attempt. $1 account, $2 the new
--- deadline (NULL: renewed for good), $3 whether an earlier deadline is allowed. No row: unknown.
+-- and bumps the version in one transaction, and records every attempt. A NULL `until`: renewed
+-- for good. No row: unknown account.
 SELECT status_seen, old_deadline, old_version, claimed_by, outcome, version_after, judged_at
-FROM renew_account($1, $2, $3);
+FROM renew_account(:account_id, :until, :allow_earlier);
 
 -- name: set_deadline
 SELECT set_deadline($1, $2);
@@ -276,11 +277,11 @@ SELECT hold($1, $2);
 SELECT dismiss($1, $2);
 
 -- name: adopt_current_target_set
--- `retry-failed --with-current-targets`: the cleanup runs with target set $2 from now on; the one it
--- ran with before is kept beside it. $1 cleanup ID.
+-- `retry-failed --with-current-targets`: the cleanup runs with target set :fingerprint from now on;
+-- the one it ran with before is kept beside it.
 UPDATE cleanup_target_runs
-SET replaced_fingerprints = array_append(replaced_fingerprints, fingerprint), fingerprint = $2
-WHERE cleanup_id = $1 AND fingerprint <> $2;
+SET replaced_fingerprints = array_append(replaced_fingerprints, fingerprint), fingerprint = :fingerprint
+WHERE cleanup_id = :cleanup_id AND fingerprint <> :fingerprint;
 
 -- name: release_account
 SELECT release($1);
@@ -293,7 +294,7 @@ WHERE status = 'active' AND renewal_deadline >= $1 AND renewal_deadline < $2 AND
 
 -- name: claim_progress_start
 INSERT INTO cleanup_claim_progress (cleanup_id, claimed_per_partition, deadline_from, deadline_until)
-VALUES ($1, array_fill(0, ARRAY[$2::int]), $3, $4)
+VALUES (:progress_id, array_fill(0, ARRAY[:partitions::int]), :deadline_from, :deadline_until)
 ON CONFLICT (cleanup_id) DO NOTHING;
 
 -- name: claim_progress_lock
@@ -302,7 +303,7 @@ FROM cleanup_claim_progress WHERE cleanup_id = $1
 FOR UPDATE;
 
 -- name: claim_progress_done
--- Whether a claim stream ($1: its progress row) has claimed its last chunk, and how many chunks it
+-- Whether a claim stream (by its progress row's ID) has claimed its last chunk, and how many chunks it
 -- committed (no row: not started yet). A partition that follows the claim runs a batch only when a
 -- chunk committed since its last short batch, and ends after a short batch that began once `done`
 -- was true.
@@ -367,86 +368,88 @@ SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;
 
 -- name: claim_progress_update
 UPDATE cleanup_claim_progress
-SET cursor_deadline = coalesce($2, cursor_deadline), cursor_account = coalesce($3, cursor_account),
-    claimed_per_partition = $4, skipped_renewed = skipped_renewed + $5, chunks = chunks + 1,
-    max_chunk_rows = greatest(max_chunk_rows, $6), done = $7, updated_at = now()
-WHERE cleanup_id = $1;
+SET cursor_deadline = coalesce(:cursor_deadline, cursor_deadline),
+    cursor_account = coalesce(:cursor_account, cursor_account),
+    claimed_per_partition = :claimed_per_partition, skipped_renewed = skipped_renewed + :renewed,
+    chunks = chunks + 1, max_chunk_rows = greatest(max_chunk_rows, :chunk_rows), done = :done, updated_at = now()
+WHERE cleanup_id = :progress_id;
 
 -- name: seconds_until
 -- How far the database clock is from an instant (negative once it has passed).
 SELECT extract(epoch FROM ($1::timestamptz - cleanup_clock()))::float8;
 
 -- name: partition_reports_of_cleanup
--- What `status` shows per partition. $1 cleanup ID.
+-- What `status` shows per partition.
 SELECT partition_no, cleaned, skipped_renewed, skipped_stale, already_applied, failed
 FROM cleanup_partition_reports WHERE cleanup_id = $1 ORDER BY partition_no;
 
 -- name: partitions_with_work
--- Partitions that claimed at least one account. $1 cleanup ID.
+-- Partitions that claimed at least one account.
 SELECT count(DISTINCT partition_no) FROM cleanup_claims WHERE cleanup_id = $1;
 
 -- name: active_accounts_at_deadline
--- Accounts a cohort cleanup of this deadline would claim now. $1 deadline.
+-- Accounts a cohort cleanup of this deadline would claim now.
 SELECT count(*) FROM accounts WHERE renewal_deadline = $1 AND status = 'active';
 
 -- name: failed_of_cleanup
--- Failed accounts ever recorded for a cleanup (resolved or not). $1 cleanup ID.
+-- Failed accounts ever recorded for a cleanup (resolved or not).
 SELECT count(*) FROM cleanup_failed WHERE cleanup_id = $1;
 
 -- name: failed_counts_of_cleanup
--- What `status` shows of a cleanup's failed accounts. $1 cleanup ID.
+-- What `status` shows of a cleanup's failed accounts.
 SELECT count(*) FILTER (WHERE resolved_at IS NULL)::int AS pending, count(*)::int AS total
 FROM cleanup_failed WHERE cleanup_id = $1;
 
 -- name: partition_applied
 -- What the database says one partition of a cleanup claimed and applied, over every attempt (the
--- settlement counts the same tables). $1 cleanup ID, $2 partition.
-SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = $1 AND partition_no = $2) AS claimed,
-       (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = $1 AND partition_no = $2) AS applied;
+-- settlement counts the same tables).
+SELECT (SELECT count(*) FROM cleanup_claims WHERE cleanup_id = :cleanup_id AND partition_no = :partition_no) AS claimed,
+       (SELECT count(*) FROM cleanup_applied WHERE cleanup_id = :cleanup_id AND partition_no = :partition_no) AS applied;
 
 -- name: record_cleanup_target_set
 -- A cleanup runs with one target set: the first partition to run records its fingerprint, every
--- later one reads it back. $1 cleanup ID, $2 this worker's fingerprint. Returns the recorded one.
+-- later one reads it back. :fingerprint is this worker's; returns the recorded one.
 -- DO UPDATE (to the value already there) returns the committed row even when another partition's
 -- insert committed while this one waited on it; DO NOTHING plus a SELECT in the same statement
 -- would read the snapshot from before that commit and find no row.
-INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES ($1, $2)
+INSERT INTO cleanup_target_runs (cleanup_id, fingerprint) VALUES (:cleanup_id, :fingerprint)
 ON CONFLICT (cleanup_id) DO UPDATE SET fingerprint = cleanup_target_runs.fingerprint
 RETURNING fingerprint;
 
 -- name: record_worker_target_set
 -- The target set a worker started with (what `--dry-run` compares with before any cleanup ran).
-INSERT INTO cleanup_target_sets (fingerprint, targets) VALUES ($1, $2::jsonb)
+INSERT INTO cleanup_target_sets (fingerprint, targets) VALUES (:fingerprint, :targets::jsonb)
 ON CONFLICT (fingerprint) DO UPDATE SET last_started_at = now();
 
 -- name: cleanup_target_set
--- The fingerprint a cleanup ran with (no row: none of its partitions ran yet). $1 cleanup ID.
+-- The fingerprint a cleanup ran with (no row: none of its partitions ran yet).
 SELECT fingerprint FROM cleanup_target_runs WHERE cleanup_id = $1;
 
 -- name: latest_worker_target_set
 SELECT fingerprint FROM cleanup_target_sets ORDER BY last_started_at DESC LIMIT 1;
 
 -- name: target_set_of
--- The targets (JSON) of a recorded target set. $1 fingerprint.
+-- The targets (JSON) of a recorded target set.
 SELECT targets::text FROM cleanup_target_sets WHERE fingerprint = $1;
 
 -- name: record_database_clock_behind
--- $1 task queue, $2 seconds behind, $3 the instant waited for, $4 cleanup ID
-INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_id) VALUES ($1, $2, $3, $4)
+-- A worker's claim found the database clock :behind_seconds behind the :instant it waited for.
+INSERT INTO database_clock_behind (task_queue, behind_seconds, instant, cleanup_id)
+VALUES (:task_queue, :behind_seconds, :instant, :cleanup_id)
 ON CONFLICT (task_queue) DO UPDATE
 SET behind_seconds = EXCLUDED.behind_seconds, instant = EXCLUDED.instant, cleanup_id = EXCLUDED.cleanup_id,
     observed_at = now();
 
 -- name: insert_deferred_receipts
 -- The receipts of a batch with follow-up statements, written after its "after" follow-ups in the
--- batch's transaction: $1 the receipts the batch statement returned (account, version, rows per
--- target), $2 the cleanup, $3 its target set's fingerprint, $4 the follow-ups' counts.
+-- batch's transaction: :receipts as the batch statement returned them (account, version, rows per
+-- target), with the cleanup's target set and the follow-ups' counts.
 INSERT INTO erasure_receipts
     (account_id, cleanup_version, cleanup_id, targets, target_set, replaced_target_sets, follow_ups)
-SELECT r.account_id, r.cleanup_version, $2, r.targets, $3,
-       (SELECT nullif(t.replaced_fingerprints, '{}') FROM cleanup_target_runs t WHERE t.cleanup_id = $2),
-       $4::jsonb
-FROM jsonb_to_recordset($1::jsonb) AS r (account_id text, cleanup_version integer, targets jsonb)
+SELECT r.account_id, r.cleanup_version, :cleanup_id, r.targets, :fingerprint,
+       (SELECT nullif(t.replaced_fingerprints, '{}') FROM cleanup_target_runs t WHERE t.cleanup_id = :cleanup_id),
+       :follow_ups::jsonb
+FROM jsonb_to_recordset(:receipts::jsonb) AS r (account_id text, cleanup_version integer, targets jsonb)
 ON CONFLICT DO NOTHING;
 
 -- name: follow_up_batches_one_at_a_time

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import random
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -34,12 +35,13 @@ SQL = load(__file__, "retention.sql")
 PRUNE_BATCH = 10_000
 PRUNE_EVERY_SECONDS = 86_400.0
 # The statements in the order they run: a cleanup's claims (with its accounts' records) and its
-# reminders go before what is left of it, which waits until none of them remains.
+# reminders go before what is left of it, which waits until none of them remains. Each is a query
+# (by its name) of :cutoff, :rows and :dry_run.
 _STATEMENTS = {
-    "claims": SQL.prune_claims_batch,
-    "outbox": SQL.prune_outbox_batch,
-    "cleanups": SQL.prune_cleanups_batch,
-    "sweeps": SQL.prune_planner_sweeps_batch,
+    "claims": ("prune_claims_batch", SQL.prune_claims_batch),
+    "outbox": ("prune_outbox_batch", SQL.prune_outbox_batch),
+    "cleanups": ("prune_cleanups_batch", SQL.prune_cleanups_batch),
+    "sweeps": ("prune_planner_sweeps_batch", SQL.prune_planner_sweeps_batch),
 }
 
 
@@ -84,14 +86,16 @@ async def prune(
     counts = PruneCounts(cutoff=await retention_cutoff(pool, retention_days), dry_run=dry_run)
     if dry_run:
         # One snapshot for every count. Not a read-only transaction: the statements are the pruning
-        # ones, whose DELETEs the dry run turns off (`NOT $3`), so they change and lock nothing.
+        # ones, whose DELETEs the dry run turns off (`NOT :dry_run`), so they change and lock nothing.
         async with pool.acquire() as conn, db.transaction(conn, isolation="repeatable_read"):
-            for sql in _STATEMENTS.values():
-                counts = counts.add(await conn.fetchrow(sql, counts.cutoff, None, True))
+            for query, sql in _STATEMENTS.values():
+                walk = SQL.bind(query, cutoff=counts.cutoff, rows=None, dry_run=True)
+                counts = counts.add(await conn.fetchrow(sql, *walk))
         return counts
-    for name, sql in _STATEMENTS.items():
+    for name, (query, sql) in _STATEMENTS.items():
         while True:
-            row = await _batch(pool, sql, counts.cutoff, batch, budget)
+            walk = SQL.bind(query, cutoff=counts.cutoff, rows=batch, dry_run=False)
+            row = await _batch(pool, sql, walk, batch, budget)
             if row is None:
                 return counts.model_copy(update={"busy": True})
             counts = counts.add(row)
@@ -109,13 +113,14 @@ def _more(name: str, row: asyncpg.Record, batch: int) -> bool:
 
 
 async def _batch(
-    pool: asyncpg.Pool, sql: str, cutoff: datetime, batch: int, budget: LoadBudget | None
+    pool: asyncpg.Pool, sql: str, args: tuple[Any, ...], batch: int, budget: LoadBudget | None
 ) -> asyncpg.Record | None:
-    """One batch in its own transaction, under the load budget; None: another worker prunes."""
+    """One batch of at most `batch` rows (`sql` with its bound `args`) in its own transaction, under
+    the load budget; None: another worker prunes."""
     async with under_budget(budget, "retention", batch), pool.acquire() as conn, db.transaction(conn):
         if not await conn.fetchval(SQL.prune_lock):
             return None
-        return await conn.fetchrow(sql, cutoff, batch, False)
+        return await conn.fetchrow(sql, *args)
 
 
 async def keep_pruning(

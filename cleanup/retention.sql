@@ -1,6 +1,6 @@
 -- Named queries of retention (cleanup/retention.py): the service's bookkeeping pruned after
--- CLEANUP_RETENTION_DAYS. Each is one bounded batch: $1 the cutoff, $2 rows at most (NULL with
--- $3: the dry run counts every row, deleting none), $3 dry run. Nothing of an account not
+-- CLEANUP_RETENTION_DAYS. Each is one bounded batch of at most :rows rows older than :cutoff (a
+-- :dry_run, with :rows NULL, counts every row and deletes none). Nothing of an account not
 -- cleaned before the cutoff, nor of a cleanup not settled before it, is ever selected.
 
 -- name: prune_lock
@@ -18,7 +18,7 @@ SELECT pg_try_advisory_xact_lock(hashtext('deadline_cleanup.retention'));
 -- cleanup that cleaned it (claimed_by).
 WITH doomed AS (
     SELECT c.ctid AS claim, c.cleanup_id, c.account_id, c.claimed_version
-    FROM (SELECT s.cleanup_id FROM cleanup_settlements s WHERE s.settled_at < $1 ORDER BY s.settled_at) s
+    FROM (SELECT s.cleanup_id FROM cleanup_settlements s WHERE s.settled_at < :cutoff ORDER BY s.settled_at) s
     CROSS JOIN LATERAL (
         SELECT c.ctid, c.cleanup_id, c.account_id, c.claimed_version
         FROM cleanup_claims c
@@ -26,30 +26,30 @@ WITH doomed AS (
         -- hash join that would read every account for each batch).
         CROSS JOIN LATERAL (
             SELECT 1 FROM accounts a
-            WHERE a.account_id = c.account_id AND a.status = 'cleaned' AND a.cleaned_at < $1
+            WHERE a.account_id = c.account_id AND a.status = 'cleaned' AND a.cleaned_at < :cutoff
             LIMIT 1
         ) cleaned
         WHERE c.cleanup_id = s.cleanup_id
-        LIMIT $2
+        LIMIT :rows
     ) c
-    LIMIT $2
+    LIMIT :rows
 ),
 audit AS (
     SELECT * FROM prune_account_records(ARRAY(SELECT cleanup_id FROM doomed),
-                                        ARRAY(SELECT account_id FROM doomed), $1, $3)
+                                        ARRAY(SELECT account_id FROM doomed), :cutoff, :dry_run)
 ),
 applied AS (
     DELETE FROM cleanup_applied d
-    WHERE NOT $3 AND d.account_id = ANY (ARRAY(SELECT account_id FROM doomed))
+    WHERE NOT :dry_run AND d.account_id = ANY (ARRAY(SELECT account_id FROM doomed))
       AND EXISTS (SELECT 1 FROM doomed k WHERE k.account_id = d.account_id AND k.cleanup_id = d.cleanup_id)
     RETURNING 1
 ),
 claims AS (
-    DELETE FROM cleanup_claims c WHERE NOT $3 AND c.ctid = ANY (ARRAY(SELECT claim FROM doomed))
+    DELETE FROM cleanup_claims c WHERE NOT :dry_run AND c.ctid = ANY (ARRAY(SELECT claim FROM doomed))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed)::bigint AS claims,
-       CASE WHEN $3 THEN (SELECT count(*) FROM cleanup_applied d JOIN doomed k
+       CASE WHEN :dry_run THEN (SELECT count(*) FROM cleanup_applied d JOIN doomed k
                           ON d.account_id = k.account_id AND d.cleanup_id = k.cleanup_id)
             ELSE (SELECT count(*) FROM applied) END::bigint AS applied,
        (SELECT receipts FROM audit) AS receipts, (SELECT events FROM audit) AS events,
@@ -61,24 +61,24 @@ SELECT (SELECT count(*) FROM doomed)::bigint AS claims,
 -- counted them) and of accounts cleaned before it. Pending ones are the relay's work: never.
 WITH candidates AS (
     (SELECT o.ctid, o.source_id, o.account_id FROM outbox o
-     WHERE o.status = 'delivered' AND o.delivered_at < $1 ORDER BY o.delivered_at LIMIT $2)
+     WHERE o.status = 'delivered' AND o.delivered_at < :cutoff ORDER BY o.delivered_at LIMIT :rows)
     UNION ALL
     (SELECT o.ctid, o.source_id, o.account_id FROM outbox o
-     WHERE o.status = 'dead' AND o.dead_at < $1 ORDER BY o.dead_at LIMIT $2)
+     WHERE o.status = 'dead' AND o.dead_at < :cutoff ORDER BY o.dead_at LIMIT :rows)
 ),
 doomed AS (
     SELECT k.ctid FROM candidates k
     -- Probes by key, as in prune_claims_batch.
     CROSS JOIN LATERAL (
-        SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = k.source_id AND s.settled_at < $1 LIMIT 1
+        SELECT 1 FROM cleanup_settlements s WHERE s.cleanup_id = k.source_id AND s.settled_at < :cutoff LIMIT 1
     ) settled
     CROSS JOIN LATERAL (
-        SELECT 1 FROM accounts a WHERE a.account_id = k.account_id AND a.status = 'cleaned' AND a.cleaned_at < $1
+        SELECT 1 FROM accounts a WHERE a.account_id = k.account_id AND a.status = 'cleaned' AND a.cleaned_at < :cutoff
         LIMIT 1
     ) cleaned
 ),
 gone AS (
-    DELETE FROM outbox o WHERE NOT $3 AND o.ctid = ANY (ARRAY(SELECT ctid FROM doomed)) RETURNING 1
+    DELETE FROM outbox o WHERE NOT :dry_run AND o.ctid = ANY (ARRAY(SELECT ctid FROM doomed)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM candidates)::bigint AS walked, (SELECT count(*) FROM doomed)::bigint AS outbox,
        (SELECT count(*) FROM gone)::bigint AS deleted;
@@ -89,25 +89,25 @@ SELECT (SELECT count(*) FROM candidates)::bigint AS walked, (SELECT count(*) FRO
 -- progress and target set run. A cleanup that keeps a claim (an account it did not clean) keeps these.
 WITH doomed AS (
     SELECT s.cleanup_id FROM cleanup_settlements s
-    WHERE s.settled_at < $1
+    WHERE s.settled_at < :cutoff
       AND NOT EXISTS (SELECT 1 FROM cleanup_claims c WHERE c.cleanup_id = s.cleanup_id)
       AND NOT EXISTS (SELECT 1 FROM cleanup_applied d WHERE d.cleanup_id = s.cleanup_id)
       AND NOT EXISTS (SELECT 1 FROM cleanup_failed f WHERE f.cleanup_id = s.cleanup_id AND f.resolved_at IS NULL)
       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.source_id = s.cleanup_id)
     ORDER BY s.settled_at
-    LIMIT $2
+    LIMIT :rows
 ),
 reports AS (
-    DELETE FROM cleanup_partition_reports r WHERE NOT $3 AND r.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
+    DELETE FROM cleanup_partition_reports r WHERE NOT :dry_run AND r.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 ),
 progress AS (
-    DELETE FROM cleanup_claim_progress p WHERE NOT $3 AND p.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
+    DELETE FROM cleanup_claim_progress p WHERE NOT :dry_run AND p.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 ),
 target_runs AS (
-    DELETE FROM cleanup_target_runs t WHERE NOT $3 AND t.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
+    DELETE FROM cleanup_target_runs t WHERE NOT :dry_run AND t.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 ),
 settlements AS (
-    DELETE FROM cleanup_settlements s WHERE NOT $3 AND s.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
+    DELETE FROM cleanup_settlements s WHERE NOT :dry_run AND s.cleanup_id = ANY (ARRAY(SELECT cleanup_id FROM doomed)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed)::bigint AS cleanups,
        (SELECT count(*) FROM reports) + (SELECT count(*) FROM progress) + (SELECT count(*) FROM target_runs)
@@ -118,14 +118,14 @@ SELECT (SELECT count(*) FROM doomed)::bigint AS cleanups,
 -- sweep step reads the last one).
 WITH doomed AS (
     SELECT p.ctid FROM planner_sweeps p
-    WHERE p.swept_at < $1
+    WHERE p.swept_at < :cutoff
       AND p.sweep_id < (SELECT max(l.sweep_id) FROM planner_sweeps l WHERE l.kind = p.kind)
     ORDER BY p.swept_at
-    LIMIT $2
+    LIMIT :rows
 ),
-gone AS (DELETE FROM planner_sweeps p WHERE NOT $3 AND p.ctid = ANY (ARRAY(SELECT ctid FROM doomed)) RETURNING 1)
+gone AS (DELETE FROM planner_sweeps p WHERE NOT :dry_run AND p.ctid = ANY (ARRAY(SELECT ctid FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM doomed)::bigint AS sweeps, (SELECT count(*) FROM gone)::bigint AS deleted;
 
 -- name: retention_cutoff
--- The database's clock less the retention ($1 days).
+-- The database's clock less the retention.
 SELECT cleanup_clock() - make_interval(days => $1::int);

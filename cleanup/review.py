@@ -108,8 +108,11 @@ async def list_failed(
     """Accounts whose cleanup failed (pending review; with `include_resolved`, also the resolved)."""
     if limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}")
-    rows = await pool.fetch(SQL.list_failed, cleanup_id, include_resolved, limit)
-    return [FailedAccount(**r) for r in rows]
+    rows = await pool.fetch(
+        SQL.list_failed,
+        *SQL.bind("list_failed", cleanup_id=cleanup_id, include_resolved=include_resolved, limit=limit),
+    )
+    return [FailedAccount.from_row(r) for r in rows]
 
 
 async def retry_failed(
@@ -132,7 +135,10 @@ async def retry_failed(
     compiled = await CompiledCleanup.compile(pool, targets, settings)  # refuses targets that do not compile
     for cleanup in dict.fromkeys(g["cleanup_id"] for g in groups):
         if adopt_targets:
-            await pool.execute(SQL.adopt_current_target_set, cleanup, targets.fingerprint)
+            await pool.execute(
+                SQL.adopt_current_target_set,
+                *SQL.bind("adopt_current_target_set", cleanup_id=cleanup, fingerprint=targets.fingerprint),
+            )
         await same_target_set(pool, targets, cleanup)
     totals = PartitionCounts()
     still_failing: list[StillFailing] = []

@@ -146,7 +146,8 @@ async def read_catalog(conn: asyncpg.Connection | asyncpg.Pool, targets: Cleanup
         split_name(t.archive_table) for t in targets.target if t.archive_table
     ]
     schemas, tables = [n[0] for n in names], [n[1] for n in names]
-    rows = await conn.fetch(SQL.target_tables, schemas, tables)
+    declared = {"schemas": schemas, "tables": tables}
+    rows = await conn.fetch(SQL.target_tables, *SQL.bind("target_tables", **declared))
     service = await conn.fetchrow(SQL.service_schema)
     cascades = [
         Cascade(
@@ -155,9 +156,10 @@ async def read_catalog(conn: asyncpg.Connection | asyncpg.Pool, targets: Cleanup
             r["constraint_name"],
             tuple(zip(r["child_columns"], r["parent_columns"], strict=True)),
         )
-        for r in await conn.fetch(SQL.cascading_foreign_keys, schemas, tables)
+        for r in await conn.fetch(SQL.cascading_foreign_keys, *SQL.bind("cascading_foreign_keys", **declared))
     ]
-    sizes = {(r["schema_name"], r["table_name"]): _size(r) for r in await conn.fetch(SQL.table_sizes, schemas, tables)}
+    sized = await conn.fetch(SQL.table_sizes, *SQL.bind("table_sizes", **declared))
+    sizes = {(r["schema_name"], r["table_name"]): _size(r) for r in sized}
     found = {
         (r["schema_name"], r["table_name"]): _table(r, sizes.get((r["schema_name"], r["table_name"]))) for r in rows
     }

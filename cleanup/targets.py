@@ -464,16 +464,25 @@ def _receipt_cte(targets: CleanupTargets, plans: list[TargetPlan], groups: list[
     if targets.follow_up:  # written by the batch after its follow-ups (DEFERRED_RECEIPT_COLUMNS)
         return f"receipts AS ({select} {' '.join(joins)})"
     # The target set it ran with, and those `retry-failed --with-current-targets` replaced.
-    replaced = "(SELECT nullif(r.replaced_fingerprints, '{}') FROM cleanup_target_runs r WHERE r.cleanup_id = $1)"
+    cleanup_id = _batch_param("cleanup_id")
+    replaced = (
+        f"(SELECT nullif(r.replaced_fingerprints, '{{}}') FROM cleanup_target_runs r WHERE r.cleanup_id = {cleanup_id})"
+    )
     return (
         "receipts AS (INSERT INTO erasure_receipts"
         " (account_id, cleanup_version, cleanup_id, targets, target_set, replaced_target_sets)"
-        f" SELECT a.account_id, a.cleanup_version, $1, jsonb_build_array({entries}),"
+        f" SELECT a.account_id, a.cleanup_version, {cleanup_id}, jsonb_build_array({entries}),"
         f" '{targets.fingerprint}', {replaced} FROM applied a {' '.join(joins)} ON CONFLICT DO NOTHING RETURNING 1)"
     )
 
 
-_KEYSET_FILTER = "/*batch_filter*/c.account_id > $3"
+def _batch_param(name: str) -> str:
+    """The `$n` the loader gave parameter `name` of cleanup_partition_batch: the fragments spliced
+    into the compiled statement refer to its parameters by position."""
+    return f"${load(__file__).params['cleanup_partition_batch'].index(name) + 1}"
+
+
+_KEYSET_FILTER = f"/*batch_filter*/c.account_id > {_batch_param('after_account_id')}"
 _JUDGED = "/*judged*/"
 
 
@@ -488,11 +497,12 @@ def judge_statement(batch_sql: str) -> str:
 
 
 def subset_statement(batch_sql: str) -> str:
-    """The batch statement over an explicit set of accounts ($3 text[], $4 its length) instead of a
-    keyset page: what bisection runs on each half of a batch that failed deterministically."""
+    """The batch statement over an explicit set of accounts (text[], in the place of the keyset's
+    :after_account_id; :batch_size its length) instead of a keyset page: what bisection runs on
+    each half of a batch that failed deterministically."""
     if _KEYSET_FILTER not in batch_sql:
         raise ValueError("not a compiled partition batch statement")
-    return batch_sql.replace(_KEYSET_FILTER, "c.account_id = ANY($3::text[])")
+    return batch_sql.replace(_KEYSET_FILTER, f"c.account_id = ANY({_batch_param('after_account_id')}::text[])")
 
 
 def compile_target_probes(targets: CleanupTargets, plans: list[TargetPlan]) -> list[tuple[str, str]]:

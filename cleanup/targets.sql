@@ -3,7 +3,6 @@
 -- name: target_tables
 -- The declared tables (and archives) as the worker's own role sees them: every column with its
 -- type, NOT NULL, default, identity and generated flags, and this role's table privileges.
--- $1 schemas, $2 table names (pairs).
 SELECT n.nspname AS schema_name, c.relname AS table_name,
        has_table_privilege(c.oid, 'SELECT') AS can_select,
        has_table_privilege(c.oid, 'INSERT') AS can_insert,
@@ -15,7 +14,7 @@ SELECT n.nspname AS schema_name, c.relname AS table_name,
        array_agg(a.atthasdef ORDER BY a.attnum) AS has_default,
        array_agg(a.attidentity::text ORDER BY a.attnum) AS identity,
        array_agg(a.attgenerated::text ORDER BY a.attnum) AS generated
-FROM unnest($1::text[], $2::text[]) AS w (schema_name, table_name)
+FROM unnest(:schemas::text[], :tables::text[]) AS w (schema_name, table_name)
 JOIN pg_namespace n ON n.nspname = w.schema_name
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name AND c.relkind IN ('r', 'p')
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -23,7 +22,7 @@ GROUP BY n.nspname, c.relname, c.oid;
 
 -- name: cascading_foreign_keys
 -- Foreign keys whose ON DELETE CASCADE removes rows of a table when a row of one of these tables
--- ($1 schemas, $2 names) is deleted: the child, the constraint, and its (child, parent) column pairs.
+-- (:schemas and :tables, pairwise) is deleted: the child, the constraint, and its (child, parent) column pairs.
 SELECT pn.nspname AS parent_schema, p.relname AS parent_table,
        cn.nspname AS child_schema, ch.relname AS child_table, con.conname::text AS constraint_name,
        array(SELECT ca.attname::text FROM unnest(con.conkey) WITH ORDINALITY k (attnum, i)
@@ -34,7 +33,7 @@ FROM pg_constraint con
 JOIN pg_class p ON p.oid = con.confrelid JOIN pg_namespace pn ON pn.oid = p.relnamespace
 JOIN pg_class ch ON ch.oid = con.conrelid JOIN pg_namespace cn ON cn.oid = ch.relnamespace
 WHERE con.contype = 'f' AND con.confdeltype = 'c'
-  AND (pn.nspname, p.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+  AND (pn.nspname, p.relname) IN (SELECT * FROM unnest(:schemas::text[], :tables::text[]))
 ORDER BY 1, 2, 3, 4, 5;
 
 -- name: service_schema
@@ -46,12 +45,12 @@ WHERE c.oid = to_regclass('cleanup_applied');
 -- name: table_sizes
 -- The declared tables' size (the planner's row estimate and pages, summed over their partitions;
 -- analyzed: every partition has an estimate) and their usable indexes: valid, not partial, with
--- the name of each one's first key column. $1 schemas, $2 table names (pairs).
+-- the name of each one's first key column.
 SELECT n.nspname AS schema_name, c.relname AS table_name,
        coalesce(s.row_estimate, 0)::float8 AS row_estimate, coalesce(s.analyzed, false) AS analyzed,
        coalesce(s.pages, 0)::bigint AS pages,
        coalesce(ix.index_names, '{}') AS index_names, coalesce(ix.index_columns, '{}') AS index_columns
-FROM unnest($1::text[], $2::text[]) AS w (schema_name, table_name)
+FROM unnest(:schemas::text[], :tables::text[]) AS w (schema_name, table_name)
 JOIN pg_namespace n ON n.nspname = w.schema_name
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name AND c.relkind IN ('r', 'p')
 LEFT JOIN LATERAL (

@@ -58,7 +58,8 @@ class StalledSessions:
     async def end_stalled_lock_holders(self) -> list[dict[str, Any]]:
         """End this service's stalled sessions others wait on; returns what was ended."""
         conn = await self._connection()
-        rows = [dict(r) for r in await conn.fetch(SQL.end_stalled_lock_holders, self.after, self.prefix)]
+        stalled = SQL.bind("end_stalled_lock_holders", stalled_seconds=self.after, application_prefix=self.prefix)
+        rows = [dict(r) for r in await conn.fetch(SQL.end_stalled_lock_holders, *stalled)]
         for r in rows:
             log.warning(
                 "ended session %s (%s): its client stalled %.1f s inside a statement's exchange while "

@@ -1,9 +1,9 @@
 -- Sessions that a paused client left holding locks (core/sessions.py).
 
 -- name: end_stalled_lock_holders
--- $1 seconds, $2 the application_name prefix of this service's sessions (core.db.APPLICATION_NAME).
--- This service's sessions inside a transaction, waiting for their client in the middle of a
--- statement's exchange for longer than $1 seconds, while another session waits for a lock they
+-- This service's sessions (by the application_name prefix of core.db.APPLICATION_NAME) inside a
+-- transaction, waiting for their client in the middle of a statement's exchange for longer than
+-- :stalled_seconds, while another session waits for a lock they
 -- hold. asyncpg prepares a statement it has not cached with Parse/Describe and a Flush (no Sync),
 -- then sends Bind/Execute/Sync: a client paused in between (a worker frozen, its VM paused, a long
 -- GC) leaves its backend 'active' and reading, where idle_in_transaction_session_timeout does not
@@ -27,8 +27,8 @@ SELECT a.pid, a.application_name, waited_on.waiters,
 FROM pg_stat_activity a
 JOIN waited_on USING (pid)
 WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-  AND left(a.application_name, length($2::text)) = $2::text
+  AND left(a.application_name, length(:application_prefix::text)) = :application_prefix::text
   AND a.state = 'active' AND a.wait_event_type = 'Client' AND a.wait_event = 'ClientRead'
   AND a.xact_start IS NOT NULL
   AND a.query !~* '^\s*copy\s'
-  AND a.state_change < clock_timestamp() - make_interval(secs => $1::float8);
+  AND a.state_change < clock_timestamp() - make_interval(secs => :stalled_seconds::float8);

@@ -85,7 +85,7 @@ async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_l
         raise InputError(f"--dead must be 0 or more, got {dead_limit}")
     summary = await pool.fetchrow(SQL.outbox_summary)
     assert summary is not None
-    dead = [DeadLetter(**r) for r in await pool.fetch(SQL.dead_letters, dead_limit)] if dead_limit else []
+    dead = [DeadLetter.from_row(r) for r in await pool.fetch(SQL.dead_letters, dead_limit)] if dead_limit else []
     relays: list[RunningRelay] | None = None
     relays_error: str | None = None
     if client is not None:
@@ -93,7 +93,7 @@ async def outbox_status(pool: asyncpg.Pool, client: Client | None = None, dead_l
             relays = await running_relays(client)
         except RPCError as err:  # visibility is optional for this report
             relays_error = str(err)
-    return OutboxStatus(**summary, dead_letters=dead, relays=relays, relays_error=relays_error)
+    return OutboxStatus.from_row(summary, dead_letters=dead, relays=relays, relays_error=relays_error)
 
 
 async def redeliver_event(
@@ -117,8 +117,8 @@ async def redeliver_event(
                 f"(lease until {current['leased_until'].isoformat()}); nothing to do"
             )
     nudged = await nudge_relays(client, task_queue) if client is not None and task_queue is not None else None
-    return RedeliveredEvent(
-        **row, previous_status=current["status"], previous_error=current["last_error"], nudged=nudged
+    return RedeliveredEvent.from_row(
+        row, previous_status=current["status"], previous_error=current["last_error"], nudged=nudged
     )
 
 
@@ -135,12 +135,15 @@ async def redeliver_dead(
     redelivered in one statement only when `confirmed` (the count is what an operator checks first)."""
     if dead_since is None and not reason:
         raise InputError("give a filter: --dead-since TIME and/or --reason TEXT (or one EVENT_KEY)")
-    matching = await pool.fetchrow(SQL.dead_matching, dead_since, reason or None)
+    matching = await pool.fetchrow(
+        SQL.dead_matching, *SQL.bind("dead_matching", dead_since=dead_since, reason=reason or None)
+    )
     assert matching is not None
-    found = DeadRedelivery(**matching, dead_since=dead_since, reason=reason, redelivered=0, confirmed=False)
+    found = DeadRedelivery.from_row(matching, dead_since=dead_since, reason=reason, redelivered=0, confirmed=False)
     if not confirmed:
         return found
-    redelivered = await pool.fetchval(SQL.redeliver_dead_matching, dead_since, reason or None)
+    redeliver = SQL.bind("redeliver_dead_matching", dead_since=dead_since, reason=reason or None)
+    redelivered = await pool.fetchval(SQL.redeliver_dead_matching, *redeliver)
     update: dict[str, Any] = {"redelivered": redelivered, "confirmed": True}
     if client is not None and task_queue is not None and redelivered:
         update["nudged"] = await nudge_relays(client, task_queue)

@@ -2,8 +2,7 @@
 -- Every statement is set-based: one per batch, whatever the batch size.
 
 -- name: claim_batch
--- $1 lease owner (unique per claim), $2 batch size, $3 lease seconds.
--- SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
+-- The :lease_owner is unique per claim. SKIP LOCKED: two relays claiming at once never wait for, nor take, each other's rows; a row one
 -- of them has just leased fails the re-check of `leased_until` and is skipped by the other.
 -- A relay that dies keeps its lease only until `leased_until`; then the rows are due again.
 -- Commits without waiting for the WAL flush: a claim a database crash loses leaves its rows due at
@@ -16,12 +15,12 @@ WITH due AS (
       AND next_attempt_at <= now()
       AND (leased_until IS NULL OR leased_until < now())
     ORDER BY next_attempt_at, event_id
-    LIMIT $2
+    LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox o
-SET lease_owner = $1,
-    leased_until = now() + make_interval(secs => $3::float8),
+SET lease_owner = :lease_owner,
+    leased_until = now() + make_interval(secs => :lease_seconds::float8),
     attempts = o.attempts + 1,
     last_attempt_at = now()
 -- By primary key (the claimed IDs as an array): never a scan of the whole outbox per claim.
@@ -31,15 +30,15 @@ RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload,
     o.failure_counts;
 
 -- name: record_outcomes
--- $1 lease owner; $2 the delivered events' IDs and $3 their HTTP statuses; then one array per column
--- for every other event: $4 event_id, $5 outcome ('retry' | 'dead'; 'delivered' is accepted too),
--- $6 HTTP status (NULL for a timeout or a broken connection), $7 delay before the next attempt
--- (seconds), $8 error text (already redacted), $9 failure kind ('503', 'timeout', ...; NULL when the
--- answer was no failure: 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
+-- The delivered events' :delivered_ids and :delivered_statuses; then one array per column for every
+-- other event: :outcomes 'retry' | 'dead' ('delivered' is accepted too), an HTTP status NULL for a
+-- timeout or a broken connection, the delay before the next attempt in seconds, the error text
+-- (already redacted), a failure kind ('503', 'timeout', ...; NULL when the answer was no failure:
+-- 429, not sent). Only a failure kind adds to `failures` / `failure_counts`.
 -- The delivered events (nearly all of them) take a statement of their own within this one: two
 -- arrays to send and decode instead of seven, and none of the retry bookkeeping's expressions.
 -- Safe to run again with the same owner (a relay that lost its database connection does): rows it
--- already recorded (`recorded_by = $1`) are left alone and counted as that owner's outcomes again;
+-- already recorded (`recorded_by` is the owner) are left alone and counted as that owner's outcomes again;
 -- they are looked up only when some rows were not updated (a rerun or a lost lease), never on the
 -- common path. 'delivered' is recorded even if the lease was lost meanwhile (the provider has the
 -- message, so a second send would only be a deduplicated duplicate); 'retry' and 'dead' are fenced
@@ -51,7 +50,7 @@ RETURNING o.event_id, o.event_key, o.kind, o.account_id, o.source_id, o.payload,
 -- delivering twice (docs/outbox.md, "Durability of the relay's bookkeeping").
 WITH result AS (
     SELECT *
-    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::float8[], $8::text[], $9::text[])
+    FROM unnest(:event_ids::bigint[], :outcomes::text[], :http_statuses::int[], :delays_seconds::float8[], :errors::text[], :failure_kinds::text[])
         AS r(event_id, outcome, http_status, delay_seconds, error, failure_kind)
 ),
 delivered AS (
@@ -61,13 +60,13 @@ delivered AS (
         last_http_status = d.http_status,
         lease_owner = NULL,
         leased_until = NULL,
-        recorded_by = $1
-    FROM unnest($2::bigint[], $3::int[]) AS d(event_id, http_status)
+        recorded_by = :lease_owner
+    FROM unnest(:delivered_ids::bigint[], :delivered_statuses::int[]) AS d(event_id, http_status)
     WHERE o.event_id = d.event_id
       -- by primary key: the batch's rows, never a scan of every pending row per batch
-      AND o.event_id = ANY ($2::bigint[])
+      AND o.event_id = ANY (:delivered_ids::bigint[])
       AND o.status = 'pending'
-      AND o.recorded_by IS DISTINCT FROM $1
+      AND o.recorded_by IS DISTINCT FROM :lease_owner
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING 'delivered'::text AS outcome
 ),
@@ -88,24 +87,24 @@ updated AS (
                            to_jsonb(coalesce((o.failure_counts ->> r.failure_kind)::int, 0) + 1)) END,
         lease_owner = NULL,
         leased_until = NULL,
-        recorded_by = $1
+        recorded_by = :lease_owner
     FROM result r
     WHERE o.event_id = r.event_id
-      AND o.event_id = ANY ($4::bigint[])
+      AND o.event_id = ANY (:event_ids::bigint[])
       AND o.status = 'pending'
-      AND (r.outcome = 'delivered' OR o.lease_owner = $1)
-      AND o.recorded_by IS DISTINCT FROM $1
+      AND (r.outcome = 'delivered' OR o.lease_owner = :lease_owner)
+      AND o.recorded_by IS DISTINCT FROM :lease_owner
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING r.outcome
 ),
 again AS (
     SELECT r.outcome
-    FROM (SELECT event_id, 'delivered'::text AS outcome FROM unnest($2::bigint[]) AS event_id
+    FROM (SELECT event_id, 'delivered'::text AS outcome FROM unnest(:delivered_ids::bigint[]) AS event_id
           UNION ALL
           SELECT event_id, outcome FROM result) r
     JOIN outbox o ON o.event_id = r.event_id
-    WHERE o.recorded_by = $1
-      AND o.event_id = ANY ($2::bigint[] || $4::bigint[])
+    WHERE o.recorded_by = :lease_owner
+      AND o.event_id = ANY (:delivered_ids::bigint[] || :event_ids::bigint[])
 ),
 counted AS (
     SELECT outcome FROM delivered
@@ -114,17 +113,17 @@ counted AS (
     UNION ALL
     SELECT outcome FROM again
     WHERE (SELECT count(*) FROM delivered) + (SELECT count(*) FROM updated)
-        < cardinality($2::bigint[]) + cardinality($4::bigint[])
+        < cardinality(:delivered_ids::bigint[]) + cardinality(:event_ids::bigint[])
 )
 SELECT
     count(*) FILTER (WHERE outcome = 'delivered')::int AS delivered,
     count(*) FILTER (WHERE outcome = 'retry')::int AS retried,
     count(*) FILTER (WHERE outcome = 'dead')::int AS dead,
-    (cardinality($2::bigint[]) + cardinality($4::bigint[]) - count(*))::int AS fenced
+    (cardinality(:delivered_ids::bigint[]) + cardinality(:event_ids::bigint[]) - count(*))::int AS fenced
 FROM counted;
 
 -- name: release_lease
--- $1 lease owner. A claim whose answer was lost with the database connection may have committed:
+-- A claim whose answer was lost with the database connection may have committed:
 -- give back whatever that owner holds, so the rows are claimable at once instead of at lease end.
 -- The claim's `attempts` increment is undone (nothing was sent under it).
 WITH released AS (
@@ -197,12 +196,12 @@ WHERE event_key = $1
 RETURNING event_key, status, attempts, next_attempt_at, redeliveries, last_error;
 
 -- name: dead_matching
--- The dead letters an operator's filter selects ($1 dead since, or NULL; $2 a piece of the reason,
--- case-insensitive, or NULL): how many, and over which span.
+-- The dead letters an operator's filter selects (each part NULL: not filtered; the reason's piece
+-- case-insensitive): how many, and over which span.
 SELECT count(*)::int AS matching, min(dead_at) AS oldest_dead_at, max(dead_at) AS newest_dead_at
 FROM outbox
-WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
-  AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0);
+WHERE status = 'dead' AND (:dead_since::timestamptz IS NULL OR dead_at >= :dead_since)
+  AND (:reason::text IS NULL OR strpos(lower(dead_reason), lower(:reason)) > 0);
 
 -- name: redeliver_dead_matching
 -- Every dead letter the filter selects (as dead_matching) is due again now, with its failures
@@ -211,8 +210,8 @@ WITH again AS (
     UPDATE outbox
     SET status = 'pending', next_attempt_at = now(), attempts = 0, failures = 0,
         failure_counts = '{}'::jsonb, dead_at = NULL, dead_reason = NULL, redeliveries = redeliveries + 1
-    WHERE status = 'dead' AND ($1::timestamptz IS NULL OR dead_at >= $1)
-      AND ($2::text IS NULL OR strpos(lower(dead_reason), lower($2)) > 0)
+    WHERE status = 'dead' AND (:dead_since::timestamptz IS NULL OR dead_at >= :dead_since)
+      AND (:reason::text IS NULL OR strpos(lower(dead_reason), lower(:reason)) > 0)
     RETURNING 1
 )
 SELECT count(*)::int AS redelivered FROM again;

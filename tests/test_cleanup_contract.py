@@ -193,7 +193,9 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     [account] = await seed(pool, deadline, 1)
     old = await start_cleanup(client, pool, task_queue, StartCleanup(account_id=account))
     # Renewal committed in the database only (as if the signal never arrived): version 1 -> 2.
-    await pool.fetchrow(renew_sql(), account, deadline + timedelta(seconds=3), False)
+    sql = load(cleanup.__file__)
+    renewal = sql.bind("renew_account", account_id=account, until=deadline + timedelta(seconds=3), allow_earlier=False)
+    await pool.fetchrow(sql.renew_account, *renewal)
 
     old_result: CleanupResult = await client.get_workflow_handle_for(
         RenewalCleanupWorkflow.run, old.workflow_id
@@ -208,10 +210,6 @@ async def test_old_version_cleanup_does_nothing_when_a_newer_version_exists(clie
     assert new_result.outcome == "cleaned"
     versions = await pool.fetch("SELECT cleanup_version FROM cleanup_applied WHERE account_id = $1", account)
     assert [r[0] for r in versions] == [2], "exactly one effect, for the newer version"
-
-
-def renew_sql() -> str:
-    return load(cleanup.__file__).renew_account
 
 
 async def test_partition_job_for_an_older_version_is_skipped_as_stale(client, pool, task_queue, worker):

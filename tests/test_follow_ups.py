@@ -303,7 +303,10 @@ async def test_a_retry_with_the_current_targets_shows_the_set_used_and_the_one_r
     await register(pool, cohort, deadline)
     await claim_one_partition(pool, "adopt", deadline)
     targets = load_targets(EDGES_TARGETS_FILE)
-    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "adopt", targets.fingerprint)  # as a worker does
+    await pool.execute(  # as a worker does
+        CLEANUP_SQL.record_cleanup_target_set,
+        *CLEANUP_SQL.bind("record_cleanup_target_set", cleanup_id="adopt", fingerprint=targets.fingerprint),
+    )
     counts, _ = await run_subset(pool, await CompiledCleanup.compile(pool, targets), "adopt", 0, cohort)
     assert (counts.cleaned, counts.failed) == (9, 1)
 
@@ -370,8 +373,14 @@ async def test_a_receipt_without_follow_ups_names_its_target_set_and_the_replace
     await register(pool, ids[:2], deadline)
     await claim_one_partition(pool, "plain", deadline)
     earlier = load_targets(EDGES_TARGETS_FILE).fingerprint
-    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "plain", earlier)
-    await pool.execute(CLEANUP_SQL.adopt_current_target_set, "plain", targets.fingerprint)
+    await pool.execute(
+        CLEANUP_SQL.record_cleanup_target_set,
+        *CLEANUP_SQL.bind("record_cleanup_target_set", cleanup_id="plain", fingerprint=earlier),
+    )
+    await pool.execute(
+        CLEANUP_SQL.adopt_current_target_set,
+        *CLEANUP_SQL.bind("adopt_current_target_set", cleanup_id="plain", fingerprint=targets.fingerprint),
+    )
     counts, _ = await run_subset(pool, await CompiledCleanup.compile(pool, targets), "plain", 0, ids[:2])
     assert counts.cleaned == 2
     rows = await pool.fetch("SELECT target_set, replaced_target_sets, follow_ups FROM erasure_receipts")

@@ -163,7 +163,10 @@ async def test_rows_a_cascade_would_remove_are_counted_by_their_own_target(game_
     await claim_one_partition(game_pool, "cascade", deadline)
     compiled = await CompiledCleanup.compile(game_pool, game_targets(), GAME.cleanup)
     async with game_pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("cascade", 0, "", 1000))
+        row = await conn.fetchrow(
+            compiled.batch_sql,
+            *compiled.batch_args(cleanup_id="cascade", partition_no=0, after_account_id="", batch_size=1000),
+        )
     assert row is not None
     counts = [row[f"rows_t{i}"] for i in range(6)]
     assert counts == [30 * PER_USER["inventory"], 30 * PER_USER["characters"], 30, 0, 30 * PER_USER["matches"], 30]
@@ -417,7 +420,10 @@ async def test_a_bigint_key_is_compared_as_a_bigint(game_pool):
     )
     compiled = await CompiledCleanup.compile(game_pool, targets, GAME.cleanup)
     async with game_pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("numbered", 0, "", 1000))
+        row = await conn.fetchrow(
+            compiled.batch_sql,
+            *compiled.batch_args(cleanup_id="numbered", partition_no=0, after_account_id="", batch_size=1000),
+        )
     assert row is not None and (row["cleaned"], row["rows_t0"]) == (10, 10)
     assert await game_pool.fetchval("SELECT array_agg(player_no ORDER BY 1) FROM game_server.scores") == list(
         range(1010, 1020)
@@ -486,7 +492,12 @@ async def test_two_partitions_meeting_the_same_friendships_wait_for_each_other_i
 
     async def batch(partition_no: int) -> asyncpg.Record:
         async with game_pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(compiled.batch_sql, *compiled.args("shared-friends", partition_no, "", 1000))
+            row = await conn.fetchrow(
+                compiled.batch_sql,
+                *compiled.batch_args(
+                    cleanup_id="shared-friends", partition_no=partition_no, after_account_id="", batch_size=1000
+                ),
+            )
         assert row is not None
         return row
 

@@ -143,7 +143,8 @@ async def test_a_uuid_key_is_found_by_its_index_on_a_million_rows(pool):
     targets = with_targets({"table": "sessions", "match_column": "player", "action": "delete"})
     compiled = await CompiledCleanup.compile(pool, targets, KEYED)
     async with pool.acquire() as conn, conn.transaction():
-        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + compiled.subset_sql, "c", 0, ["x"], 1))
+        subset = compiled.subset_args(cleanup_id="c", partition_no=0, account_ids=["x"])
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + compiled.subset_sql, *subset))
     sessions = [line for line in plan.splitlines() if "sessions" in line]
     assert any("Index" in line and "sessions_player_idx" in line for line in sessions), plan
     assert not any("Seq Scan" in line for line in sessions), plan
@@ -193,7 +194,10 @@ async def clean_now(pool: asyncpg.Pool, ids: list[str], targets: CleanupTargets)
     await claim_one_partition(pool, "profiles", deadline)
     compiled = await CompiledCleanup.compile(pool, targets, KEYED)
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.batch_sql, *compiled.args("profiles", 0, "", 1000))
+        row = await conn.fetchrow(
+            compiled.batch_sql,
+            *compiled.batch_args(cleanup_id="profiles", partition_no=0, after_account_id="", batch_size=1000),
+        )
     assert row is not None and row["cleaned"] == len(ids)
     return row
 

@@ -364,17 +364,21 @@ async def test_no_reminder_is_sent_for_a_cleanup_that_rolled_back(client, pool, 
     cleanup_id = f"cleanup-test-{uuid.uuid4().hex[:6]}"
     assert committed_account < rolled_back_account
     await claim_partitions(pool, cleanup_id, deadline)
-    batch_sql = (await CleanupActivities.create(pool, load_targets())).partition_batch_sql
+    compiled = (await CleanupActivities.create(pool, load_targets())).compiled
+    batch_sql = compiled.batch_sql
+
+    def batch_of_one(after: str) -> tuple[object, ...]:
+        return compiled.batch_args(cleanup_id=cleanup_id, partition_no=0, after_account_id=after, batch_size=1)
 
     async with pool.acquire() as conn, conn.transaction():  # a batch of one: the first account
-        row = await conn.fetchrow(batch_sql, cleanup_id, 0, "", 1)
+        row = await conn.fetchrow(batch_sql, *batch_of_one(""))
         assert row is not None and row["reminders"] == 1
 
     conn = await pool.acquire()
     try:
         tx = conn.transaction()
         await tx.start()
-        row = await conn.fetchrow(batch_sql, cleanup_id, 0, committed_account, 1)
+        row = await conn.fetchrow(batch_sql, *batch_of_one(committed_account))
         assert row is not None and row["reminders"] == 1, "the reminder row exists inside the open transaction"
         # A relay drains while that cleanup is still in flight: it can neither see nor send that row.
         during = await drain(client, task_queue)
@@ -501,7 +505,8 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
 
     async def claim(owner: str, lease: float = 30) -> set[int]:
         async with pool.acquire() as conn:
-            return {r["event_id"] for r in await conn.fetch(OUTBOX_SQL.claim_batch, owner, 300, lease)}
+            claim = OUTBOX_SQL.bind("claim_batch", lease_owner=owner, batch_size=300, lease_seconds=lease)
+            return {r["event_id"] for r in await conn.fetch(OUTBOX_SQL.claim_batch, *claim)}
 
     claims = await asyncio.gather(*(claim(f"relay-{i}") for i in range(5)))
     assert sum(len(c) for c in claims) == 1000, "five claims of 300 share 1000 events"
@@ -516,11 +521,21 @@ async def test_concurrent_claims_are_disjoint_and_an_expired_lease_is_taken_over
     n = len(ids)
 
     async def record(owner: str, outcome: str) -> dict[str, int]:
-        if outcome == "delivered":
-            args: list[object] = [ids, [202] * n, [], [], [], [], [], []]
-        else:
-            args = [[], [], ids, [outcome] * n, [503] * n, [1.0] * n, ["HTTP 503"] * n, ["503"] * n]
-        return dict(await pool.fetchrow(OUTBOX_SQL.record_outcomes, owner, *args))
+        delivered = outcome == "delivered"
+        others = [] if delivered else ids
+        args = OUTBOX_SQL.bind(
+            "record_outcomes",
+            lease_owner=owner,
+            delivered_ids=ids if delivered else [],
+            delivered_statuses=[202] * n if delivered else [],
+            event_ids=others,
+            outcomes=[outcome] * len(others),
+            http_statuses=[503] * len(others),
+            delays_seconds=[1.0] * len(others),
+            errors=["HTTP 503"] * len(others),
+            failure_kinds=["503"] * len(others),
+        )
+        return dict(await pool.fetchrow(OUTBOX_SQL.record_outcomes, *args))
 
     # The old owner's late 'retry' is fenced off; its 'delivered' is kept (the provider has the message).
     assert await record("relay-0", "retry") == {"delivered": 0, "retried": 0, "dead": 0, "fenced": n}

@@ -286,7 +286,9 @@ async def test_renewal_rule_is_judged_by_the_database_clock_at_the_deadline(clie
                 account,
                 offset_ms,
             )
-            row = await conn.fetchrow(SQL.renew_account, account, None, False)
+            row = await conn.fetchrow(
+                SQL.renew_account, *SQL.bind("renew_account", account_id=account, until=None, allow_earlier=False)
+            )
         outcomes.append((offset_ms, row["outcome"]))
     judged = await pool.fetch(
         "SELECT r.outcome, r.judged_at < r.deadline_seen AS before, a.status"

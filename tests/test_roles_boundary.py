@@ -238,7 +238,8 @@ async def test_a_failed_account_may_be_held_and_retry_failed_skips_it_while_held
 
 async def compiled_subset(pool: asyncpg.Pool, compiled: CompiledCleanup, cleanup_id: str, accounts: list[str]) -> int:
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(compiled.subset_sql, *compiled.args(cleanup_id, 0, accounts, len(accounts)))
+        subset = compiled.subset_args(cleanup_id=cleanup_id, partition_no=0, account_ids=accounts)
+        row = await conn.fetchrow(compiled.subset_sql, *subset)
     assert row is not None
     return int(row["cleaned"])
 
@@ -260,7 +261,8 @@ async def test_a_game_trigger_message_never_reaches_the_failure_record(pool):
     stored = await pool.fetch("SELECT message, detail, sqlstate FROM cleanup_failed")
     assert {r["sqlstate"] for r in stored} == {"P0001"}
     assert not [r for r in stored if email in f"{r['message']} {r['detail']}"]
-    reasons = [r["reason"] for r in await pool.fetch(CLEANUP_SQL.failed_reasons, "trigger-text", 5)]
+    bound = CLEANUP_SQL.bind("failed_reasons", cleanup_id="trigger-text", most=5)
+    reasons = [r["reason"] for r in await pool.fetch(CLEANUP_SQL.failed_reasons, *bound)]
     assert reasons == ["2 account(s): [P0001] raised by a trigger or function in demo_game.cloud_saves"]
 
 
@@ -366,7 +368,10 @@ async def test_retry_failed_with_the_current_targets_when_said_so_keeps_the_set_
     accounts = await seed(pool, deadline, 3)
     targets = load_targets()
     await claim_one_partition(pool, "adopt", deadline)
-    await pool.execute(CLEANUP_SQL.record_cleanup_target_set, "adopt", targets.fingerprint)
+    await pool.execute(
+        CLEANUP_SQL.record_cleanup_target_set,
+        *CLEANUP_SQL.bind("record_cleanup_target_set", cleanup_id="adopt", fingerprint=targets.fingerprint),
+    )
     await poison_by_archive_check(pool, accounts[1])
     compiled = await CompiledCleanup.compile(pool, targets)
     assert (await run_keyset_batch(pool, compiled, "adopt", 0, "", 100)).counts.failed == 1
