@@ -33,8 +33,8 @@ wall clock, and `direct_over_floor_by_cpu` (floor CPU / direct CPU for the same 
 what the batches cost next to the floor whatever the other tenants do. The pipeline runs with the
 load budget off (`Stack.budget_off`; the budget is measured by scenario 6).
 
-While the pipeline runs, pg_stat_activity is sampled every 0.2 s for the longest-running ledger
-statement and the longest-open transaction holding an XID (its row locks):
+While the pipeline runs, pg_stat_activity is sampled every 0.2 s for the longest-running statement
+of the database and the longest-open transaction holding an XID (its row locks):
 `pipeline_longest_statement_seconds`, `pipeline_longest_locking_transaction_seconds`.
 """
 
@@ -231,7 +231,7 @@ async def _start_and_wait(
 
 LONGEST = """
 SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start))
-                    FILTER (WHERE state = 'active' AND query LIKE '%FROM ledger_payments%'), 0)::float8 AS statement,
+                    FILTER (WHERE state = 'active'), 0)::float8 AS statement,
        coalesce(max(extract(epoch FROM clock_timestamp() - xact_start))
                     FILTER (WHERE backend_xid IS NOT NULL), 0)::float8 AS transaction
 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
@@ -240,7 +240,7 @@ FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_p
 
 @contextlib.asynccontextmanager
 async def longest_statement(pool: asyncpg.Pool, every: float = 0.2) -> AsyncIterator[dict[str, float]]:
-    """While the block runs, the longest a ledger statement has been running and the longest a
+    """While the block runs, the longest any statement of the database has been running and the longest a
     transaction holding an XID (so its row locks) has been open, sampled from pg_stat_activity every
     `every` seconds on one connection (a statement shorter than that may be missed; none longer)."""
     seen = {"statement_seconds": 0.0, "transaction_seconds": 0.0, "sample_seconds": every}
