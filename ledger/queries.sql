@@ -31,10 +31,9 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- $5-th key after the cursor of whichever table reaches it first (two index-only walks that stop
 -- there), so a batch holds at least $5 keys unless it runs to the shard's end, and at most 2 x $5
 -- (at most $5 of each table's). A batch with fewer than $5 keys is therefore the shard's last.
--- Each side is then read once by range: the ledger rows locked in one bitmap pass over their heap
--- pages (no key order is needed: every writer of the shard's batches holds lock_shard, so two
--- batches never wait for each other's rows), the report rows aggregated from the index that
--- carries their columns; one hash join each for the two sides and for the effect rows of the range.
+-- Each side is then read once by range: the ledger rows locked in key order, the report rows
+-- aggregated from the index that carries their columns; one hash join each for the two sides and
+-- for the effect rows of the range.
 WITH bound AS (
     SELECT b.game, b.payment_id
     FROM (
@@ -88,6 +87,7 @@ facts AS (
         WHERE l.business_date = $1 AND l.shard = $2
           AND (l.game, l.payment_id) > ($3::text, $4::text)
           AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
+        ORDER BY l.game, l.payment_id  -- the range index's order: never a scan of the table, however small
         FOR UPDATE OF l
     ) l
     FULL JOIN (
