@@ -389,6 +389,8 @@ FROM ledger_review WHERE business_date = $1 ORDER BY kind, review_key LIMIT $2;
 --   ok           matches
 -- plus report rows for payments the ledger does not know (-> review) and exact duplicate report
 -- rows (collapsed, counted, no discrepancy). Seeding a date that is already loaded does nothing.
+-- Payment numbers are zero-padded to the width of the largest (at least 7 digits), so IDs stay
+-- distinct past 9,999,999 payments and a day of fewer keeps the IDs it always had.
 -- $1 date, $2 payments, $3 shards, $4 refund rate, $5 small mismatch rate, $6 large mismatch rate,
 -- $7 unsettled rate, $8 unknown rate, $9 duplicate rate, $10 tolerance cents, $11 games
 WITH day AS (
@@ -398,7 +400,7 @@ WITH day AS (
 ),
 base AS (
     SELECT g, 'game-' || (1 + g % $11::int) AS game,
-           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, 7, '0') AS payment_id
+           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, greatest(7, length($2::int::text)), '0') AS payment_id
     FROM generate_series(1, $2::int) g
     WHERE EXISTS (SELECT 1 FROM day)
 ),
@@ -443,7 +445,7 @@ report AS (
            99 + (abs(hashtextextended(x.payment_id, 1)) % 19900), 'EUR', 'settled'
     FROM (
         SELECT 'game-' || (1 + u % $11::int) AS game,
-               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, 7, '0') AS payment_id
+               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, greatest(7, length($2::int::text)), '0') AS payment_id
         FROM generate_series(1, round($2::int * $8::float8)::int) u
         WHERE EXISTS (SELECT 1 FROM day)
     ) x
