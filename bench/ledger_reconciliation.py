@@ -32,14 +32,20 @@ its slices' backends): on a shared machine it moves far less with the load than 
 wall clock, and `direct_over_floor_by_cpu` (floor CPU / direct CPU for the same payments) says
 what the batches cost next to the floor whatever the other tenants do. The pipeline runs with the
 load budget off (`Stack.budget_off`; the budget is measured by scenario 6).
+
+While the pipeline runs, pg_stat_activity is sampled every 0.2 s for the longest-running statement
+of the database and the longest-open transaction holding an XID (its row locks):
+`pipeline_longest_statement_seconds`, `pipeline_longest_locking_transaction_seconds`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from datetime import date, timedelta
 from typing import Any
 
@@ -188,6 +194,33 @@ async def pipeline_reconciliation(
     """The real start path (date-keyed workflow ID, or a re-check's own) to the settled result, on
     the worker process."""
     load_before, cpu_before, orchestration_before = load_average(), await database_cpu_seconds(s.pool), s.process_cpu()
+    async with longest_statement(s.pool) as longest:
+        result, seconds, handle = await _start_and_wait(s, business_date, parallel, batch_size, id_prefix, recheck)
+    cpu_after, orchestration_after = await database_cpu_seconds(s.pool), s.process_cpu()
+    load_after = load_average()
+    history = await handle.fetch_history()
+    return {
+        "seconds": seconds,
+        "longest": longest,
+        "backend_cpu_s": cpu_used(cpu_before, cpu_after),
+        "orchestration_cpu_s": {
+            k: round(v - b, 2) if v is not None and (b := orchestration_before.get(k)) is not None else None
+            for k, v in orchestration_after.items()
+        },
+        "load": [load_before, load_after],
+        "settlement": result.settlement,
+        "result": result,
+        "batches": sum(r.batches_this_attempt for r in result.shards),
+        "history_events": len(history.events),
+        "history_bytes": len(history.to_json()),
+        "timeline": timeline(history.events, seconds),
+    }
+
+
+async def _start_and_wait(
+    s: Any, business_date: date, parallel: int, batch_size: int, id_prefix: str, recheck: bool
+) -> tuple[LedgerReconciliationResult, float, Any]:
+    """The CLI's start path to the settled result: (result, seconds from the start call, handle)."""
     t0 = time.perf_counter()
     started = await start_reconciliation(
         s.client,
@@ -205,25 +238,41 @@ async def pipeline_reconciliation(
     assert started.started, f"{started.workflow_id} already existed"
     handle = s.client.get_workflow_handle_for(LedgerReconciliationWorkflow.run, started.workflow_id)
     result: LedgerReconciliationResult = await handle.result()
-    seconds = time.perf_counter() - t0
-    cpu_after, orchestration_after = await database_cpu_seconds(s.pool), s.process_cpu()
-    load_after = load_average()
-    history = await handle.fetch_history()
-    return {
-        "seconds": seconds,
-        "backend_cpu_s": cpu_used(cpu_before, cpu_after),
-        "orchestration_cpu_s": {
-            k: round(v - b, 2) if v is not None and (b := orchestration_before.get(k)) is not None else None
-            for k, v in orchestration_after.items()
-        },
-        "load": [load_before, load_after],
-        "settlement": result.settlement,
-        "result": result,
-        "batches": sum(r.batches_this_attempt for r in result.shards),
-        "history_events": len(history.events),
-        "history_bytes": len(history.to_json()),
-        "timeline": timeline(history.events, seconds),
-    }
+    return result, time.perf_counter() - t0, handle
+
+
+LONGEST = """
+SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start))
+                    FILTER (WHERE state = 'active'), 0)::float8 AS statement,
+       coalesce(max(extract(epoch FROM clock_timestamp() - xact_start))
+                    FILTER (WHERE backend_xid IS NOT NULL), 0)::float8 AS transaction
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
+@contextlib.asynccontextmanager
+async def longest_statement(pool: asyncpg.Pool, every: float = 0.2) -> AsyncIterator[dict[str, float]]:
+    """While the block runs, the longest any statement of the database has been running and the longest a
+    transaction holding an XID (so its row locks) has been open, sampled from pg_stat_activity every
+    `every` seconds on one connection (a statement shorter than that may be missed; none longer)."""
+    seen = {"statement_seconds": 0.0, "transaction_seconds": 0.0, "sample_seconds": every}
+
+    async def sample() -> None:
+        async with pool.acquire() as conn:
+            while True:
+                row = await conn.fetchrow(LONGEST)
+                assert row is not None
+                seen["statement_seconds"] = round(max(seen["statement_seconds"], row["statement"]), 3)
+                seen["transaction_seconds"] = round(max(seen["transaction_seconds"], row["transaction"]), 3)
+                await asyncio.sleep(every)
+
+    task = asyncio.ensure_future(sample())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def timeline(events: Any, wall_seconds: float) -> dict[str, float]:
@@ -372,6 +421,8 @@ async def run(
         "batches": {"pipeline": pipeline["batches"], "direct": [direct["batches"], direct_2["batches"]]},
         "pipeline_timeline": pipeline["timeline"],
         "direct_shard_seconds_sum": [round(direct["shard_seconds_sum"], 3), round(direct_2["shard_seconds_sum"], 3)],
+        "pipeline_longest_statement_seconds": pipeline["longest"]["statement_seconds"],
+        "pipeline_longest_locking_transaction_seconds": pipeline["longest"]["transaction_seconds"],
         "history_events": pipeline["history_events"],
         "history_bytes": pipeline["history_bytes"],
         **memory,

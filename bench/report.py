@@ -31,6 +31,10 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "pipeline / direct, payments/s",
         "python -m bench.ledger_reconciliation --payments 200000 --budget default",
     ),
+    "ledger_reconciliation_1m": (
+        "pipeline / direct, payments/s",
+        "python -m bench.ledger_reconciliation --payments 1000000 --budget default",
+    ),
     "single_account_cleanups": (
         "cleanup / bare workflow, completions/s",
         "python -m bench.single_accounts --workflows 2000",

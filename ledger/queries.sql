@@ -20,35 +20,58 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- (ledger keys and provider-report keys alike, so unknown payments are seen too), judge each key,
 -- record corrections under their idempotency key and apply them to the ledger, and send what no
 -- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
--- is found by the batch's probe of the effect tables (`already`) and counted again as a discrepancy,
--- but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
+-- is found by the batch's join with the effect rows of its range and counted again as a
+-- discrepancy, but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
 -- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
 -- $6 tolerance in cents, $7 workflow ID (audit only)
 --
--- Everything after `keys` reads the batch's key range (cursor, last key] of (date, shard) from the
--- range indexes (migration 013) and nothing else: the batch costs what its keys cost, never what
--- the shard, the date or the effect tables' history hold. `keys` merges the two ordered index
--- scans (Merge Append + Unique: no hash, no sort); the ledger rows (locked) and the report rows
--- (aggregated from the index that carries their columns) are read by that range and joined once.
-WITH keys AS (
-    SELECT DISTINCT u.game, u.payment_id
+-- The batch is the key range (cursor, last key] of (date, shard), and everything is read by that
+-- range from the range indexes (migration 014) and nothing else: the batch costs what its keys
+-- cost, never what the shard, the date or the effect tables' history hold. The last key is the
+-- $5-th key after the cursor of whichever table reaches it first (two index-only walks that stop
+-- there), so a batch holds at least $5 keys unless it runs to the shard's end, and at most 2 x $5
+-- (at most $5 of each table's). A batch with fewer than $5 keys is therefore the shard's last.
+-- Each side is then read once by range: the ledger rows locked in key order, the report rows
+-- aggregated from the index that carries their columns; one hash join each for the two sides and
+-- for the effect rows of the range.
+WITH bound AS (
+    SELECT b.game, b.payment_id
     FROM (
         (SELECT l.game, l.payment_id FROM ledger_payments l
          WHERE l.business_date = $1 AND l.shard = $2 AND (l.game, l.payment_id) > ($3::text, $4::text)
-         ORDER BY l.game, l.payment_id LIMIT $5)
+         ORDER BY l.game, l.payment_id OFFSET $5::int - 1 LIMIT 1)
         UNION ALL
-        (SELECT DISTINCT r.game, r.payment_id FROM ledger_report_rows r
+        (SELECT r.game, r.payment_id FROM ledger_report_rows r
          WHERE r.business_date = $1 AND r.shard = $2 AND (r.game, r.payment_id) > ($3::text, $4::text)
-         ORDER BY r.game, r.payment_id LIMIT $5)
-    ) u
-    ORDER BY u.game, u.payment_id
-    LIMIT $5
+         GROUP BY r.game, r.payment_id
+         ORDER BY r.game, r.payment_id OFFSET $5::int - 1 LIMIT 1)
+    ) b
+    ORDER BY b.game, b.payment_id
+    LIMIT 1
+),
+-- Neither table has $5 keys after the cursor: the batch runs to the shard's last key.
+shard_end AS (
+    SELECT e.game, e.payment_id
+    FROM (
+        (SELECT l.game, l.payment_id FROM ledger_payments l
+         WHERE l.business_date = $1 AND l.shard = $2
+         ORDER BY l.game DESC, l.payment_id DESC LIMIT 1)
+        UNION ALL
+        (SELECT r.game, r.payment_id FROM ledger_report_rows r
+         WHERE r.business_date = $1 AND r.shard = $2
+         ORDER BY r.game DESC, r.payment_id DESC LIMIT 1)
+    ) e
+    WHERE NOT EXISTS (SELECT 1 FROM bound)
+    ORDER BY e.game DESC, e.payment_id DESC
+    LIMIT 1
 ),
 last_key AS (
-    SELECT game, payment_id FROM keys ORDER BY game DESC, payment_id DESC LIMIT 1
+    SELECT game, payment_id FROM bound UNION ALL SELECT game, payment_id FROM shard_end
 ),
--- Every key of (cursor, last key] is a key of the batch (the ledger's and the report's keys in that
--- range are exactly `keys`), so the two sides are read by range and joined to each other.
+-- Every key of (cursor, last key] is a key of the batch, so the two sides are read by range and
+-- joined to each other, and to the effect rows of the same range (a first run finds none, a rerun
+-- its own; a key's corrections and review rows carry its date and shard, and the effect tables are
+-- unique on (date, game, payment_id), the tuple joined on).
 facts AS (
     SELECT coalesce(l.game, r.game) AS game, coalesce(l.payment_id, r.payment_id) AS payment_id,
            coalesce(l.game, r.game) || ':' || coalesce(l.payment_id, r.payment_id) || ':'
@@ -64,7 +87,7 @@ facts AS (
         WHERE l.business_date = $1 AND l.shard = $2
           AND (l.game, l.payment_id) > ($3::text, $4::text)
           AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
-        ORDER BY l.game, l.payment_id  -- locked in key order (the index order: no sort)
+        ORDER BY l.game, l.payment_id  -- the range index's order: never a scan of the table, however small
         FOR UPDATE OF l
     ) l
     FULL JOIN (
@@ -83,28 +106,11 @@ facts AS (
         GROUP BY r.game, r.payment_id
     ) r ON r.game = l.game AND r.payment_id = l.payment_id
 ),
--- The effect rows already written for the batch's range: one index range scan per table and batch
--- (a first run finds none, a rerun its own), never a scan of a table that grows with every
--- correction of the run and every date kept, and never a probe per key. A key is judged `already_*`
--- by its (game, payment_id), the tuple the effect tables are unique on (a row's text form quotes
--- its fields, so two payments never share one); the range only bounds where it is looked for (a
--- key's corrections and review rows carry its date and shard).
-already AS (
-    SELECT
-        ARRAY(SELECT (c.game, c.payment_id)::text FROM ledger_corrections c
-              WHERE c.business_date = $1 AND c.shard = $2
-                AND (c.game, c.payment_id) > ($3::text, $4::text)
-                AND (c.game, c.payment_id) <= (SELECT game, payment_id FROM last_key)) AS corrected,
-        ARRAY(SELECT (v.game, v.payment_id)::text FROM ledger_review v
-              WHERE v.business_date = $1 AND v.shard = $2
-                AND (v.game, v.payment_id) > ($3::text, $4::text)
-                AND (v.game, v.payment_id) <= (SELECT game, payment_id FROM last_key)) AS reviewed
-),
 judged AS (
     SELECT f.*,
         CASE
-            WHEN (f.game, f.payment_id)::text = ANY (a.corrected) THEN 'already_corrected'
-            WHEN (f.game, f.payment_id)::text = ANY (a.reviewed) THEN 'already_in_review'
+            WHEN c.payment_id IS NOT NULL THEN 'already_corrected'
+            WHEN v.payment_id IS NOT NULL THEN 'already_in_review'
             WHEN NOT f.in_ledger THEN 'unknown_payment'
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
@@ -116,7 +122,19 @@ judged AS (
             WHEN f.l_amount <> f.r_amount THEN 'amount_mismatch'
             ELSE 'match'
         END AS verdict
-    FROM facts f CROSS JOIN already a
+    FROM facts f
+    LEFT JOIN (
+        SELECT c.game, c.payment_id FROM ledger_corrections c
+        WHERE c.business_date = $1 AND c.shard = $2
+          AND (c.game, c.payment_id) > ($3::text, $4::text)
+          AND (c.game, c.payment_id) <= (SELECT game, payment_id FROM last_key)
+    ) c ON c.game = f.game AND c.payment_id = f.payment_id
+    LEFT JOIN (
+        SELECT v.game, v.payment_id FROM ledger_review v
+        WHERE v.business_date = $1 AND v.shard = $2
+          AND (v.game, v.payment_id) > ($3::text, $4::text)
+          AND (v.game, v.payment_id) <= (SELECT game, payment_id FROM last_key)
+    ) v ON v.game = f.game AND v.payment_id = f.payment_id
 ),
 corrected AS (
     INSERT INTO ledger_corrections
@@ -175,41 +193,44 @@ reviewed AS (
     ON CONFLICT (business_date, game, payment_id) DO NOTHING
     RETURNING 1
 ),
--- The judged ledger rows as this batch leaves them (a corrected row with its new values and
--- version), in the terms of shard_fingerprint: the sum over the batches is the fingerprint of
--- exactly what the shard's run judged, whatever changed elsewhere in the shard meanwhile.
-judged_ledger AS (
-    SELECT hashtextextended(
-               j.game || '|' || j.payment_id || '|' || coalesce(c.new_amount_cents, j.l_amount) || '|'
-               || j.l_currency || '|' || coalesce(c.new_status, j.l_status) || '|'
-               || CASE WHEN c.game IS NULL THEN j.l_version ELSE c.version_before + 1 END, 0) AS h
+-- Every output in one pass over the judged keys. The fingerprint terms of the judged ledger rows
+-- are those rows as this batch leaves them (a corrected row with its new values and version), in
+-- the terms of shard_fingerprint: the sum over the batches is the fingerprint of exactly what the
+-- shard's run judged, whatever changed elsewhere in the shard meanwhile.
+totals AS (
+    SELECT
+        count(*)::int AS batch_rows,
+        count(*) FILTER (WHERE j.verdict <> 'match')::int AS discrepancies,
+        count(*) FILTER (WHERE j.verdict IN ('already_corrected', 'already_in_review'))::int AS already_applied,
+        coalesce(sum(j.report_rows - 1) FILTER (WHERE j.variants = 1), 0)::int AS duplicate_report_rows,
+        -- What the judged keys count as: a correction (now or before) or a review row (now or before).
+        count(*) FILTER (
+            WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled', 'already_corrected'))::int
+            AS corrections_judged,
+        count(*) FILTER (
+            WHERE j.verdict NOT IN ('match', 'refund_not_recorded', 'amount_mismatch', 'not_settled',
+                                    'already_corrected'))::int AS reviews_judged,
+        count(*) FILTER (WHERE j.in_ledger)::int AS fp_ledger_rows,
+        coalesce(sum(hashtextextended(
+            j.game || '|' || j.payment_id || '|' || coalesce(c.new_amount_cents, j.l_amount) || '|'
+            || j.l_currency || '|' || coalesce(c.new_status, j.l_status) || '|'
+            || CASE WHEN c.game IS NULL THEN j.l_version ELSE c.version_before + 1 END, 0))
+            FILTER (WHERE j.in_ledger), 0)::text AS fp_ledger_sum,
+        coalesce(sum(j.report_rows), 0)::int AS fp_report_rows,
+        coalesce(max(j.max_row_id), 0)::bigint AS fp_report_max,
+        coalesce(sum(j.fp_report), 0)::text AS fp_report_sum
     FROM judged j LEFT JOIN corrected c ON c.game = j.game AND c.payment_id = j.payment_id
-    WHERE j.in_ledger
 )
 SELECT
     (SELECT game FROM last_key) AS last_game,
     (SELECT payment_id FROM last_key) AS last_payment_id,
-    (SELECT count(*) FROM keys)::int AS batch_rows,
-    (SELECT count(*) FROM judged WHERE verdict <> 'match')::int AS discrepancies,
-    (SELECT count(*) FROM judged WHERE verdict IN ('already_corrected', 'already_in_review'))::int
-        AS already_applied,
+    t.batch_rows, t.discrepancies, t.already_applied,
     (SELECT count(*) FROM corrected)::int AS corrected,
     (SELECT count(*) FROM updated)::int AS updated,
     (SELECT count(*) FROM reviewed)::int AS reviewed,
-    (SELECT coalesce(sum(report_rows - 1), 0) FROM judged WHERE variants = 1)::int
-        AS duplicate_report_rows,
-    -- What the judged keys count as: a correction (now or before) or a review row (now or before).
-    (SELECT count(*) FROM judged
-     WHERE verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled', 'already_corrected'))::int
-        AS corrections_judged,
-    (SELECT count(*) FROM judged
-     WHERE verdict NOT IN ('match', 'refund_not_recorded', 'amount_mismatch', 'not_settled', 'already_corrected'))::int
-        AS reviews_judged,
-    (SELECT count(*) FROM judged_ledger)::int AS fp_ledger_rows,
-    (SELECT coalesce(sum(h), 0) FROM judged_ledger)::text AS fp_ledger_sum,
-    (SELECT coalesce(sum(report_rows), 0) FROM judged)::int AS fp_report_rows,
-    (SELECT coalesce(max(max_row_id), 0) FROM judged)::bigint AS fp_report_max,
-    (SELECT coalesce(sum(fp_report), 0) FROM judged)::text AS fp_report_sum;
+    t.duplicate_report_rows, t.corrections_judged, t.reviews_judged,
+    t.fp_ledger_rows, t.fp_ledger_sum, t.fp_report_rows, t.fp_report_max, t.fp_report_sum
+FROM totals t;
 
 -- name: record_shard_report
 -- The shard's report: the counts of one full judgement of the shard and the fingerprint of exactly
@@ -368,6 +389,8 @@ FROM ledger_review WHERE business_date = $1 ORDER BY kind, review_key LIMIT $2;
 --   ok           matches
 -- plus report rows for payments the ledger does not know (-> review) and exact duplicate report
 -- rows (collapsed, counted, no discrepancy). Seeding a date that is already loaded does nothing.
+-- Payment numbers are zero-padded to the width of the largest (at least 7 digits), so IDs stay
+-- distinct past 9,999,999 payments and a day of fewer keeps the IDs it always had.
 -- $1 date, $2 payments, $3 shards, $4 refund rate, $5 small mismatch rate, $6 large mismatch rate,
 -- $7 unsettled rate, $8 unknown rate, $9 duplicate rate, $10 tolerance cents, $11 games
 WITH day AS (
@@ -377,7 +400,7 @@ WITH day AS (
 ),
 base AS (
     SELECT g, 'game-' || (1 + g % $11::int) AS game,
-           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, 7, '0') AS payment_id
+           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, greatest(7, length($2::int::text)), '0') AS payment_id
     FROM generate_series(1, $2::int) g
     WHERE EXISTS (SELECT 1 FROM day)
 ),
@@ -422,7 +445,7 @@ report AS (
            99 + (abs(hashtextextended(x.payment_id, 1)) % 19900), 'EUR', 'settled'
     FROM (
         SELECT 'game-' || (1 + u % $11::int) AS game,
-               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, 7, '0') AS payment_id
+               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, greatest(7, length($2::int::text)), '0') AS payment_id
         FROM generate_series(1, round($2::int * $8::float8)::int) u
         WHERE EXISTS (SELECT 1 FROM day)
     ) x
