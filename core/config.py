@@ -1,11 +1,9 @@
 """Configuration: one tree of settings, declared here and read from the environment in one place.
 
 `Settings.from_env()` reads every variable of every section once (a worker, a command or
-`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs take
-them as arguments). `read(Section)` and `read_value(NAME)` read one section or one variable through
-the same declarations; only the modules tests/test_one_home.py lists still call them (the
-database's schema, key type, role prefix and connect timeout where a connection is made, and the
-load budget). `Settings(...)` itself reads nothing: it is a value, built from its arguments.
+`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs and
+core.db take them as arguments, a call given none takes DEFAULT_SETTINGS). `Settings(...)` itself
+reads nothing: it is a value, built from its arguments.
 
 Every variable's name, section, type, default and meaning is declared on its field; the reference
 docs/configuration.md is generated from them (`python -m tests.test_configuration`). Numbers are finite
@@ -40,7 +38,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -773,6 +770,11 @@ class Settings(BaseModel):
         return None if ui is None else f"{ui}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
 
 
+# The declared defaults, for a call given no settings (`Settings()` reads no variable): a command
+# or a worker passes the settings it read at start-up (Settings.from_env) instead.
+DEFAULT_SETTINGS = Settings()
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable of the tree: where its value goes (`path` of field names)."""
@@ -884,27 +886,13 @@ S = TypeVar("S", bound=BaseModel)
 
 
 def read(section: type[S]) -> S:
-    """One section from the environment, for a call that was given no settings."""
+    """One section from the environment, for a demo, a benchmark or a test given no settings
+    (product code takes its settings as arguments: tests/test_one_home.py)."""
     env = environment(os.environ)
     try:
         return section.model_validate(_raw(env, section))
     except ValidationError as err:
         raise _config_error(err, section) from None
-
-
-def read_value(name: str) -> Any:
-    """One variable of the tree from the environment, validated as its field (its default when unset)."""
-    (var,) = [v for v in variables() if v.name == name]
-    raw = environment(os.environ).get(name)
-    if not raw:
-        return var.default
-    metadata = var.field.metadata
-    annotation: Any = Annotated[var.field.annotation, *metadata] if metadata else var.field.annotation
-    adapter: TypeAdapter[Any] = TypeAdapter(annotation, config=ConfigDict(allow_inf_nan=False))
-    try:
-        return adapter.validate_python(raw)
-    except ValidationError as err:
-        raise ConfigError(_explain(var, err.errors()[0])) from None
 
 
 def _explain(var: Variable | None, error: Any, where: str = "") -> str:
