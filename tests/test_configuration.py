@@ -325,6 +325,24 @@ def test_the_database_identity_is_read_once_with_the_rest(monkeypatch: pytest.Mo
     assert Settings.from_env().connect_timeout_seconds == 3.0
 
 
+def test_a_deprecated_name_is_read_under_its_new_one_which_wins(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cleanup's defaults were the planner's (PLANNER_BATCH_SIZE, ...): still read, with a
+    deprecation line, while the new name is unset."""
+    for old, new in config.DEPRECATED_NAMES.items():
+        var = next(v for v in variables() if v.name == new)
+        wanted = 3 if isinstance(var.default, int) else 3.0
+        monkeypatch.setenv(old, str(wanted))
+        with caplog.at_level(logging.WARNING, logger="core.config"):
+            assert _value(Settings.from_env(), var) == wanted
+        assert f"{old} is deprecated: set {new}" in caplog.text
+        monkeypatch.setenv(new, "2")
+        assert _value(Settings.from_env(), var) == 2
+        monkeypatch.delenv(old)
+        monkeypatch.delenv(new)
+
+
 if __name__ == "__main__":
     PAGE.write_text(render(), encoding="utf-8")
     print(f"wrote {PAGE}")
