@@ -50,19 +50,19 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> None:
     """The only command that changes the schema: each pending file in its own transaction (with a
     lock timeout), then the worker role's grants on the declared targets, table by table."""
     url = addresses.database_url(settings)  # the database only: no Temporal needed
-    applied = await db.await_db(url, db.migrate_url(url))
+    applied = await db.await_db(url, db.migrate_url(url, settings))
     data: dict[str, Any] = {"applied": applied}
     if args.demo_game:
-        await cleanup_grants.create_demo_game(url)
-    data |= await cleanup_grants.grant_targets_url(url, load_targets(settings.cleanup.targets_file))
+        await cleanup_grants.create_demo_game(url, settings)
+    data |= await cleanup_grants.grant_targets_url(url, load_targets(settings.cleanup.targets_file), settings)
     if args.grant_worker_role:
-        data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role)
+        data["granted_worker_role_to"] = await db.grant_worker_role(url, args.grant_worker_role, settings)
     emit(args, data, _migrated_text)
 
 
 async def cmd_migrate_status(args: argparse.Namespace, settings: Settings) -> None:
     url = addresses.database_url(settings)  # the database only: no Temporal needed
-    rows = await db.await_db(url, db.migration_status_url(url))
+    rows = await db.await_db(url, db.migration_status_url(url, settings))
     emit(args, rows, lambda d: table(d, ["name", "state", "checksum"]))
     changed = [r["name"] for r in rows if r["state"] == "changed"]
     if changed:
@@ -76,8 +76,8 @@ async def cmd_migrate_sql(args: argparse.Namespace, settings: Settings) -> None:
         files = db.migration_files()
     else:
         url = addresses.database_url(settings)
-        files = await db.await_db(url, db.pending_files_url(url))
-    script = db.migration_script(files)
+        files = await db.await_db(url, db.pending_files_url(url, settings))
+    script = db.migration_script(files, settings)
     emit(args, {"pending": [p.name for p in files], "sql": script}, lambda d: d["sql"].rstrip("\n"))
 
 
@@ -218,7 +218,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return report_error(EXIT_INPUT, redact(str(err), settings), as_json=as_json)
     except Exception as err:
         if db.is_database_error(err):  # a command that opened the database without CliContext
-            message = str(db.unavailable(settings.database_url, err))
+            message = str(db.unavailable(settings.database_url, err, settings))
             return report_error(EXIT_UNAVAILABLE, redact(message, settings), as_json=as_json)
         if process_switch("CLEANUP_DEBUG"):
             print(redact(traceback.format_exc(), settings), file=sys.stderr)

@@ -31,7 +31,7 @@ from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
 from core import addresses, db, fleet, health, logs, metrics, outage
 from core.cli import CliParser, add_connection_flags, bounded_int
-from core.config import Settings
+from core.config import DEFAULT_SETTINGS, Settings
 from core.errors import InputError, Unavailable
 from core.heartbeat import MAX_HEARTBEAT_THROTTLE
 from core.process import exit_now
@@ -183,7 +183,9 @@ def configure_logs(fmt: str = "text", secrets: Sequence[str] = (), level: int = 
     return handler
 
 
-async def open_pool(url: str, max_size: int, idle_in_transaction_timeout: float | None = None) -> asyncpg.Pool:
+async def open_pool(
+    url: str, max_size: int, idle_in_transaction_timeout: float | None = None, settings: Settings = DEFAULT_SETTINGS
+) -> asyncpg.Pool:
     """The worker's pool; each new connection tells core.outage the database is back. A transaction
     left idle longer than `idle_in_transaction_timeout` (its worker frozen mid-batch) is ended by the
     server, releasing its locks for the retry."""
@@ -192,6 +194,7 @@ async def open_pool(url: str, max_size: int, idle_in_transaction_timeout: float 
         max_size=max_size,
         on_connect=outage.OUTAGE.back,
         idle_in_transaction_timeout=idle_in_transaction_timeout,
+        settings=settings,
     )
 
 
@@ -265,13 +268,13 @@ async def _run_worker(
 ) -> None:
     """Open the pools, connect, poll until `stop`, then shut down gracefully and close the pools."""
     assert settings.database_url is not None
-    await db.check_worker_database(settings.database_url)  # never DDL at start-up: `migrate` does it
+    await db.check_worker_database(settings.database_url, settings)  # never DDL at start-up: `migrate` does it
     pool = await open_pool(
-        settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds
+        settings.database_url, settings.pool_max_size, settings.db_idle_in_transaction_timeout_seconds, settings
     )
     readiness.ping_db = functools.partial(db.ping, pool)
     claim_pool = await open_pool(
-        settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds
+        settings.database_url, settings.claim_pool_size, settings.db_idle_in_transaction_timeout_seconds, settings
     )
     try:
         readiness.client = client = await connect(settings, runtime=runtime)

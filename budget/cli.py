@@ -86,8 +86,8 @@ async def _budget(args: argparse.Namespace, settings: Settings, change: BudgetCh
 
     # Only the database: no Temporal server is needed, nor started.
     url = addresses.database_url(settings)
-    await db.check_schema_url(url)
-    pool = await db.create_pool(url, max_size=2)
+    await db.check_schema_url(url, settings)
+    pool = await db.create_pool(url, max_size=2, connect_timeout=settings.connect_timeout_seconds, settings=settings)
     try:
         if change is not None:
             await set_budget(pool, change)

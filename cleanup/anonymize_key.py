@@ -52,7 +52,6 @@ async def store_key(conn: asyncpg.Connection, key: str, *, rotate: bool = False)
         await conn.execute(SQL.forget_anonymize_key)
         await conn.copy_records_to_table(
             "anonymize_key",
-            schema_name=db.service_schema(),
             columns=["inner_pad", "outer_pad", "fingerprint"],
             records=[(inner, outer, mine)],
         )

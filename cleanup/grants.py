@@ -13,6 +13,7 @@ import asyncpg
 
 from cleanup.target_check import TargetsRefused, check_follow_ups
 from cleanup.targets import CleanupTargets, q, qualified, split_name
+from core.config import DEFAULT_SETTINGS, Settings
 from core.db import open_connection, service_settings
 from core.queries import load
 from core.roles import service_roles
@@ -34,7 +35,9 @@ def needed_privileges(targets: CleanupTargets) -> list[tuple[str, str]]:
     return list(dict.fromkeys(needed))
 
 
-async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> dict[str, list[str]]:
+async def grant_targets(
+    conn: asyncpg.Connection, targets: CleanupTargets, settings: Settings = DEFAULT_SETTINGS
+) -> dict[str, list[str]]:
     """Grant the worker role what the targets need, table by table; tables that do not exist yet
     are left out and returned under "missing" (the worker's start-up check names them too)."""
     needed = needed_privileges(targets)
@@ -46,7 +49,7 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
     tables = list(dict.fromkeys(t for t, _ in needed))
     existing = {r["name"] for r in await conn.fetch(SQL.existing_tables, tables)}
     granted: list[str] = []
-    worker = service_roles().worker
+    worker = service_roles(settings).worker
     for table in tables:
         if table not in existing:
             continue
@@ -59,22 +62,24 @@ async def grant_targets(conn: asyncpg.Connection, targets: CleanupTargets) -> di
     return {"granted": granted, "missing": missing} | ({"follow_ups_not_granted": not_planned} if not_planned else {})
 
 
-async def grant_targets_url(url: str, targets: CleanupTargets) -> dict[str, list[str]]:
+async def grant_targets_url(
+    url: str, targets: CleanupTargets, settings: Settings = DEFAULT_SETTINGS
+) -> dict[str, list[str]]:
     """`grant_targets` on a connection of its own (the owner's), if the worker role exists."""
-    conn = await open_connection(url, server_settings=service_settings())
+    conn = await open_connection(url, settings, server_settings=service_settings(settings))
     try:
-        if not await conn.fetchval(SQL.role_exists, service_roles().worker):
+        if not await conn.fetchval(SQL.role_exists, service_roles(settings).worker):
             return {"granted": [], "missing": []}
-        return await grant_targets(conn, targets)
+        return await grant_targets(conn, targets, settings)
     finally:
         await conn.close()
 
 
-async def create_demo_game(url: str) -> None:
+async def create_demo_game(url: str, settings: Settings = DEFAULT_SETTINGS) -> None:
     """Create the demo game's schema and tables, the ones the built-in targets file declares, in the
     database at `url` (idempotent), and let the worker role reach them table by table, as a game's
     administrator does for its declared targets (`migrate --demo-game`, the demo, the tests)."""
-    conn = await open_connection(url, server_settings=service_settings())
+    conn = await open_connection(url, settings, server_settings=service_settings(settings))
     try:
         await conn.execute(DEMO_GAME.create_game_schema)
     finally:

@@ -315,14 +315,16 @@ class CliContext:
         if self.database != "unused":
             assert url is not None
             try:
-                await db.check_schema_url(url)  # only `migrate` changes the schema
-                self._pool = await db.create_pool(url, max_size=4, connect_timeout=db.connect_timeout())
+                await db.check_schema_url(url, self.settings)  # only `migrate` changes the schema
+                self._pool = await db.create_pool(
+                    url, max_size=4, connect_timeout=self.settings.connect_timeout_seconds, settings=self.settings
+                )
             except Exception as err:
                 if not (db.connection_lost(err) or isinstance(err, TimeoutError)):
                     raise
                 if self.database == "required":
-                    raise db.unavailable(url, err) from err
-                self.database_missing = str(db.unavailable(url, err))
+                    raise db.unavailable(url, err, self.settings) from err
+                self.database_missing = str(db.unavailable(url, err, self.settings))
         if self._pool is not None:
             self.pool = self._pool
         self.client = await connect(self.settings)
@@ -335,7 +337,7 @@ class CliContext:
             else:
                 self._pool.terminate()
         if exc is not None and not isinstance(exc, DatabaseUnavailable) and db.is_database_error(exc):
-            raise db.unavailable(self.settings.database_url, exc) from exc
+            raise db.unavailable(self.settings.database_url, exc, self.settings) from exc
 
 
 @asynccontextmanager
@@ -346,18 +348,20 @@ async def database_pool(settings: Settings, *, migrate: bool, max_size: int = 2)
     url = addresses.database_url(settings)
     try:
         if migrate:
-            await db.check_schema_url(url)
-        pool = await db.create_pool(url, max_size=max_size, connect_timeout=db.connect_timeout())
+            await db.check_schema_url(url, settings)
+        pool = await db.create_pool(
+            url, max_size=max_size, connect_timeout=settings.connect_timeout_seconds, settings=settings
+        )
     except Exception as err:
         if db.connection_lost(err) or isinstance(err, TimeoutError):
-            raise db.unavailable(url, err) from err
+            raise db.unavailable(url, err, settings) from err
         raise
     try:
         yield pool
     except Exception as err:
         pool.terminate()
         if db.is_database_error(err):
-            raise db.unavailable(url, err) from err
+            raise db.unavailable(url, err, settings) from err
         raise
     else:
         await pool.close()

@@ -1,15 +1,18 @@
 """Configuration: one tree of settings, declared here and read from the environment in one place.
 
 `Settings.from_env()` reads every variable of every section once (a worker, a command or
-`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs take
-them as arguments). `read(Section)` and `read_value(NAME)` read one section or one variable through
-the same declarations; only the modules tests/test_one_home.py lists still call them (the
-database's schema, key type, role prefix and connect timeout where a connection is made, and the
-load budget). `Settings(...)` itself reads nothing: it is a value, built from its arguments.
+`deadline_cleanup.CleanupClient` does it at start-up and passes the settings down: the jobs and
+core.db take them as arguments, a call given none takes DEFAULT_SETTINGS). `Settings(...)` itself
+reads nothing: it is a value, built from its arguments.
 
-Every variable's name, section, type, default and meaning is declared on its field; the reference
-docs/configuration.md is generated from them (`python -m tests.test_configuration`). Numbers are finite
-and in range, or the error names the variable (ConfigError: exit 2).
+Each section is a pydantic-settings `BaseSettings` owning its prefix (`env_prefix`: CLEANUP_,
+PLANNER_, LOAD_BUDGET_, ...) and its fields; a field named otherwise carries its variable as its
+alias. What pydantic-settings lacks stays here: the secrets' `NAME_FILE` form, the dev env file,
+the deprecated names (`environment` prepares them before the sections read), the generated
+reference and the error naming the variable. Every variable's name, section, type, default and
+meaning is declared on its field; the reference docs/configuration.md is generated from them
+(`python -m tests.test_configuration`). Numbers are finite and in range, or the error names the
+variable (ConfigError: exit 2).
 
 The addresses (TEMPORAL_ADDRESS, DATABASE_URL) have no default: a command or worker without one
 exits 2 naming it (core.addresses), never starting anything. The embedded development stack of a
@@ -30,25 +33,17 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SecretStr,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from core.errors import InputError
 from core.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-from core.model import Model
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,7 +190,7 @@ def setting(
     field's name in capitals), shown in `section` of the reference."""
     extra: dict[str, Any] = {}
     if env is not None:
-        extra["env"] = env
+        constraints["validation_alias"] = env
     if section is not None:
         extra["section"] = section
     if secret:
@@ -208,25 +203,60 @@ def internal(default: Any, description: str, **constraints: Any) -> Any:
     return Field(default, description=description, json_schema_extra={"internal": True}, **constraints)
 
 
-class Section(BaseModel):
-    """A group of settings whose variables are named `ENV_PREFIX` + the field's name in capitals
-    (unless the field names its own)."""
+# The environment Settings.from_env is reading (deprecated names, `_FILE` secrets and the dev env
+# file applied: `environment`); None: a section built in Python, from its arguments alone.
+_READING: ContextVar[Mapping[str, str] | None] = ContextVar("settings_reading", default=None)
 
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")  # NaN passes any ge/le bound
 
-    ENV_PREFIX: ClassVar[str] = ""
+class _Prepared(EnvSettingsSource):
+    """pydantic-settings' environment source, over the variables from_env prepared. It matches
+    names without case (a field's name is lower-case, its variable upper-case), so only the exact
+    names the tree declares are handed to it, and only those set (an empty variable is unset)."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        names = {var.name for var in variables()}
+        return {name.lower(): value for name, value in (_READING.get() or {}).items() if name in names and value}
+
+
+class Section(BaseSettings):
+    """A group of settings whose variables are named `env_prefix` + the field's name in capitals
+    (unless the field names its own). Built in Python it reads nothing (workflow inputs carry
+    sections); built by `_read` it reads its variables (pydantic-settings)."""
+
+    # NaN passes any ge/le bound; a field is set by its name in Python, by its variable otherwise.
+    model_config = SettingsConfigDict(
+        allow_inf_nan=False, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
+
     SECTION: ClassVar[str] = ""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _Prepared(settings_cls))
+
+    def __init__(self, **values: Any) -> None:
+        if _READING.get() is None:  # a value built in Python or decoded from a payload: no source at all
+            BaseModel.__init__(self, **values)
+        else:
+            super().__init__(**values)
 
 
 MAX_PARTITIONS = 256
 
 
-class CleanupDefaults(Model):
+class CleanupDefaults(Section):
     """How every cleanup runs unless its caller says otherwise, the planner's and an operator's
     alike: the one home of these defaults (CLEANUP_PARTITIONS, ...). Carried in the planner's
     workflow input, so its cohorts run as the settings of whoever started the planner say."""
 
-    ENV_PREFIX: ClassVar[str] = "CLEANUP_"
+    model_config = SettingsConfigDict(env_prefix="CLEANUP_", frozen=True)
     SECTION: ClassVar[str] = "cleanup"
 
     partitions: int = setting(8, "partitions of a cohort cleanup", ge=1, le=MAX_PARTITIONS)
@@ -246,14 +276,14 @@ class CleanupDefaults(Model):
     )
 
 
-class PlannerSettings(Model):
+class PlannerSettings(Section):
     """The planner's knobs (PLANNER_*), carried in its workflow's input. Lateness of a planned
     account: at most the width of its cohort (`cohort_seconds`: sparse deadlines, or
     `bucket_seconds` for dense ones) plus the time to claim and clean; an account whose deadline
     came too soon to be planned, or that a cohort missed, is swept within
     `overdue_after_seconds + max_idle_seconds`."""
 
-    ENV_PREFIX: ClassVar[str] = "PLANNER_"
+    model_config = SettingsConfigDict(env_prefix="PLANNER_", frozen=True)
     SECTION: ClassVar[str] = "planner"
     # A planner run of 1.0 carries these in its input; the cleanup section owns them now
     # (CleanupDefaults), so they are dropped when such an input is read. Any other unknown key is refused.
@@ -334,7 +364,7 @@ class PlannerSettings(Model):
 class BudgetSettings(Section):
     """A worker's defaults (LOAD_BUDGET_*); the operator's values in the budget row take precedence."""
 
-    ENV_PREFIX: ClassVar[str] = "LOAD_BUDGET_"
+    model_config = SettingsConfigDict(env_prefix="LOAD_BUDGET_")
     SECTION: ClassVar[str] = "budget"
 
     enabled: Switch = setting(
@@ -411,7 +441,7 @@ class BudgetSettings(Section):
 
 
 class CleanupSettings(Section):
-    ENV_PREFIX: ClassVar[str] = "CLEANUP_"
+    model_config = SettingsConfigDict(env_prefix="CLEANUP_")
     SECTION: ClassVar[str] = "cleanup"
 
     defaults: CleanupDefaults = CleanupDefaults()
@@ -434,7 +464,7 @@ class CleanupSettings(Section):
 
 
 class LedgerSettings(Section):
-    ENV_PREFIX: ClassVar[str] = "LEDGER_"
+    model_config = SettingsConfigDict(env_prefix="LEDGER_")
     SECTION: ClassVar[str] = "ledger"
 
     heartbeat_timeout_seconds: float = setting(
@@ -445,7 +475,7 @@ class LedgerSettings(Section):
 
 
 class OutboxSettings(Section):
-    ENV_PREFIX: ClassVar[str] = "OUTBOX_"
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_")
     SECTION: ClassVar[str] = "outbox"
 
     heartbeat_timeout_seconds: float = setting(
@@ -472,13 +502,9 @@ class OutboxSettings(Section):
     )
 
 
-class Settings(BaseModel):
+class Settings(Section):
     """Every setting of a worker or a command: where Temporal and Postgres are (`None`: unset, see
     core.addresses), the worker's knobs, and one section per job and per platform part."""
-
-    # Every number finite: NaN passes any ge/le bound. Fields by name only: variables are read by
-    # from_env under the names declared here.
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     # Temporal (read through temporalio.envconfig as well: a temporal.toml profile)
     temporal_address: str | None = setting(
@@ -728,13 +754,8 @@ class Settings(BaseModel):
         Temporal connection as temporalio.envconfig reads it (a profile, the deprecated names);
         `overrides` (the command's flags) win over them. ConfigError names what is wrong."""
         env = environment(os.environ)
-        values = _raw(env, cls)
-        values.update(temporal_profile(dict(env)))
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            raise _config_error(err, cls) from None
+        values = temporal_profile(dict(env)) | {k: v for k, v in overrides.items() if v is not None}
+        return _read(cls, values, env)
 
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
@@ -773,6 +794,11 @@ class Settings(BaseModel):
         return None if ui is None else f"{ui}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
 
 
+# The declared defaults, for a call given no settings (`Settings()` reads no variable): a command
+# or a worker passes the settings it read at start-up (Settings.from_env) instead.
+DEFAULT_SETTINGS = Settings()
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable of the tree: where its value goes (`path` of field names)."""
@@ -788,10 +814,8 @@ class Variable:
         return self.field.default
 
 
-def _section_class(annotation: object) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and hasattr(annotation, "ENV_PREFIX"):
-        return annotation
-    return None
+def _section_class(annotation: object) -> type[Section] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
 
 
 def _is_secret(annotation: object) -> bool:
@@ -805,7 +829,7 @@ def variables(model: type[BaseModel] | None = None) -> list[Variable]:
 
 @functools.cache
 def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable, ...]:
-    prefix: str = getattr(model, "ENV_PREFIX", "")
+    prefix = str(model.model_config.get("env_prefix") or "")
     section: str = getattr(model, "SECTION", "")
     found: list[Variable] = []
     for name, field in model.model_fields.items():
@@ -818,7 +842,7 @@ def _variables(model: type[BaseModel], path: tuple[str, ...]) -> tuple[Variable,
             continue
         found.append(
             Variable(
-                name=str(extra.get("env") or f"{prefix}{name.upper()}"),
+                name=str(field.validation_alias or f"{prefix}{name.upper()}"),
                 section=str(extra.get("section") or section),
                 path=(*path, name),
                 field=field,
@@ -867,44 +891,36 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _raw(env: Mapping[str, str], model: type[BaseModel]) -> dict[str, Any]:
-    """The values `env` sets for `model`, nested by section (an empty variable is unset)."""
-    values: dict[str, Any] = {}
-    for var in variables(model):
-        raw = env.get(var.name)
-        if raw:
-            node = values
-            for key in var.path[:-1]:
-                node = node.setdefault(key, {})
-            node[var.path[-1]] = raw
-    return values
+S = TypeVar("S", bound=Section)
 
 
-S = TypeVar("S", bound=BaseModel)
+def _read(model: type[S], values: dict[str, Any], env: Mapping[str, str]) -> S:
+    """`model` with its sections each read from `env` (as `environment` prepared it) under its own
+    prefix; `values` win over the variables. ConfigError names every variable refused."""
+    problems: list[str] = []
+    for name, field in model.model_fields.items():
+        nested = _section_class(field.annotation)
+        if nested is not None and name not in values:
+            try:
+                values[name] = _read(nested, {}, env)
+            except ConfigError as err:
+                problems.append(str(err))
+    token = _READING.set(env)
+    try:
+        built = model(**values)
+    except ValidationError as err:
+        problems.insert(0, str(_config_error(err, model)))
+    finally:
+        _READING.reset(token)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return built
 
 
 def read(section: type[S]) -> S:
-    """One section from the environment, for a call that was given no settings."""
-    env = environment(os.environ)
-    try:
-        return section.model_validate(_raw(env, section))
-    except ValidationError as err:
-        raise _config_error(err, section) from None
-
-
-def read_value(name: str) -> Any:
-    """One variable of the tree from the environment, validated as its field (its default when unset)."""
-    (var,) = [v for v in variables() if v.name == name]
-    raw = environment(os.environ).get(name)
-    if not raw:
-        return var.default
-    metadata = var.field.metadata
-    annotation: Any = Annotated[var.field.annotation, *metadata] if metadata else var.field.annotation
-    adapter: TypeAdapter[Any] = TypeAdapter(annotation, config=ConfigDict(allow_inf_nan=False))
-    try:
-        return adapter.validate_python(raw)
-    except ValidationError as err:
-        raise ConfigError(_explain(var, err.errors()[0])) from None
+    """One section from the environment, for a demo, a benchmark or a test given no settings
+    (product code takes its settings as arguments: tests/test_one_home.py)."""
+    return _read(section, {}, environment(os.environ))
 
 
 def _explain(var: Variable | None, error: Any, where: str = "") -> str:
@@ -916,9 +932,11 @@ def _explain(var: Variable | None, error: Any, where: str = "") -> str:
 
 
 def _config_error(err: ValidationError, model: type[BaseModel]) -> ConfigError:
-    by_path = {var.path: var for var in variables(model)}
+    """Each error named by its variable: an error is at a field's name, or at its variable's when
+    the field names its own (its sections are read, and refused, on their own)."""
+    by_key = {key: var for var in variables(model) if len(var.path) == 1 for key in (var.path[0], var.name)}
     lines = []
     for error in err.errors():
         path = tuple(str(p) for p in error.get("loc", ()))
-        lines.append(_explain(by_path.get(path), error, ".".join(path)))
+        lines.append(_explain(by_key.get(path[0]) if len(path) == 1 else None, error, ".".join(path)))
     return ConfigError("; ".join(lines))

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from core.config import mask_url, read_value
+from core.config import DEFAULT_SETTINGS, Settings, mask_url
 from core.errors import (
     ConnectionLostBeforeCommit,
     ConnectionLostInTransaction,
@@ -38,19 +38,19 @@ NO_TRANSACTION = "-- no-transaction"
 MIGRATION_LOCK_TIMEOUT = "5s"
 
 
-def service_schema() -> str:
+def service_schema(settings: Settings = DEFAULT_SETTINGS) -> str:
     """The schema that holds every table and function of the service (CLEANUP_SCHEMA, default
     `deadline_cleanup`): the service creates nothing outside it but what the targets declare."""
-    name = str(read_value("CLEANUP_SCHEMA"))
+    name = settings.database_schema
     if not _IDENTIFIER.fullmatch(name):
         raise InputError(f"CLEANUP_SCHEMA is not a schema name: {name!r} (lower-case letters, digits and _)")
     return name
 
 
-def service_settings() -> dict[str, str]:
+def service_settings(settings: Settings = DEFAULT_SETTINGS) -> dict[str, str]:
     """Session settings of every connection of the service: its schema first on the search path, so
     its SQL names tables unqualified (pg_catalog is searched implicitly)."""
-    return {"search_path": service_schema()}
+    return {"search_path": service_schema(settings)}
 
 
 # The connection went away under a statement, or the server is (re)starting: the statement did not
@@ -85,12 +85,12 @@ def is_database_error(err: BaseException) -> bool:
     return isinstance(err, ConnectionRefusedError | ConnectionResetError) and connection_lost(err)
 
 
-def unavailable(url: str | None, err: BaseException) -> DatabaseUnavailable:
+def unavailable(url: str | None, err: BaseException, settings: Settings = DEFAULT_SETTINGS) -> DatabaseUnavailable:
     """The error a command reports when the database cannot be reached: names the database (no password)."""
     where = mask_url(url) if url else "(DATABASE_URL unset)"
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if not detail and isinstance(err, TimeoutError):  # the connect's bound: say which and where it is set
-        detail = f"no answer within {connect_timeout():g} s, CONNECT_TIMEOUT_SECONDS"
+        detail = f"no answer within {settings.connect_timeout_seconds:g} s, CONNECT_TIMEOUT_SECONDS"
     cause = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
     return DatabaseUnavailable(f"database {where} is unavailable ({cause})")
 
@@ -124,11 +124,11 @@ def misconfiguration(url: str | None, err: BaseException) -> DatabaseMisconfigur
     return None
 
 
-async def open_connection(url: str, **options: Any) -> asyncpg.Connection:
+async def open_connection(url: str, settings: Settings = DEFAULT_SETTINGS, **options: Any) -> asyncpg.Connection:
     """`asyncpg.connect` bounded by CONNECT_TIMEOUT_SECONDS; a wrong DATABASE_URL raises
     DatabaseMisconfigured (exit 2) instead of the driver's error."""
     try:
-        return await asyncpg.connect(url, timeout=connect_timeout(), **options)
+        return await asyncpg.connect(url, timeout=settings.connect_timeout_seconds, **options)
     except Exception as err:
         wrong = misconfiguration(url, err)
         if wrong is not None:
@@ -150,6 +150,7 @@ async def create_pool(
     on_connect: Callable[[], None] | None = None,
     connect_timeout: float = 60.0,
     idle_in_transaction_timeout: float | None = None,
+    settings: Settings = DEFAULT_SETTINGS,
 ) -> asyncpg.Pool:
     """The asyncpg pool; `on_connect` runs after each new connection (the worker notes a recovery).
 
@@ -166,7 +167,7 @@ async def create_pool(
     server_settings = {
         "plan_cache_mode": "force_custom_plan",
         "application_name": application_name,
-        **service_settings(),
+        **service_settings(settings),
     }
     if idle_in_transaction_timeout:
         server_settings["idle_in_transaction_session_timeout"] = str(max(1, int(idle_in_transaction_timeout * 1000)))
@@ -276,9 +277,11 @@ class MigrationChanged(InputError):
     """An applied migration file differs from the one applied: the schema is not what the code expects."""
 
 
-async def applied_migrations(conn: asyncpg.Connection) -> dict[str, str | None] | None:
+async def applied_migrations(
+    conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS
+) -> dict[str, str | None] | None:
     """Applied file -> its checksum when applied; None if there is no ledger yet (read-only)."""
-    ledger = f"{service_schema()}.schema_migrations"
+    ledger = f"{service_schema(settings)}.schema_migrations"
     if await conn.fetchval("SELECT to_regclass($1)", ledger) is None:
         return None
     return {r["name"]: r["checksum"] for r in await conn.fetch(f"SELECT name, checksum FROM {ledger}")}
@@ -290,17 +293,17 @@ def changed_files(applied: dict[str, str | None]) -> list[str]:
     return [n for n, c in sorted(applied.items()) if c is not None and n in files and checksum(files[n]) != c]
 
 
-async def pending_migrations(conn: asyncpg.Connection) -> list[str] | None:
+async def pending_migrations(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> list[str] | None:
     """Names not yet applied, read without taking locks or running DDL; None if there is no ledger yet."""
-    applied = await applied_migrations(conn)
+    applied = await applied_migrations(conn, settings)
     if applied is None:
         return None
     return [p.name for p in migration_files() if p.name not in applied]
 
 
-async def migration_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+async def migration_status(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> list[dict[str, Any]]:
     """Every migration file: applied or pending, its checksum, and whether an applied one changed."""
-    applied = await applied_migrations(conn) or {}
+    applied = await applied_migrations(conn, settings) or {}
     rows = []
     for path in migration_files():
         now = checksum(path)
@@ -320,16 +323,18 @@ def refuse_changed(applied: dict[str, str | None]) -> None:
         )
 
 
-async def require_schema_current(conn: asyncpg.Connection) -> None:
+async def require_schema_current(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> None:
     """What every command but `migrate` does: the schema must be at the code's version."""
-    pending = await pending_migrations(conn)
+    pending = await pending_migrations(conn, settings)
     if pending is None:
-        raise InputError(f"the database has no {service_schema()} schema yet: run migrate (`starter.py migrate`)")
+        raise InputError(
+            f"the database has no {service_schema(settings)} schema yet: run migrate (`starter.py migrate`)"
+        )
     if pending:
         raise InputError(f"the database schema is behind ({len(pending)} pending: {pending[0]}, ...): run migrate")
 
 
-async def migrate(conn: asyncpg.Connection) -> list[str]:
+async def migrate(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> list[str]:
     """Apply the migrations not yet applied; safe when several processes migrate at once.
 
     Each file runs in a transaction of its own with a lock_timeout (one marked `-- no-transaction`,
@@ -337,48 +342,43 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     unqualified names are created there. An up-to-date database is detected read-only first, so a
     least-privileged worker role (no DDL) starts fine against a database migrated by its owner.
     """
-    applied = await applied_migrations(conn)
+    applied = await applied_migrations(conn, settings)
     if applied is not None:
         refuse_changed(applied)
-        if all(p.name in applied for p in migration_files()) and await _key_type_recorded(conn):
+        if all(p.name in applied for p in migration_files()) and await _key_type_recorded(conn, settings):
             return []
-    schema = service_schema()
+    schema = service_schema(settings)
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
     try:
-        await ensure_roles(conn, service_roles())
+        await ensure_roles(conn, service_roles(settings))
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         await conn.execute(f"SET search_path TO {schema}")
         await conn.execute(MIGRATION_LEDGER)
         await conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS checksum text")
-        applied = await applied_migrations(conn) or {}
+        applied = await applied_migrations(conn, settings) or {}
         refuse_changed(applied)
         for path in migration_files():
             if path.name not in applied:
                 await _apply(conn, path)
                 applied_now.append(path.name)
-        await record_account_key_type(conn)
-        await grant_service_tables(conn)
+        await record_account_key_type(conn, settings)
+        await grant_service_tables(conn, settings)
     finally:
         await conn.execute("RESET search_path")
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
     return applied_now
 
 
-def account_key_type() -> str:
-    """CLEANUP_ACCOUNT_KEY_TYPE: text, uuid or bigint."""
-    return str(read_value("CLEANUP_ACCOUNT_KEY_TYPE"))
+async def _key_type_recorded(conn: asyncpg.Connection, settings: Settings) -> bool:
+    recorded = await conn.fetchval(f"SELECT key_type FROM {service_schema(settings)}.account_key_type WHERE id = 1")
+    return bool(recorded == settings.database_account_key_type)
 
 
-async def _key_type_recorded(conn: asyncpg.Connection) -> bool:
-    recorded = await conn.fetchval(f"SELECT key_type FROM {service_schema()}.account_key_type WHERE id = 1")
-    return bool(recorded == account_key_type())
-
-
-async def record_account_key_type(conn: asyncpg.Connection) -> None:
+async def record_account_key_type(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> None:
     """Record the configured key type; from text to uuid or bigint, canonicalize the registrations
     (renamed, or held when two spellings collide or the type cannot hold one: nothing is erased)."""
-    wanted = account_key_type()
+    wanted = settings.database_account_key_type
     recorded = await conn.fetchval("SELECT key_type FROM account_key_type WHERE id = 1")
     if recorded == wanted:
         return
@@ -403,10 +403,10 @@ async def record_account_key_type(conn: asyncpg.Connection) -> None:
         )
 
 
-async def grant_service_tables(conn: asyncpg.Connection) -> None:
+async def grant_service_tables(conn: asyncpg.Connection, settings: Settings = DEFAULT_SETTINGS) -> None:
     """The owner role owns the service schema and everything in it; each role gets its privileges
     (core/roles.py). Runs after every migration run, with the service schema as the search path."""
-    schema, roles = service_schema(), service_roles()
+    schema, roles = service_schema(settings), service_roles(settings)
     await give_to_owner(conn, schema, roles)
     await grant(conn, schema, roles)
 
@@ -440,12 +440,12 @@ async def _apply(conn: asyncpg.Connection, path: Path) -> None:
         await conn.execute(_RECORD, path.name, checksum(path))
 
 
-def migration_script(paths: list[Path]) -> str:
+def migration_script(paths: list[Path], settings: Settings = DEFAULT_SETTINGS) -> str:
     """The DDL `migrate apply` runs for the files `paths`, as one psql script for a DBA to review
     (`migrate sql`): the service schema and the ledger, then each file as `_apply` runs it (in a
     transaction with the lock timeout, or statement by statement for a `-- no-transaction` file),
     followed by the ledger row it adds."""
-    schema = service_schema()
+    schema = service_schema(settings)
     lines = [
         f"-- {len(paths)} pending migration file(s) of schema {schema}, in the order `migrate apply` runs them.",
         "-- `migrate apply` also creates the service roles and grants their privileges (core/roles.py).",
@@ -465,28 +465,21 @@ def migration_script(paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def pending_files_url(url: str) -> list[Path]:
+async def pending_files_url(url: str, settings: Settings = DEFAULT_SETTINGS) -> list[Path]:
     """The migration files `migrate apply` would run on the database at `url` (all of them when it
     has no ledger yet), read without taking locks or running DDL."""
-    conn = await open_connection(url)
+    conn = await open_connection(url, settings)
     try:
-        pending = await pending_migrations(conn)
+        pending = await pending_migrations(conn, settings)
     finally:
         await conn.close()
     return [p for p in migration_files() if pending is None or p.name in pending]
 
 
-def connect_timeout() -> float:
-    """Seconds to wait for a database connection (CONNECT_TIMEOUT_SECONDS, default 10, the same
-    bound as Temporal's: core.temporal.connect): a Postgres that accepts and never answers fails a
-    command with a clear message, not a hang."""
-    return float(read_value("CONNECT_TIMEOUT_SECONDS"))
-
-
-async def migrate_url(url: str) -> list[str]:
-    conn = await open_connection(url)
+async def migrate_url(url: str, settings: Settings = DEFAULT_SETTINGS) -> list[str]:
+    conn = await open_connection(url, settings)
     try:
-        return await migrate(conn)
+        return await migrate(conn, settings)
     finally:
         await conn.close()
 
@@ -508,12 +501,12 @@ WHERE EXISTS (SELECT 1 FROM unnest(d.setconfig) c WHERE c LIKE $1 || '=%')
 """
 
 
-async def check_worker_database(url: str) -> None:
+async def check_worker_database(url: str, settings: Settings = DEFAULT_SETTINGS) -> None:
     """A worker's start-up: the schema is current (check_schema_url), and no clock offset is set
     where the worker's sessions would see it (its DSN, its role, its database): InputError (exit 2)
     naming where. The clock that decides deletions is the database's."""
-    await check_schema_url(url)
-    conn = await open_connection(url)
+    await check_schema_url(url, settings)
+    conn = await open_connection(url, settings)
     try:
         places = [r["place"] for r in await conn.fetch(_CLOCK_OFFSETS, CLOCK_OFFSET_SETTING)]
     finally:
@@ -525,24 +518,24 @@ async def check_worker_database(url: str) -> None:
         )
 
 
-async def check_schema_url(url: str) -> None:
+async def check_schema_url(url: str, settings: Settings = DEFAULT_SETTINGS) -> None:
     """What every command but `migrate` (and every worker) does at start-up: never apply a
     migration (DDL on a live game database is the operator's step), only refuse to run on a schema
     behind the code or changed since applied, with what to do (InputError: exit 2)."""
-    conn = await open_connection(url)
+    conn = await open_connection(url, settings)
     try:
-        applied = await applied_migrations(conn)
+        applied = await applied_migrations(conn, settings)
         if applied is not None:
             refuse_changed(applied)
-        await require_schema_current(conn)
+        await require_schema_current(conn, settings)
     finally:
         await conn.close()
 
 
-async def migration_status_url(url: str) -> list[dict[str, Any]]:
-    conn = await open_connection(url)
+async def migration_status_url(url: str, settings: Settings = DEFAULT_SETTINGS) -> list[dict[str, Any]]:
+    conn = await open_connection(url, settings)
     try:
-        return await migration_status(conn)
+        return await migration_status(conn, settings)
     finally:
         await conn.close()
 
@@ -553,7 +546,13 @@ def with_database(url: str, name: str) -> str:
 
 
 async def create_database(
-    admin_url: str, name: str, *, template: str | None = None, replace: bool = False, migrate: bool = True
+    admin_url: str,
+    name: str,
+    *,
+    template: str | None = None,
+    replace: bool = False,
+    migrate: bool = True,
+    settings: Settings = DEFAULT_SETTINGS,
 ) -> str:
     """Create database `name` on the server of `admin_url` (a clone of `template` if given, else
     migrated) and return its URL. The one place the demo, tests, harness and benchmarks make one."""
@@ -569,7 +568,7 @@ async def create_database(
         await admin.close()
     url = with_database(admin_url, name)
     if migrate and template is None:
-        await migrate_url(url)
+        await migrate_url(url, settings)
     return url
 
 
@@ -585,13 +584,13 @@ async def drop_database(admin_url: str, name: str) -> None:
 WORKER_ROLE = "cleanup_worker"
 
 
-async def grant_worker_role(url: str, login: str) -> str:
+async def grant_worker_role(url: str, login: str, settings: Settings = DEFAULT_SETTINGS) -> str:
     """Make `login` a member of this database's worker role: rows only, no DDL. Needs CREATEROLE or
     the worker role's ADMIN OPTION: InputError (exit 2) says which otherwise."""
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", login):
         raise InputError(f"not a role name: {login!r} (lower-case letters, digits and _)")
-    worker = service_roles().worker
-    conn = await open_connection(url)
+    worker = service_roles(settings).worker
+    conn = await open_connection(url, settings)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
             raise InputError(f"no database role named {login!r}; create the login first")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from core.config import read_value
+from core.config import DEFAULT_SETTINGS, Settings
 from core.errors import InputError
 
 GAME_FUNCTIONS = ("set_deadline", "renew")
@@ -48,9 +48,9 @@ class ServiceRoles:
         return (self.owner, self.worker, self.game, self.compliance)
 
 
-def service_roles() -> ServiceRoles:
+def service_roles(settings: Settings = DEFAULT_SETTINGS) -> ServiceRoles:
     """This database's roles (CLEANUP_ROLE_PREFIX, default `cleanup`)."""
-    return ServiceRoles.named(str(read_value("CLEANUP_ROLE_PREFIX")))
+    return ServiceRoles.named(settings.database_role_prefix)
 
 
 def dba_lines(roles: ServiceRoles) -> str:

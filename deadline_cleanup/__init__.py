@@ -138,7 +138,9 @@ class _Connecting:
         settings = addresses.require(self.settings or Settings.from_env())
         assert settings.database_url is not None  # require refuses a missing address (exit 2)
         client = await connect(settings)
-        pool = await db.create_pool(settings.database_url, connect_timeout=settings.connect_timeout_seconds)
+        pool = await db.create_pool(
+            settings.database_url, connect_timeout=settings.connect_timeout_seconds, settings=settings
+        )
         return CleanupClient(settings, client, pool)
 
     def __await__(self) -> Generator[Any, None, CleanupClient]:

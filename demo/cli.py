@@ -30,7 +30,7 @@ async def cmd_seed(args: argparse.Namespace, settings: Settings) -> None:
         raise InputError(f"--prefix must be 1-20 letters or digits, got {prefix!r}")
     url = addresses.database_url(settings)  # the database only, as `./dev up` recorded it: nothing is started
     async with database_pool(settings, migrate=True, max_size=2) as pool:
-        await create_game_schema(url)
+        await create_game_schema(url, settings)
         bar = Progress("seeding accounts", args.accounts)
         totals: dict[str, int] = {}
         chunk = 10_000
@@ -49,11 +49,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> None:
 
     resolved = embedded.resolve(settings)
     assert resolved.database_url is not None
-    demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True)
-    await create_game_schema(demo_url)
+    demo_url = await db.create_database(resolved.database_url, "deadline_cleanup_demo", replace=True, settings=resolved)
+    await create_game_schema(demo_url, resolved)
     # Its own task queue, hence its own planner (`deadline-planner-demo-...`) and bucket cleanups.
     demo = resolved.model_copy(update={"database_url": demo_url, "task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
-    pool = await db.create_pool(demo_url, max_size=4)
+    pool = await db.create_pool(demo_url, max_size=4, settings=demo)
     try:
         client = await connect(demo)
         result = await run_demo(

@@ -25,9 +25,8 @@ from tests.helpers import claim_one_partition
 async def uuid_pool(admin_db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[asyncpg.Pool]:
     """A database migrated with CLEANUP_ACCOUNT_KEY_TYPE=uuid, with the test game server's schema."""
     name = f"keys_{uuid.uuid4().hex[:10]}"
-    monkeypatch.setenv("CLEANUP_ACCOUNT_KEY_TYPE", "uuid")
     monkeypatch.setenv(ANONYMIZE_KEY_ENV, ANONYMIZE_KEY)
-    url = await db.create_database(admin_db_url, name)
+    url = await db.create_database(admin_db_url, name, settings=Settings(database_account_key_type="uuid"))
     pool = await db.create_pool(url)
     try:
         await create_game_schema(pool)
@@ -65,9 +64,7 @@ async def test_every_spelling_of_a_uuid_is_one_account_and_a_renewal_by_any_prot
     assert (await game_rows(pool, expired))["anonymized"] == 10
 
 
-async def test_registrations_from_before_the_key_type_are_canonicalized_without_erasing_anyone(
-    admin_db_url, monkeypatch
-):
+async def test_registrations_from_before_the_key_type_are_canonicalized_without_erasing_anyone(admin_db_url):
     name = f"keys_{uuid.uuid4().hex[:10]}"
     url = await db.create_database(admin_db_url, name)  # key type text: spellings are separate accounts
     try:
@@ -77,8 +74,7 @@ async def test_registrations_from_before_the_key_type_are_canonicalized_without_
             later = datetime.now(UTC) + timedelta(days=30)
             for key in (player, player.upper(), lone.upper(), "guest-17"):
                 assert await conn.fetchval("SELECT set_deadline($1, $2)", key, later) == "registered"
-            monkeypatch.setenv("CLEANUP_ACCOUNT_KEY_TYPE", "uuid")
-            await db.migrate(conn)
+            await db.migrate(conn, Settings(database_account_key_type="uuid"))
             rows = {
                 r["account_id"]: r["hold_reason"]
                 for r in await conn.fetch("SELECT account_id, hold_reason FROM accounts ORDER BY 1")
@@ -90,9 +86,8 @@ async def test_registrations_from_before_the_key_type_are_canonicalized_without_
                 "guest-17": "not a key of type uuid",
             }
             assert await conn.fetchval("SELECT renew($1, $2)", lone.upper(), later + timedelta(days=1)) == "in_time"
-            monkeypatch.setenv("CLEANUP_ACCOUNT_KEY_TYPE", "bigint")
             with pytest.raises(Exception, match="a key type changes only from text"):
-                await db.migrate(conn)
+                await db.migrate(conn, Settings(database_account_key_type="bigint"))
         finally:
             await conn.close()
     finally:

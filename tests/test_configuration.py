@@ -307,22 +307,40 @@ def test_a_switch_is_on_or_off_and_nothing_else(monkeypatch: pytest.MonkeyPatch)
         Settings.from_env()
 
 
-def test_one_variable_is_read_as_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the database layer reads per connection: the schema, and the connect timeout's range."""
+def test_the_database_identity_is_read_once_with_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the database layer is given (core.db takes it as an argument): the schema, and the
+    connect timeout's range, read by Settings.from_env with every other variable."""
     monkeypatch.delenv("CLEANUP_SCHEMA", raising=False)
-    assert config.read_value("CLEANUP_SCHEMA") == config.DEFAULT_SCHEMA
+    assert Settings.from_env().database_schema == config.DEFAULT_SCHEMA
     monkeypatch.setenv("CLEANUP_SCHEMA", "game_cleanup")
-    assert config.read_value("CLEANUP_SCHEMA") == "game_cleanup"
+    assert Settings.from_env().database_schema == "game_cleanup"
     monkeypatch.setenv("CONNECT_TIMEOUT_SECONDS", "2.5")
-    assert config.read_value("CONNECT_TIMEOUT_SECONDS") == 2.5
+    assert Settings.from_env().connect_timeout_seconds == 2.5
     for bad in ("nan", "0", "3601"):
         monkeypatch.setenv("CONNECT_TIMEOUT_SECONDS", bad)
         with pytest.raises(ConfigError, match="CONNECT_TIMEOUT_SECONDS"):
-            config.read_value("CONNECT_TIMEOUT_SECONDS")
+            Settings.from_env()
     monkeypatch.delenv("CONNECT_TIMEOUT_SECONDS")
     monkeypatch.setenv("DATABASE_CONNECT_TIMEOUT_SECONDS", "3")  # the deprecated name, still read
-    assert config.read_value("CONNECT_TIMEOUT_SECONDS") == 3.0
     assert Settings.from_env().connect_timeout_seconds == 3.0
+
+
+def test_a_deprecated_name_is_read_under_its_new_one_which_wins(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cleanup's defaults were the planner's (PLANNER_BATCH_SIZE, ...): still read, with a
+    deprecation line, while the new name is unset."""
+    for old, new in config.DEPRECATED_NAMES.items():
+        var = next(v for v in variables() if v.name == new)
+        wanted = 3 if isinstance(var.default, int) else 3.0
+        monkeypatch.setenv(old, str(wanted))
+        with caplog.at_level(logging.WARNING, logger="core.config"):
+            assert _value(Settings.from_env(), var) == wanted
+        assert f"{old} is deprecated: set {new}" in caplog.text
+        monkeypatch.setenv(new, "2")
+        assert _value(Settings.from_env(), var) == 2
+        monkeypatch.delenv(old)
+        monkeypatch.delenv(new)
 
 
 if __name__ == "__main__":

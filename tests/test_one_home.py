@@ -80,18 +80,13 @@ def test_only_the_settings_module_reads_the_environment() -> None:
     assert not readers, "read it in core/config.py and pass the settings down: " + ", ".join(readers)
 
 
-# Still reading one variable at call time through core.config.read/read_value: the database's
-# identity where a connection is made (schema, account key type, role prefix, connect timeout) and
-# the load budget. No other module may start doing so; each one that takes its settings as
-# arguments leaves this list.
-CALLS_READ = {"core/db.py", "core/roles.py"}
-
-
-def test_no_other_module_reads_a_section_at_call_time() -> None:
+def test_no_module_reads_a_setting_at_call_time() -> None:
+    """Library code is given its settings (core.db, core.roles included): none imports a reader of
+    the environment from core.config, whose only reader is Settings.from_env."""
     callers = [
         f"{file}:{node.lineno}"
         for file, tree in product_files()
-        if file not in CALLS_READ | READS_ENVIRONMENT
+        if file not in READS_ENVIRONMENT
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
         and node.module == "core.config"

@@ -160,14 +160,10 @@ async def test_the_contract_functions_run_as_the_owner_with_a_pinned_search_path
     )
 
 
-async def test_a_second_database_with_its_own_roles_is_unreachable_from_the_first_logins(
-    pool, db_url, admin_db_url, monkeypatch
-):
+async def test_a_second_database_with_its_own_roles_is_unreachable_from_the_first_logins(pool, db_url, admin_db_url):
     other = f"other_{uuid.uuid4().hex[:8]}"
     prefix = f"t{uuid.uuid4().hex[:6]}"
-    monkeypatch.setenv("CLEANUP_ROLE_PREFIX", prefix)
-    other_url = await db.create_database(admin_db_url, other)
-    monkeypatch.delenv("CLEANUP_ROLE_PREFIX")
+    other_url = await db.create_database(admin_db_url, other, settings=Settings(database_role_prefix=prefix))
     try:
         async with login(db_url, ROLES.game) as game, login(db_url, ROLES.worker) as worker:
             for role in (game, worker):
@@ -193,18 +189,17 @@ async def test_a_second_database_with_its_own_roles_is_unreachable_from_the_firs
         await admin.close()
 
 
-async def test_migrate_by_a_database_owner_without_createrole_exits_2_naming_the_privilege(admin_db_url, monkeypatch):
+async def test_migrate_by_a_database_owner_without_createrole_exits_2_naming_the_privilege(admin_db_url):
     name, owner = f"own_{uuid.uuid4().hex[:8]}", f"dbowner_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_db_url)
     await admin.execute(f"CREATE ROLE {owner} LOGIN")
     await admin.execute(f"CREATE DATABASE {name} OWNER {owner}")
-    monkeypatch.setenv("CLEANUP_ROLE_PREFIX", f"r{uuid.uuid4().hex[:6]}")
     try:
         url = db.with_database(admin_db_url, name)
         conn = await asyncpg.connect(url, user=owner)
         try:
             with pytest.raises(InputError) as err:
-                await db.migrate(conn)
+                await db.migrate(conn, Settings(database_role_prefix=f"r{uuid.uuid4().hex[:6]}"))
         finally:
             await conn.close()
         assert "needs CREATEROLE" in str(err.value) and "CREATE ROLE" in str(err.value)

@@ -536,10 +536,9 @@ async def test_grants_are_per_table_and_a_missing_privilege_is_named_at_start_up
         await pool.execute(f"DROP ROLE IF EXISTS {login}")
 
 
-async def test_the_service_schema_is_a_setting(admin_db_url: str, monkeypatch) -> None:
+async def test_the_service_schema_is_a_setting(admin_db_url: str) -> None:
     name = f"cleanup_schema_{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("CLEANUP_SCHEMA", "game_cleanup")
-    url = await db.create_database(admin_db_url, name)
+    url = await db.create_database(admin_db_url, name, settings=Settings(database_schema="game_cleanup"))
     try:
         conn = await asyncpg.connect(url)
         try:
@@ -555,6 +554,5 @@ async def test_the_service_schema_is_a_setting(admin_db_url: str, monkeypatch) -
             await conn.close()
     finally:
         await db.drop_database(admin_db_url, name)
-    monkeypatch.setenv("CLEANUP_SCHEMA", "Robert'); DROP")
     with pytest.raises(InputError, match="CLEANUP_SCHEMA is not a schema name"):
-        db.service_schema()
+        db.service_schema(Settings(database_schema="Robert'); DROP"))
