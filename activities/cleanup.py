@@ -301,7 +301,7 @@ class PartitionRun:
                 pulse=Pulse(functools.partial(self.progress.still_working, checkpoint), self.progress.wait_interval),
                 schema_errors_final=self.schema_errors_final,
             )
-            grant.rows_done = result.batch_rows
+            grant.rows_done, grant.idle_seconds = result.batch_rows, result.follow_up_lock_seconds
         return result
 
 

@@ -54,6 +54,10 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "pipeline / floor on a game server's own schema, accounts/s",
         "python -m bench.game_schema --users 1000000",
     ),
+    "game_realm": (
+        "the game realm through the planner (deadline -> last cleaned) / floor, budget as shipped, accounts/s",
+        "python -m bench.game_realm --users 100000",
+    ),
     "cohort_through_planner": (
         "through the planner (deadline -> last account cleaned) / floor, budget off, accounts/s",
         "python -m bench.planner_cohort --accounts 100000",

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -215,16 +216,22 @@ class CompiledCleanup:
             batch_size=len(account_ids),
         )
 
-    async def run(self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...]) -> asyncpg.Record:
+    async def run(
+        self, conn: asyncpg.Connection, sql: str, args: tuple[object, ...], waited: list[float] | None = None
+    ) -> asyncpg.Record:
         """Run the batch statement `sql` (either form) with `args` in the caller's transaction, with
         the follow-ups around it: "before" on the accounts it is about to clean (judged and locked by
         the same verdicts), "after" on those it cleaned; then its receipts, with their counts. Batches
-        with follow-ups run one at a time (an advisory lock to COMMIT: docs/decisions/0016)."""
+        with follow-ups run one at a time (an advisory lock to COMMIT: docs/decisions/0016); the
+        seconds spent waiting for it are appended to `waited`."""
         if not self.follow_ups:
             row = await conn.fetchrow(sql, *args)
             assert row is not None
             return row
+        started = time.perf_counter()
         await conn.execute(SQL.follow_up_batches_one_at_a_time)  # held to COMMIT; again: a no-op
+        if waited is not None:
+            waited.append(time.perf_counter() - started)
         judged: list[str] = []
         counts: list[dict[str, object]] = []
         before = any(f.phase == "before" for f in self.follow_ups)
@@ -290,6 +297,9 @@ class BatchResult:
     batch_size: int
     last_account_id: str
     failures: list[AccountCleanupFailed] = field(default_factory=list)
+    # Waiting for another batch's follow-ups (their lock): not the database's work, so not the
+    # batch's latency the load budget reads as stress (budget.controller.Grant.idle_seconds).
+    follow_up_lock_seconds: float = 0.0
 
 
 def counts_of(row: asyncpg.Record) -> PartitionCounts:
@@ -322,6 +332,7 @@ async def run_keyset_batch(
     cleanup then shows them as failed, never 'cleaning' unseen.
     """
     counts, rows, last = PartitionCounts(), 0, after_account_id
+    waited: list[float] = []
     try:
         async with pool.acquire() as conn, db.transaction(conn):
             failpoints.hit(IN_BATCH)  # the batch is open: its transaction begun, its statement not yet sent
@@ -330,7 +341,9 @@ async def run_keyset_batch(
                 args = compiled.batch_args(
                     cleanup_id=cleanup_id, partition_no=partition_no, after_account_id=last, batch_size=step
                 )
-                row = await run_heartbeating(compiled.run(conn, compiled.batch_sql, args), pulse.beat, pulse.interval)
+                row = await run_heartbeating(
+                    compiled.run(conn, compiled.batch_sql, args, waited), pulse.beat, pulse.interval
+                )
                 counts, rows = counts + counts_of(row), rows + row["batch_rows"]
                 last = row["last_account_id"] or last
                 if row["batch_rows"] < step:
@@ -357,7 +370,7 @@ async def run_keyset_batch(
             return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
         counts = await _isolate(pool, compiled, cleanup_id, partition_no, ids, err, failures, pulse.beat)
         return BatchResult(counts, len(ids), batch_size, ids[-1], failures)
-    return BatchResult(counts, rows, batch_size, last)
+    return BatchResult(counts, rows, batch_size, last, follow_up_lock_seconds=sum(waited))
 
 
 async def run_subset(

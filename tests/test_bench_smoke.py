@@ -10,6 +10,7 @@ from bench import (
     batch_plan,
     batch_sizes,
     cohort_cleanup,
+    game_realm,
     game_schema,
     ledger_reconciliation,
     ledger_rerun,
@@ -68,6 +69,25 @@ async def test_game_schema_benchmark_cleans_every_user_by_both_paths_and_measure
     assert result["floor_rows"]["users"] == result["floor_rows"]["receipts"] == 200
     assert result["floor_rows"]["inventory"] == 800 and result["floor_rows"]["friends"] == 200
     assert result["pipeline_over_floor"] > 0
+
+
+async def test_game_realm_benchmark_cleans_three_cohorts_leaving_nothing_behind():
+    """bench.game_realm at a tiny size: the floor, the cohort through the planner and the spread cohort
+    each clean every player (nothing personal left, counters right), and the unindexed sender column is
+    reported and fixed before the workers start."""
+    result = await game_realm.run(
+        users=300, spread=10, workers=1, drain=60, planner={"max_idle_seconds": "2", "tick_seconds": "1"}
+    )
+    assert [m["target"] for m in result["missing_indexes_reported_and_built"]] == ["realm.notifications (sender_id)"]
+    assert result["floor"]["cleaned"] == result["floor"]["receipts"] == 300
+    assert result["pipeline"]["cleaned"] == 300 and result["lateness"]["cleaned"] == 300
+    assert result["left_behind"] == {
+        "floor": {"archived": 600},
+        "pipeline": {"archived": 600},
+        "lateness": {"archived": 600},
+        "wrong_counters": {"players": 0, "groups": 0},
+    }
+    assert result["ratio"] > 0 and result["lateness_p99_seconds"] is not None
 
 
 async def test_single_account_benchmark_runs_and_measures_a_ratio():

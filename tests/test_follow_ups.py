@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import cleanup
-from cleanup.batches import CompiledCleanup, run_subset
+from cleanup.batches import CompiledCleanup, run_keyset_batch, run_subset
 from cleanup.grants import grant_targets
 from cleanup.history import account_history
 from cleanup.review import list_failed, preview_cleanup, retry_failed
@@ -448,6 +449,37 @@ async def test_two_batches_of_friends_at_once_run_one_after_the_other(pool):
     counts, failures = await second
     assert (counts.cleaned, failures) == (1, [])
     assert await wrong_counters(pool) == {"users": 0, "groups": 0}
+
+
+async def test_a_batch_reports_how_long_it_waited_for_another_batchs_follow_ups(pool):
+    """The wait for the follow-ups' lock is the batch's own figure (the load budget leaves it out of
+    the latency it reads as the database's stress): zero when no other batch holds it."""
+    ids = await edged_game(pool, users=8, groups=2)
+    deadline = deadline_in(-60)
+    await register(pool, ids[:3], deadline)
+    await claim_one_partition(pool, "waits", deadline)
+    compiled = await CompiledCleanup.compile(pool, load_targets(EDGES_TARGETS_FILE))
+    async with pool.acquire() as first:
+        tx = first.transaction()
+        await tx.start()
+        await compiled.run(first, compiled.subset_sql, ("waits", 0, [ids[2]], 1))
+        second = asyncio.create_task(run_keyset_batch(pool, compiled, "waits", 0, "", 1))
+
+        async def waiting() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()"
+                )
+            )
+
+        await wait_until(waiting)
+        blocked_from = time.perf_counter()
+        await asyncio.sleep(0.2)
+        blocked_for = time.perf_counter() - blocked_from  # the second waits at least this long
+        await tx.commit()
+    waited = await second
+    assert waited.counts.cleaned == 1 and waited.follow_up_lock_seconds >= blocked_for
 
 
 async def test_a_batch_with_follow_ups_runs_under_the_worker_role(pool, db_url):
