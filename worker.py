@@ -26,7 +26,7 @@ from activities.ledger import LedgerActivities
 from activities.outbox import OutboxRelayActivities
 from activities.planner import PlannerActivities
 from budget.controller import LoadBudget
-from cleanup.planner import ensure_planner, watch_planner
+from cleanup.planner import ensure_planner, keep_nudging_planner, watch_planner
 from cleanup.retention import keep_pruning
 from cleanup.targets import load_targets
 from core import addresses, db, fleet, health, logs, metrics, outage
@@ -339,8 +339,8 @@ async def _start_companions(
 ) -> list[asyncio.Task[None]]:
     """The tasks that run beside a polling worker (cancelled when it stops): the load budget's idle
     probe, the stalled-session watch, the readiness export, the fleet gauges (with metrics on),
-    the daily retention run, and the planner's watchdog (after ensuring the planner once, unless the
-    planner is off)."""
+    the daily retention run, and the planner's watchdog and its nudges on a registration due soon
+    (after ensuring the planner once, unless the planner is off)."""
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(budget.watch())]
     if settings.db_idle_in_transaction_timeout_seconds:
         # A paused client's locks where Postgres' idle-in-transaction timeout does not reach them.
@@ -359,6 +359,8 @@ async def _start_companions(
             readiness.planner_seen()
         watchdog = keep_planner_running(client, settings, readiness.planner_seen, pool)
         tasks.append(asyncio.create_task(watchdog))
+        assert settings.database_url is not None
+        tasks.append(asyncio.create_task(keep_nudging_planner(client, settings.database_url, settings)))
     return tasks
 
 

@@ -52,6 +52,7 @@ from cleanup.models import (
     planner_workflow_id,
     sweep_cleanup_id,
 )
+from cleanup.operations import nudge_planner
 from cleanup.planner_models import (
     PlannerInput,
     PlannerPhase,
@@ -65,7 +66,7 @@ from cleanup.planner_models import (
 )
 from core import db, metrics
 from core import search_attributes as sa
-from core.config import CleanupDefaults
+from core.config import CleanupDefaults, Settings
 from core.model import Model, Report
 from core.queries import load
 from core.temporal import StartOutcome, WorkflowStart, describe_or_none, query_or_note, start_idempotently
@@ -846,3 +847,45 @@ async def _planner_status_from_database(pool: asyncpg.Pool, settings: PlannerSet
     out["lateness_seconds"] = Lateness.from_row(stats, window="cleanups of the last hour (at most 100,000)")
     out["budget"] = await budget_status(pool)
     return out
+
+
+# What a game's registration of a near deadline notifies at commit (migration 090): the payload is
+# the service's schema, so deployments sharing a database nudge only their own planner.
+DUE_CHANNEL = "deadline_cleanup_due"
+# A burst of registrations is one nudge per interval per worker (the planner's tick bounds it too).
+NUDGE_INTERVAL_SECONDS = 1.0
+LISTEN_RETRY_SECONDS = 5.0
+
+
+async def keep_nudging_planner(client: Client, database_url: str, settings: Settings) -> None:
+    """Every worker that ensures the planner listens on DUE_CHANNEL and nudges the planner when the
+    game registers or moves a deadline due within the hour, so a registration sooner than the
+    planner's longest sleep (PLANNER_MAX_IDLE_SECONDS) is planned at once, not swept late. The
+    listening session is the service's (its application_name). A lost session is opened again; a
+    notification missed meanwhile waits for the planner's next iteration, as without this."""
+    due = asyncio.Event()
+
+    def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == settings.database_schema:
+            due.set()
+
+    while True:
+        try:
+            conn = await db.open_connection(
+                database_url, settings, server_settings={"application_name": db.APPLICATION_NAME}
+            )
+            try:
+                await conn.add_listener(DUE_CHANNEL, heard)
+                while not conn.is_closed():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(due.wait(), timeout=LISTEN_RETRY_SECONDS)
+                        due.clear()
+                        await nudge_planner(client, settings.task_queue)
+                        await asyncio.sleep(NUDGE_INTERVAL_SECONDS)
+            finally:
+                conn.terminate()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as err:
+            log.warning(
+                "listening for registrations due soon: %s; again in %g s", type(err).__name__, LISTEN_RETRY_SECONDS
+            )
+            await asyncio.sleep(LISTEN_RETRY_SECONDS)

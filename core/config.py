@@ -318,9 +318,9 @@ class PlannerSettings(Section):
     )
     max_idle_seconds: float = setting(
         60.0,
-        "the longest the planner sleeps between two iterations: what a registration due sooner than "
-        "that waits at most before it is planned, and an overdue account or a stranded claim before "
-        "it is swept (beyond the sweep grace)",
+        "the longest the planner sleeps between two iterations: what an overdue account or a stranded "
+        "claim waits at most before it is swept (beyond the sweep grace); a registration due within the "
+        "hour wakes it at once (the workers listen for it)",
         ge=0.1,
         le=3600,
     )

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +30,7 @@ from cleanup.models import (
     bucket_cleanup_id,
     planner_workflow_id,
 )
-from cleanup.planner import dense_threshold, plan_buckets, planner_status
+from cleanup.planner import dense_threshold, keep_nudging_planner, plan_buckets, planner_status
 from cleanup.planner_models import PlannerSettings, PlanTickInput
 from cleanup.targets import load_targets
 from core.config import CleanupDefaults
@@ -161,6 +162,43 @@ async def test_a_deadline_beyond_the_horizon_wakes_the_planner_before_it_enters(
     cleanups = [r[0] for r in await pool.fetch("SELECT DISTINCT cleanup_id FROM cleanup_applied")]
     assert cleanups and all(c.startswith("cleanup-bucket-") for c in cleanups), cleanups
     assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+
+
+async def test_a_registration_due_sooner_than_the_planners_sleep_nudges_it(client, pool, task_queue, settings):
+    """The game registers (its own SQL, no service call) accounts due in a few seconds while the
+    planner sleeps its longest (60 s): the registration notifies at commit, the worker's listener
+    nudges the planner, and a planned cohort cleans them, not the overdue sweep a minute later."""
+    idle = IDLE.model_copy(update={"max_idle_seconds": 60.0, "horizon_seconds": 30.0, "sweep_grace_seconds": 60.0})
+    async with planner_worker(client, pool, task_queue, idle):
+        handle = client.get_workflow_handle(planner_workflow_id(task_queue))
+
+        async def asleep() -> bool:
+            return planner_sleeps(await handle.fetch_history())[-1:] == [idle.max_idle_seconds]
+
+        await wait_until(asleep, within=30, interval=0.5)
+        listening = asyncio.create_task(keep_nudging_planner(client, settings.database_url, settings))
+        try:
+            await wait_until(lambda: listener_up(pool), within=30, interval=0.2)
+            accounts = [f"nudged-{i}" for i in range(3)]
+            await pool.execute(
+                "SELECT set_deadline(a, clock_timestamp() + interval '3 seconds') FROM unnest($1::text[]) a", accounts
+            )
+            await wait_until(lambda: all_settled(pool, accounts), within=45, interval=0.5)
+        finally:
+            listening.cancel()
+        await handle.terminate(reason="test over")
+    cleanups = [r[0] for r in await pool.fetch("SELECT DISTINCT cleanup_id FROM cleanup_applied")]
+    assert cleanups and all(c.startswith("cleanup-bucket-") for c in cleanups), cleanups
+    assert await pool.fetchval("SELECT count(*) FROM planner_sweeps WHERE kind = 'overdue'") == 0
+
+
+async def listener_up(pool: Any) -> bool:
+    """The worker's listening session has sent its LISTEN (what it is idle after)."""
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+        )
+    )
 
 
 async def test_a_small_cohort_delivered_twice_cleans_each_account_once_and_settles_once(pool):
