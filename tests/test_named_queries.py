@@ -72,6 +72,7 @@ NAMED_FILES = [
     "bench/planner_cohort.sql",
     "bench/game_seed.sql",
     "ledger/queries.sql",
+    "budget/budget.sql",
 ]
 
 
