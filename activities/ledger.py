@@ -61,7 +61,7 @@ async def check_day(conn: asyncpg.Connection | asyncpg.Pool, business_date: date
             f"business date {business_date.isoformat()} is split into {row['shards']} shard(s) "
             f"(0-{row['shards'] - 1}), not {shards}"
         )
-    return LedgerDay(business_date=row["business_date"], shards=row["shards"], payments=row["payments"])
+    return LedgerDay.from_row(row)
 
 
 async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: ShardCheckpoint) -> asyncpg.Record:
@@ -69,16 +69,21 @@ async def run_batch(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoint: 
     shard's advisory lock (so attempts of one shard take turns and each batch sees the others')."""
     async with pool.acquire() as conn, db.transaction(conn):
         failpoints.hit(f"{RECONCILE_SHARD}.in_batch")  # the batch's transaction is open, the shard lock not yet asked
-        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
+        await conn.execute(
+            SQL.lock_shard, *SQL.bind("lock_shard", business_date=input.business_date, shard=input.shard)
+        )
         row = await conn.fetchrow(
             SQL.reconcile_batch,
-            input.business_date,
-            input.shard,
-            checkpoint.last_game,
-            checkpoint.last_payment_id,
-            input.batch_size,
-            input.tolerance_cents,
-            input.workflow_id,
+            *SQL.bind(
+                "reconcile_batch",
+                business_date=input.business_date,
+                shard=input.shard,
+                after_game=checkpoint.last_game,
+                after_payment_id=checkpoint.last_payment_id,
+                batch_size=input.batch_size,
+                tolerance_cents=input.tolerance_cents,
+                workflow_id=input.workflow_id,
+            ),
         )
         assert row is not None
         if row["updated"] != row["corrected"]:
@@ -166,7 +171,9 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
         )
     judged = checkpoint.judged_fingerprint
     async with pool.acquire() as conn, db.transaction(conn):
-        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
+        await conn.execute(
+            SQL.lock_shard, *SQL.bind("lock_shard", business_date=input.business_date, shard=input.shard)
+        )
         # Under the shard lock no other attempt can report in between: no report now means ours is inserted.
         recorded = await conn.fetchval(SQL.shard_report_exists, input.business_date, input.shard)
         current = await conn.fetchval(SQL.shard_fingerprint, input.business_date, input.shard) if recorded else None
@@ -179,17 +186,20 @@ async def report_shard(pool: asyncpg.Pool, input: ReconcileShardInput, checkpoin
             )
         await conn.execute(
             SQL.record_shard_report,
-            input.business_date,
-            input.shard,
-            input.workflow_id,
-            checkpoint.keys_examined,
-            checkpoint.discrepancies,
-            checkpoint.corrections_judged,
-            checkpoint.reviews_judged,
-            checkpoint.duplicate_report_rows,
-            checkpoint.batches,
-            judged,
-            current,
+            *SQL.bind(
+                "record_shard_report",
+                business_date=input.business_date,
+                shard=input.shard,
+                workflow_id=input.workflow_id,
+                keys_examined=checkpoint.keys_examined,
+                discrepancies=checkpoint.discrepancies,
+                corrected=checkpoint.corrections_judged,
+                sent_to_review=checkpoint.reviews_judged,
+                duplicate_report_rows=checkpoint.duplicate_report_rows,
+                batches=checkpoint.batches,
+                judged_fingerprint=judged,
+                current_fingerprint=current,
+            ),
         )
         row = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
     assert row is not None
@@ -205,7 +215,9 @@ async def report_if_unchanged(pool: asyncpg.Pool, input: ReconcileShardInput) ->
     the run), so a change during that run makes this miss, and the shard is judged again.
     """
     async with pool.acquire() as conn, db.transaction(conn):
-        await conn.execute(SQL.lock_shard, input.business_date, input.shard)
+        await conn.execute(
+            SQL.lock_shard, *SQL.bind("lock_shard", business_date=input.business_date, shard=input.shard)
+        )
         recorded = await conn.fetchrow(SQL.get_shard_report, input.business_date, input.shard)
         if recorded is None or recorded["input_fingerprint"] is None:
             return None
@@ -377,7 +389,7 @@ class LedgerActivities:
 
     async def _settle(self, input: SettleLedgerInput) -> LedgerSettlement:
         async with self.pool.acquire() as conn, db.transaction(conn):
-            await conn.execute(SQL.lock_settlement, input.business_date)
+            await conn.execute(SQL.lock_settlement, *SQL.bind("lock_settlement", business_date=input.business_date))
             await check_day(conn, input.business_date, input.shards)
             missing = await conn.fetch(SQL.unreported_shards, input.business_date, input.shards)
             if missing:
@@ -398,15 +410,18 @@ class LedgerActivities:
                 )
             await conn.execute(
                 SQL.settle_revision,
-                input.business_date,
-                input.shards,
-                t["keys_examined"],
-                t["discrepancies_found"],
-                t["corrected"],
-                t["sent_to_review"],
-                t["duplicate_report_rows"],
-                input.workflow_id,
-                input.reason,
+                *SQL.bind(
+                    "settle_revision",
+                    business_date=input.business_date,
+                    shards=input.shards,
+                    keys_examined=t["keys_examined"],
+                    discrepancies_found=t["discrepancies_found"],
+                    corrected=t["corrected"],
+                    sent_to_review=t["sent_to_review"],
+                    duplicate_report_rows=t["duplicate_report_rows"],
+                    workflow_id=input.workflow_id,
+                    reason=input.reason,
+                ),
             )
             row = await conn.fetchrow(SQL.get_settlement, input.business_date)
         failpoints.hit(f"{SETTLE_LEDGER_DATE}.after_commit")

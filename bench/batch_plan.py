@@ -187,7 +187,16 @@ async def explain_batch(
 async def explain_ledger_batch(
     pool: asyncpg.Pool, business_date: date, batch_size: int, generic: bool
 ) -> dict[str, Any]:
-    args = (business_date, 0, "", "", batch_size, 50, "explain")
+    args = LEDGER_SQL.bind(
+        "reconcile_batch",
+        business_date=business_date,
+        shard=0,
+        after_game="",
+        after_payment_id="",
+        batch_size=batch_size,
+        tolerance_cents=50,
+        workflow_id="explain",
+    )
     summary = await explain_prepared(pool, LEDGER_SQL.reconcile_batch, args, generic)
     summary["full_scans"] = full_scans(summary, batch_size)
     summary["ms_per_key"] = round(summary["execution_ms"] / batch_size, 4)

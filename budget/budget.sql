@@ -19,11 +19,10 @@ SELECT pg_advisory_xact_lock(7261012), set_config('synchronous_commit', 'off', t
 SELECT pid, backend_start FROM pg_stat_get_activity(pg_backend_pid());
 
 -- name: acquire
--- $1 lease, $2 job, $3 holder, $4 rows, $5 lease seconds, $6 default max_in_flight,
--- $7 default rows/s, $8 seconds this caller waited, $9 burst seconds, $10 seconds after which a
--- session of this role blocked on a lock (a batch waiting for a player's row) stops counting:
--- it uses neither CPU nor WAL, and one such batch must not stop every other one. $11, $12 the
--- caller's budget session (backend pid and start): the slot is live only while that session is.
+-- :waited_seconds is how long this caller waited. After :blocked_after_seconds a session of this
+-- role blocked on a lock (a batch waiting for a player's row) stops counting: it uses neither CPU
+-- nor WAL, and one such batch must not stop every other one. (:session_pid, :session_start) is the
+-- caller's budget session: the slot is live only while that session is.
 -- A slot is live while its lease runs and its session exists (a session of another role shows
 -- no start time: its pid alone is checked). Nothing is granted to a session that is gone
 -- (session_alive: false): the caller opens a new one and asks again.
@@ -31,10 +30,10 @@ SELECT pid, backend_start FROM pg_stat_get_activity(pg_backend_pid());
 -- the adaptive limits (NULL: not throttled), the smaller of the two; n or r NULL: no limit at all.
 WITH b AS (
     SELECT clock_timestamp() AS now_, enabled, scale, tokens, refilled_at, quiet_until,
-           coalesce(max_in_flight, $6::int) AS max_n,
-           least(coalesce(rows_per_second, $7::float8), rate_limit) AS max_r,
+           coalesce(max_in_flight, :default_max_in_flight::int) AS max_n,
+           least(coalesce(rows_per_second, :default_rows_per_second::float8), rate_limit) AS max_r,
            in_flight_limit,
-           EXISTS (SELECT 1 FROM pg_stat_get_activity($11::int) a WHERE a.backend_start = $12::timestamptz)
+           EXISTS (SELECT 1 FROM pg_stat_get_activity(:session_pid::int) a WHERE a.backend_start = :session_start::timestamptz)
                AS session_alive
     FROM load_budget WHERE name = 'database'
 ),
@@ -57,7 +56,7 @@ blocked AS (
     FROM pg_stat_activity a, b
     WHERE a.datname = current_database() AND a.usename = current_user AND a.state = 'active'
       AND a.wait_event_type = 'Lock' AND a.wait_event <> 'advisory'
-      AND a.state_change < b.now_ - make_interval(secs => $10::float8)
+      AND a.state_change < b.now_ - make_interval(secs => :blocked_after_seconds::float8)
 ),
 held AS (
     SELECT live.live - least(live.live, blocked.blocked) AS held, live.slots, least(live.live, blocked.blocked) AS blocked
@@ -65,7 +64,7 @@ held AS (
 ),
 st AS (
     SELECT lim.*, held.held, held.slots, held.blocked,
-           least(lim.r * $9::float8,
+           least(lim.r * :burst_seconds::float8,
                  lim.tokens + lim.r * extract(epoch FROM lim.now_ - lim.refilled_at)::float8) AS avail,
            held.held + held.blocked AS live
     FROM lim, held
@@ -81,7 +80,7 @@ v AS (
 ),
 taken AS (
     INSERT INTO load_budget_slots AS s (slot, lease, job, holder, rows, acquired_at, expires_at, backend_pid, backend_start)
-    SELECT v.slot_free, $1, $2, $3, $4::int, v.now_, v.now_ + make_interval(secs => $5::float8), $11::int, $12::timestamptz
+    SELECT v.slot_free, :lease, :job, :holder, :rows::int, v.now_, v.now_ + make_interval(secs => :lease_seconds::float8), :session_pid::int, :session_start::timestamptz
     FROM v
     WHERE v.granted AND v.enabled
     ON CONFLICT (slot) DO UPDATE  -- only a dead slot (lease run out or session gone) can be in the way
@@ -93,11 +92,11 @@ taken AS (
 counted AS (
     UPDATE load_budget l
     SET tokens = CASE WHEN v.r IS NULL THEN 0  -- unthrottled: a throttle starts from an empty bucket
-                      WHEN v.enabled THEN v.avail - CASE WHEN v.granted THEN $4::int ELSE 0 END ELSE l.tokens END,
+                      WHEN v.enabled THEN v.avail - CASE WHEN v.granted THEN :rows::int ELSE 0 END ELSE l.tokens END,
         refilled_at = v.now_,
         granted = l.granted + v.granted::int,
         denied = l.denied + (NOT v.granted)::int,
-        wait_seconds = l.wait_seconds + CASE WHEN v.granted THEN $8::float8 ELSE 0 END,
+        wait_seconds = l.wait_seconds + CASE WHEN v.granted THEN :waited_seconds::float8 ELSE 0 END,
         peak_in_flight = CASE WHEN v.granted AND v.enabled THEN greatest(l.peak_in_flight, v.held + 1)
                               ELSE l.peak_in_flight END,
         window_peak_in_flight = CASE WHEN v.granted AND v.enabled THEN greatest(l.window_peak_in_flight, v.held + 1)
@@ -114,53 +113,53 @@ SELECT v.granted, (SELECT slot FROM taken) AS slot, v.enabled, v.session_alive, 
 FROM v;
 
 -- name: renew_slot
-UPDATE load_budget_slots SET expires_at = clock_timestamp() + make_interval(secs => $3::float8)
-WHERE slot = $1 AND lease = $2;
+UPDATE load_budget_slots SET expires_at = clock_timestamp() + make_interval(secs => :lease_seconds::float8)
+WHERE slot = :slot AND lease = :lease;
 
 -- name: release
--- $1 slot (NULL when the budget was off), $2 lease, $3 rows done, $4 ms per 1000 rows (NULL: failed
--- or no rows), $5 the cohort the batch worked for (NULL: none): its accounts count as done there, and
--- the cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
+-- :slot is NULL when the budget was off, :ms_per_1000_rows NULL when the batch failed or had no rows.
+-- :cohort, the cohort the batch worked for (NULL: none): its accounts count as done there, and the
+-- cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
 -- switched off or cancelled, is forgotten: deadline_demand).
 WITH gone AS (
-    DELETE FROM load_budget_slots WHERE slot = $1 AND lease = $2 RETURNING rows
+    DELETE FROM load_budget_slots WHERE slot = :slot AND lease = :lease RETURNING rows
 ),
 cohort AS (
-    UPDATE load_budget_cohorts SET done = done + $3::int, updated_at = clock_timestamp()
-    WHERE cohort = $5::text
+    UPDATE load_budget_cohorts SET done = done + :rows_done::int, updated_at = clock_timestamp()
+    WHERE cohort = :cohort::text
 )
 UPDATE load_budget
-SET tokens = tokens + coalesce((SELECT greatest(0, rows - $3::int) FROM gone), 0),
-    rows_done = rows_done + $3::int,
-    window_ms_sum = window_ms_sum + coalesce($4::float8, 0),
-    window_batches = window_batches + ($4::float8 IS NOT NULL)::int
+SET tokens = tokens + coalesce((SELECT greatest(0, rows - :rows_done::int) FROM gone), 0),
+    rows_done = rows_done + :rows_done::int,
+    window_ms_sum = window_ms_sum + coalesce(:ms_per_1000_rows::float8, 0),
+    window_batches = window_batches + (:ms_per_1000_rows::float8 IS NOT NULL)::int
 WHERE name = 'database';
 
 -- name: register_cohort
--- A cohort the deadline objective serves: $1 its key, $2 its deadline (its earliest account's), $3
--- its accounts. A second registration (a retried claim, another claim stream) keeps what is done.
+-- A cohort the deadline objective serves: :deadline is its earliest account's. A second
+-- registration (a retried claim, another claim stream) keeps what is done.
 -- Not while the operator has the budget off: its batches then count nothing done.
 INSERT INTO load_budget_cohorts (cohort, deadline, accounts, updated_at)
-SELECT $1, $2, $3, clock_timestamp() FROM load_budget WHERE name = 'database' AND enabled
+SELECT :cohort, :deadline, :accounts, clock_timestamp() FROM load_budget WHERE name = 'database' AND enabled
 ON CONFLICT (cohort) DO UPDATE
 SET deadline = least(load_budget_cohorts.deadline, excluded.deadline),
     accounts = greatest(load_budget_cohorts.accounts, excluded.accounts),
     updated_at = excluded.updated_at;
 
 -- name: deadline_demand
--- The rate that finishes every cohort with accounts left within $1 seconds (the lateness objective)
--- of its deadline: each cohort's accounts left over the time to its target, at least one second
+-- The rate that finishes every cohort with accounts left within :lateness_objective_seconds of its
+-- deadline: each cohort's accounts left over the time to its target, at least one second
 -- (a cohort past its target asks for all it has left within the next second). Cohorts done, or
--- untouched for $2 seconds (their cleanup ended without saying so), are forgotten.
+-- untouched for :forgotten_after_seconds (their cleanup ended without saying so), are forgotten.
 WITH gone AS (
     DELETE FROM load_budget_cohorts
-    WHERE done >= accounts OR updated_at < clock_timestamp() - make_interval(secs => $2::float8)
+    WHERE done >= accounts OR updated_at < clock_timestamp() - make_interval(secs => :forgotten_after_seconds::float8)
     RETURNING cohort
 ),
 open AS (
-    SELECT accounts - done AS left_, deadline + make_interval(secs => $1::float8) AS target
+    SELECT accounts - done AS left_, deadline + make_interval(secs => :lateness_objective_seconds::float8) AS target
     FROM load_budget_cohorts
-    WHERE done < accounts AND updated_at >= clock_timestamp() - make_interval(secs => $2::float8)
+    WHERE done < accounts AND updated_at >= clock_timestamp() - make_interval(secs => :forgotten_after_seconds::float8)
 )
 SELECT count(*)::int AS cohorts, coalesce(sum(left_), 0)::bigint AS accounts_left,
        coalesce(sum(left_ / greatest(1.0, extract(epoch FROM target - clock_timestamp())::float8)), 0)::float8
@@ -169,8 +168,8 @@ SELECT count(*)::int AS cohorts, coalesce(sum(left_), 0)::bigint AS accounts_lef
 FROM open;
 
 -- name: claim_adjustment
--- $1 seconds between adjustments: at most one worker adjusts per interval, with the window's batches
--- (their latency, the rows they did per second, the most in flight at once).
+-- At most one worker adjusts per interval of :adjust_seconds, with the window's batches (their
+-- latency, the rows they did per second, the most in flight at once).
 UPDATE load_budget l
 SET adjusted_at = clock_timestamp(), window_ms_sum = 0, window_batches = 0,
     window_rows_done = l.rows_done, window_peak_in_flight = 0
@@ -178,7 +177,7 @@ FROM (SELECT window_ms_sum, window_batches, rows_done - window_rows_done AS wind
              extract(epoch FROM clock_timestamp() - adjusted_at)::float8 AS window_seconds
       FROM load_budget WHERE name = 'database') old
 WHERE l.name = 'database' AND l.enabled
-  AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => $1::float8))
+  AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => :adjust_seconds::float8))
 RETURNING l.rate_limit, l.probe_max_ms,
           old.window_rows, old.window_seconds, old.window_peak_in_flight,
           old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
@@ -190,7 +189,7 @@ RETURNING l.rate_limit, l.probe_max_ms,
 
 -- name: sample_players
 -- Whether a player is at work now: a client session of this database that is not this service's (by
--- application_name, whatever the login: $1 is the prefix of this service's, core.db.APPLICATION_NAME)
+-- application_name, whatever the login: :service_name_prefix is core.db.APPLICATION_NAME)
 -- running a statement in a transaction that writes (it holds a transaction ID until its commit is
 -- flushed: the commit the players' objective protects). Idle sessions (a pool, a statement that
 -- ended), reads (a monitoring poll, a progress query, a report), sessions idle in a transaction and
@@ -205,35 +204,35 @@ SELECT EXISTS (
     WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
       AND a.pid <> pg_backend_pid()
       AND coalesce(a.backend_type, 'client backend') = 'client backend'
-      AND left(coalesce(a.application_name, ''), length($1::text)) <> $1::text
+      AND left(coalesce(a.application_name, ''), length(:service_name_prefix::text)) <> :service_name_prefix::text
       AND (a.state IS NULL OR a.state IN ('active', 'fastpath function call') AND a.backend_xid IS NOT NULL)
 ) AS players;
 
 -- name: probe
--- The commit probe: a one-row write that commits, timed by the caller. $1 holder, $2 the latency in
--- ms of this holder's previous probe (NULL: none yet), $3 whether that one was quiet, $4 whether the
--- sample taken just before saw a player at work (one presence sample, NULL: none taken; the holder's samples start
--- afresh once older than $5 seconds, the presence window). Returns whether this one is quiet: no
--- budget slot held anywhere while it ran.
+-- The commit probe: a one-row write that commits, timed by the caller. :previous_ms is the latency of
+-- this holder's previous probe (NULL: none yet), :previous_quiet whether that one was quiet, :players whether the
+-- sample taken just before saw a player at work (one presence sample, NULL: none taken; the
+-- holder's samples start afresh once older than :presence_window_seconds). Returns whether this
+-- one is quiet: no budget slot held anywhere while it ran.
 INSERT INTO load_budget_probes AS p (holder, probed_at, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, players_seen_at,
                                      presence_n, presence_busy, presence_since)
-VALUES ($1, clock_timestamp(),
-        CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN $2::float8 ELSE 0 END,
-        CASE WHEN $2::float8 IS NOT NULL AND NOT $3::boolean THEN 1 ELSE 0 END,
-        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN $2::float8 ELSE 0 END,
-        CASE WHEN $2::float8 IS NOT NULL AND $3::boolean THEN 1 ELSE 0 END,
-        CASE WHEN $4::boolean THEN clock_timestamp() END,
-        ($4::boolean IS NOT NULL)::int, coalesce($4::boolean::int, 0), clock_timestamp())
+VALUES (:holder, clock_timestamp(),
+        CASE WHEN :previous_ms::float8 IS NOT NULL AND NOT :previous_quiet::boolean THEN :previous_ms::float8 ELSE 0 END,
+        CASE WHEN :previous_ms::float8 IS NOT NULL AND NOT :previous_quiet::boolean THEN 1 ELSE 0 END,
+        CASE WHEN :previous_ms::float8 IS NOT NULL AND :previous_quiet::boolean THEN :previous_ms::float8 ELSE 0 END,
+        CASE WHEN :previous_ms::float8 IS NOT NULL AND :previous_quiet::boolean THEN 1 ELSE 0 END,
+        CASE WHEN :players::boolean THEN clock_timestamp() END,
+        (:players::boolean IS NOT NULL)::int, coalesce(:players::boolean::int, 0), clock_timestamp())
 ON CONFLICT (holder) DO UPDATE
 SET probed_at = excluded.probed_at,
     busy_ms_sum = p.busy_ms_sum + excluded.busy_ms_sum, busy_n = p.busy_n + excluded.busy_n,
     quiet_ms_sum = p.quiet_ms_sum + excluded.quiet_ms_sum, quiet_n = p.quiet_n + excluded.quiet_n,
     players_seen_at = coalesce(excluded.players_seen_at, p.players_seen_at),
-    presence_n = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
-                      THEN p.presence_n ELSE 0 END + ($4::boolean IS NOT NULL)::int,
-    presence_busy = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
-                         THEN p.presence_busy ELSE 0 END + coalesce($4::boolean::int, 0),
-    presence_since = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => $5::float8)
+    presence_n = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
+                      THEN p.presence_n ELSE 0 END + (:players::boolean IS NOT NULL)::int,
+    presence_busy = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
+                         THEN p.presence_busy ELSE 0 END + coalesce(:players::boolean::int, 0),
+    presence_since = CASE WHEN p.presence_since > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
                           THEN p.presence_since ELSE clock_timestamp() END
 RETURNING NOT EXISTS (
     SELECT 1 FROM load_budget_slots s
@@ -244,13 +243,13 @@ RETURNING NOT EXISTS (
 ) AS quiet;
 
 -- name: learn_idle_baseline
--- A quiet probe taken while the worker had no budgeted work: the baseline moves $2 of the way to its
--- latency $1 (ms); a baseline of an earlier run of the server is replaced (a restart is not load).
+-- A quiet probe taken while the worker had no budgeted work: the baseline moves :weight of the way to its
+-- latency :latency_ms (ms); a baseline of an earlier run of the server is replaced (a restart is not load).
 UPDATE load_budget
 SET probe_baseline_ms = CASE
         WHEN probe_baseline_ms IS NULL OR probe_baseline_server_start IS DISTINCT FROM pg_postmaster_start_time()
-        THEN $1::float8
-        ELSE probe_baseline_ms + $2::float8 * ($1::float8 - probe_baseline_ms) END,
+        THEN :latency_ms::float8
+        ELSE probe_baseline_ms + :weight::float8 * (:latency_ms::float8 - probe_baseline_ms) END,
     probe_baseline_at = clock_timestamp(),
     probe_baseline_server_start = pg_postmaster_start_time()
 WHERE name = 'database' AND enabled;
@@ -258,8 +257,8 @@ WHERE name = 'database' AND enabled;
 -- name: collect_probes
 -- The adjustment takes every holder's probes and presence samples since the last one (and forgets
 -- holders silent for a day), keeps the samples as one row of load_budget_presence and forgets rows
--- older than $1 seconds (the presence window): `samples` and `busy` are the window's, this
--- adjustment's included.
+-- older than :presence_window_seconds: `samples` and `busy` are the window's, this adjustment's
+-- included.
 WITH old AS (
     SELECT holder, busy_ms_sum, busy_n, quiet_ms_sum, quiet_n, probed_at, presence_n, presence_busy, presence_since
     FROM load_budget_probes FOR UPDATE
@@ -270,9 +269,9 @@ taken AS (
         presence_since = NULL
     FROM old WHERE p.holder = old.holder AND old.probed_at >= clock_timestamp() - interval '1 day'
     RETURNING old.busy_ms_sum, old.busy_n, old.quiet_ms_sum, old.quiet_n,
-              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => $1::float8)
+              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
                    THEN old.presence_n ELSE 0 END AS presence_n,
-              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => $1::float8)
+              CASE WHEN old.presence_since > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
                    THEN old.presence_busy ELSE 0 END AS presence_busy
 ),
 gone AS (
@@ -290,11 +289,11 @@ kept AS (
     SELECT clock_timestamp(), samples, busy FROM now_ WHERE samples > 0
 ),
 expired AS (
-    DELETE FROM load_budget_presence WHERE at <= clock_timestamp() - make_interval(secs => $1::float8)
+    DELETE FROM load_budget_presence WHERE at <= clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
 ),
 earlier AS (
     SELECT coalesce(sum(samples), 0)::int AS samples, coalesce(sum(busy), 0)::int AS busy
-    FROM load_budget_presence WHERE at > clock_timestamp() - make_interval(secs => $1::float8)
+    FROM load_budget_presence WHERE at > clock_timestamp() - make_interval(secs => :presence_window_seconds::float8)
 )
 SELECT now_.busy_ms_sum, now_.busy_n, now_.quiet_ms_sum, now_.quiet_n,
        now_.samples + earlier.samples AS presence_samples, now_.busy + earlier.busy AS presence_busy
@@ -310,30 +309,27 @@ SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         FROM pg_stat_replication) AS replication_lag;
 
 -- name: apply_adjustment
--- $1 new rate limit (NULL: unthrottled), $2 why it shrank (NULL: healthy), $3 latency ms per 1000 rows, $4 lock waits, $5 lag,
--- $6 mean busy probe ms (NULL: none), $7 busy probes, $8 new baseline ms (NULL: unchanged),
--- $9 seconds to grant nothing so that the probes measure a baseline (NULL: none), $10 forget the
--- baseline (the server restarted since it was measured; $8 may be the new one already)
--- $11 new in-flight limit (NULL: unthrottled), $12 what limits the rate now, $13 rows/s done in the window,
--- $14 whether players were present (the commit probe's objective applied), $15 the busy share of the
--- presence samples, $16 the objective that binds, $17 the rate the deadline objective asks for,
--- $18 its accounts left, $19 its latest target, $20 when the last cohort would finish at the rate granted
+-- NULL :rate_limit or :in_flight_limit: unthrottled; NULL :stress: healthy; NULL :new_baseline_ms:
+-- unchanged. :quiet_seconds grants nothing for that long so that the probes measure a baseline
+-- (NULL: none). :forget_baseline: the server restarted since the baseline was measured
+-- (:new_baseline_ms may be the new one already). :projected_finish is when the last cohort would
+-- finish at the rate granted.
 UPDATE load_budget
-SET observed_busy_fraction = $15::float8, binding = $16::text, deadline_rows_per_second = $17::float8,
-    deadline_accounts_left = $18::bigint, deadline_target = $19::timestamptz, projected_finish = $20::timestamptz,
-    rate_limit = $1::float8, in_flight_limit = $11::int, limited_by = $12::text,
-    observed_rows_per_second = $13::float8, stress = $2::text, observed_players_present = $14::boolean,
-    stressed_at = CASE WHEN $2::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
-    last_stress = coalesce($2::text, last_stress),
-    observed_latency_ms = $3::float8, observed_lock_waits = $4::int, observed_replication_lag = $5::float8,
-    observed_probe_ms = $6::float8, observed_probes = $7::int,
-    probe_baseline_ms = CASE WHEN $8::float8 IS NOT NULL THEN $8::float8
-                             WHEN $10::boolean THEN NULL ELSE probe_baseline_ms END,
-    probe_baseline_at = CASE WHEN $8::float8 IS NOT NULL THEN clock_timestamp()
-                             WHEN $10::boolean THEN NULL ELSE probe_baseline_at END,
-    probe_baseline_server_start = CASE WHEN $8::float8 IS NOT NULL OR $10::boolean THEN pg_postmaster_start_time()
+SET observed_busy_fraction = :busy_fraction::float8, binding = :binding::text, deadline_rows_per_second = :deadline_rows_per_second::float8,
+    deadline_accounts_left = :deadline_accounts_left::bigint, deadline_target = :deadline_target::timestamptz, projected_finish = :projected_finish::timestamptz,
+    rate_limit = :rate_limit::float8, in_flight_limit = :in_flight_limit::int, limited_by = :limited_by::text,
+    observed_rows_per_second = :window_rows_per_second::float8, stress = :stress::text, observed_players_present = :players_present::boolean,
+    stressed_at = CASE WHEN :stress::text IS NOT NULL THEN clock_timestamp() ELSE stressed_at END,
+    last_stress = coalesce(:stress::text, last_stress),
+    observed_latency_ms = :latency_ms::float8, observed_lock_waits = :lock_waits::int, observed_replication_lag = :replication_lag::float8,
+    observed_probe_ms = :probe_ms::float8, observed_probes = :probes::int,
+    probe_baseline_ms = CASE WHEN :new_baseline_ms::float8 IS NOT NULL THEN :new_baseline_ms::float8
+                             WHEN :forget_baseline::boolean THEN NULL ELSE probe_baseline_ms END,
+    probe_baseline_at = CASE WHEN :new_baseline_ms::float8 IS NOT NULL THEN clock_timestamp()
+                             WHEN :forget_baseline::boolean THEN NULL ELSE probe_baseline_at END,
+    probe_baseline_server_start = CASE WHEN :new_baseline_ms::float8 IS NOT NULL OR :forget_baseline::boolean THEN pg_postmaster_start_time()
                                        ELSE probe_baseline_server_start END,
-    quiet_until = CASE WHEN $9::float8 IS NOT NULL THEN clock_timestamp() + make_interval(secs => $9::float8)
+    quiet_until = CASE WHEN :quiet_seconds::float8 IS NOT NULL THEN clock_timestamp() + make_interval(secs => :quiet_seconds::float8)
                        ELSE quiet_until END
 WHERE name = 'database';
 
@@ -349,22 +345,23 @@ SELECT slot, job, holder, rows, acquired_at, expires_at, backend_pid,
 FROM load_budget_slots s ORDER BY slot;
 
 -- name: set_budget
--- For each limit: ($n change?, $n+1 value; NULL value = back to the workers' default).
+-- For each limit: whether it changes (:change_<limit>) and its value (:<limit>; NULL = back to the
+-- workers' default).
 UPDATE load_budget
-SET enabled = coalesce($1::boolean, enabled),
-    max_in_flight = CASE WHEN $2::boolean THEN $3::int ELSE max_in_flight END,
-    rows_per_second = CASE WHEN $4::boolean THEN $5::float8 ELSE rows_per_second END,
-    latency_ms = CASE WHEN $6::boolean THEN $7::float8 ELSE latency_ms END,
-    max_lock_waits = CASE WHEN $8::boolean THEN $9::int ELSE max_lock_waits END,
-    max_replication_lag_seconds = CASE WHEN $10::boolean THEN $11::float8 ELSE max_replication_lag_seconds END,
-    probe_ratio = CASE WHEN $12::boolean THEN $13::float8 ELSE probe_ratio END,
-    probe_max_ms = CASE WHEN $16::boolean THEN $17::float8 ELSE probe_max_ms END,
-    probe_added_ms = CASE WHEN $18::boolean THEN $19::float8 ELSE probe_added_ms END,
-    lateness_objective_seconds = CASE WHEN $20::boolean THEN $21::float8 ELSE lateness_objective_seconds END,
-    deadline_max_in_flight = CASE WHEN $22::boolean THEN $23::int ELSE deadline_max_in_flight END,
-    rate_limit = CASE WHEN $14::boolean THEN NULL ELSE rate_limit END,
-    in_flight_limit = CASE WHEN $14::boolean THEN NULL ELSE in_flight_limit END,
-    limited_by = CASE WHEN $14::boolean THEN NULL ELSE limited_by END,
-    quiet_until = CASE WHEN $14::boolean THEN NULL ELSE quiet_until END,
-    changed_by = $15::text, changed_at = clock_timestamp(), peak_in_flight = 0
+SET enabled = coalesce(:enabled::boolean, enabled),
+    max_in_flight = CASE WHEN :change_max_in_flight::boolean THEN :max_in_flight::int ELSE max_in_flight END,
+    rows_per_second = CASE WHEN :change_rows_per_second::boolean THEN :rows_per_second::float8 ELSE rows_per_second END,
+    latency_ms = CASE WHEN :change_latency_ms::boolean THEN :latency_ms::float8 ELSE latency_ms END,
+    max_lock_waits = CASE WHEN :change_max_lock_waits::boolean THEN :max_lock_waits::int ELSE max_lock_waits END,
+    max_replication_lag_seconds = CASE WHEN :change_max_replication_lag_seconds::boolean THEN :max_replication_lag_seconds::float8 ELSE max_replication_lag_seconds END,
+    probe_ratio = CASE WHEN :change_probe_ratio::boolean THEN :probe_ratio::float8 ELSE probe_ratio END,
+    probe_max_ms = CASE WHEN :change_probe_max_ms::boolean THEN :probe_max_ms::float8 ELSE probe_max_ms END,
+    probe_added_ms = CASE WHEN :change_probe_added_ms::boolean THEN :probe_added_ms::float8 ELSE probe_added_ms END,
+    lateness_objective_seconds = CASE WHEN :change_lateness_objective_seconds::boolean THEN :lateness_objective_seconds::float8 ELSE lateness_objective_seconds END,
+    deadline_max_in_flight = CASE WHEN :change_deadline_max_in_flight::boolean THEN :deadline_max_in_flight::int ELSE deadline_max_in_flight END,
+    rate_limit = CASE WHEN :reset_scale::boolean THEN NULL ELSE rate_limit END,
+    in_flight_limit = CASE WHEN :reset_scale::boolean THEN NULL ELSE in_flight_limit END,
+    limited_by = CASE WHEN :reset_scale::boolean THEN NULL ELSE limited_by END,
+    quiet_until = CASE WHEN :reset_scale::boolean THEN NULL ELSE quiet_until END,
+    changed_by = :changed_by::text, changed_at = clock_timestamp(), peak_in_flight = 0
 WHERE name = 'database';

@@ -176,15 +176,20 @@ class LoadBudget:
                     try:
                         # Whether players are present, sampled outside the probe's timing: the probe
                         # times a player's commit, not this look at pg_stat_activity.
-                        players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+                        players = await conn.fetchval(
+                            SQL.sample_players, *SQL.bind("sample_players", service_name_prefix=db.APPLICATION_NAME)
+                        )
                         started = time.perf_counter()
                         quiet = await conn.fetchval(
                             SQL.probe,
-                            self._probe_key,
-                            previous[0] if previous else None,
-                            previous[1] if previous else None,
-                            players,
-                            self.settings.presence_window_seconds,
+                            *SQL.bind(
+                                "probe",
+                                holder=self._probe_key,
+                                previous_ms=previous[0] if previous else None,
+                                previous_quiet=previous[1] if previous else None,
+                                players=players,
+                                presence_window_seconds=self.settings.presence_window_seconds,
+                            ),
                         )
                     except Exception:
                         if not _usable(conn):
@@ -215,14 +220,22 @@ class LoadBudget:
         """One commit probe on a pooled connection (the first run of the statement on it only plans
         it); quiet (no slot held anywhere), it moves the baseline."""
         async with self.pool.acquire() as conn:
-            players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+            players = await conn.fetchval(
+                SQL.sample_players, *SQL.bind("sample_players", service_name_prefix=db.APPLICATION_NAME)
+            )
             window = self.settings.presence_window_seconds
-            await conn.fetchval(SQL.probe, self._probe_key, None, None, None, window)  # plans it: no sample
+            probe = {"holder": self._probe_key, "previous_ms": None, "previous_quiet": None}
+            # The first run plans it: no sample.
+            await conn.fetchval(SQL.probe, *SQL.bind("probe", **probe, players=None, presence_window_seconds=window))
             started = time.perf_counter()
-            quiet = await conn.fetchval(SQL.probe, self._probe_key, None, None, players, window)
+            quiet = await conn.fetchval(
+                SQL.probe, *SQL.bind("probe", **probe, players=players, presence_window_seconds=window)
+            )
             ms = (time.perf_counter() - started) * 1000
         if quiet:
-            await self._bookkeeping(SQL.learn_idle_baseline, ms, IDLE_BASELINE_WEIGHT)
+            await self._bookkeeping(
+                SQL.learn_idle_baseline, *SQL.bind("learn_idle_baseline", latency_ms=ms, weight=IDLE_BASELINE_WEIGHT)
+            )
 
     async def _open_session(self) -> Any:
         """The budget session (caller holds `_session_lock`): the one open, or a new one."""
@@ -297,7 +310,9 @@ class LoadBudget:
         batches (`batch(..., cohort=...)`) count its accounts done; a cohort done is forgotten."""
         if not self.settings.enabled or accounts <= 0:
             return
-        await self._bookkeeping(SQL.register_cohort, cohort, deadline, accounts)
+        await self._bookkeeping(
+            SQL.register_cohort, *SQL.bind("register_cohort", cohort=cohort, deadline=deadline, accounts=accounts)
+        )
 
     @contextlib.asynccontextmanager
     async def _probing(self) -> AsyncIterator[None]:
@@ -331,7 +346,15 @@ class LoadBudget:
             # Latency per 1,000 rows of a batch charged rows; a claim's chunk (no rows) says nothing of it.
             ms_per_1000 = seconds * 1_000_000 / rows if ok and rows > 0 else None
             try:
-                await self._bookkeeping(SQL.release, grant.slot, grant.lease, done, ms_per_1000, cohort)
+                release = SQL.bind(
+                    "release",
+                    slot=grant.slot,
+                    lease=grant.lease,
+                    rows_done=done,
+                    ms_per_1000_rows=ms_per_1000,
+                    cohort=cohort,
+                )
+                await self._bookkeeping(SQL.release, *release)
             except Exception:  # never mask the batch's own outcome
                 log.warning(
                     "could not release load budget slot %s; it is free once its session ends (or its lease runs out)",
@@ -415,18 +438,21 @@ class LoadBudget:
             await conn.execute(SQL.lock_budget)
             row = await conn.fetchrow(
                 SQL.acquire,
-                lease,
-                job,
-                f"{self.holder} {job}",
-                rows,
-                s.lease_seconds,
-                s.max_in_flight,
-                s.rows_per_second,
-                waited,
-                s.burst_seconds,
-                s.blocked_after_seconds,
-                session_pid,
-                session_start,
+                *SQL.bind(
+                    "acquire",
+                    lease=lease,
+                    job=job,
+                    holder=f"{self.holder} {job}",
+                    rows=rows,
+                    lease_seconds=s.lease_seconds,
+                    default_max_in_flight=s.max_in_flight,
+                    default_rows_per_second=s.rows_per_second,
+                    waited_seconds=waited,
+                    burst_seconds=s.burst_seconds,
+                    blocked_after_seconds=s.blocked_after_seconds,
+                    session_pid=session_pid,
+                    session_start=session_start,
+                ),
             )
         assert row is not None
         if not row["session_alive"]:
@@ -461,7 +487,10 @@ class LoadBudget:
         while True:
             await asyncio.sleep(self.settings.lease_seconds / 3)
             try:
-                await self._bookkeeping(SQL.renew_slot, grant.slot, grant.lease, self.settings.lease_seconds)
+                renewal = SQL.bind(
+                    "renew_slot", slot=grant.slot, lease=grant.lease, lease_seconds=self.settings.lease_seconds
+                )
+                await self._bookkeeping(SQL.renew_slot, *renewal)
             except Exception:
                 log.warning("could not renew load budget slot %s", grant.slot, exc_info=True)
 
@@ -470,7 +499,9 @@ class LoadBudget:
         window, judge it against the players' objective and the other limits (the operator's, else
         this worker's), give the deadline objective its share, record the verdict."""
         s = self.settings
-        claimed = await self.pool.fetchrow(SQL.claim_adjustment, s.adjust_seconds)
+        claimed = await self.pool.fetchrow(
+            SQL.claim_adjustment, *SQL.bind("claim_adjustment", adjust_seconds=s.adjust_seconds)
+        )
         if claimed is None:
             return None
         window = await self._observe(claimed)
@@ -509,7 +540,10 @@ class LoadBudget:
         s = self.settings
         lateness = claimed["lateness_objective_seconds"] or s.lateness_objective_seconds
         share = claimed["deadline_max_in_flight"]
-        row = await self.pool.fetchrow(SQL.deadline_demand, lateness, COHORT_FORGOTTEN_SECONDS)
+        asked = SQL.bind(
+            "deadline_demand", lateness_objective_seconds=lateness, forgotten_after_seconds=COHORT_FORGOTTEN_SECONDS
+        )
+        row = await self.pool.fetchrow(SQL.deadline_demand, *asked)
         assert row is not None
         return Demand(
             cohorts=row["cohorts"],
@@ -524,26 +558,29 @@ class LoadBudget:
         """The verdict and what it was judged on, on the budget row (budget show, planner status)."""
         await self._bookkeeping(
             SQL.apply_adjustment,
-            verdict["rate_limit"],
-            verdict["stress"],
-            window.seen.latency_ms,
-            window.seen.lock_waits,
-            window.seen.replication_lag,
-            window.seen.probe_ms,
-            window.probes,
-            window.new_baseline,
-            window.quiet_seconds,
-            window.restarted,
-            verdict["in_flight_limit"],
-            verdict["limited_by"],
-            window.rows_per_second,
-            window.seen.players_present,
-            window.busy_fraction,
-            verdict["binding"],
-            demand.rows_per_second if demand.cohorts else None,
-            demand.accounts_left if demand.cohorts else None,
-            demand.target,
-            verdict["projected_finish"],
+            *SQL.bind(
+                "apply_adjustment",
+                rate_limit=verdict["rate_limit"],
+                stress=verdict["stress"],
+                latency_ms=window.seen.latency_ms,
+                lock_waits=window.seen.lock_waits,
+                replication_lag=window.seen.replication_lag,
+                probe_ms=window.seen.probe_ms,
+                probes=window.probes,
+                new_baseline_ms=window.new_baseline,
+                quiet_seconds=window.quiet_seconds,
+                forget_baseline=window.restarted,
+                in_flight_limit=verdict["in_flight_limit"],
+                limited_by=verdict["limited_by"],
+                window_rows_per_second=window.rows_per_second,
+                players_present=window.seen.players_present,
+                busy_fraction=window.busy_fraction,
+                binding=verdict["binding"],
+                deadline_rows_per_second=demand.rows_per_second if demand.cohorts else None,
+                deadline_accounts_left=demand.accounts_left if demand.cohorts else None,
+                deadline_target=demand.target,
+                projected_finish=verdict["projected_finish"],
+            ),
         )
 
     async def _observe(self, claimed: asyncpg.Record) -> _Window:
@@ -552,7 +589,8 @@ class LoadBudget:
         whether players were present (at least `presence_busy_fraction` of the samples of the last
         `presence_window_seconds` saw a session not the service's writing)."""
         stress = await self.pool.fetchrow(SQL.sample_stress)
-        collected = await self.pool.fetchrow(SQL.collect_probes, self.settings.presence_window_seconds)
+        presence = SQL.bind("collect_probes", presence_window_seconds=self.settings.presence_window_seconds)
+        collected = await self.pool.fetchrow(SQL.collect_probes, *presence)
         assert stress is not None and collected is not None
         probes = dict(collected)
         latency_ms = claimed["window_ms_sum"] / claimed["window_batches"] if claimed["window_batches"] else None
@@ -1143,7 +1181,7 @@ class BudgetChange(Model):
         return name in self.model_fields_set, getattr(self, name)
 
 
-# The limits `budget set` changes, in the order of the set_budget statement's pairs.
+# The limits `budget set` changes: set_budget takes each as :change_<limit> and :<limit>.
 CHANGEABLE = (
     "max_in_flight",
     "rows_per_second",
@@ -1151,20 +1189,23 @@ CHANGEABLE = (
     "max_lock_waits",
     "max_replication_lag_seconds",
     "probe_ratio",
+    "probe_max_ms",
+    "probe_added_ms",
+    "lateness_objective_seconds",
+    "deadline_max_in_flight",
 )
 
 
 async def set_budget(pool: asyncpg.Pool, change: BudgetChange, *, changed_by: str | None = None) -> None:
     """Change the budget for every worker (`change` says what; docs/budget.md, Operator control)."""
-    pairs = [v for name in CHANGEABLE for v in change.pair(name)]
-    await pool.execute(
-        SQL.set_budget,
-        change.enabled,
-        *pairs,
-        change.reset_scale,
-        changed_by or _holder(),
-        *change.pair("probe_max_ms"),
-        *change.pair("probe_added_ms"),
-        *change.pair("lateness_objective_seconds"),
-        *change.pair("deadline_max_in_flight"),
+    limits: dict[str, Any] = {}
+    for name in CHANGEABLE:
+        limits[f"change_{name}"], limits[name] = change.pair(name)
+    values = SQL.bind(
+        "set_budget",
+        enabled=change.enabled,
+        reset_scale=change.reset_scale,
+        changed_by=changed_by or _holder(),
+        **limits,
     )
+    await pool.execute(SQL.set_budget, *values)

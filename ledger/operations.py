@@ -260,7 +260,7 @@ async def _ledger_status_from_database(pool: asyncpg.Pool, business_date: date, 
     assert totals is not None
     settlement = await pool.fetchrow(SQL.get_settlement, business_date)
     revisions = await pool.fetch(SQL.settlement_revisions, business_date)
-    open_reviews = await pool.fetchval(SQL.open_reviews, business_date)
+    open_reviews = await pool.fetchval(SQL.open_reviews, *SQL.bind("open_reviews", business_date=business_date))
     out.update(
         {
             "shards_done": f"{totals['shards_reported']}/{shards if shards is not None else '?'}",

@@ -8,12 +8,11 @@ SELECT business_date, shards, payments FROM ledger_days WHERE business_date = $1
 -- shard (a zombie and its retry, the night run and a re-check) take turns batch by batch, and the
 -- batch statement that follows takes its snapshot only after the lock is granted, so it sees every
 -- correction the other attempt committed. Released at COMMIT/ROLLBACK (transaction-scoped).
--- $1 business date, $2 shard
-SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || $1::date::text), $2::int);
+SELECT pg_advisory_xact_lock(hashtext('ledger-shard:' || :business_date::date::text), :shard::int);
 
 -- name: lock_settlement
--- Serialises the settlements (revisions) of one date. $1 business date
-SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
+-- Serialises the settlements (revisions) of one date.
+SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || :business_date::date::text), -1);
 
 -- name: reconcile_batch
 -- One statement per batch, one transaction (after lock_shard): take the next keys of the shard after the cursor
@@ -22,15 +21,15 @@ SELECT pg_advisory_xact_lock(hashtext('ledger-settle:' || $1::date::text), -1);
 -- rule reconciles to review. A key judged before (by this run, a crashed attempt or another run)
 -- is found by the batch's join with the effect rows of its range and counted again as a
 -- discrepancy, but never reaches an INSERT: nothing is inserted twice, no dead tuple is left.
--- $1 business date, $2 shard, $3/$4 cursor (game, payment_id), $5 batch size,
--- $6 tolerance in cents, $7 workflow ID (audit only)
+-- The cursor is (:after_game, :after_payment_id); :workflow_id is for the audit only.
 --
 -- The batch is the key range (cursor, last key] of (date, shard), and everything is read by that
 -- range from the range indexes (migration 014) and nothing else: the batch costs what its keys
 -- cost, never what the shard, the date or the effect tables' history hold. The last key is the
--- $5-th key after the cursor of whichever table reaches it first (two index-only walks that stop
--- there), so a batch holds at least $5 keys unless it runs to the shard's end, and at most 2 x $5
--- (at most $5 of each table's). A batch with fewer than $5 keys is therefore the shard's last.
+-- :batch_size-th key after the cursor of whichever table reaches it first (two index-only walks that
+-- stop there), so a batch holds at least :batch_size keys unless it runs to the shard's end, and at
+-- most 2 x :batch_size (at most :batch_size of each table's). A batch with fewer than :batch_size
+-- keys is therefore the shard's last.
 -- Each side is then read once by range: the ledger rows locked in key order, the report rows
 -- aggregated from the index that carries their columns; one hash join each for the two sides and
 -- for the effect rows of the range.
@@ -38,27 +37,27 @@ WITH bound AS (
     SELECT b.game, b.payment_id
     FROM (
         (SELECT l.game, l.payment_id FROM ledger_payments l
-         WHERE l.business_date = $1 AND l.shard = $2 AND (l.game, l.payment_id) > ($3::text, $4::text)
-         ORDER BY l.game, l.payment_id OFFSET $5::int - 1 LIMIT 1)
+         WHERE l.business_date = :business_date AND l.shard = :shard AND (l.game, l.payment_id) > (:after_game::text, :after_payment_id::text)
+         ORDER BY l.game, l.payment_id OFFSET :batch_size::int - 1 LIMIT 1)
         UNION ALL
         (SELECT r.game, r.payment_id FROM ledger_report_rows r
-         WHERE r.business_date = $1 AND r.shard = $2 AND (r.game, r.payment_id) > ($3::text, $4::text)
+         WHERE r.business_date = :business_date AND r.shard = :shard AND (r.game, r.payment_id) > (:after_game::text, :after_payment_id::text)
          GROUP BY r.game, r.payment_id
-         ORDER BY r.game, r.payment_id OFFSET $5::int - 1 LIMIT 1)
+         ORDER BY r.game, r.payment_id OFFSET :batch_size::int - 1 LIMIT 1)
     ) b
     ORDER BY b.game, b.payment_id
     LIMIT 1
 ),
--- Neither table has $5 keys after the cursor: the batch runs to the shard's last key.
+-- Neither table has :batch_size keys after the cursor: the batch runs to the shard's last key.
 shard_end AS (
     SELECT e.game, e.payment_id
     FROM (
         (SELECT l.game, l.payment_id FROM ledger_payments l
-         WHERE l.business_date = $1 AND l.shard = $2
+         WHERE l.business_date = :business_date AND l.shard = :shard
          ORDER BY l.game DESC, l.payment_id DESC LIMIT 1)
         UNION ALL
         (SELECT r.game, r.payment_id FROM ledger_report_rows r
-         WHERE r.business_date = $1 AND r.shard = $2
+         WHERE r.business_date = :business_date AND r.shard = :shard
          ORDER BY r.game DESC, r.payment_id DESC LIMIT 1)
     ) e
     WHERE NOT EXISTS (SELECT 1 FROM bound)
@@ -75,7 +74,7 @@ last_key AS (
 facts AS (
     SELECT coalesce(l.game, r.game) AS game, coalesce(l.payment_id, r.payment_id) AS payment_id,
            coalesce(l.game, r.game) || ':' || coalesce(l.payment_id, r.payment_id) || ':'
-               || to_char($1::date, 'YYYY-MM-DD') AS key,
+               || to_char(:business_date::date, 'YYYY-MM-DD') AS key,
            l.payment_id IS NOT NULL AS in_ledger, l.amount_cents AS l_amount, l.currency AS l_currency,
            l.status AS l_status, l.version AS l_version,
            r.payment_id IS NOT NULL AS in_report, r.amount_cents AS r_amount, r.currency AS r_currency,
@@ -84,8 +83,8 @@ facts AS (
     FROM (
         SELECT l.game, l.payment_id, l.amount_cents, l.currency, l.status, l.version
         FROM ledger_payments l
-        WHERE l.business_date = $1 AND l.shard = $2
-          AND (l.game, l.payment_id) > ($3::text, $4::text)
+        WHERE l.business_date = :business_date AND l.shard = :shard
+          AND (l.game, l.payment_id) > (:after_game::text, :after_payment_id::text)
           AND (l.game, l.payment_id) <= (SELECT game, payment_id FROM last_key)
         ORDER BY l.game, l.payment_id  -- the range index's order: never a scan of the table, however small
         FOR UPDATE OF l
@@ -100,8 +99,8 @@ facts AS (
                    r.game || '|' || r.payment_id || '|' || r.amount_cents || '|' || r.currency || '|' || r.status, 0))
                    AS fp_sum
         FROM ledger_report_rows r
-        WHERE r.business_date = $1 AND r.shard = $2
-          AND (r.game, r.payment_id) > ($3::text, $4::text)
+        WHERE r.business_date = :business_date AND r.shard = :shard
+          AND (r.game, r.payment_id) > (:after_game::text, :after_payment_id::text)
           AND (r.game, r.payment_id) <= (SELECT game, payment_id FROM last_key)
         GROUP BY r.game, r.payment_id
     ) r ON r.game = l.game AND r.payment_id = l.payment_id
@@ -115,7 +114,7 @@ judged AS (
             WHEN NOT f.in_report THEN CASE WHEN f.l_status = 'unsettled' THEN 'match' ELSE 'not_settled' END
             WHEN f.variants > 1 THEN 'conflicting_report_rows'
             WHEN f.l_currency <> f.r_currency THEN 'currency_mismatch'
-            WHEN abs(f.l_amount - f.r_amount) > $6 THEN 'amount_beyond_tolerance'
+            WHEN abs(f.l_amount - f.r_amount) > :tolerance_cents THEN 'amount_beyond_tolerance'
             WHEN f.r_status = 'refunded' AND f.l_status = 'captured' THEN 'refund_not_recorded'
             WHEN f.l_status <> CASE f.r_status WHEN 'refunded' THEN 'refunded' ELSE 'captured' END
                 THEN 'status_mismatch'
@@ -125,14 +124,14 @@ judged AS (
     FROM facts f
     LEFT JOIN (
         SELECT c.game, c.payment_id FROM ledger_corrections c
-        WHERE c.business_date = $1 AND c.shard = $2
-          AND (c.game, c.payment_id) > ($3::text, $4::text)
+        WHERE c.business_date = :business_date AND c.shard = :shard
+          AND (c.game, c.payment_id) > (:after_game::text, :after_payment_id::text)
           AND (c.game, c.payment_id) <= (SELECT game, payment_id FROM last_key)
     ) c ON c.game = f.game AND c.payment_id = f.payment_id
     LEFT JOIN (
         SELECT v.game, v.payment_id FROM ledger_review v
-        WHERE v.business_date = $1 AND v.shard = $2
-          AND (v.game, v.payment_id) > ($3::text, $4::text)
+        WHERE v.business_date = :business_date AND v.shard = :shard
+          AND (v.game, v.payment_id) > (:after_game::text, :after_payment_id::text)
           AND (v.game, v.payment_id) <= (SELECT game, payment_id FROM last_key)
     ) v ON v.game = f.game AND v.payment_id = f.payment_id
 ),
@@ -140,11 +139,11 @@ corrected AS (
     INSERT INTO ledger_corrections
         (idempotency_key, business_date, shard, game, payment_id, kind, old_status, new_status,
          old_amount_cents, new_amount_cents, version_before, version_after, workflow_id)
-    SELECT j.key, $1, $2, j.game, j.payment_id, j.verdict, j.l_status,
+    SELECT j.key, :business_date, :shard, j.game, j.payment_id, j.verdict, j.l_status,
            CASE j.verdict WHEN 'refund_not_recorded' THEN 'refunded'
                           WHEN 'not_settled' THEN 'unsettled'
                           ELSE j.l_status END,
-           j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, $7
+           j.l_amount, coalesce(j.r_amount, j.l_amount), j.l_version, j.l_version + 1, :workflow_id
     FROM judged j
     -- (a key already corrected is judged 'already_corrected' in this same snapshot: never sent here)
     WHERE j.verdict IN ('refund_not_recorded', 'amount_mismatch', 'not_settled')
@@ -164,18 +163,18 @@ reviewed AS (
         (review_key, business_date, shard, game, payment_id, kind, reason,
          ledger_amount_cents, provider_amount_cents, ledger_currency, provider_currency,
          ledger_status, provider_status, report_rows, workflow_id)
-    SELECT j.key, $1, $2, j.game, j.payment_id, j.verdict,
+    SELECT j.key, :business_date, :shard, j.game, j.payment_id, j.verdict,
         CASE j.verdict
             WHEN 'unknown_payment' THEN format(
                 'unknown payment: the provider settled %s %s (%s) for %s:%s on %s, '
                 'but the ledger has no such payment for that date',
                 ledger_money(j.r_amount), j.r_currency, j.r_status, j.game, j.payment_id,
-                to_char($1::date, 'YYYY-MM-DD'))
+                to_char(:business_date::date, 'YYYY-MM-DD'))
             WHEN 'amount_beyond_tolerance' THEN format(
                 'amount mismatch beyond tolerance: the ledger has %s %s, the provider settled %s %s '
                 '(difference %s, tolerance %s); check the capture before correcting by hand',
                 ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency,
-                ledger_money(j.r_amount - j.l_amount), ledger_money($6::bigint))
+                ledger_money(j.r_amount - j.l_amount), ledger_money(:tolerance_cents::bigint))
             WHEN 'currency_mismatch' THEN format(
                 'currency mismatch: the ledger has %s %s, the provider settled %s %s',
                 ledger_money(j.l_amount), j.l_currency, ledger_money(j.r_amount), j.r_currency)
@@ -186,7 +185,7 @@ reviewed AS (
                 'conflicting report rows: the provider reported this payment %s times with different '
                 'amounts, currencies or statuses', j.report_rows)
         END,
-        j.l_amount, j.r_amount, j.l_currency, j.r_currency, j.l_status, j.r_status, j.report_rows, $7
+        j.l_amount, j.r_amount, j.l_currency, j.r_currency, j.l_status, j.r_status, j.report_rows, :workflow_id
     FROM judged j
     WHERE j.verdict IN ('unknown_payment', 'amount_beyond_tolerance', 'currency_mismatch',
                         'status_mismatch', 'conflicting_report_rows')
@@ -235,38 +234,35 @@ FROM totals t;
 -- name: record_shard_report
 -- The shard's report: the counts of one full judgement of the shard and the fingerprint of exactly
 -- the inputs it judged. Runs under lock_shard. The first report is inserted; a later one replaces
--- it only if the recorded report no longer describes the shard's current inputs ($11, the current
--- fingerprint): a report that still does is exact and a late or zombie attempt, which judged an
--- older view, leaves it alone. Same counts: only the fingerprint is refreshed (reported_at,
--- workflow_id and batches stay those of the report that first found them). Nothing differs:
--- nothing is written.
--- $1 date, $2 shard, $3 workflow ID, $4 keys examined, $5 discrepancies, $6 corrected,
--- $7 sent to review, $8 duplicate report rows, $9 batches, $10 judged fingerprint, $11 current fingerprint
--- (NULL when the shard has no report yet: the caller, under the lock, skips reading it; only the
--- replacement of a recorded report needs it)
+-- it only if the recorded report no longer describes the shard's current inputs
+-- (:current_fingerprint): a report that still does is exact and a late or zombie attempt, which
+-- judged an older view, leaves it alone. Same counts: only the fingerprint is refreshed
+-- (reported_at, workflow_id and batches stay those of the report that first found them). Nothing
+-- differs: nothing is written. :current_fingerprint is NULL when the shard has no report yet (the
+-- caller, under the lock, skips reading it; only the replacement of a recorded report needs it).
 WITH inserted AS (
     INSERT INTO ledger_shard_reports
         (business_date, shard, workflow_id, keys_examined, discrepancies_found, corrected, sent_to_review,
          duplicate_report_rows, batches, input_fingerprint)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
-    WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2)
+    SELECT :business_date, :shard, :workflow_id, :keys_examined, :discrepancies, :corrected, :sent_to_review, :duplicate_report_rows, :batches, :judged_fingerprint
+    WHERE NOT EXISTS (SELECT 1 FROM ledger_shard_reports WHERE business_date = :business_date AND shard = :shard)
     ON CONFLICT (business_date, shard) DO NOTHING
     RETURNING 1
 )
 UPDATE ledger_shard_reports r
-SET input_fingerprint = $10,
-    workflow_id = CASE WHEN same.counts THEN r.workflow_id ELSE $3 END,
-    keys_examined = $4, discrepancies_found = $5, corrected = $6, sent_to_review = $7,
-    duplicate_report_rows = $8,
-    batches = CASE WHEN same.counts THEN r.batches ELSE $9 END,
+SET input_fingerprint = :judged_fingerprint,
+    workflow_id = CASE WHEN same.counts THEN r.workflow_id ELSE :workflow_id END,
+    keys_examined = :keys_examined, discrepancies_found = :discrepancies, corrected = :corrected, sent_to_review = :sent_to_review,
+    duplicate_report_rows = :duplicate_report_rows,
+    batches = CASE WHEN same.counts THEN r.batches ELSE :batches END,
     reported_at = CASE WHEN same.counts THEN r.reported_at ELSE now() END,
     recorded_at = CASE WHEN same.counts THEN r.recorded_at ELSE clock_timestamp() END
 FROM (SELECT (keys_examined, discrepancies_found, corrected, sent_to_review, duplicate_report_rows)
-             = ($4::bigint, $5::bigint, $6::bigint, $7::bigint, $8::bigint) AS counts
-      FROM ledger_shard_reports WHERE business_date = $1 AND shard = $2) same
-WHERE r.business_date = $1 AND r.shard = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
-  AND r.input_fingerprint IS DISTINCT FROM $11
-  AND (r.input_fingerprint IS DISTINCT FROM $10 OR NOT same.counts);
+             = (:keys_examined::bigint, :discrepancies::bigint, :corrected::bigint, :sent_to_review::bigint, :duplicate_report_rows::bigint) AS counts
+      FROM ledger_shard_reports WHERE business_date = :business_date AND shard = :shard) same
+WHERE r.business_date = :business_date AND r.shard = :shard AND NOT EXISTS (SELECT 1 FROM inserted)
+  AND r.input_fingerprint IS DISTINCT FROM :current_fingerprint
+  AND (r.input_fingerprint IS DISTINCT FROM :judged_fingerprint OR NOT same.counts);
 
 -- name: shard_fingerprint
 -- Order-independent digest of a shard's inputs: every ledger row with its version (corrections bump
@@ -317,16 +313,14 @@ SELECT
 -- Runs under lock_settlement, after date_totals. Totals equal to the latest revision's: nothing is
 -- written (a re-delivered settlement, a rerun or re-check that found nothing new). Otherwise the
 -- next revision, with what changed since the previous one and why, and ledger_settlements (one row
--- per date) is brought to it.
--- $1 date, $2 shards, $3 keys examined, $4 discrepancies, $5 corrected, $6 sent to review,
--- $7 duplicate report rows, $8 workflow ID, $9 why (NULL: the default text)
+-- per date) is brought to it. :reason says why (NULL: the default text).
 WITH latest AS (
-    SELECT * FROM ledger_settlement_revisions WHERE business_date = $1 ORDER BY revision DESC LIMIT 1
+    SELECT * FROM ledger_settlement_revisions WHERE business_date = :business_date ORDER BY revision DESC LIMIT 1
 ),
 changed AS (
     SELECT coalesce(array_agg(r.shard ORDER BY r.shard), '{}') AS shards
     FROM ledger_shard_reports r
-    WHERE r.business_date = $1
+    WHERE r.business_date = :business_date
       AND (NOT EXISTS (SELECT 1 FROM latest) OR r.reported_at > (SELECT settled_at FROM latest))
 ),
 revision AS (
@@ -334,20 +328,20 @@ revision AS (
         (business_date, revision, shards, keys_examined, discrepancies_found, corrected, sent_to_review,
          duplicate_report_rows, new_discrepancies, new_corrections, new_review_rows, changed_shards, reason,
          workflow_id)
-    SELECT $1, coalesce(l.revision, 0) + 1, $2, $3, $4, $5, $6, $7,
-           $4 - coalesce(l.discrepancies_found, 0), $5 - coalesce(l.corrected, 0),
-           $6 - coalesce(l.sent_to_review, 0), c.shards,
-           CASE WHEN l.revision IS NULL THEN coalesce($9, 'first settlement of the date')
+    SELECT :business_date, coalesce(l.revision, 0) + 1, :shards, :keys_examined, :discrepancies_found, :corrected, :sent_to_review, :duplicate_report_rows,
+           :discrepancies_found - coalesce(l.discrepancies_found, 0), :corrected - coalesce(l.corrected, 0),
+           :sent_to_review - coalesce(l.sent_to_review, 0), c.shards,
+           CASE WHEN l.revision IS NULL THEN coalesce(:reason, 'first settlement of the date')
                 ELSE format('%s: inputs of shard(s) %s changed since revision %s (late provider rows or ledger '
                             'updates); %s new correction(s), %s new review row(s)',
-                            coalesce($9, 'rerun ' || $8), array_to_string(c.shards, ', '), l.revision,
-                            $5 - l.corrected, $6 - l.sent_to_review)
+                            coalesce(:reason, 'rerun ' || :workflow_id), array_to_string(c.shards, ', '), l.revision,
+                            :corrected - l.corrected, :sent_to_review - l.sent_to_review)
            END,
-           $8
+           :workflow_id
     FROM (SELECT 1) one LEFT JOIN latest l ON true CROSS JOIN changed c
     WHERE l.revision IS NULL
        OR (l.keys_examined, l.discrepancies_found, l.corrected, l.sent_to_review, l.duplicate_report_rows)
-          IS DISTINCT FROM ($3::bigint, $4::bigint, $5::bigint, $6::bigint, $7::bigint)
+          IS DISTINCT FROM (:keys_examined::bigint, :discrepancies_found::bigint, :corrected::bigint, :sent_to_review::bigint, :duplicate_report_rows::bigint)
     ON CONFLICT (business_date, revision) DO NOTHING
     RETURNING *
 )
@@ -391,49 +385,47 @@ FROM ledger_review WHERE business_date = $1 ORDER BY kind, review_key LIMIT $2;
 -- rows (collapsed, counted, no discrepancy). Seeding a date that is already loaded does nothing.
 -- Payment numbers are zero-padded to the width of the largest (at least 7 digits), so IDs stay
 -- distinct past 9,999,999 payments and a day of fewer keeps the IDs it always had.
--- $1 date, $2 payments, $3 shards, $4 refund rate, $5 small mismatch rate, $6 large mismatch rate,
--- $7 unsettled rate, $8 unknown rate, $9 duplicate rate, $10 tolerance cents, $11 games
 WITH day AS (
-    INSERT INTO ledger_days (business_date, shards, payments) VALUES ($1, $3, $2)
+    INSERT INTO ledger_days (business_date, shards, payments) VALUES (:business_date, :shards, :payments)
     ON CONFLICT (business_date) DO NOTHING
     RETURNING business_date
 ),
 base AS (
-    SELECT g, 'game-' || (1 + g % $11::int) AS game,
-           'pay-' || to_char($1::date, 'YYYYMMDD') || '-' || lpad(g::text, greatest(7, length($2::int::text)), '0') AS payment_id
-    FROM generate_series(1, $2::int) g
+    SELECT g, 'game-' || (1 + g % :games::int) AS game,
+           'pay-' || to_char(:business_date::date, 'YYYYMMDD') || '-' || lpad(g::text, greatest(7, length(:payments::int::text)), '0') AS payment_id
+    FROM generate_series(1, :payments::int) g
     WHERE EXISTS (SELECT 1 FROM day)
 ),
 gen AS (
-    SELECT b.game, b.payment_id, ledger_shard_of(b.game, b.payment_id, $3::int) AS shard,
+    SELECT b.game, b.payment_id, ledger_shard_of(b.game, b.payment_id, :shards::int) AS shard,
            99 + (abs(hashtextextended(b.payment_id, 1)) % 19900) AS amount,
            (ARRAY['EUR', 'USD', 'GBP'])[1 + b.g % 3] AS currency,
            CASE
-               WHEN u < $4::float8 THEN 'refund'
-               WHEN u < $4::float8 + $5::float8 THEN 'small'
-               WHEN u < $4::float8 + $5::float8 + $6::float8 THEN 'large'
-               WHEN u < $4::float8 + $5::float8 + $6::float8 + $7::float8 THEN 'unsettled'
-               WHEN u < $4::float8 + $5::float8 + $6::float8 + $7::float8 + 0.02 THEN 'refunded_ok'
+               WHEN u < :refund_rate::float8 THEN 'refund'
+               WHEN u < :refund_rate::float8 + :small_mismatch_rate::float8 THEN 'small'
+               WHEN u < :refund_rate::float8 + :small_mismatch_rate::float8 + :large_mismatch_rate::float8 THEN 'large'
+               WHEN u < :refund_rate::float8 + :small_mismatch_rate::float8 + :large_mismatch_rate::float8 + :unsettled_rate::float8 THEN 'unsettled'
+               WHEN u < :refund_rate::float8 + :small_mismatch_rate::float8 + :large_mismatch_rate::float8 + :unsettled_rate::float8 + 0.02 THEN 'refunded_ok'
                ELSE 'ok'
            END AS kind,
-           (abs(hashtextextended(b.payment_id, 3)) % 1000000) / 1000000.0::float8 < $9::float8 AS duplicated,
+           (abs(hashtextextended(b.payment_id, 3)) % 1000000) / 1000000.0::float8 < :duplicate_rate::float8 AS duplicated,
            abs(hashtextextended(b.payment_id, 4)) AS h
     FROM base b
     CROSS JOIN LATERAL (SELECT (abs(hashtextextended(b.payment_id, 2)) % 1000000) / 1000000.0::float8 AS u) r
 ),
 ledger AS (
     INSERT INTO ledger_payments (game, payment_id, business_date, shard, amount_cents, currency, status)
-    SELECT game, payment_id, $1, shard, amount, currency,
+    SELECT game, payment_id, :business_date, shard, amount, currency,
            CASE WHEN kind = 'refunded_ok' THEN 'refunded' ELSE 'captured' END
     FROM gen
     RETURNING 1
 ),
 report AS (
     INSERT INTO ledger_report_rows (business_date, shard, game, payment_id, amount_cents, currency, status)
-    SELECT $1, shard, game, payment_id,
+    SELECT :business_date, shard, game, payment_id,
            CASE kind
-               WHEN 'small' THEN amount + (CASE WHEN h % 2 = 0 THEN 1 ELSE -1 END) * (1 + h % $10::bigint)
-               WHEN 'large' THEN amount + $10::bigint + 1 + h % 10000
+               WHEN 'small' THEN amount + (CASE WHEN h % 2 = 0 THEN 1 ELSE -1 END) * (1 + h % :tolerance_cents::bigint)
+               WHEN 'large' THEN amount + :tolerance_cents::bigint + 1 + h % 10000
                ELSE amount
            END,
            currency,
@@ -441,12 +433,12 @@ report AS (
     FROM gen CROSS JOIN LATERAL generate_series(1, CASE WHEN duplicated THEN 2 ELSE 1 END) copy
     WHERE kind <> 'unsettled'
     UNION ALL
-    SELECT $1, ledger_shard_of(x.game, x.payment_id, $3::int), x.game, x.payment_id,
+    SELECT :business_date, ledger_shard_of(x.game, x.payment_id, :shards::int), x.game, x.payment_id,
            99 + (abs(hashtextextended(x.payment_id, 1)) % 19900), 'EUR', 'settled'
     FROM (
-        SELECT 'game-' || (1 + u % $11::int) AS game,
-               'pay-' || to_char($1::date, 'YYYYMMDD') || '-x' || lpad(u::text, greatest(7, length($2::int::text)), '0') AS payment_id
-        FROM generate_series(1, round($2::int * $8::float8)::int) u
+        SELECT 'game-' || (1 + u % :games::int) AS game,
+               'pay-' || to_char(:business_date::date, 'YYYYMMDD') || '-x' || lpad(u::text, greatest(7, length(:payments::int::text)), '0') AS payment_id
+        FROM generate_series(1, round(:payments::int * :unknown_rate::float8)::int) u
         WHERE EXISTS (SELECT 1 FROM day)
     ) x
     RETURNING 1
@@ -460,13 +452,13 @@ SELECT
     (SELECT count(*) FROM gen WHERE kind = 'large')::int AS large_mismatches,
     (SELECT count(*) FROM gen WHERE kind = 'unsettled')::int AS never_settled,
     (SELECT count(*) FROM gen WHERE kind = 'refunded_ok')::int AS refunds_ok,
-    (CASE WHEN EXISTS (SELECT 1 FROM day) THEN round($2::int * $8::float8) ELSE 0 END)::int
+    (CASE WHEN EXISTS (SELECT 1 FROM day) THEN round(:payments::int * :unknown_rate::float8) ELSE 0 END)::int
         AS unknown_payments,
     (SELECT count(*) FROM gen WHERE duplicated AND kind <> 'unsettled')::int AS duplicate_report_rows;
 
 -- name: open_reviews
--- Review rows of a date nobody has resolved yet. $1 business date.
-SELECT count(*) FROM ledger_review WHERE business_date = $1 AND resolved_at IS NULL;
+-- Review rows of a date nobody has resolved yet.
+SELECT count(*) FROM ledger_review WHERE business_date = :business_date AND resolved_at IS NULL;
 
 -- name: analyze_ledger
 -- Fresh statistics after a bulk load.

@@ -84,20 +84,7 @@ def _flag(loc: tuple[int | str, ...]) -> str:
 
 async def seed_ledger_day(pool: asyncpg.Pool, spec: LedgerSeedSpec) -> LedgerSeedResult:
     """Load one business day (ledger + provider report); a date already loaded is left as it is."""
-    row = await pool.fetchrow(
-        SQL.seed_ledger_day,
-        spec.business_date,
-        spec.payments,
-        spec.shards,
-        spec.refund_rate,
-        spec.small_mismatch_rate,
-        spec.large_mismatch_rate,
-        spec.unsettled_rate,
-        spec.unknown_rate,
-        spec.duplicate_rate,
-        spec.tolerance_cents,
-        spec.games,
-    )
+    row = await pool.fetchrow(SQL.seed_ledger_day, *SQL.bind("seed_ledger_day", **spec.model_dump()))
     assert row is not None
     if row["days_created"]:
         # Fresh statistics after a bulk load, or the planner judges a batch as if the tables were empty.

@@ -285,7 +285,10 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
         status = await budget_status(pools[1], ONE_SLOT_FOR_AN_HOUR)
         assert [s.holder.split()[-1] for s in status.slots] == ["other"]
 
-        await other._bookkeeping(SQL.release, grant.slot, grant.lease, 1, None, None)
+        release = SQL.bind(
+            "release", slot=grant.slot, lease=grant.lease, rows_done=1, ms_per_1000_rows=None, cohort=None
+        )
+        await other._bookkeeping(SQL.release, *release)
         again = await asyncio.wait_for(holder.acquire("holder", 1), 60)
         assert again.slot == 0 and (await holder.session_identity())[0] != pid, "a new session holds it"
     finally:
@@ -356,8 +359,13 @@ async def probe_once(pool: asyncpg.Pool, holder: str = "one probe") -> None:
     """One commit probe as a worker's prober takes it, with its sample of whether players are present
     (it records nothing else: no previous probe is given)."""
     async with pool.acquire() as conn:
-        players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
-        await conn.fetchval(SQL.probe, holder, None, None, players, 10.0)
+        players = await conn.fetchval(
+            SQL.sample_players, *SQL.bind("sample_players", service_name_prefix=db.APPLICATION_NAME)
+        )
+        probe = SQL.bind(
+            "probe", holder=holder, previous_ms=None, previous_quiet=None, players=players, presence_window_seconds=10.0
+        )
+        await conn.fetchval(SQL.probe, *probe)
 
 
 async def a_session_at_work(url: str, application_name: str) -> asyncpg.Connection:
@@ -694,7 +702,9 @@ async def test_a_session_whose_state_the_worker_role_cannot_see_counts_as_a_play
                 server_settings={"application_name": db.APPLICATION_NAME, **db.service_settings()},
             )
             try:
-                seen = await worker.fetchval(SQL.sample_players, db.APPLICATION_NAME)
+                seen = await worker.fetchval(
+                    SQL.sample_players, *SQL.bind("sample_players", service_name_prefix=db.APPLICATION_NAME)
+                )
             finally:
                 await worker.close()
             assert seen is not granted, "hidden: a player; visible: an idle session, not one"

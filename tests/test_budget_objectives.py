@@ -34,8 +34,16 @@ async def sample(pool: asyncpg.Pool, n: int) -> None:
     """`n` presence samples, as a worker's probes take them (one look at the sessions each)."""
     async with pool.acquire() as conn:
         for _ in range(n):
-            players = await conn.fetchval(SQL.sample_players, db.APPLICATION_NAME)
-            await conn.fetchval(SQL.probe, "sampler", None, None, players, WINDOW)
+            players = await conn.fetchval(
+                SQL.sample_players, *SQL.bind("sample_players", service_name_prefix=db.APPLICATION_NAME)
+            )
+            probe = {
+                "holder": "sampler",
+                "previous_ms": None,
+                "previous_quiet": None,
+                "presence_window_seconds": WINDOW,
+            }
+            await conn.fetchval(SQL.probe, *SQL.bind("probe", **probe, players=players))
 
 
 async def presence(pool: asyncpg.Pool) -> tuple[bool, float | None]:

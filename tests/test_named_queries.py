@@ -71,6 +71,8 @@ NAMED_FILES = [
     "bench/late_data.sql",
     "bench/planner_cohort.sql",
     "bench/game_seed.sql",
+    "ledger/queries.sql",
+    "budget/budget.sql",
 ]
 
 
