@@ -42,6 +42,7 @@ from cleanup.models import (
     CLEANUP_WORKFLOW,
     DEFAULTS,
     OVERDUE_COUNT_CAP,
+    PLANNER_NUDGE_SIGNAL,
     PLANNER_PAUSE_SIGNAL,
     PLANNER_RESUME_SIGNAL,
     PLANNER_WORKFLOW,
@@ -52,7 +53,6 @@ from cleanup.models import (
     planner_workflow_id,
     sweep_cleanup_id,
 )
-from cleanup.operations import nudge_planner
 from cleanup.planner_models import (
     PlannerInput,
     PlannerPhase,
@@ -864,6 +864,7 @@ async def keep_nudging_planner(client: Client, database_url: str, settings: Sett
     listening session is the service's (its application_name). A lost session is opened again; a
     notification missed meanwhile waits for the planner's next iteration, as without this."""
     due = asyncio.Event()
+    planner = client.get_workflow_handle(planner_workflow_id(settings.task_queue))
 
     def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
         if payload == settings.database_schema:
@@ -880,7 +881,8 @@ async def keep_nudging_planner(client: Client, database_url: str, settings: Sett
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(due.wait(), timeout=LISTEN_RETRY_SECONDS)
                         due.clear()
-                        await nudge_planner(client, settings.task_queue)
+                        with contextlib.suppress(RPCError):  # no planner now: its next run plans it
+                            await planner.signal(PLANNER_NUDGE_SIGNAL)
                         await asyncio.sleep(NUDGE_INTERVAL_SECONDS)
             finally:
                 conn.terminate()
