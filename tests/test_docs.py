@@ -10,21 +10,10 @@ from pathlib import Path
 import pytest
 
 from starter import build_parser
+from tests.test_one_home import PRODUCT  # the product files, listed once
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "DEVELOPERS.md", *(ROOT / "docs").rglob("*.md")])
-PRODUCT = [
-    "core",
-    "budget",
-    "cleanup",
-    "ledger",
-    "outbox",
-    "workflows",
-    "activities",
-    "deadline_cleanup",
-    "worker.py",
-    "starter.py",
-]
 # Names a page may mention that are not ours to read: the SDK's, Postgres', the tools'.
 FOREIGN_VARIABLES = {"PATH", "HOME", "CI", "PGPASSWORD", "PYTHONPATH", "TEMPORAL_CODEC_ENDPOINT"}
 # Besides the product's code, what reads variables: the deployment files and the test tooling.

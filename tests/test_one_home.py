@@ -12,7 +12,7 @@ from cleanup.inputs import CleanupScope, StartCleanup, cleanup_input
 from core.config import CleanupDefaults, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = [
+PRODUCT = [  # the product (what a docs page may name as read), as tests/test_docs.py takes it too
     "core",
     "budget",
     "cleanup",
