@@ -76,7 +76,7 @@ async def test_an_idle_pool_and_a_monitor_poll_are_not_players_and_a_busy_sessio
         await asyncio.gather(polling, return_exceptions=True)
 
         writing = asyncio.ensure_future(game.execute("SELECT txid_current(), pg_sleep(3600)"))
-        await _until_state(pool, "game", "active")
+        await _until_writing(pool, "game")
         await sample(pool, 1)  # the one sample that catches the game's write
         await pool.execute("SELECT pg_cancel_backend($1)", game.get_server_pid())
         await asyncio.gather(writing, return_exceptions=True)
@@ -93,6 +93,16 @@ async def test_an_idle_pool_and_a_monitor_poll_are_not_players_and_a_busy_sessio
         for conn in [*idle_pool, monitor, game, *([busy] if busy else [])]:
             await pool.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
             conn.terminate()
+
+
+async def _until_writing(pool: asyncpg.Pool, application_name: str) -> None:
+    """Until the session runs a statement holding a transaction ID: 'active' alone comes before
+    the statement's txid_current() has assigned one (what a sample counts as writing)."""
+    query = (
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
+        " WHERE application_name = $1 AND state = 'active' AND backend_xid IS NOT NULL)"
+    )
+    await wait_until(lambda: pool.fetchval(query, application_name), interval=0.01)
 
 
 async def _until_state(pool: asyncpg.Pool, application_name: str, state: str) -> None:
