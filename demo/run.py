@@ -196,7 +196,7 @@ async def run_demo(
     buckets = [w for w in cleanups if w.startswith("cleanup-bucket-")]
     assert status.lateness_seconds is not None, "the demo's planner status reads the database"
     lateness = status.lateness_seconds.model_dump()
-    width_s = status.settings.bucket_seconds
+    window_s, bucket_s = status.settings.cohort_seconds, status.settings.bucket_seconds
     assert moved_state is not None
     moved_cleaned = moved_state["status"] == "cleaned" and moved_state["cleanup_version"] == 2
 
@@ -208,7 +208,8 @@ async def run_demo(
         ("deadlines spread", f"{hms(window['first'])} to {hms(window['last'])}"),
         (
             "cleanups started by the planner (no command)",
-            f"{len(buckets)} deadline buckets of {width_s:g} s, {len(cleanups) - len(buckets)} overdue sweeps",
+            f"{len(buckets)} cohorts (windows of {window_s:g} s, dense ones in buckets of {bucket_s:g} s), "
+            f"{len(cleanups) - len(buckets)} overdue sweeps",
         ),
         ("renewed before the deadline", renewed_in_time),
         (
