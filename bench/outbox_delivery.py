@@ -67,6 +67,14 @@ WHERE event_key LIKE 'renewal-reminder:acct\\_' || $2 || '%'
 """
 
 
+BY_STATUS = """
+SELECT status, count(*)
+FROM outbox
+WHERE source_id = 'bench-relay' AND event_key LIKE 'renewal-reminder:acct\\_' || $1 || '%'
+GROUP BY status
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,9 +187,7 @@ async def relay_run(s: Stack, events: int, settings: RelayBatchSettings, relays:
         *(s.client.get_workflow_handle_for(OutboxRelayWorkflow.run, h.workflow_id).result() for h in handles)
     )
     closed = time.perf_counter() - started
-    by_status = dict(
-        await s.pool.fetch("SELECT status, count(*) FROM outbox WHERE source_id = 'bench-relay' GROUP BY status")
-    )
+    by_status = dict(await s.pool.fetch(BY_STATUS, prefix))  # this round's events only
     timeline = dict(await s.pool.fetchrow(TIMELINE, db_started, prefix) or {})
     # Delivered = recorded as delivered in the outbox: until the last outcome committed, as the floor
     # runs until the last answer came back. The relays' drain mode then still waits out the others'

@@ -15,6 +15,7 @@ from bench import (
     ledger_reconciliation,
     ledger_rerun,
     outbox_delivery,
+    outbox_writes,
     planner_cohort,
     planner_events,
     planner_lateness,
@@ -105,6 +106,13 @@ async def test_outbox_delivery_benchmark_runs_and_measures_a_ratio():
     assert result["provider"]["delivered"] == result["provider"]["batch_messages"] == 900
     assert result["provider"]["duplicates"] == 0
     assert result["ratio"] > 0 and result["relay_events_per_s"] > 0
+
+
+async def test_outbox_writes_benchmark_runs_and_measures_a_ratio():
+    result = await outbox_writes.run(events=200, claim=100)  # each claim full, each event recorded (asserted)
+    for part in ("claim_as_shipped", "record_as_shipped", "claim_lock_only", "record_into_log"):
+        assert result[part]["wal_mb_per_100k"] > 0
+    assert result["ratio"] is None or result["ratio"] > 0
 
 
 async def test_ledger_reconciliation_benchmark_runs_and_measures_a_ratio():
