@@ -5,6 +5,7 @@ deadline objective (every cohort within the lateness objective, up to its hard s
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
 
 import asyncpg
@@ -18,7 +19,10 @@ from budget.controller import (
     Observed,
     StressLimits,
     budget_status,
+    in_flight_for,
+    judge,
     set_budget,
+    slot_ms_per_1000_rows,
     stress_reasons,
     with_deadline,
 )
@@ -191,6 +195,29 @@ def test_the_deadline_objective_is_granted_up_to_its_hard_share() -> None:
     assert (enough["rate_limit"], enough["binding"]) == (2000.0, "players"), "the players' rate finishes in time"
     free = {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None, "binding": "players"}
     assert with_deadline(free, demand(50_000.0), ms_per_1000, 30_000.0)["binding"] == "none", "full speed"
+
+
+def test_a_slot_counts_the_claim_and_a_throttle_the_players_set_ends_when_they_leave() -> None:
+    """A claim's chunks hold slots too: with the cohort's claim taking two thirds of the slot time,
+    a slot delivers a third of what the batches' latency alone says, so the rate takes three times
+    the batches. A deadline whose delivery is unknown (only the claim held slots) gets its hard
+    share. A throttle the players' objective set is lifted once they are absent; one the database's
+    own signals set grows back."""
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=3.0, batch_seconds=1.0) == 750.0
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=1.0, batch_seconds=1.0) == 250.0
+    assert slot_ms_per_1000_rows(None, slot_seconds=3.0, batch_seconds=0.0) is None
+    assert (in_flight_for(2000.0, 250.0), in_flight_for(2000.0, 750.0)) == (1, 2)
+    throttled = {"rate_limit": 2000.0, "in_flight_limit": 1, "stress": None, "limited_by": "x", "binding": "players"}
+    unknown = with_deadline(throttled, demand(3000.0), None, None)
+    assert (unknown["rate_limit"], unknown["in_flight_limit"]) == (3000.0, 2)
+    settings = BudgetSettings()
+    after = functools.partial(
+        judge, {}, rate_limit=2000.0, observed_rows_per_second=1900.0, observed_latency_ms=250.0, settings=settings
+    )
+    gone = after(players_present=False, players_throttled=True)
+    assert gone["rate_limit"] is None and gone["in_flight_limit"] is None
+    database = after(players_present=False, players_throttled=False)
+    assert database["rate_limit"] == 2000.0 * settings.grow_factor
 
 
 async def test_a_cohort_s_deadline_raises_the_rate_the_players_objective_leaves(pool, db_url):
