@@ -118,8 +118,8 @@ WHERE slot = :slot AND lease = :lease;
 
 -- name: release
 -- :slot is NULL when the budget was off, :ms_per_1000_rows NULL when the batch failed or had no rows.
--- :held_seconds, how long the slot was held: every slot's (a claim's chunk too) and the batches'
--- that charge rows, so that the adjustment knows the slot time an account takes in all.
+-- :held_seconds, how long the slot was held (a claim's chunk too): with the rows done, the slot
+-- time an account takes in all.
 -- :cohort, the cohort the batch worked for (NULL: none): its accounts count as done there, and the
 -- cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
 -- switched off or cancelled, is forgotten: deadline_demand).
@@ -135,9 +135,7 @@ SET tokens = tokens + coalesce((SELECT greatest(0, rows - :rows_done::int) FROM 
     rows_done = rows_done + :rows_done::int,
     window_ms_sum = window_ms_sum + coalesce(:ms_per_1000_rows::float8, 0),
     window_batches = window_batches + (:ms_per_1000_rows::float8 IS NOT NULL)::int,
-    window_slot_seconds = window_slot_seconds + CASE WHEN EXISTS (SELECT 1 FROM gone) THEN :held_seconds::float8 ELSE 0 END,
-    window_batch_seconds = window_batch_seconds
-        + CASE WHEN EXISTS (SELECT 1 FROM gone) AND :ms_per_1000_rows::float8 IS NOT NULL THEN :held_seconds::float8 ELSE 0 END
+    window_slot_seconds = window_slot_seconds + CASE WHEN EXISTS (SELECT 1 FROM gone) THEN :held_seconds::float8 ELSE 0 END
 WHERE name = 'database';
 
 -- name: register_cohort
@@ -180,16 +178,15 @@ FROM open;
 -- and the last verdict's binding objective and presence.
 UPDATE load_budget l
 SET adjusted_at = clock_timestamp(), window_ms_sum = 0, window_batches = 0,
-    window_rows_done = l.rows_done, window_peak_in_flight = 0, window_slot_seconds = 0, window_batch_seconds = 0
+    window_rows_done = l.rows_done, window_peak_in_flight = 0, window_slot_seconds = 0
 FROM (SELECT window_ms_sum, window_batches, rows_done - window_rows_done AS window_rows, window_peak_in_flight,
-             window_slot_seconds, window_batch_seconds,
+             window_slot_seconds,
              extract(epoch FROM clock_timestamp() - adjusted_at)::float8 AS window_seconds
       FROM load_budget WHERE name = 'database') old
 WHERE l.name = 'database' AND l.enabled
   AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => :adjust_seconds::float8))
 RETURNING l.rate_limit, l.probe_max_ms, l.binding, l.observed_players_present,
           old.window_rows, old.window_seconds, old.window_peak_in_flight, old.window_slot_seconds,
-          old.window_batch_seconds,
           old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
           l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms, l.probe_added_ms,
           l.lateness_objective_seconds, l.deadline_max_in_flight,

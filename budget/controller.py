@@ -663,7 +663,7 @@ class LoadBudget:
                 else None
             ),
             slot_ms_per_1000_rows=slot_ms_per_1000_rows(
-                latency_ms, claimed["window_slot_seconds"], claimed["window_batch_seconds"]
+                latency_ms, claimed["window_slot_seconds"], claimed["window_rows"]
             ),
         )
 
@@ -781,14 +781,17 @@ class _Window:
     slot_ms_per_1000_rows: float | None = None  # slot time per 1,000 rows done (slot_ms_per_1000_rows)
 
 
-def slot_ms_per_1000_rows(latency_ms: float | None, slot_seconds: float, batch_seconds: float) -> float | None:
-    """Milliseconds of slot time per 1,000 rows in a window: the batches' latency per 1,000 rows,
-    scaled by every slot's seconds (a claim's chunks too, which charge no rows but hold a slot for
-    each account before it is cleaned) over the seconds of the batches that charge rows. One slot
-    then delivers 1,000,000 / this rows/s. The batches' latency when they held no slot time."""
-    if latency_ms is None or batch_seconds <= 0 or slot_seconds <= batch_seconds:
+def slot_ms_per_1000_rows(latency_ms: float | None, slot_seconds: float, rows: int) -> float | None:
+    """Milliseconds of slot time per 1,000 rows done in a window: every slot's seconds (a claim's
+    chunks too, which charge no rows but hold a slot for each account before it is cleaned) over the
+    rows the batches did (a partition following its claim does a few of the rows it was charged
+    for each chunk it follows). One slot then delivers 1,000,000 / this rows/s. Never below the
+    batches' own latency (a slot still held at the window's end is not counted yet); the batches'
+    latency when the window did no rows."""
+    if rows <= 0 or slot_seconds <= 0:
         return latency_ms
-    return latency_ms * slot_seconds / batch_seconds
+    held = slot_seconds * 1_000_000 / rows
+    return held if latency_ms is None else max(held, latency_ms)
 
 
 def _rate_text(rate: float | None) -> str:
@@ -942,10 +945,10 @@ def with_deadline(
     binding = verdict.get("binding", "players") if rate is not None else "none"
     if rate is not None and demand.cohorts and demand.hard_share > 0:
         share_rate = demand.hard_share * 1_000_000 / latency_ms if latency_ms else None
-        wanted = demand.rows_per_second if share_rate is None else min(demand.rows_per_second, share_rate)
-        if wanted > rate:
-            rate = wanted
-            # Delivery unknown (no rows done in the window: the claim alone held the slots): its share.
+        if demand.rows_per_second > rate:
+            rate = demand.rows_per_second
+            # Delivery unknown (no rows done in the window: the claim alone held the slots), or the
+            # share cannot deliver the rate asked: its whole share, the slots limiting, not the rate.
             needed = in_flight_for(rate, latency_ms) if latency_ms else demand.hard_share
             n = max(n or 1, min(demand.hard_share, needed))
             short = share_rate is not None and demand.rows_per_second > share_rate

@@ -187,7 +187,8 @@ def test_the_deadline_objective_is_granted_up_to_its_hard_share() -> None:
     met = with_deadline(throttled, demand(3000.0), ms_per_1000, 2000.0)
     assert (met["rate_limit"], met["in_flight_limit"], met["binding"]) == (3000.0, 1, "deadline")
     short = with_deadline(throttled, demand(50_000.0), ms_per_1000, 2000.0)
-    assert (short["rate_limit"], short["in_flight_limit"]) == (10_000.0, 2)
+    # past its share, the share's slots bind, not a rate below what the deadline asks
+    assert (short["rate_limit"], short["in_flight_limit"]) == (50_000.0, 2)
     assert short["binding"] == "deadline, at its hard share" and "late" in short["limited_by"]
     none = with_deadline(throttled, demand(50_000.0, hard_share=0), ms_per_1000, 2000.0)
     assert (none["rate_limit"], none["binding"]) == (2000.0, "players")
@@ -198,14 +199,14 @@ def test_the_deadline_objective_is_granted_up_to_its_hard_share() -> None:
 
 
 def test_a_slot_counts_the_claim_and_a_throttle_the_players_set_ends_when_they_leave() -> None:
-    """A claim's chunks hold slots too: with the cohort's claim taking two thirds of the slot time,
-    a slot delivers a third of what the batches' latency alone says, so the rate takes three times
-    the batches. A deadline whose delivery is unknown (only the claim held slots) gets its hard
-    share. A throttle the players' objective set is lifted once they are absent; one the database's
-    own signals set grows back."""
-    assert slot_ms_per_1000_rows(250.0, slot_seconds=3.0, batch_seconds=1.0) == 750.0
-    assert slot_ms_per_1000_rows(250.0, slot_seconds=1.0, batch_seconds=1.0) == 250.0
-    assert slot_ms_per_1000_rows(None, slot_seconds=3.0, batch_seconds=0.0) is None
+    """A claim's chunks hold slots too, and a partition following its claim does fewer rows than it
+    is charged: a slot delivers what the window's rows over its slot-seconds say, not what the
+    batches' latency alone says, so the rate takes more batches. A deadline whose delivery is
+    unknown (only the claim held slots) gets its hard share. A throttle the players' objective set
+    is lifted once they are absent; one the database's own signals set grows back."""
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=3.0, rows=4000) == 750.0, "3 slot-seconds for 4,000 rows"
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=0.5, rows=4000) == 250.0, "never below the batches' latency"
+    assert slot_ms_per_1000_rows(None, slot_seconds=3.0, rows=0) is None
     assert (in_flight_for(2000.0, 250.0), in_flight_for(2000.0, 750.0)) == (1, 2)
     throttled = {"rate_limit": 2000.0, "in_flight_limit": 1, "stress": None, "limited_by": "x", "binding": "players"}
     unknown = with_deadline(throttled, demand(3000.0), None, None)
