@@ -19,9 +19,14 @@ show how far the shared machine drifted (the `_bracketed` ratios divide by their
 
 Per objective (the `curve`): the throughput, the players' p99 and its ratio to the players alone,
 the paced floor's p99 at the same throughput, `p99_over_paced_floor` (goal <= 1.1: the budget wastes
-nothing against ideal pacing) and `objective_held_fraction` (goal >= 0.95): the share of the
-10-second windows of the budgeted cleanup (a last partial window counts when it lasts 5 s or more)
-in which the objective held. The objective is the budget's own (budget/controller.py): the commit probe,
+nothing against ideal pacing), the cohort's lateness (each account's cleaned_at - its deadline:
+p50, p99, max; `lateness_max_s` goal: the lateness objective) and `objective_held_fraction` (goal
+>= 0.95): the share of the 10-second windows of the budgeted cleanup (a last partial window counts
+when it lasts 5 s or more) in which the objective held. `players_p99_held_fraction` (goal >= 0.95)
+judges the players' own p99 of each window by the same objective against their p99 in the
+players-alone phase before it (the default: at most 5 ms above it); the paced floor's windows are
+judged both ways too (`paced_floor_*`), what any pacing of the same work gives.
+The objective is the budget's own (budget/controller.py): the commit probe,
 a one-row write that commits as a player's would, as a mean per window, at most `probe_added_ms` above
 its quiet baseline, and at most `probe_ratio` x it (unless within `probe_min_ms`) and `probe_max_ms` when set. It is not
 the players' own commits: the budget never sees those. Whether it held is judged by the benchmark's

@@ -954,7 +954,9 @@ def with_deadline(
             short = share_rate is not None and demand.rows_per_second > share_rate
             binding = "deadline, at its hard share" if short else "deadline"
             why = f"the deadline objective: {_rate_text(rate)} for {demand.accounts_left} accounts"
-            out["limited_by"] = f"{why}{' (its hard share: late)' if short else ''}, over: {verdict['limited_by']}"
+            out["limited_by"] = (
+                f"{why}{' (its hard share: later than planned)' if short else ''}, over: {verdict['limited_by']}"
+            )
     out.update(rate_limit=rate, in_flight_limit=n, binding=binding)
     speed = rate if rate is not None else observed_rows_per_second
     finish = None
