@@ -520,14 +520,13 @@ class LoadBudget:
         players_present = window.seen.players_present
         verdict = judge(
             reasons,
-            rate_limit=claimed["rate_limit"],
+            rate_limit=throttle_in_force(claimed["rate_limit"], claimed["binding"], players_present),
             observed_rows_per_second=window.rows_per_second,
             observed_latency_ms=window.slot_ms_per_1000_rows,
             settings=s,
             players_present=players_present,
             near_objective=limits.near(window.seen),
             observed_peak_in_flight=claimed["window_peak_in_flight"],
-            players_throttled=claimed["rate_limit"] is not None and claimed["binding"] in PLAYER_BINDINGS,
         )
         verdict["binding"] = "players" if players_present else "database"
         demand = await self._deadline_demand(claimed)
@@ -631,15 +630,7 @@ class LoadBudget:
             weight = min(1.0, probes["quiet_n"] / 5) * (1.0 if baseline is None or quiet_ms < baseline else 0.1)
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
-        samples = probes["presence_samples"]
-        busy_fraction = probes["presence_busy"] / samples if samples else None
-        players_present = busy_fraction is not None and busy_fraction >= self.settings.presence_busy_fraction
-        if samples < MIN_PRESENCE_SAMPLES and claimed["observed_players_present"]:
-            # Too few samples to say the players left (work starting after an idle spell: an idle
-            # worker samples once every few seconds): the last verdict, present, stands, so work that
-            # starts while players are on starts paced, not at full speed for a window. A throttle
-            # set so is lifted at the first adjustment whose samples say the players are absent.
-            players_present = True
+        busy_fraction, players_present = players_presence(probes, claimed, self.settings.presence_busy_fraction)
         # The baseline serves only the players' objective: with nobody else on the database a quiet
         # moment would stall the work for nothing.
         wants_quiet = players_present and busy_ms is not None and new_baseline is None
@@ -657,11 +648,9 @@ class LoadBudget:
             new_baseline=new_baseline,
             quiet_seconds=self._quiet_seconds(claimed, wants_quiet),
             restarted=restarted,
-            rows_per_second=(
-                claimed["window_rows"] / claimed["window_seconds"]
-                if claimed["window_seconds"] and claimed["window_seconds"] > 0
-                else None
-            ),
+            rows_per_second=claimed["window_rows"] / claimed["window_seconds"]
+            if (claimed["window_seconds"] or 0) > 0
+            else None,
             slot_ms_per_1000_rows=slot_ms_per_1000_rows(
                 latency_ms, claimed["window_slot_seconds"], claimed["window_rows"]
             ),
@@ -680,6 +669,18 @@ class LoadBudget:
         ):
             return s.quiet_seconds
         return None
+
+
+def players_presence(probes: dict[str, Any], claimed: Any, busy_fraction: float) -> tuple[float | None, bool]:
+    """(the share of the window's presence samples that saw a player at work, players present):
+    present at `busy_fraction` of the samples or more. With fewer than MIN_PRESENCE_SAMPLES samples
+    (work starting after an idle spell: an idle worker samples once every few seconds) the last
+    verdict (`claimed`), present, stands: work that starts while players are on starts paced, not at
+    full speed for a window."""
+    samples, busy = probes["presence_samples"], probes["presence_busy"]
+    share = busy / samples if samples else None
+    present = share is not None and share >= busy_fraction
+    return share, present or (samples < MIN_PRESENCE_SAMPLES and bool(claimed["observed_players_present"]))
 
 
 def _waiting_details(row: asyncpg.Record, waited: float) -> dict[str, Any]:
@@ -857,15 +858,13 @@ def judge(
     players_present: bool = True,
     near_objective: str | None = None,
     observed_peak_in_flight: int = 0,
-    players_throttled: bool = False,
 ) -> dict[str, Any]:
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
     work did in the window when it was unthrottled (never below `min_rows_per_second`).
 
-    Healthy, with players absent: a rate limit the players' objective set (`players_throttled`: the
-    last verdict's, with players present, or the deadline's over it) is lifted, as it protects
-    nobody now; one the database's own signals set grows by `settings.grow_factor` while the work
-    uses it, and is lifted once the work does not use half of it. With players present the work is
+    Healthy, with players absent: a rate limit (one the database's own signals set:
+    `throttle_in_force`) grows by `settings.grow_factor` while the work uses it, and is lifted once
+    the work does not use half of it. With players present the work is
     never unthrottled: the limit follows it, at most `grow_factor` x what it did (a start begins at
     `min_rows_per_second`, not at full speed), and holds while the commit probe is past its set
     point (`near_objective`, StressLimits.near): an objective to hold in every window is approached,
@@ -885,7 +884,7 @@ def judge(
         return _limits(rate, observed_latency_ms, max(1, peak // 2), stress=why, limited_by=why)
     did = observed_rows_per_second or 0.0
     if not players_present:
-        if rate_limit is None or did < rate_limit / 2 or players_throttled:
+        if rate_limit is None or did < rate_limit / 2:
             return {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None}
         grown = rate_limit * grow_factor
         growing = f"growing back after stress ({_rate_text(grown)})"
@@ -898,6 +897,13 @@ def judge(
     rate = max(min_rows_per_second, grow_factor * (did if rate_limit is None else min(rate_limit, did)))
     following = f"players present: at most {grow_factor:g} x what the work did while the objective holds"
     return _limits(rate, observed_latency_ms, peak + 1, stress=None, limited_by=f"{following} ({_rate_text(rate)})")
+
+
+def throttle_in_force(rate_limit: float | None, binding: str | None, players_present: bool) -> float | None:
+    """The rate limit an adjustment starts from: none once the players whose objective set it (the
+    last verdict's `binding`: the players', or the deadline's over theirs) are absent, as it
+    protects nobody then; the limit as it is otherwise."""
+    return None if not players_present and binding in PLAYER_BINDINGS else rate_limit
 
 
 def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:

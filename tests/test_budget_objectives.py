@@ -5,11 +5,11 @@ deadline objective (every cohort within the lateness objective, up to its hard s
 from __future__ import annotations
 
 import asyncio
-import functools
 from datetime import timedelta
 
 import asyncpg
 
+from budget import controller
 from budget.controller import (
     SQL,
     BudgetChange,
@@ -20,10 +20,10 @@ from budget.controller import (
     StressLimits,
     budget_status,
     in_flight_for,
-    judge,
     set_budget,
     slot_ms_per_1000_rows,
     stress_reasons,
+    throttle_in_force,
     with_deadline,
 )
 from core import db
@@ -211,14 +211,18 @@ def test_a_slot_counts_the_claim_and_a_throttle_the_players_set_ends_when_they_l
     throttled = {"rate_limit": 2000.0, "in_flight_limit": 1, "stress": None, "limited_by": "x", "binding": "players"}
     unknown = with_deadline(throttled, demand(3000.0), None, None)
     assert (unknown["rate_limit"], unknown["in_flight_limit"]) == (3000.0, 2)
-    settings = BudgetSettings()
-    after = functools.partial(
-        judge, {}, rate_limit=2000.0, observed_rows_per_second=1900.0, observed_latency_ms=250.0, settings=settings
-    )
-    gone = after(players_present=False, players_throttled=True)
-    assert gone["rate_limit"] is None and gone["in_flight_limit"] is None
-    database = after(players_present=False, players_throttled=False)
-    assert database["rate_limit"] == 2000.0 * settings.grow_factor
+    assert throttle_in_force(2000.0, "players", players_present=False) is None, "they left: it protects nobody"
+    assert throttle_in_force(2000.0, "deadline", players_present=False) is None
+    assert throttle_in_force(2000.0, "players", players_present=True) == 2000.0
+    assert throttle_in_force(2000.0, "database", players_present=False) == 2000.0, "the database's own: grows back"
+
+    def seen(samples: int, before: bool) -> tuple[float | None, bool]:
+        probes = {"presence_samples": samples, "presence_busy": 0}
+        return controller.players_presence(probes, {"observed_players_present": before}, 0.05)
+
+    assert seen(3, before=True) == (0.0, True), "3 samples cannot say they left"
+    assert seen(10, before=True) == (0.0, False)
+    assert seen(3, before=False) == (0.0, False)
 
 
 async def test_a_cohort_s_deadline_raises_the_rate_the_players_objective_leaves(pool, db_url):
