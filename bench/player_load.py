@@ -604,7 +604,7 @@ def _int_or_none(value: float | None) -> int | None:
 
 
 async def run(
-    accounts: int = 40_000,
+    accounts: int = 100_000,
     players: int = 20_000,
     rate: float = 150.0,
     alone_seconds: float = 15.0,
@@ -814,7 +814,7 @@ def positive_seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--accounts", type=int, default=40_000, help="accounts per cohort (2 per objective, +1)")
+    parser.add_argument("--accounts", type=int, default=100_000, help="accounts per cohort (2 per objective, +1)")
     parser.add_argument("--players", type=int, default=20_000, help="live player accounts")
     parser.add_argument("--rate", type=float, default=150.0, help="player queries per second")
     parser.add_argument("--alone-seconds", type=float, default=15.0)
