@@ -39,7 +39,7 @@ FULL: dict[str, Scenario] = {
     "single_account_cleanups": lambda: single_accounts.run(workflows=2000),
     "ledger_rerun": lambda: ledger_rerun.run(payments=1_000_000),
     "poisoned_cohort": lambda: poisoned_cohort.run(accounts=100_000, poisoned=100),
-    "player_load": lambda: player_load.run(accounts=40_000, players=20_000),
+    "player_load": lambda: player_load.run(accounts=100_000, players=20_000),
     "batch_plan": lambda: batch_plan.run(accounts=20_000, payments=40_000),
     "cohort_through_planner": lambda: planner_cohort.run(accounts=100_000),
 }

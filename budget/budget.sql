@@ -118,6 +118,8 @@ WHERE slot = :slot AND lease = :lease;
 
 -- name: release
 -- :slot is NULL when the budget was off, :ms_per_1000_rows NULL when the batch failed or had no rows.
+-- :held_seconds, how long the slot was held (a claim's chunk too): with the rows done, the slot
+-- time an account takes in all.
 -- :cohort, the cohort the batch worked for (NULL: none): its accounts count as done there, and the
 -- cohort is alive (one whose batches stop releasing, a cleanup finished with the budget
 -- switched off or cancelled, is forgotten: deadline_demand).
@@ -132,7 +134,8 @@ UPDATE load_budget
 SET tokens = tokens + coalesce((SELECT greatest(0, rows - :rows_done::int) FROM gone), 0),
     rows_done = rows_done + :rows_done::int,
     window_ms_sum = window_ms_sum + coalesce(:ms_per_1000_rows::float8, 0),
-    window_batches = window_batches + (:ms_per_1000_rows::float8 IS NOT NULL)::int
+    window_batches = window_batches + (:ms_per_1000_rows::float8 IS NOT NULL)::int,
+    window_slot_seconds = window_slot_seconds + CASE WHEN EXISTS (SELECT 1 FROM gone) THEN :held_seconds::float8 ELSE 0 END
 WHERE name = 'database';
 
 -- name: register_cohort
@@ -147,39 +150,43 @@ SET deadline = least(load_budget_cohorts.deadline, excluded.deadline),
     updated_at = excluded.updated_at;
 
 -- name: deadline_demand
--- The rate that finishes every cohort with accounts left within :lateness_objective_seconds of its
--- deadline: each cohort's accounts left over the time to its target, at least one second
--- (a cohort past its target asks for all it has left within the next second). Cohorts done, or
--- untouched for :forgotten_after_seconds (their cleanup ended without saying so), are forgotten.
+-- The rate that finishes every cohort with accounts left :plan_seconds after its deadline (a share
+-- of :lateness_objective_seconds: room for a slow window): each cohort's accounts left over the
+-- time to that plan, at least one second (a cohort past it asks for all it has left within the
+-- next second). `target` is the latest deadline + :lateness_objective_seconds, the promise. Cohorts
+-- done, or untouched for :forgotten_after_seconds (their cleanup ended without saying so), are forgotten.
 WITH gone AS (
     DELETE FROM load_budget_cohorts
     WHERE done >= accounts OR updated_at < clock_timestamp() - make_interval(secs => :forgotten_after_seconds::float8)
     RETURNING cohort
 ),
 open AS (
-    SELECT accounts - done AS left_, deadline + make_interval(secs => :lateness_objective_seconds::float8) AS target
+    SELECT accounts - done AS left_, deadline + make_interval(secs => :lateness_objective_seconds::float8) AS target,
+           deadline + make_interval(secs => :plan_seconds::float8) AS plan
     FROM load_budget_cohorts
     WHERE done < accounts AND updated_at >= clock_timestamp() - make_interval(secs => :forgotten_after_seconds::float8)
 )
 SELECT count(*)::int AS cohorts, coalesce(sum(left_), 0)::bigint AS accounts_left,
-       coalesce(sum(left_ / greatest(1.0, extract(epoch FROM target - clock_timestamp())::float8)), 0)::float8
+       coalesce(sum(left_ / greatest(1.0, extract(epoch FROM plan - clock_timestamp())::float8)), 0)::float8
            AS rows_per_second,
        max(target) AS target
 FROM open;
 
 -- name: claim_adjustment
 -- At most one worker adjusts per interval of :adjust_seconds, with the window's batches (their
--- latency, the rows they did per second, the most in flight at once).
+-- latency, the rows they did per second, the most in flight at once, the seconds slots were held)
+-- and the last verdict's binding objective and presence.
 UPDATE load_budget l
 SET adjusted_at = clock_timestamp(), window_ms_sum = 0, window_batches = 0,
-    window_rows_done = l.rows_done, window_peak_in_flight = 0
+    window_rows_done = l.rows_done, window_peak_in_flight = 0, window_slot_seconds = 0
 FROM (SELECT window_ms_sum, window_batches, rows_done - window_rows_done AS window_rows, window_peak_in_flight,
+             window_slot_seconds,
              extract(epoch FROM clock_timestamp() - adjusted_at)::float8 AS window_seconds
       FROM load_budget WHERE name = 'database') old
 WHERE l.name = 'database' AND l.enabled
   AND (l.adjusted_at IS NULL OR l.adjusted_at < clock_timestamp() - make_interval(secs => :adjust_seconds::float8))
-RETURNING l.rate_limit, l.probe_max_ms,
-          old.window_rows, old.window_seconds, old.window_peak_in_flight,
+RETURNING l.rate_limit, l.probe_max_ms, l.binding, l.observed_players_present,
+          old.window_rows, old.window_seconds, old.window_peak_in_flight, old.window_slot_seconds,
           old.window_ms_sum, old.window_batches, l.latency_ms, l.max_lock_waits,
           l.max_replication_lag_seconds, l.probe_ratio, l.probe_baseline_ms, l.probe_added_ms,
           l.lateness_objective_seconds, l.deadline_max_in_flight,

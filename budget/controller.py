@@ -141,6 +141,7 @@ class LoadBudget:
         # Until then (time.monotonic()), the operator's row said "off": no statements per batch. Two per
         # batch on one hot row otherwise, serialized by the budget's lock, for a budget that limits nothing.
         self._off_until = 0.0
+        self._adjusted_at = time.monotonic()  # this process's last try to adjust (maybe_adjust)
 
     def _busy(self) -> bool:
         return self._active > 0 or self._grants > 0
@@ -200,6 +201,13 @@ class LoadBudget:
                 warm = conn
             except Exception:  # a probe is an observation; the batches report the database's errors
                 log.debug("load budget probe failed", exc_info=True)
+            if time.monotonic() - self._adjusted_at >= max(LOOP_ADJUST_SECONDS, 2 * self.settings.adjust_seconds):
+                # Batches that hold every slot for long (a claim's first chunk, a slow batch) ask for
+                # no slot, so no acquire adjusts: the probe loop does, so the limits do not freeze.
+                try:
+                    await self.maybe_adjust()
+                except Exception:
+                    log.debug("load budget adjustment failed", exc_info=True)
             await asyncio.sleep(self.settings.probe_interval_seconds)
 
     async def watch(self) -> None:
@@ -353,6 +361,7 @@ class LoadBudget:
                     rows_done=done,
                     ms_per_1000_rows=ms_per_1000,
                     cohort=cohort,
+                    held_seconds=seconds,
                 )
                 await self._bookkeeping(SQL.release, *release)
             except Exception:  # never mask the batch's own outcome
@@ -499,6 +508,7 @@ class LoadBudget:
         window, judge it against the players' objective and the other limits (the operator's, else
         this worker's), give the deadline objective its share, record the verdict."""
         s = self.settings
+        self._adjusted_at = time.monotonic()
         claimed = await self.pool.fetchrow(
             SQL.claim_adjustment, *SQL.bind("claim_adjustment", adjust_seconds=s.adjust_seconds)
         )
@@ -510,9 +520,9 @@ class LoadBudget:
         players_present = window.seen.players_present
         verdict = judge(
             reasons,
-            rate_limit=claimed["rate_limit"],
+            rate_limit=throttle_in_force(claimed["rate_limit"], claimed["binding"], players_present),
             observed_rows_per_second=window.rows_per_second,
-            observed_latency_ms=window.seen.latency_ms,
+            observed_latency_ms=window.slot_ms_per_1000_rows,
             settings=s,
             players_present=players_present,
             near_objective=limits.near(window.seen),
@@ -520,7 +530,7 @@ class LoadBudget:
         )
         verdict["binding"] = "players" if players_present else "database"
         demand = await self._deadline_demand(claimed)
-        verdict = with_deadline(verdict, demand, window.seen.latency_ms, window.rows_per_second)
+        verdict = with_deadline(verdict, demand, window.slot_ms_per_1000_rows, window.rows_per_second)
         await self._record(window, verdict, demand)
         metrics.set_budget_verdict(
             verdict["rate_limit"] is not None,
@@ -541,7 +551,10 @@ class LoadBudget:
         lateness = claimed["lateness_objective_seconds"] or s.lateness_objective_seconds
         share = claimed["deadline_max_in_flight"]
         asked = SQL.bind(
-            "deadline_demand", lateness_objective_seconds=lateness, forgotten_after_seconds=COHORT_FORGOTTEN_SECONDS
+            "deadline_demand",
+            lateness_objective_seconds=lateness,
+            plan_seconds=lateness * DEADLINE_PLAN_SHARE,
+            forgotten_after_seconds=COHORT_FORGOTTEN_SECONDS,
         )
         row = await self.pool.fetchrow(SQL.deadline_demand, *asked)
         assert row is not None
@@ -617,8 +630,7 @@ class LoadBudget:
             weight = min(1.0, probes["quiet_n"] / 5) * (1.0 if baseline is None or quiet_ms < baseline else 0.1)
             new_baseline = quiet_ms if baseline is None else baseline + weight * (quiet_ms - baseline)
             baseline = new_baseline
-        busy_fraction = probes["presence_busy"] / probes["presence_samples"] if probes["presence_samples"] else None
-        players_present = busy_fraction is not None and busy_fraction >= self.settings.presence_busy_fraction
+        busy_fraction, players_present = players_presence(probes, claimed, self.settings.presence_busy_fraction)
         # The baseline serves only the players' objective: with nobody else on the database a quiet
         # moment would stall the work for nothing.
         wants_quiet = players_present and busy_ms is not None and new_baseline is None
@@ -636,10 +648,11 @@ class LoadBudget:
             new_baseline=new_baseline,
             quiet_seconds=self._quiet_seconds(claimed, wants_quiet),
             restarted=restarted,
-            rows_per_second=(
-                claimed["window_rows"] / claimed["window_seconds"]
-                if claimed["window_seconds"] and claimed["window_seconds"] > 0
-                else None
+            rows_per_second=claimed["window_rows"] / claimed["window_seconds"]
+            if (claimed["window_seconds"] or 0) > 0
+            else None,
+            slot_ms_per_1000_rows=slot_ms_per_1000_rows(
+                latency_ms, claimed["window_slot_seconds"], claimed["window_rows"]
             ),
         )
 
@@ -656,6 +669,18 @@ class LoadBudget:
         ):
             return s.quiet_seconds
         return None
+
+
+def players_presence(probes: dict[str, Any], claimed: Any, busy_fraction: float) -> tuple[float | None, bool]:
+    """(the share of the window's presence samples that saw a player at work, players present):
+    present at `busy_fraction` of the samples or more. With fewer than MIN_PRESENCE_SAMPLES samples
+    (work starting after an idle spell: an idle worker samples once every few seconds) the last
+    verdict (`claimed`), present, stands: work that starts while players are on starts paced, not at
+    full speed for a window."""
+    samples, busy = probes["presence_samples"], probes["presence_busy"]
+    share = busy / samples if samples else None
+    present = share is not None and share >= busy_fraction
+    return share, present or (samples < MIN_PRESENCE_SAMPLES and bool(claimed["observed_players_present"]))
 
 
 def _waiting_details(row: asyncpg.Record, waited: float) -> dict[str, Any]:
@@ -754,6 +779,20 @@ class _Window:
     quiet_seconds: float | None  # nothing granted this long so that quiet probes are taken
     restarted: bool  # the server restarted since the baseline was learnt: it is learnt again
     rows_per_second: float | None  # what the work did in the window
+    slot_ms_per_1000_rows: float | None = None  # slot time per 1,000 rows done (slot_ms_per_1000_rows)
+
+
+def slot_ms_per_1000_rows(latency_ms: float | None, slot_seconds: float, rows: int) -> float | None:
+    """Milliseconds of slot time per 1,000 rows done in a window: every slot's seconds (a claim's
+    chunks too, which charge no rows but hold a slot for each account before it is cleaned) over the
+    rows the batches did (a partition following its claim does a few of the rows it was charged
+    for each chunk it follows). One slot then delivers 1,000,000 / this rows/s. Never below the
+    batches' own latency (a slot still held at the window's end is not counted yet); the batches'
+    latency when the window did no rows."""
+    if rows <= 0 or slot_seconds <= 0:
+        return latency_ms
+    held = slot_seconds * 1_000_000 / rows
+    return held if latency_ms is None else max(held, latency_ms)
 
 
 def _rate_text(rate: float | None) -> str:
@@ -789,6 +828,17 @@ def _probe_text(probe_ms: float, baseline_ms: float, limits: StressLimits) -> st
 
 # The players' objective: it holds the work back only while players are present.
 PLAYER_SIGNALS = ("commit_probe", "commit_probe_ms")
+# The verdicts (`binding`) of a throttle set with players present: lifted once they are absent.
+PLAYER_BINDINGS = ("players", "deadline", "deadline, at its hard share")
+# Presence judged on fewer samples than this keeps the last verdict (a start after an idle spell).
+MIN_PRESENCE_SAMPLES = 10
+# A process whose batches held their slots this long without an acquire (which adjusts) adjusts
+# from its probe loop: long batches (a claim's first chunk) must not freeze the limits.
+LOOP_ADJUST_SECONDS = 4.0
+# The deadline objective plans to finish this share of the way into the lateness objective: the
+# rate asked is flat from the start, with room left for a slow window, instead of rising into a
+# crunch of batches at the end (when the players' objective would be overridden the most).
+DEADLINE_PLAN_SHARE = 0.75
 PLAYERS_ABSENT = "no player at work (players absent): the commit probe does not hold the work back"
 
 
@@ -812,17 +862,19 @@ def judge(
     """The next adaptive limits (None: unthrottled). Stressed: half of the rate limit, or of what the
     work did in the window when it was unthrottled (never below `min_rows_per_second`).
 
-    Healthy, with players absent: a rate limit the work uses grows by `settings.grow_factor`; one it
-    does not use half of is lifted. With players present the work is never unthrottled: the limit follows it,
-    at most `grow_factor` x what it did (a start begins at `min_rows_per_second`, not at full speed),
-    and holds while the commit probe is past its set point (`near_objective`, StressLimits.near): an
-    objective to hold in every window is approached, not overshot and halved.
+    Healthy, with players absent: a rate limit (one the database's own signals set:
+    `throttle_in_force`) grows by `settings.grow_factor` while the work uses it, and is lifted once
+    the work does not use half of it. With players present the work is
+    never unthrottled: the limit follows it, at most `grow_factor` x what it did (a start begins at
+    `min_rows_per_second`, not at full speed), and holds while the commit probe is past its set
+    point (`near_objective`, StressLimits.near): an objective to hold in every window is approached,
+    not overshot and halved.
 
-    Under a rate limit the in-flight limit is what delivers that rate at the batches' latency
-    (`in_flight_for`): one short batch after another, not a crowd of them competing with the players
-    for the cores; never more than half of the most that ran at once in the window when stressed,
-    nor more than one beyond it when not. With players absent the commit probe's reasons are not
-    stress (`holding_back`)."""
+    Under a rate limit the in-flight limit is what delivers that rate at the slot time per row
+    (`observed_latency_ms`: slot_ms_per_1000_rows; `in_flight_for`): one short batch after another,
+    not a crowd of them competing with the players for the cores; never more than half of the most
+    that ran at once in the window when stressed, nor more than one beyond it when not. With players
+    absent the commit probe's reasons are not stress (`holding_back`)."""
     reasons = holding_back(reasons, players_present)
     peak, min_rows_per_second, grow_factor = observed_peak_in_flight, settings.min_rows_per_second, settings.grow_factor
     if reasons:
@@ -845,6 +897,13 @@ def judge(
     rate = max(min_rows_per_second, grow_factor * (did if rate_limit is None else min(rate_limit, did)))
     following = f"players present: at most {grow_factor:g} x what the work did while the objective holds"
     return _limits(rate, observed_latency_ms, peak + 1, stress=None, limited_by=f"{following} ({_rate_text(rate)})")
+
+
+def throttle_in_force(rate_limit: float | None, binding: str | None, players_present: bool) -> float | None:
+    """The rate limit an adjustment starts from: none once the players whose objective set it (the
+    last verdict's `binding`: the players', or the deadline's over theirs) are absent, as it
+    protects nobody then; the limit as it is otherwise."""
+    return None if not players_present and binding in PLAYER_BINDINGS else rate_limit
 
 
 def in_flight_for(rate: float, latency_ms_per_1000_rows: float | None) -> int:
@@ -878,10 +937,12 @@ def with_deadline(
     verdict: dict[str, Any], demand: Demand, latency_ms: float | None, observed_rows_per_second: float | None
 ) -> dict[str, Any]:
     """The verdict with the deadline objective's share: while a throttle applies, at least the rate
-    that finishes every cohort within the lateness objective, and the batches in flight that
-    deliver it, up to `demand.hard_share` batches (the players' objective may hold the work back
-    below what the deadline asks only past that share). Says which objective binds and when the
-    cohorts would finish at the rate granted (`projected_finish`, None: no cohort, or no rate known).
+    that finishes every cohort by its plan (`DEADLINE_PLAN_SHARE` of the way into the lateness
+    objective: `demand.rows_per_second`), and the batches in flight that deliver it at the slot
+    time per row (`latency_ms`: slot_ms_per_1000_rows), up to `demand.hard_share` batches (the
+    players' objective may hold the work back below what the deadline asks only past that share).
+    Says which objective binds and when the cohorts would finish at the rate granted
+    (`projected_finish`, None: no cohort, or no rate known).
 
     The priority: the operator's caps first (applied at each acquire), then the deadline objective
     up to its hard share, then the players' objective and the database's own signals."""
@@ -890,14 +951,18 @@ def with_deadline(
     binding = verdict.get("binding", "players") if rate is not None else "none"
     if rate is not None and demand.cohorts and demand.hard_share > 0:
         share_rate = demand.hard_share * 1_000_000 / latency_ms if latency_ms else None
-        wanted = demand.rows_per_second if share_rate is None else min(demand.rows_per_second, share_rate)
-        if wanted > rate:
-            rate = wanted
-            n = max(n or 1, min(demand.hard_share, in_flight_for(rate, latency_ms)))
+        if demand.rows_per_second > rate:
+            rate = demand.rows_per_second
+            # Delivery unknown (no rows done in the window: the claim alone held the slots), or the
+            # share cannot deliver the rate asked: its whole share, the slots limiting, not the rate.
+            needed = in_flight_for(rate, latency_ms) if latency_ms else demand.hard_share
+            n = max(n or 1, min(demand.hard_share, needed))
             short = share_rate is not None and demand.rows_per_second > share_rate
             binding = "deadline, at its hard share" if short else "deadline"
             why = f"the deadline objective: {_rate_text(rate)} for {demand.accounts_left} accounts"
-            out["limited_by"] = f"{why}{' (its hard share: late)' if short else ''}, over: {verdict['limited_by']}"
+            out["limited_by"] = (
+                f"{why}{' (its hard share: later than planned)' if short else ''}, over: {verdict['limited_by']}"
+            )
     out.update(rate_limit=rate, in_flight_limit=n, binding=binding)
     speed = rate if rate is not None else observed_rows_per_second
     finish = None

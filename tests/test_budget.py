@@ -286,7 +286,13 @@ async def test_a_slot_is_free_at_once_when_its_holder_s_session_ends(db_url):
         assert [s.holder.split()[-1] for s in status.slots] == ["other"]
 
         release = SQL.bind(
-            "release", slot=grant.slot, lease=grant.lease, rows_done=1, ms_per_1000_rows=None, cohort=None
+            "release",
+            slot=grant.slot,
+            lease=grant.lease,
+            rows_done=1,
+            ms_per_1000_rows=None,
+            cohort=None,
+            held_seconds=0.0,
         )
         await other._bookkeeping(SQL.release, *release)
         again = await asyncio.wait_for(holder.acquire("holder", 1), 60)

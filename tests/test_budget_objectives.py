@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import asyncpg
 
+from budget import controller
 from budget.controller import (
     SQL,
     BudgetChange,
@@ -18,8 +19,11 @@ from budget.controller import (
     Observed,
     StressLimits,
     budget_status,
+    in_flight_for,
     set_budget,
+    slot_ms_per_1000_rows,
     stress_reasons,
+    throttle_in_force,
     with_deadline,
 )
 from core import db
@@ -183,7 +187,8 @@ def test_the_deadline_objective_is_granted_up_to_its_hard_share() -> None:
     met = with_deadline(throttled, demand(3000.0), ms_per_1000, 2000.0)
     assert (met["rate_limit"], met["in_flight_limit"], met["binding"]) == (3000.0, 1, "deadline")
     short = with_deadline(throttled, demand(50_000.0), ms_per_1000, 2000.0)
-    assert (short["rate_limit"], short["in_flight_limit"]) == (10_000.0, 2)
+    # past its share, the share's slots bind, not a rate below what the deadline asks
+    assert (short["rate_limit"], short["in_flight_limit"]) == (50_000.0, 2)
     assert short["binding"] == "deadline, at its hard share" and "late" in short["limited_by"]
     none = with_deadline(throttled, demand(50_000.0, hard_share=0), ms_per_1000, 2000.0)
     assert (none["rate_limit"], none["binding"]) == (2000.0, "players")
@@ -191,6 +196,33 @@ def test_the_deadline_objective_is_granted_up_to_its_hard_share() -> None:
     assert (enough["rate_limit"], enough["binding"]) == (2000.0, "players"), "the players' rate finishes in time"
     free = {"rate_limit": None, "in_flight_limit": None, "stress": None, "limited_by": None, "binding": "players"}
     assert with_deadline(free, demand(50_000.0), ms_per_1000, 30_000.0)["binding"] == "none", "full speed"
+
+
+def test_a_slot_counts_the_claim_and_a_throttle_the_players_set_ends_when_they_leave() -> None:
+    """A claim's chunks hold slots too, and a partition following its claim does fewer rows than it
+    is charged: a slot delivers what the window's rows over its slot-seconds say, not what the
+    batches' latency alone says, so the rate takes more batches. A deadline whose delivery is
+    unknown (only the claim held slots) gets its hard share. A throttle the players' objective set
+    is lifted once they are absent; one the database's own signals set grows back."""
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=3.0, rows=4000) == 750.0, "3 slot-seconds for 4,000 rows"
+    assert slot_ms_per_1000_rows(250.0, slot_seconds=0.5, rows=4000) == 250.0, "never below the batches' latency"
+    assert slot_ms_per_1000_rows(None, slot_seconds=3.0, rows=0) is None
+    assert (in_flight_for(2000.0, 250.0), in_flight_for(2000.0, 750.0)) == (1, 2)
+    throttled = {"rate_limit": 2000.0, "in_flight_limit": 1, "stress": None, "limited_by": "x", "binding": "players"}
+    unknown = with_deadline(throttled, demand(3000.0), None, None)
+    assert (unknown["rate_limit"], unknown["in_flight_limit"]) == (3000.0, 2)
+    assert throttle_in_force(2000.0, "players", players_present=False) is None, "they left: it protects nobody"
+    assert throttle_in_force(2000.0, "deadline", players_present=False) is None
+    assert throttle_in_force(2000.0, "players", players_present=True) == 2000.0
+    assert throttle_in_force(2000.0, "database", players_present=False) == 2000.0, "the database's own: grows back"
+
+    def seen(samples: int, before: bool) -> tuple[float | None, bool]:
+        probes = {"presence_samples": samples, "presence_busy": 0}
+        return controller.players_presence(probes, {"observed_players_present": before}, 0.05)
+
+    assert seen(3, before=True) == (0.0, True), "3 samples cannot say they left"
+    assert seen(10, before=True) == (0.0, False)
+    assert seen(3, before=False) == (0.0, False)
 
 
 async def test_a_cohort_s_deadline_raises_the_rate_the_players_objective_leaves(pool, db_url):

@@ -103,11 +103,15 @@ def test_the_load_budgets_curve_renders_from_a_player_load_result(tmp_path: Path
     assert "40,000 accounts per cohort, 20,000 players; " in curve and "abc1234" in curve and "1.0 / 2.5" in curve
     assert "Players alone: p99 10.0 ms." in curve
     rows = [line for line in curve.splitlines() if line.startswith("| ") and not line.startswith("| objective")]
+    head = "| budget off | 4,000 | 1.000 | - | 30.0 | 3.00 | - | - | - | - | - |"
     assert rows == [
-        "| budget off | 4,000 | 1.000 | 30.0 | 3.00 | - | - | - |",
-        "| default: commit probe <= 2 x baseline | 3,000 | 0.750 | 20.0 | 2.00 | 19.0 | 1.053 | 1.00 of 4 |",
-        "| ratio=1.5: commit probe <= 1.5 x baseline | 2,000 | 0.500 | 16.0 | 1.60 | 12.0 | 1.333 | 0.75 of 4 |",
-        "| ratio=3: commit probe <= 3 x baseline | 3,900 | 0.975 | 28.0 | 2.80 | 27.0 | 1.037 | no window |",
+        head,
+        "| default: commit probe <= 2 x baseline | 3,000 | 0.750 | - (-) | 20.0 | 2.00 | 19.0 | 1.053 "
+        "| 1.00 of 4 | - | - |",
+        "| ratio=1.5: commit probe <= 1.5 x baseline | 2,000 | 0.500 | - (-) | 16.0 | 1.60 | 12.0 | 1.333 "
+        "| 0.75 of 4 | - | - |",
+        "| ratio=3: commit probe <= 3 x baseline | 3,900 | 0.975 | - (-) | 28.0 | 2.80 | 27.0 | 1.037 "
+        "| no window | - | - |",
     ]
 
 
