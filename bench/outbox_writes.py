@@ -3,7 +3,7 @@
 
 No HTTP and no Temporal: the relay's two statements against the real schema (migrations applied),
 each event claimed and then recorded delivered, in claims of `--claim` events, and beside them what
-the same events cost written once at their outcome instead (decision record 0021):
+the same events cost written once at their outcome instead (decision record 0019):
 
 - `claim_as_shipped`: `claim_batch` (outbox/queries.sql): row locks, then a HOT update per row (the
   lease columns, `attempts`).
