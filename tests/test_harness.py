@@ -88,9 +88,9 @@ def failed_rows(done: subprocess.CompletedProcess[str]) -> str:
 
 # The quick profile's default scenarios in three groups, each a harness process of its own run side
 # by side: most of a scenario's time is waiting (deadlines, heartbeat timeouts), not CPU, so the
-# groups at once keep the suite near its time budget. Groups of about equal length (seconds of each
-# scenario alone under load: kill 102, zombie 56, renewal order 39, the others 1-28); every default
-# scenario is in exactly one group.
+# groups at once keep the suite near its time budget. The groups are of about equal length (the kill
+# scenario alone is the longest, then zombie and renewal order); every default scenario is in
+# exactly one group.
 GROUPS = [
     ["kill", "oversized", "schedule", "renewal-race"],
     ["zombie", "renewal-order", "db-faults"],
